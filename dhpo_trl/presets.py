@@ -1,0 +1,43 @@
+"""The seven objectives of the paper's Table 1 and ablation as `DHPOConfig` keyword arguments.
+
+Clip ranges are the paper's (appendix D). `DHPOConfig(**PAPER_ALGORITHMS["DHPO-E"], ...)` or
+`config_for("GSPO", output_dir=...)` give one ready configuration; recipes, the study and the tests use these.
+"""
+
+from __future__ import annotations
+
+from .config import DHPOConfig
+
+PAPER_ALGORITHMS: dict[str, dict] = {
+    # Token-level ratio, symmetric clip 0.2 (TRL's own objective).
+    "GRPO": {"algorithm": "grpo", "epsilon": 0.2, "epsilon_high": 0.2},
+    # Sequence-level ratio (TRL, importance_sampling_level="sequence"), clip [1 - 3e-4, 1 + 4e-4].
+    "GSPO": {"algorithm": "gspo", "epsilon": 3e-4, "epsilon_high": 4e-4},
+    # Geometric mean of token ratios, log-ratio clipped to [-0.4, 0.4].
+    "GMPO": {"algorithm": "gmpo", "gmpo_epsilon_low": 0.4, "gmpo_epsilon_high": 0.4},
+    # Clipped IS weight (TRL loss_type="cispo"). The paper's eps_high = 0.2 caps the weight at 1.2; its
+    # eps_low = 10 puts the lower bound at 1 - 10 < 0, i.e. no lower bound, which is TRL's CISPO.
+    "CISPO": {"algorithm": "cispo", "epsilon_high": 1.2},
+    # DHPO with averaged mixing (w = 0.5), branch-specific clipping, [0.2, 0.28] on both branches.
+    "DHPO-A": {
+        "algorithm": "dhpo", "mixing": "averaged", "token_weight": 0.5, "clipping": "branch",
+        "epsilon_low_token": 0.2, "epsilon_high_token": 0.28, "epsilon_low_seq": 0.2, "epsilon_high_seq": 0.28,
+    },
+    # DHPO with entropy-guided mixing (the paper's main method).
+    "DHPO-E": {
+        "algorithm": "dhpo", "mixing": "entropy", "clipping": "branch",
+        "epsilon_low_token": 0.2, "epsilon_high_token": 0.28, "epsilon_low_seq": 0.2, "epsilon_high_seq": 0.28,
+    },
+    # Ablation (section 4.4): DHPO-E with one clip [1 - 0.2, 1 + 0.28] on the mixed ratio.
+    "DHPO-E-unified": {
+        "algorithm": "dhpo", "mixing": "entropy", "clipping": "unified",
+        "epsilon_low_token": 0.2, "epsilon_high_token": 0.28,
+    },
+}  # fmt: skip
+
+
+def config_for(name: str, **kwargs) -> DHPOConfig:
+    """`DHPOConfig` for one of the paper's rows (keys of `PAPER_ALGORITHMS`), with `kwargs` on top."""
+    if name not in PAPER_ALGORITHMS:
+        raise ValueError(f"Unknown algorithm {name!r}: choose one of {list(PAPER_ALGORITHMS)}.")
+    return DHPOConfig(**{**PAPER_ALGORITHMS[name], **kwargs})

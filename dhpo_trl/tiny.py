@@ -1,0 +1,74 @@
+"""Tiny, deterministic Qwen3-architecture models and a character tokenizer, built locally (no download).
+
+Used by the tests, the benchmarks and the embedded CPU default: nothing here touches the Hub.
+"""
+
+from __future__ import annotations
+
+import string
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+SPECIAL_TOKENS = ["<|pad|>", "<|endoftext|>", "<|unk|>"]
+CHARACTERS = string.printable  # digits, letters, punctuation, whitespace: every ASCII text tokenizes losslessly
+
+
+def build_char_tokenizer() -> PreTrainedTokenizerFast:
+    """One token per ASCII character, plus pad / end-of-text / unknown. Deterministic: same ids every time."""
+    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS + list(dict.fromkeys(CHARACTERS)))}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|unk|>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tokenizer.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        pad_token="<|pad|>",
+        eos_token="<|endoftext|>",
+        unk_token="<|unk|>",
+        padding_side="left",
+    )
+
+
+def build_tiny_qwen3(
+    tokenizer: PreTrainedTokenizerFast,
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    moe: bool = False,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+):
+    """A randomly initialised Qwen3 (or Qwen3-MoE with `moe=True`) causal LM sized for CPU tests."""
+    common = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=max(1, num_heads // 2),
+        head_dim=hidden_size // num_heads,
+        max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    if moe:
+        config = Qwen3MoeConfig(
+            **common,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=hidden_size,
+            decoder_sparse_step=1,
+            output_router_logits=True,
+            router_aux_loss_coef=0.01,
+        )
+        model = Qwen3MoeForCausalLM(config)
+    else:
+        model = Qwen3ForCausalLM(Qwen3Config(**common))
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model.to(dtype)

@@ -1,0 +1,306 @@
+"""`DHPOTrainer`: TRL's `GRPOTrainer` with the DHPO objective (and GMPO) in place of the clipped surrogate.
+
+Generation (vLLM included), rewards, advantages, distributed training and checkpointing are inherited. Only
+`_compute_loss` (for `algorithm="dhpo"` and `"gmpo"`), the model card and the `dhpo/` metrics are ours; the
+GRPO, GSPO and CISPO baselines run TRL's own `_compute_loss` untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+
+import torch
+import torch.distributed as dist
+from trl import GRPOTrainer
+
+from .config import DHPOConfig
+from .losses import dhpo_per_token_loss, gmpo_per_token_loss
+
+CITATION = textwrap.dedent("""\
+    @inproceedings{min-etal-2026-orchestrating,
+        title     = {Orchestrating Tokens and Sequences: Dynamic Hybrid Policy Optimization for {RLVR}},
+        author    = {Min, Zijun and Liu, Bingshuai and Wang, Ante and Zhang, Long and Zeng, Anxiang and Zhang, Haibo and Su, Jinsong},
+        booktitle = {Findings of the Association for Computational Linguistics: ACL 2026},
+        year      = {2026},
+    }""")
+
+# Settings recorded in the model card of every checkpoint.
+CARD_FIELDS = (
+    "algorithm", "mixing", "token_weight", "clipping", "epsilon_low_token", "epsilon_high_token", "epsilon_low_seq",
+    "epsilon_high_seq", "entropy_norm_scope", "gmpo_epsilon_low", "gmpo_epsilon_high", "epsilon", "epsilon_high",
+    "importance_sampling_level", "loss_type", "beta", "num_generations", "steps_per_generation",
+    "gradient_accumulation_steps", "num_iterations", "learning_rate", "temperature", "max_completion_length",
+)  # fmt: skip
+
+
+class DHPOTrainer(GRPOTrainer):
+    """GRPOTrainer whose policy loss is DHPO (Min et al., 2026) or one of the paper's baselines.
+
+    Takes the same arguments as `trl.GRPOTrainer`; `args` must be a [`DHPOConfig`] (a plain `GRPOConfig` is
+    rejected so that no DHPO default is silently missing). `args.algorithm` selects the objective.
+    """
+
+    _tag_names = ["trl", "dhpo"]
+    _name = "DHPO"
+    _paper = {
+        "title": "Orchestrating Tokens and Sequences: Dynamic Hybrid Policy Optimization for RLVR",
+        "id": None,
+        "citation": CITATION,
+    }
+
+    def __init__(self, model, reward_funcs=None, args: DHPOConfig | None = None, *pos, **kwargs):
+        if args is None:
+            name = model if isinstance(model, str) else model.config._name_or_path
+            args = DHPOConfig(f"{str(name).rstrip('/').split('/')[-1]}-DHPO")
+        if not isinstance(args, DHPOConfig):
+            raise TypeError(
+                f"DHPOTrainer needs `args` to be a DHPOConfig, got {type(args).__name__}. Build one with "
+                "DHPOConfig(**your_grpo_config.to_dict()) or use trl.GRPOTrainer."
+            )
+        super().__init__(model, reward_funcs, args, *pos, **kwargs)
+        self._tag_names = ["trl", "dhpo", args.algorithm]
+
+    # ------------------------------------------------------------------ loss
+    def _compute_loss(self, model, inputs):
+        if self.args.algorithm not in ("dhpo", "gmpo"):
+            return super()._compute_loss(model, inputs)  # GRPO, GSPO, CISPO: TRL's own objectives
+
+        mode = "train" if self.model.training else "eval"
+        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
+        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
+        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
+        multimodal = {
+            key: inputs.get(key)
+            for key in (
+                "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
+                "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
+            )
+        }  # fmt: skip
+        # Entropies come out of TRL's fused LM head with the log-probs: no (B, T, V) tensor is kept.
+        per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+            model,
+            torch.cat([prompt_ids, completion_ids], dim=1),
+            torch.cat([prompt_mask, completion_mask], dim=1),
+            completion_ids.size(1),
+            compute_entropy=True,
+            compute_aux_loss=self.aux_loss_enabled,
+            **multimodal,
+        )
+        advantages = inputs["advantages"]
+        if advantages.dim() == 1:
+            advantages = advantages.unsqueeze(1)
+        # TRL skips old log-probs when the batch is exactly on-policy; then pi_old = sg[pi_theta].
+        old_per_token_logps = inputs.get("old_per_token_logps")
+        if old_per_token_logps is None:
+            old_per_token_logps = per_token_logps.detach()
+
+        if self.args.algorithm == "dhpo":
+            entropy_range = self._global_entropy_range(entropies, mask) if self.args.entropy_norm_scope == "global" else None
+            per_token_loss, info = dhpo_per_token_loss(
+                per_token_logps,
+                old_per_token_logps,
+                advantages,
+                mask,
+                entropies,
+                mixing=self.args.mixing,
+                token_weight=self.args.token_weight,
+                clipping=self.args.clipping,
+                epsilon_low_token=self.args.epsilon_low_token,
+                epsilon_high_token=self.args.epsilon_high_token,
+                epsilon_low_seq=self.args.epsilon_low_seq,
+                epsilon_high_seq=self.args.epsilon_high_seq,
+                entropy_scope="sequence" if self.args.entropy_norm_scope == "sequence" else "batch",
+                entropy_range=entropy_range,
+            )
+            importance_weight = info["mixed_ratio"]  # scales the KL term under use_bias_correction_kl, as in TRL
+        else:
+            per_token_loss, info = gmpo_per_token_loss(
+                per_token_logps,
+                old_per_token_logps,
+                advantages,
+                mask,
+                epsilon_low=self.args.gmpo_epsilon_low,
+                epsilon_high=self.args.gmpo_epsilon_high,
+            )
+            importance_weight = info["token_ratio"]
+
+        # The masks and corrections below are TRL's, applied to our per-token loss in TRL's order.
+        if self.top_entropy_quantile < 1.0:
+            entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
+            per_token_loss = per_token_loss * entropy_mask
+        else:
+            entropy_mask = None
+        if self.off_policy_mask_threshold is not None:
+            per_token_loss = per_token_loss * self.get_off_policy_mask(
+                advantages=advantages,
+                per_token_logps=per_token_logps,
+                sampling_per_token_logps=inputs.get("sampling_per_token_logps", old_per_token_logps),
+                mask=mask,
+                off_policy_threshold=self.off_policy_mask_threshold,
+            )
+        # vLLM sampled from pi_sampler, not pi_old: TRL's (detached) pi_old / pi_sampler correction multiplies
+        # the loss, while the DHPO ratios correct pi_theta against pi_old.
+        if self.use_vllm and self.vllm_importance_sampling_correction:
+            per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
+        if self.beta != 0.0:
+            ref_logps = inputs["ref_per_token_logps"]
+            per_token_kl = torch.exp(ref_logps - per_token_logps) - (ref_logps - per_token_logps) - 1
+            if self.args.use_bias_correction_kl:
+                per_token_kl = per_token_kl * importance_weight
+            per_token_loss = per_token_loss + self.beta * per_token_kl
+
+        loss = self._aggregate(per_token_loss, mask, inputs, mode)
+        policy_loss = loss.detach() * (self.current_gradient_accumulation_steps if self._scales_by_accumulation(mode) else 1.0)
+        if self._entropy_bonus_enabled:
+            loss = self._add_entropy_bonus(loss, entropies, mask, entropy_mask, policy_loss, mode)
+        if self.aux_loss_enabled:
+            normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+            loss = loss + self.router_aux_loss_coef * aux_loss / normalizer
+            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
+
+        self._log_loss_metrics(mode, info, entropies, mask, per_token_kl if self.beta != 0.0 else None)
+        return loss
+
+    def _scales_by_accumulation(self, mode: str) -> bool:
+        return mode == "train" and self.loss_type in ("grpo", "bnpo", "dr_grpo")
+
+    def _aggregate(self, per_token_loss, mask, inputs, mode):
+        """TRL's aggregation for `loss_type`, with its gradient-accumulation normalisation."""
+        mask = mask.to(per_token_loss.dtype)
+        if self.loss_type == "grpo":  # eq. 7: mean over responses of the per-response token mean
+            loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+        elif self.loss_type == "bnpo":
+            loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
+        elif self.loss_type == "dr_grpo":
+            loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * self.max_completion_length)
+        else:  # "dapo": normalise by the active tokens of the whole accumulation window on all processes
+            normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
+            if mode == "train":
+                normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
+            return (per_token_loss * mask).sum() / normalizer
+        if self._scales_by_accumulation(mode):
+            loss = loss / self.current_gradient_accumulation_steps
+        return loss
+
+    def _add_entropy_bonus(self, loss, entropies, mask, entropy_mask, policy_loss, mode):
+        """TRL's entropy bonus (static or adaptive coefficient), unchanged."""
+        effective_mask = mask if entropy_mask is None else mask * entropy_mask
+        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+        entropy_loss = (entropies * effective_mask).sum() / effective_mask.sum().clamp(min=1.0) / accumulation
+        if self.use_adaptive_entropy:
+            coef = self.entropy_coef if self._last_world_entropy <= self.args.entropy_target else 0.0
+        else:
+            coef = self.entropy_coef
+        loss = loss - coef * entropy_loss
+        self._metrics[mode]["policy_loss"].append(self.accelerator.gather(policy_loss).nanmean().item())
+        if self.use_adaptive_entropy and mode == "train":
+            stats = torch.stack([(entropies * effective_mask).sum(), effective_mask.sum()]).detach()
+            self._entropy_window_stats = stats if self._entropy_window_stats is None else self._entropy_window_stats + stats
+            if self.accelerator.sync_gradients:
+                window = self.accelerator.reduce(self._entropy_window_stats, reduction="sum")
+                world_entropy = (window[0] / window[1].clamp(min=1.0)).item()
+                step = self.args.entropy_coef_delta
+                if world_entropy <= self.args.entropy_target:
+                    self.entropy_coef = min(self.entropy_coef + step, self.args.entropy_coef_max)
+                else:
+                    self.entropy_coef = max(self.entropy_coef - step, self.args.entropy_coef_min)
+                self._last_world_entropy = world_entropy
+                self._entropy_window_stats = None
+        if mode == "train" and self.accelerator.sync_gradients:
+            self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
+        return loss
+
+    def _global_entropy_range(self, entropies, mask):
+        """Min and max entropy over the valid tokens of every process (one all-reduce)."""
+        valid = mask.bool()
+        entropies = entropies.detach().float()
+        if valid.any():
+            local = torch.stack([-entropies[valid].min(), entropies[valid].max()])
+        else:  # an all-padding micro-batch must not drag the global range
+            local = torch.full((2,), float("-inf"), device=entropies.device)
+        if dist.is_available() and dist.is_initialized() and self.accelerator.num_processes > 1:
+            dist.all_reduce(local, op=dist.ReduceOp.MAX)
+        if not torch.isfinite(local).all():  # no valid token anywhere
+            return (0.0, 0.0)
+        return (-local[0], local[1])
+
+    # --------------------------------------------------------------- metrics
+    def _log_loss_metrics(self, mode, info, entropies, mask, per_token_kl):
+        """Append `dhpo/` (or `gmpo/`) metrics reduced over all processes, plus TRL's `entropy` and `kl`."""
+        valid = mask.bool()
+        fmask = valid.float()
+        seq_valid = valid.any(-1)
+        token_ratio, sequence_ratio = info["token_ratio"].float(), info["sequence_ratio"].float()
+        big = torch.tensor(float("inf"), device=fmask.device)
+
+        sums = {  # each entry is summed over processes
+            "tokens": fmask.sum(),
+            "sequences": seq_valid.float().sum(),
+            "entropy": (entropies.detach().float() * fmask).sum(),
+            "token_ratio": (token_ratio * fmask).sum(),
+            "sequence_ratio": (sequence_ratio * seq_valid).sum(),
+        }
+        if per_token_kl is not None:
+            sums["kl"] = (per_token_kl.detach().float() * fmask).sum()
+        if self.args.algorithm == "dhpo":
+            weight = info["mixing_weight"].float()
+            sums["mixing_weight"] = (weight * fmask).sum()
+            sums["mixing_weight_sq"] = (weight.square() * fmask).sum()
+            for key in ("token_clipped_low", "token_clipped_high", "sequence_clipped_low", "sequence_clipped_high",
+                        "uses_clipped_term"):  # fmt: skip
+                sums[key] = (info[key].float() * fmask).sum()
+        else:
+            sums["token_clipped"] = (info["token_clipped"].float() * fmask).sum()
+        extremes = torch.stack([  # reduced with max; minima are negated
+            -torch.where(valid, token_ratio, big).min(),
+            torch.where(valid, token_ratio, -big).max(),
+            -torch.where(seq_valid, sequence_ratio, big).min(),
+            torch.where(seq_valid, sequence_ratio, -big).max(),
+        ])  # fmt: skip
+        keys = list(sums)
+        local = torch.cat([torch.stack([sums[k].float() for k in keys]), extremes])
+        gathered = self.accelerator.gather(local.unsqueeze(0)).reshape(-1, local.numel())
+        totals = dict(zip(keys, gathered[:, : len(keys)].sum(0).tolist(), strict=True))
+        ext = gathered[:, len(keys) :].max(0).values.tolist()
+
+        tokens, sequences = max(totals["tokens"], 1.0), max(totals["sequences"], 1.0)
+        metrics = self._metrics[mode]
+        metrics["entropy"].append(totals["entropy"] / tokens)
+        if per_token_kl is not None:
+            metrics["kl"].append(totals["kl"] / tokens)
+        prefix = "dhpo" if self.args.algorithm == "dhpo" else "gmpo"
+        metrics[f"{prefix}/token_ratio/mean"].append(totals["token_ratio"] / tokens)
+        metrics[f"{prefix}/token_ratio/min"].append(-ext[0])
+        metrics[f"{prefix}/token_ratio/max"].append(ext[1])
+        metrics[f"{prefix}/sequence_ratio/mean"].append(totals["sequence_ratio"] / sequences)
+        metrics[f"{prefix}/sequence_ratio/min"].append(-ext[2])
+        metrics[f"{prefix}/sequence_ratio/max"].append(ext[3])
+        if self.args.algorithm == "dhpo":
+            mean_w = totals["mixing_weight"] / tokens
+            metrics["dhpo/mixing_weight/mean"].append(mean_w)
+            metrics["dhpo/mixing_weight/std"].append(max(totals["mixing_weight_sq"] / tokens - mean_w**2, 0.0) ** 0.5)
+            metrics["dhpo/clip_fraction/token_low"].append(totals["token_clipped_low"] / tokens)
+            metrics["dhpo/clip_fraction/token_high"].append(totals["token_clipped_high"] / tokens)
+            metrics["dhpo/clip_fraction/sequence_low"].append(totals["sequence_clipped_low"] / tokens)
+            metrics["dhpo/clip_fraction/sequence_high"].append(totals["sequence_clipped_high"] / tokens)
+            metrics["dhpo/clipped_term_fraction"].append(totals["uses_clipped_term"] / tokens)
+        else:
+            metrics["gmpo/clip_fraction"].append(totals["token_clipped"] / tokens)
+
+    # ------------------------------------------------------------ model card
+    def create_model_card(self, model_name=None, dataset_name=None, tags=None):
+        """TRL's model card, naming DHPO, citing the paper and recording the objective's settings."""
+        super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
+        if not self.is_world_process_zero():
+            return
+        path = os.path.join(self.args.output_dir, "README.md")
+        rows = "\n".join(f"| `{name}` | `{getattr(self.args, name)}` |" for name in CARD_FIELDS)
+        section = (
+            "\n\n## DHPO settings\n\n"
+            f"Trained with `dhpo_trl.DHPOTrainer` (Dynamic Hybrid Policy Optimization), objective "
+            f"`algorithm={self.args.algorithm}`.\n\n| setting | value |\n|---|---|\n{rows}\n\n"
+            f"Cite DHPO as:\n\n```bibtex\n{CITATION}\n```\n"
+        )
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(section)
