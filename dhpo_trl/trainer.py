@@ -299,8 +299,8 @@ class DHPOTrainer(GRPOTrainer):
         section = (
             "\n\n## DHPO settings\n\n"
             f"Trained with `dhpo_trl.DHPOTrainer` (Dynamic Hybrid Policy Optimization), objective "
-            f"`algorithm={self.args.algorithm}`.\n\n| setting | value |\n|---|---|\n{rows}\n\n"
-            f"Cite DHPO as:\n\n```bibtex\n{CITATION}\n```\n"
+            f"`algorithm={self.args.algorithm}` (the DHPO citation is above).\n\n"
+            f"| setting | value |\n|---|---|\n{rows}\n"
         )
         with open(path, "a", encoding="utf-8") as handle:
             handle.write(section)
