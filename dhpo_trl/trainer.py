@@ -113,7 +113,7 @@ class DHPOTrainer(GRPOTrainer):
                 entropy_scope="sequence" if self.args.entropy_norm_scope == "sequence" else "batch",
                 entropy_range=entropy_range,
             )
-            importance_weight = info["mixed_ratio"]  # scales the KL term under use_bias_correction_kl, as in TRL
+            importance_weight = info["mixed_ratio"]
         else:
             per_token_loss, info = gmpo_per_token_loss(
                 per_token_logps,
@@ -147,7 +147,8 @@ class DHPOTrainer(GRPOTrainer):
             ref_logps = inputs["ref_per_token_logps"]
             per_token_kl = torch.exp(ref_logps - per_token_logps) - (ref_logps - per_token_logps) - 1
             if self.args.use_bias_correction_kl:
-                per_token_kl = per_token_kl * importance_weight
+                # As TRL scales by its ratio (with gradient): value m, gradient m * grad log pi (eq. 16).
+                per_token_kl = per_token_kl * importance_weight * torch.exp(per_token_logps - per_token_logps.detach())
             per_token_loss = per_token_loss + self.beta * per_token_kl
 
         loss = self._aggregate(per_token_loss, mask, inputs, mode)
