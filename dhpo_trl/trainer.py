@@ -16,6 +16,8 @@ from trl import GRPOTrainer
 
 from .config import DHPOConfig
 from .losses import dhpo_per_token_loss, gmpo_per_token_loss
+from .moe import maybe_set_zero3_leaf_modules, zero3_leaf_modules_for_trl_prepared_models
+from .vllm_utils import check_vllm_setup
 
 CITATION = textwrap.dedent("""\
     @inproceedings{min-etal-2026-orchestrating,
@@ -58,7 +60,13 @@ class DHPOTrainer(GRPOTrainer):
                 f"DHPOTrainer needs `args` to be a DHPOConfig, got {type(args).__name__}. Build one with "
                 "DHPOConfig(**your_grpo_config.to_dict()) or use trl.GRPOTrainer."
             )
-        super().__init__(model, reward_funcs, args, *pos, **kwargs)
+        # vllm missing or server unreachable: fail now, before any model is loaded.
+        model_name = model if isinstance(model, str) else model.config._name_or_path
+        check_vllm_setup(args, model_name, is_main_process=args.process_index == 0)
+        with zero3_leaf_modules_for_trl_prepared_models():  # the reference model is wrapped inside __init__
+            super().__init__(model, reward_funcs, args, *pos, **kwargs)
+        # ZeRO-3 + MoE: mark the MoE blocks as leaves (logged). DeepSpeed wraps the policy later, in train().
+        self.zero3_leaf_modules = maybe_set_zero3_leaf_modules(self.model, self.accelerator)
         self._tag_names = ["trl", "dhpo", args.algorithm]
 
     # ------------------------------------------------------------------ loss
