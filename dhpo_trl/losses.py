@@ -171,8 +171,9 @@ def dhpo_per_token_loss(
     log_ratio = masked_log_ratio(per_token_logps, old_per_token_logps, mask)
     token_ratio = torch.exp(log_ratio)  # eq. 2
     sequence_ratio = torch.exp(sequence_log_ratio(log_ratio, mask)).detach()  # eq. 4, sg[s_i]
-    # eq. 5: value s_i, gradient s_i * grad log pi_theta(o_t). Padding gets s_i too, which stays finite.
-    logps_valid = torch.where(mask.bool(), per_token_logps, per_token_logps.detach())
+    # eq. 5: value s_i, gradient s_i * grad log pi_theta(o_t). Padding gets s_i with log pi zeroed, so garbage
+    # (inf/NaN) there cannot reach the loss (exp(x - sg[x]) is NaN for infinite x).
+    logps_valid = torch.where(mask.bool(), per_token_logps, torch.zeros_like(per_token_logps))
     sequence_token_ratio = sequence_ratio.unsqueeze(1) * torch.exp(logps_valid - logps_valid.detach())
 
     if mixing == "averaged":

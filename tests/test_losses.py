@@ -1,0 +1,412 @@
+"""The pure losses against independent, loop-based implementations of the paper's equations and of TRL's.
+
+The references below deliberately share no code with `dhpo_trl.losses`: they walk over each sequence and its
+valid tokens with Python loops, exactly as eqs. 2, 4, 5, 7, 8, 10, 11 and 16 of the paper (and GMPO's
+geometric-mean objective) read, and TRL's formulas are copied from `GRPOTrainer._compute_loss` (trl 1.16).
+"""
+
+import math
+
+import pytest
+import torch
+
+from dhpo_trl.losses import dhpo_per_token_loss, entropy_mixing_weight, gmpo_per_token_loss
+
+B, T = 5, 7
+LENGTHS = [7, 4, 1, 6, 3]  # varying completion lengths, right padding as in TRL's completion_mask
+EPS = dict(epsilon_low_token=0.2, epsilon_high_token=0.28, epsilon_low_seq=0.1, epsilon_high_seq=0.15)
+
+
+def make_batch(seed=0, dtype=torch.float32, log_ratio_scale=0.4):
+    """Log-probs whose ratios often leave the trust regions, advantages of both signs, padded masks."""
+    gen = torch.Generator().manual_seed(seed)
+    old = -torch.rand(B, T, generator=gen, dtype=torch.float64) * 3
+    logps = old + torch.randn(B, T, generator=gen, dtype=torch.float64) * log_ratio_scale
+    mask = torch.zeros(B, T)
+    for i, length in enumerate(LENGTHS):
+        mask[i, :length] = 1
+    advantages = torch.tensor([1.3, -0.7, 0.9, -1.1, 0.4], dtype=torch.float64)
+    entropies = torch.rand(B, T, generator=gen, dtype=torch.float64) * 2
+    return (
+        logps.to(dtype).requires_grad_(),
+        old.to(dtype),
+        advantages.to(dtype),
+        mask.to(dtype),
+        entropies.to(dtype),
+    )
+
+
+def valid_positions(mask, i):
+    return [t for t in range(mask.size(1)) if mask[i, t] > 0]
+
+
+def reference_entropy_weights(entropies, mask, scope="batch", entropy_range=None):
+    """Eq. 10 with g = min-max normalisation, on Python floats. Padding gets 0.5."""
+    weights = [[0.5] * mask.size(1) for _ in range(mask.size(0))]
+    all_valid = [float(entropies[i, t]) for i in range(mask.size(0)) for t in valid_positions(mask, i)]
+    for i in range(mask.size(0)):
+        row = [float(entropies[i, t]) for t in valid_positions(mask, i)]
+        if entropy_range is not None:
+            low, high = entropy_range
+        elif scope == "batch":
+            low, high = min(all_valid), max(all_valid)
+        else:
+            low, high = (min(row), max(row)) if row else (0.0, 0.0)
+        for t in valid_positions(mask, i):
+            h = float(entropies[i, t])
+            weights[i][t] = 0.5 if high - low <= 1e-8 else min(max((h - low) / (high - low), 0.0), 1.0)
+    return weights
+
+
+def clip(x, low, high):
+    return torch.clamp(x, low, high)
+
+
+def reference_dhpo(logps, old, advantages, mask, weights, clipping, eps):
+    """Per-token terms -min(m A, m~ A) of eq. 7 built token by token. Returns {(i, t): loss term}."""
+    terms = {}
+    for i in range(logps.size(0)):
+        valid = valid_positions(mask, i)
+        if not valid:
+            continue
+        a = advantages.reshape(-1)[i]
+        s = torch.exp(sum(logps[i, t] - old[i, t] for t in valid) / len(valid)).detach()  # eq. 4, sg[s_i]
+        for t in valid:
+            w = weights[i][t]
+            r = torch.exp(logps[i, t] - old[i, t])  # eq. 2
+            s_t = s * torch.exp(logps[i, t] - logps[i, t].detach())  # eq. 5
+            m = w * r + (1 - w) * s_t  # eq. 8
+            if clipping == "branch":  # eq. 11
+                m_tilde = w * clip(r, 1 - eps["epsilon_low_token"], 1 + eps["epsilon_high_token"]) + (1 - w) * clip(
+                    s_t, 1 - eps["epsilon_low_seq"], 1 + eps["epsilon_high_seq"]
+                )
+            else:
+                m_tilde = clip(m, 1 - eps["epsilon_low_token"], 1 + eps["epsilon_high_token"])
+            terms[i, t] = -torch.minimum(m * a, m_tilde * a)
+    return terms
+
+
+def reference_eq7_loss(terms, mask):
+    """Eq. 7 as a loss: mean over responses with tokens of the per-response token mean."""
+    per_sequence = []
+    for i in range(mask.size(0)):
+        valid = valid_positions(mask, i)
+        if valid:
+            per_sequence.append(sum(terms[i, t] for t in valid) / len(valid))
+    return sum(per_sequence) / mask.size(0)  # TRL divides by B (clamped counts give 0 for empty rows)
+
+
+def grpo_aggregate(per_token_loss, mask):
+    """TRL's loss_type="grpo" aggregation (grpo_trainer.py, `_compute_loss`)."""
+    return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+
+
+def trl_per_token_loss(logps, old, advantages, mask, epsilon_low, epsilon_high, level):
+    """TRL's clipped surrogate, written as `GRPOTrainer._compute_loss` computes it for loss_type="grpo"."""
+    advantages = advantages.reshape(-1, 1)
+    log_ratio = logps - old
+    if level == "token":
+        log_importance_weights = log_ratio
+    else:
+        log_importance_weights = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+    coef_1 = torch.exp(log_importance_weights)
+    coef_2 = torch.clamp(coef_1, 1 - epsilon_low, 1 + epsilon_high)
+    return -torch.min(coef_1 * advantages, coef_2 * advantages)
+
+
+def grad_of(loss, tensor):
+    (grad,) = torch.autograd.grad(loss, tensor)
+    return grad
+
+
+# --------------------------------------------------------------------------- against the paper's equations
+@pytest.mark.parametrize("mixing", ["averaged", "entropy"])
+@pytest.mark.parametrize("clipping", ["branch", "unified"])
+@pytest.mark.parametrize("advantage_shape", ["(B,)", "(B,1)"])
+def test_matches_independent_equations(mixing, clipping, advantage_shape):
+    logps, old, advantages, mask, entropies = make_batch(dtype=torch.float64)
+    if advantage_shape == "(B,1)":
+        advantages = advantages.unsqueeze(1)
+    loss, info = dhpo_per_token_loss(
+        logps, old, advantages, mask, entropies, mixing=mixing, token_weight=0.3, clipping=clipping, **EPS
+    )
+    if mixing == "averaged":
+        weights = [[0.3] * T for _ in range(B)]
+    else:
+        weights = reference_entropy_weights(entropies, mask)
+    terms = reference_dhpo(logps, old, advantages, mask, weights, clipping, EPS)
+
+    # the entropy weight is normalised in float32 (entropies are float32 in training), hence the looser tolerance
+    tol = 1e-12 if mixing == "averaged" else 1e-7
+    assert loss.shape == (B, T)
+    for (i, t), term in terms.items():
+        assert loss[i, t].item() == pytest.approx(term.item(), abs=tol)
+        assert info["mixing_weight"][i, t].item() == pytest.approx(weights[i][t], abs=tol)
+    # the batch really exercises the clip: some tokens pick the clipped term, some don't
+    picked = info["uses_clipped_term"][mask.bool()]
+    assert 0 < picked.sum() < picked.numel()
+
+    expected_loss = reference_eq7_loss(terms, mask)
+    actual_loss = grpo_aggregate(loss, mask)
+    assert actual_loss.item() == pytest.approx(expected_loss.item(), abs=tol)
+    torch.testing.assert_close(grad_of(actual_loss, logps), grad_of(expected_loss, logps), atol=tol, rtol=0)
+
+
+def test_info_ratios_match_definitions():
+    logps, old, advantages, mask, entropies = make_batch(dtype=torch.float64)
+    _, info = dhpo_per_token_loss(logps, old, advantages, mask, entropies, **EPS)
+    for i, length in enumerate(LENGTHS):
+        log_ratios = [(logps[i, t] - old[i, t]).item() for t in range(length)]
+        assert info["sequence_ratio"][i].item() == pytest.approx(math.exp(sum(log_ratios) / length), rel=1e-12)
+        for t in range(length):
+            assert info["token_ratio"][i, t].item() == pytest.approx(math.exp(log_ratios[t]), rel=1e-12)
+            w = info["mixing_weight"][i, t].item()
+            mixed = w * math.exp(log_ratios[t]) + (1 - w) * info["sequence_ratio"][i].item()
+            assert info["mixed_ratio"][i, t].item() == pytest.approx(mixed, rel=1e-12)
+    # clip flags follow the sign of A and the trust region of each branch
+    adv = advantages.unsqueeze(1)
+    token_ratio = info["token_ratio"]
+    assert torch.equal(info["token_clipped_low"], (token_ratio < 0.8) & (adv < 0))
+    assert torch.equal(info["token_clipped_high"], (token_ratio > 1.28) & (adv > 0))
+    seq = info["sequence_ratio"].unsqueeze(1).expand(B, T)
+    assert torch.equal(info["sequence_clipped_low"], (seq < 0.9) & (adv < 0))
+    assert torch.equal(info["sequence_clipped_high"], (seq > 1.15) & (adv > 0))
+    assert info["token_clipped_low"].any() and info["token_clipped_high"].any()
+
+
+# --------------------------------------------------------------------------- equals TRL at w = 1 and w = 0
+@pytest.mark.parametrize("clipping", ["branch", "unified"])
+@pytest.mark.parametrize("advantage_shape", ["(B,)", "(B,1)"])
+def test_token_weight_one_is_trl_token_level_grpo(clipping, advantage_shape):
+    logps, old, advantages, mask, entropies = make_batch(seed=1)
+    if advantage_shape == "(B,1)":
+        advantages = advantages.unsqueeze(1)
+    ours, _ = dhpo_per_token_loss(
+        logps, old, advantages, mask, mixing="averaged", token_weight=1.0, clipping=clipping, **EPS
+    )
+    trl = trl_per_token_loss(logps, old, advantages, mask, 0.2, 0.28, level="token")
+    torch.testing.assert_close(ours * mask, trl * mask, atol=1e-6, rtol=0)
+    ours_loss, trl_loss = grpo_aggregate(ours, mask), grpo_aggregate(trl, mask)
+    assert abs(ours_loss.item() - trl_loss.item()) <= 1e-6
+    torch.testing.assert_close(grad_of(ours_loss, logps), grad_of(trl_loss, logps), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("clipping", ["branch", "unified"])
+@pytest.mark.parametrize("advantage_shape", ["(B,)", "(B,1)"])
+def test_token_weight_zero_is_trl_sequence_level_gspo(clipping, advantage_shape):
+    logps, old, advantages, mask, entropies = make_batch(seed=4, log_ratio_scale=0.3)
+    if advantage_shape == "(B,1)":
+        advantages = advantages.unsqueeze(1)
+    ours, info = dhpo_per_token_loss(
+        logps, old, advantages, mask, mixing="averaged", token_weight=0.0, clipping=clipping, **EPS
+    )
+    # branch clipping clips s with the sequence epsilons; the unified clip uses the token epsilons
+    low, high = (0.1, 0.15) if clipping == "branch" else (0.2, 0.28)
+    trl = trl_per_token_loss(logps, old, advantages, mask, low, high, level="sequence")  # (B, 1)
+    torch.testing.assert_close(ours * mask, trl * mask, atol=1e-6, rtol=0)
+    ours_loss, trl_loss = grpo_aggregate(ours, mask), grpo_aggregate(trl, mask)
+    assert abs(ours_loss.item() - trl_loss.item()) <= 1e-6
+    torch.testing.assert_close(grad_of(ours_loss, logps), grad_of(trl_loss, logps), atol=1e-6, rtol=0)
+    # the sequence clip binds for some sequences, and not for others
+    clipped = (info["sequence_ratio"] < 1 - low) | (info["sequence_ratio"] > 1 + high)
+    assert 0 < clipped.sum() < B
+
+
+# --------------------------------------------------------------------------- eq. 16
+@pytest.mark.parametrize("mixing", ["averaged", "entropy"])
+@pytest.mark.parametrize("clipping", ["branch", "unified"])
+def test_gradient_is_mixed_ratio_times_advantage_eq16(mixing, clipping):
+    logps, old, advantages, mask, entropies = make_batch(seed=3, dtype=torch.float64)
+    loss, info = dhpo_per_token_loss(
+        logps, old, advantages, mask, entropies, mixing=mixing, token_weight=0.35, clipping=clipping, **EPS
+    )
+    # each per-token term depends on logpi of its own token only (s_i is stop-gradient, eq. 5)
+    grad = grad_of((loss * mask).sum(), logps)
+    checked = 0
+    for i, length in enumerate(LENGTHS):
+        log_ratios = [(logps[i, t] - old[i, t]).item() for t in range(length)]
+        s = math.exp(sum(log_ratios) / length)
+        for t in range(length):
+            if info["uses_clipped_term"][i, t]:
+                continue
+            w = info["mixing_weight"][i, t].item()
+            m = w * math.exp(log_ratios[t]) + (1 - w) * s
+            assert grad[i, t].item() == pytest.approx(-m * advantages[i].item(), rel=1e-10, abs=1e-12)
+            checked += 1
+    assert checked >= sum(LENGTHS) // 2
+    assert torch.all(grad[~mask.bool()] == 0)
+
+
+# --------------------------------------------------------------------------- entropy-guided weight (eq. 10)
+def test_entropy_weight_batch_scope_ignores_padding():
+    _, _, _, mask, entropies = make_batch(seed=4)
+    entropies = entropies.clone()
+    entropies[~mask.bool()] = 50.0  # padding must not set the max
+    weight = entropy_mixing_weight(entropies, mask)
+    expected = torch.tensor(reference_entropy_weights(entropies, mask), dtype=weight.dtype)
+    torch.testing.assert_close(weight, expected, atol=1e-6, rtol=0)
+    valid = weight[mask.bool()]
+    assert valid.min().item() == 0.0 and valid.max().item() == pytest.approx(1.0)
+
+
+def test_entropy_weight_sequence_scope_normalises_each_row():
+    _, _, _, mask, entropies = make_batch(seed=5)
+    weight = entropy_mixing_weight(entropies, mask, scope="sequence")
+    expected = torch.tensor(reference_entropy_weights(entropies, mask, scope="sequence"), dtype=weight.dtype)
+    torch.testing.assert_close(weight, expected, atol=1e-6, rtol=0)
+    for i, length in enumerate(LENGTHS):
+        if length > 1:  # every row with a spread spans [0, 1] on its own
+            assert weight[i, :length].min().item() == 0.0
+            assert weight[i, :length].max().item() == pytest.approx(1.0)
+    assert weight[2, 0].item() == 0.5  # a one-token row has no spread
+
+
+def test_entropy_weight_explicit_range_and_clamp():
+    _, _, _, mask, entropies = make_batch(seed=6)
+    weight = entropy_mixing_weight(entropies, mask, entropy_range=(0.5, 1.5))
+    expected = torch.tensor(reference_entropy_weights(entropies, mask, entropy_range=(0.5, 1.5)), dtype=weight.dtype)
+    torch.testing.assert_close(weight, expected, atol=1e-6, rtol=0)
+    valid = mask.bool()
+    assert (weight[valid & (entropies < 0.5)] == 0).all() and (weight[valid & (entropies > 1.5)] == 1).all()
+
+
+@pytest.mark.parametrize("scope", ["batch", "sequence"])
+def test_constant_entropies_give_one_half(scope):
+    _, _, _, mask, _ = make_batch()
+    entropies = torch.full((B, T), 0.7)
+    assert torch.equal(entropy_mixing_weight(entropies, mask, scope=scope), torch.full((B, T), 0.5))
+    # a spread at or below 1e-8 counts as constant
+    entropies[0, 0] += 5e-9
+    assert torch.equal(entropy_mixing_weight(entropies.double(), mask, scope=scope), torch.full((B, T), 0.5).double())
+
+
+def test_entropy_weight_is_stop_gradient():
+    logps, old, advantages, mask, entropies = make_batch(seed=7)
+    entropies.requires_grad_()
+    loss, info = dhpo_per_token_loss(logps, old, advantages, mask, entropies, **EPS)
+    assert not info["mixing_weight"].requires_grad
+    grads = torch.autograd.grad((loss * mask).sum(), [logps, entropies], allow_unused=True)
+    assert grads[1] is None
+    assert torch.isfinite(grads[0]).all()
+
+
+# --------------------------------------------------------------------------- robustness
+@pytest.mark.parametrize("mixing", ["averaged", "entropy"])
+@pytest.mark.parametrize("clipping", ["branch", "unified"])
+def test_finite_with_extreme_ratios_and_garbage_padding(mixing, clipping):
+    logps, old, advantages, mask, entropies = make_batch(seed=8)
+    logps = logps.detach().clone()
+    logps[0, 0], old[0, 1] = -1e4, -1e4  # log-ratios of -1e4 and about +1e4
+    logps[3, 2] = 80.0
+    padding = ~mask.bool()
+    for tensor, garbage in ((logps, float("nan")), (old, float("inf")), (entropies, float("nan"))):
+        tensor[padding] = garbage
+    logps.requires_grad_()
+    loss, info = dhpo_per_token_loss(logps, old, advantages, mask, entropies, mixing=mixing, clipping=clipping)
+    assert torch.isfinite(loss).all()
+    for key in ("mixing_weight", "token_ratio", "sequence_ratio", "mixed_ratio", "clipped_mixed_ratio"):
+        assert torch.isfinite(info[key]).all(), key
+    grad = grad_of(grpo_aggregate(loss, mask), logps)
+    assert torch.isfinite(grad).all()
+    assert torch.all(grad[padding] == 0)
+
+
+def test_all_masked_batch_gives_zero_loss():
+    logps, old, advantages, _, entropies = make_batch()
+    mask = torch.zeros(B, T)
+    loss, info = dhpo_per_token_loss(logps, old, advantages, mask, entropies)
+    total = grpo_aggregate(loss, mask)
+    assert total.item() == 0.0
+    assert torch.isfinite(loss).all() and torch.all(info["mixing_weight"] == 0.5)
+    assert torch.all(grad_of(total, logps) == 0)
+
+
+# --------------------------------------------------------------------------- validation
+def _call(**overrides):
+    logps, old, advantages, mask, entropies = make_batch()
+    kwargs = dict(
+        per_token_logps=logps, old_per_token_logps=old, advantages=advantages, mask=mask, entropies=entropies
+    )
+    kwargs.update(overrides)
+    return dhpo_per_token_loss(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "argument"),
+    [
+        (dict(entropies=None, mixing="entropy"), "entropies"),
+        (dict(mixing="averaged", token_weight=1.5), "token_weight"),
+        (dict(mixing="averaged", token_weight=-0.1), "token_weight"),
+        (dict(epsilon_low_token=-0.1), "epsilon_low_token"),
+        (dict(epsilon_high_token=-0.1), "epsilon_high_token"),
+        (dict(epsilon_low_seq=-0.1), "epsilon_low_seq"),
+        (dict(epsilon_high_seq=-1), "epsilon_high_seq"),
+        (dict(mixing="geometric"), "mixing"),
+        (dict(clipping="both"), "clipping"),
+        (dict(old_per_token_logps=torch.zeros(B, T + 1)), "old_per_token_logps"),
+        (dict(mask=torch.ones(B - 1, T)), "mask"),
+        (dict(entropies=torch.zeros(B, 2)), "entropies"),
+        (dict(advantages=torch.zeros(B + 1)), "advantages"),
+        (dict(advantages=torch.zeros(B, 2)), "advantages"),
+        (dict(per_token_logps=torch.zeros(B * T)), "per_token_logps"),
+        (dict(entropy_scope="token"), "entropy_norm_scope"),
+    ],
+)
+def test_bad_input_raises_value_error_naming_the_argument(overrides, argument):
+    with pytest.raises(ValueError, match=argument):
+        _call(**overrides)
+
+
+# --------------------------------------------------------------------------- GMPO
+def reference_gmpo_sequence_objective(logps, old, advantage, valid, eps_low, eps_high):
+    """GMPO (Zhao et al., 2025): A * {prod_t min(rho_t^sgn A, clip(rho_t, e^-eps, e^eps)^sgn A)}^(sgn A / |o|)."""
+    sign = float(torch.sign(advantage))
+    product = 1.0
+    for t in valid:
+        rho = torch.exp(logps[t] - old[t])
+        rho_clipped = clip(rho, math.exp(-eps_low), math.exp(eps_high))
+        product = product * torch.minimum(rho**sign, rho_clipped**sign)
+    return advantage * product ** (sign / len(valid))
+
+
+@pytest.mark.parametrize("advantage_shape", ["(B,)", "(B,1)"])
+@pytest.mark.parametrize(("eps_low", "eps_high"), [(0.4, 0.4), (0.1, 0.3)])
+def test_gmpo_matches_geometric_mean_formula(advantage_shape, eps_low, eps_high):
+    logps, old, advantages, mask, _ = make_batch(seed=9, dtype=torch.float64, log_ratio_scale=0.5)
+    advantages = advantages.clone()
+    advantages[4] = 0.0  # a zero advantage contributes nothing
+    adv_in = advantages.unsqueeze(1) if advantage_shape == "(B,1)" else advantages
+    loss, info = gmpo_per_token_loss(logps, old, adv_in, mask, epsilon_low=eps_low, epsilon_high=eps_high)
+    assert 0 < info["token_clipped"].sum() < mask.sum()
+
+    per_sequence = []
+    for i in range(B):
+        valid = valid_positions(mask, i)
+        objective = reference_gmpo_sequence_objective(logps[i], old[i], advantages[i], valid, eps_low, eps_high)
+        per_sequence.append(-objective)
+        for t in valid:  # the sequence loss is broadcast over its tokens
+            assert loss[i, t].item() == pytest.approx(-objective.item(), abs=1e-12)
+    expected = sum(per_sequence) / B
+    actual = grpo_aggregate(loss, mask)
+    assert actual.item() == pytest.approx(expected.item(), abs=1e-12)
+    torch.testing.assert_close(grad_of(actual, logps), grad_of(expected, logps), atol=1e-12, rtol=0)
+
+
+def test_gmpo_finite_with_garbage_padding_and_validates():
+    logps, old, advantages, mask, _ = make_batch(seed=10)
+    logps = logps.detach().clone()
+    logps[~mask.bool()] = float("nan")
+    old[~mask.bool()] = float("-inf")
+    logps[1, 0] = -1e4
+    logps.requires_grad_()
+    loss, _ = gmpo_per_token_loss(logps, old, advantages, mask)
+    assert torch.isfinite(loss).all()
+    assert torch.isfinite(grad_of(grpo_aggregate(loss, mask), logps)).all()
+    with pytest.raises(ValueError, match="gmpo_epsilon_low"):
+        gmpo_per_token_loss(logps, old, advantages, mask, epsilon_low=-0.1)
+    with pytest.raises(ValueError, match="gmpo_epsilon_high"):
+        gmpo_per_token_loss(logps, old, advantages, mask, epsilon_high=-0.1)
+    with pytest.raises(ValueError, match="advantages"):
+        gmpo_per_token_loss(logps, old, torch.zeros(B, T), mask)
+    with pytest.raises(ValueError, match="mask"):
+        gmpo_per_token_loss(logps, old, advantages, torch.ones(B, T + 1))
