@@ -21,7 +21,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # files only: no display on training machines
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 CLIP_BRANCHES = ("token_low", "token_high", "sequence_low", "sequence_high")
 # Accuracy: benchmark average from BenchmarkEvalCallback, else the embedded task's held-out accuracy, else reward.
@@ -73,7 +73,8 @@ def load_run(path: str | Path, label: str | None = None) -> Run:
     state_file = find_trainer_state(path)
     state = json.loads(state_file.read_text(encoding="utf-8"))
     if not isinstance(state, dict) or not isinstance(state.get("log_history"), list):
-        raise ValueError(f"{state_file} has no 'log_history' list: is it a transformers trainer_state.json?")
+        message = f"{state_file} has no 'log_history' list: is it a transformers trainer_state.json?"
+        raise ValueError(message)  # noqa: TRY004 - a malformed file is bad input, reported like all bad input
     default_label = Path(path).parent.name if Path(path).is_file() else Path(path).name
     return Run(label=label or default_label, source=state_file, log_history=state["log_history"])
 

@@ -1,4 +1,4 @@
-"""dhpo_trl.plotting: the figures hold exactly the logged series, labelled per run; files are written; gaps are noted."""
+"""dhpo_trl.plotting: figures hold exactly the logged series, labelled per run; files are written; gaps noted."""
 
 import json
 
@@ -10,8 +10,13 @@ from dhpo_trl import plotting
 def _log_history(scale: float, with_dhpo: bool = True) -> list[dict]:
     history = []
     for step in range(1, 6):
-        entry = {"step": step, "loss": 0.1, "entropy": scale * (1.0 - 0.1 * step), "completions/mean_length": 50.0 + scale * step,
-                 "reward": 0.1 * step}
+        entry = {
+            "step": step,
+            "loss": 0.1,
+            "entropy": scale * (1.0 - 0.1 * step),
+            "completions/mean_length": 50.0 + scale * step,
+            "reward": 0.1 * step,
+        }
         if with_dhpo:
             entry.update({f"dhpo/clip_fraction/{b}": scale * 0.01 * step for b in plotting.CLIP_BRANCHES})
             entry["dhpo/mixing_weight/mean"] = 0.5 + 0.01 * step * scale
@@ -49,7 +54,10 @@ def test_figures_hold_the_logged_series_with_labels(tmp_path):
     assert figures["accuracy"].axes[0].get_title() == "Average accuracy (eval/avg)"
     clip_axes = figures["clip_fraction"].axes
     assert [axis.get_title() for axis in clip_axes] == [
-        "clip fraction: token low", "clip fraction: token high", "clip fraction: sequence low", "clip fraction: sequence high"
+        "clip fraction: token low",
+        "clip fraction: token high",
+        "clip fraction: sequence low",
+        "clip fraction: sequence high",
     ]
     assert list(clip_axes[3].get_lines()[1].get_ydata()) == pytest.approx([0.02 * s for s in range(1, 6)])
     mixing = _lines_by_label(figures["mixing_weight"])
