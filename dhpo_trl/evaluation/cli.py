@@ -1,0 +1,192 @@
+"""`python -m dhpo_trl.evaluation` / `dhpo-evaluate`: score a model or checkpoint on the paper's benchmarks.
+
+Everything that can be wrong with the input (benchmark names, data files, the checkpoint path) is checked before a
+model is loaded, so a typo costs seconds, not a GPU allocation.
+
+    dhpo-evaluate outputs/dhpo/checkpoint-500 --benchmarks all --data-dir benchmarks/ --output results.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+
+from .backends import SamplingSettings, TransformersBackend, VLLMBackend, vllm_available
+from .benchmarks import BENCHMARKS, load_benchmark, resolve_benchmark_names, resolve_sources
+from .metrics import format_table
+from .runner import evaluate_problems
+
+
+class InputError(ValueError):
+    """Bad command-line input, found before any model was loaded."""
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def check_model_source(model: str) -> str:
+    """A local checkpoint directory with config.json, or a Hub id; anything path-like that is missing is an error."""
+    path = Path(model).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ValueError(f"Model path {path} has no config.json: pass a saved model or checkpoint directory.")
+        return "local"
+    first_part = Path(model).parts[0] if Path(model).parts else ""
+    meant_local = model.startswith((".", "/", "~")) or (len(Path(model).parts) > 1 and Path(first_part).is_dir())
+    if meant_local or not _HUB_ID.match(model) or model.count("/") > 1:
+        raise ValueError(f"Checkpoint path {model} does not exist. Pass an existing directory or a Hub model id.")
+    return "hub"
+
+
+def _key_values(pairs: list[str], option: str) -> dict[str, str]:
+    parsed = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key or not value:
+            raise ValueError(f"{option} expects NAME=VALUE, got {pair!r}.")
+        parsed[key.strip().lower()] = value.strip()
+    return parsed
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dhpo-evaluate",
+        description="Score a model on AIME24/25, AMC23, OlympiadBench, MATH-500, Minerva Math and GSM8K with the "
+        "DHPO paper's protocol (SimpleRL prompt, temperature 1.0, 16K new tokens, Avg@32/Avg@4/Pass@1).",
+    )
+    parser.add_argument("model", help="checkpoint directory or Hub model id")
+    parser.add_argument("--tokenizer", help="tokenizer path or id (default: the model's)")
+    parser.add_argument("--benchmarks", default="all", help=f"comma-separated from {list(BENCHMARKS)} or 'all'")
+    parser.add_argument("--data-dir", help="directory holding <benchmark>/test.jsonl")
+    parser.add_argument(
+        "--data",
+        action="append",
+        default=[],
+        metavar="NAME=PATH_OR_HUB_ID",
+        help="data for one benchmark: a JSONL file, a directory with test.jsonl, or a Hub dataset id",
+    )
+    parser.add_argument("--split", default="test", help="split to read from Hub datasets")
+    parser.add_argument(
+        "--samples",
+        action="append",
+        default=[],
+        metavar="NAME=K",
+        help="samples per problem for one benchmark (default: 32 AIME, 4 AMC23, 1 others)",
+    )
+    parser.add_argument("--limit", type=int, help="evaluate only the first N problems of each benchmark")
+    parser.add_argument("--max-new-tokens", type=int, default=16384)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--backend",
+        choices=["auto", "vllm", "transformers"],
+        default="auto",
+        help="auto: vLLM when installed with a CUDA GPU, else transformers",
+    )
+    parser.add_argument("--output", default="eval_results.json", help="JSON file for scores and per-problem results")
+    parser.add_argument("--label", help="row label in the table (default: the model path)")
+    vllm_group = parser.add_argument_group("vLLM backend")
+    vllm_group.add_argument("--tensor-parallel-size", type=int, default=1)
+    vllm_group.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    vllm_group.add_argument("--max-model-len", type=int, help="default: the model's own limit")
+    vllm_group.add_argument("--dtype", default="auto", help="auto, bfloat16, float16 or float32")
+    hf_group = parser.add_argument_group("transformers backend")
+    hf_group.add_argument("--batch-size", type=int, default=8, help="sequences per generate() call")
+    hf_group.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    return parser
+
+
+def _load_transformers_backend(args) -> TransformersBackend:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = "auto" if args.dtype == "auto" else getattr(torch, args.dtype)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(device)
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
+    return TransformersBackend(model, tokenizer, batch_size=args.batch_size)
+
+
+def run(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
+    try:  # validate everything before touching a model
+        names = resolve_benchmark_names(args.benchmarks)
+        samples = {name: int(k) for name, k in _key_values(args.samples, "--samples").items()}
+        unknown = [name for name in samples if name not in BENCHMARKS]
+        if unknown:
+            raise ValueError(f"--samples names unknown benchmark(s) {unknown}: choose from {list(BENCHMARKS)}.")
+        settings = SamplingSettings(args.max_new_tokens, args.temperature, args.top_p, args.seed)
+        sources = resolve_sources(names, data_dir=args.data_dir, data=_key_values(args.data, "--data"))
+        problems = {name: load_benchmark(name, sources[name], split=args.split, limit=args.limit) for name in names}
+        check_model_source(args.model)
+    except ValueError as error:
+        raise InputError(str(error)) from error
+    backend_name = args.backend
+    if backend_name == "auto":
+        backend_name = "vllm" if vllm_available() else "transformers"
+    output_path = Path(args.output)
+    output_path.parent.mkdir(parents=True, exist_ok=True)
+
+    started = time.time()
+    if backend_name == "vllm":
+        from transformers import AutoTokenizer
+
+        backend = VLLMBackend(
+            args.model,
+            tokenizer=args.tokenizer,
+            tensor_parallel_size=args.tensor_parallel_size,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            max_model_len=args.max_model_len,
+            dtype=args.dtype,
+            seed=args.seed,
+        )
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
+    else:
+        backend = _load_transformers_backend(args)
+        tokenizer = backend.tokenizer
+    results = evaluate_problems(
+        backend, tokenizer, problems, settings, samples, log=lambda message: print(message, file=sys.stderr)
+    )
+    label = args.label or args.model
+    scores = {name: result["score"] for name, result in results["benchmarks"].items()}
+    used_samples = {name: result["samples_per_problem"] for name, result in results["benchmarks"].items()}
+    table = format_table({label: scores}, used_samples)
+    report = {
+        "model": args.model,
+        "label": label,
+        "scores": scores,
+        "average": results["average"],
+        "average_over": results["average_over"],
+        "table": table,
+        "settings": {
+            "backend": backend_name,
+            "prompt": "simplerl",
+            "max_new_tokens": settings.max_new_tokens,
+            "temperature": settings.temperature,
+            "top_p": settings.top_p,
+            "seed": settings.seed,
+            "limit": args.limit,
+            "samples_per_problem": used_samples,
+            "data": {name: str(source) for name, source in sources.items()},
+            "wall_seconds": round(time.time() - started, 2),
+        },
+        "benchmarks": results["benchmarks"],
+    }
+    output_path.write_text(json.dumps(report, indent=2, ensure_ascii=False), encoding="utf-8")
+    print(table)
+    print(f"\nWrote {output_path}", file=sys.stderr)
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        run(argv)
+    except InputError as error:
+        print(f"dhpo-evaluate: error: {error}", file=sys.stderr)
+        return 2
+    return 0
