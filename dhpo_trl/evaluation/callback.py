@@ -80,11 +80,11 @@ class BenchmarkEvalCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
         if self.eval_on_start:
-            self._evaluate_and_log(state, model, processing_class)
+            self._evaluate_and_log(state, control, model, processing_class)
 
     def on_step_end(self, args, state, control, model=None, processing_class=None, **kwargs):
         if state.global_step % self.every_n_steps == 0:
-            self._evaluate_and_log(state, model, processing_class)
+            self._evaluate_and_log(state, control, model, processing_class)
 
     def evaluate(self, model, tokenizer) -> dict[str, float]:
         """{"eval/<benchmark>": accuracy in percent, ..., "eval/avg": their mean} for `model` as it is now."""
@@ -94,7 +94,7 @@ class BenchmarkEvalCallback(TrainerCallback):
         metrics["eval/avg"] = results["average"]
         return metrics
 
-    def _evaluate_and_log(self, state, model, processing_class) -> None:
+    def _evaluate_and_log(self, state, control, model, processing_class) -> None:
         if model is None or processing_class is None:
             raise ValueError("BenchmarkEvalCallback needs the trainer's model and processing_class (tokenizer).")
         if self.trainer is not None:
@@ -103,7 +103,11 @@ class BenchmarkEvalCallback(TrainerCallback):
         metrics = self.evaluate(model, tokenizer)
         self.history.append({"step": state.global_step, **metrics})
         if self.trainer is not None:
+            # on_log clears control.should_log, which DefaultFlowCallback has just set for this step's training
+            # log: put it back, or logging the evaluation would silently drop the training metrics.
+            should_log = control.should_log
             Trainer.log(self.trainer, dict(metrics))
+            control.should_log = should_log
         else:
             if not self._warned_unattached:
                 logger.warning(
