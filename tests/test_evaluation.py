@@ -293,6 +293,8 @@ def test_cli_errors_before_any_model_loads(saved_tiny_model, tmp_path, monkeypat
         cli.run([str(tmp_path / "not-a-model"), "--benchmarks", "gsm8k", *base])
     with pytest.raises(ValueError, match="--samples expects NAME=VALUE"):
         cli.run([str(saved_tiny_model), "--benchmarks", "gsm8k", "--samples", "gsm8k", *base])
+    with pytest.raises(ValueError, match="--samples aime24 must be a positive whole number"):
+        cli.run([str(saved_tiny_model), "--benchmarks", "aime24", "--samples", "aime24=0", *base])
     assert cli.main([str(saved_tiny_model), "--benchmarks", "nope", *base]) == 2
     assert "dhpo-evaluate: error: Unknown benchmark name(s) ['nope']" in capsys.readouterr().err
     assert not (tmp_path / "r.json").exists()

@@ -52,6 +52,12 @@ def _key_values(pairs: list[str], option: str) -> dict[str, str]:
     return parsed
 
 
+def _positive_int(text: str, option: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"{option} must be a positive whole number of samples, got {text!r}.")
+    return int(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="dhpo-evaluate",
@@ -116,7 +122,9 @@ def run(argv: list[str] | None = None) -> dict:
     args = build_parser().parse_args(argv)
     try:  # validate everything before touching a model
         names = resolve_benchmark_names(args.benchmarks)
-        samples = {name: int(k) for name, k in _key_values(args.samples, "--samples").items()}
+        samples = {
+            name: _positive_int(k, f"--samples {name}") for name, k in _key_values(args.samples, "--samples").items()
+        }
         unknown = [name for name in samples if name not in BENCHMARKS]
         if unknown:
             raise ValueError(f"--samples names unknown benchmark(s) {unknown}: choose from {list(BENCHMARKS)}.")
