@@ -22,6 +22,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only: no display on training machines
 import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
 
 CLIP_BRANCHES = ("token_low", "token_high", "sequence_low", "sequence_high")
 # Accuracy: benchmark average from BenchmarkEvalCallback, else the embedded task's held-out accuracy, else reward.
@@ -86,6 +87,7 @@ def _line_figure(runs: Sequence[Run], key: str, title: str, ylabel: str):
         if steps:
             axis.plot(steps, values, label=run.label)
     axis.set(title=title, xlabel="step", ylabel=ylabel)
+    axis.xaxis.set_major_locator(MaxNLocator(integer=True))  # optimizer steps are whole numbers
     axis.grid(alpha=0.3)
     axis.legend()
     figure.tight_layout()
@@ -100,6 +102,7 @@ def _clip_figure(runs: Sequence[Run], branches: Sequence[str]):
             if steps:
                 axis.plot(steps, values, label=run.label)
         axis.set(title=f"clip fraction: {branch.replace('_', ' ')}", xlabel="step", ylabel="fraction clipped")
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.grid(alpha=0.3)
         axis.legend()
     figure.tight_layout()

@@ -308,3 +308,17 @@ def test_module_entry_point_reports_errors(tmp_path):
     )  # fmt: skip
     assert result.returncode == 2
     assert "does not exist" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_hub_dataset_ids_go_through_load_dataset(monkeypatch):
+    import datasets
+
+    calls = []
+
+    def fake_load_dataset(dataset_id, split):
+        calls.append((dataset_id, split))
+        return datasets.Dataset.from_list([{"question": "q?", "answer": "work\n#### 3,000"}])
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    assert load_benchmark("gsm8k", "someorg/gsm8k-test", split="test") == [Problem("gsm8k", 0, "q?", "3000")]
+    assert calls == [("someorg/gsm8k-test", "test")]
