@@ -1,0 +1,232 @@
+r"""Math training data in the SimpleRL-Zoo format: prompts with a `\boxed{}` instruction, and their ground truths.
+
+`load_math_dataset` reads a Hub dataset id, a local parquet / JSONL / JSON / CSV file or folder, or an in-memory
+`datasets.Dataset`, checks it (columns present, not empty, reachable) and returns the two columns that
+`DHPOTrainer` and `dhpo_trl.rewards.math_verify_reward` consume: `prompt` and `answer`. Every problem is raised as
+a `ValueError` that names the fix, before the caller loads a model.
+
+The paper's data is `hkust-nlp/SimpleRL-Zoo-Data`, subset (folder) `simplelr_qwen_level3to5`: a `train.parquet`
+with top-level columns `question` and `gt_answer` (plus `level`, `subject`, and a pre-rendered Qwen `prompt` that
+we do not use: the prompt is rebuilt here for whatever tokenizer is trained).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import datasets
+from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
+
+logger = logging.getLogger(__name__)
+
+SIMPLERL_SYSTEM_PROMPT = "You are a helpful assistant."
+SIMPLERL_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+# Column flags of the training script, named in error messages so the fix is one flag away.
+QUESTION_FLAG, ANSWER_FLAG, DATASET_FLAG = "--question_column", "--answer_column", "--dataset_name"
+_FILE_BUILDERS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".csv": "csv"}
+
+
+def format_prompt(question: str, tokenizer=None) -> str | list[dict]:
+    """The SimpleRL-Zoo prompt for `question`.
+
+    Chat messages (system + user, rendered by TRL with the tokenizer's chat template) when the tokenizer has a
+    chat template, as Qwen3 base tokenizers do; otherwise one plain string with the same three parts and an
+    answer cue, for tokenizers without a template.
+    """
+    user = f"{question.strip()}\n{SIMPLERL_INSTRUCTION}"
+    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+        return [{"role": "system", "content": SIMPLERL_SYSTEM_PROMPT}, {"role": "user", "content": user}]
+    return f"{SIMPLERL_SYSTEM_PROMPT}\n\n{user}\n\nAnswer:"
+
+
+def load_math_dataset(
+    source,
+    *,
+    split: str = "train",
+    subset: str | None = None,
+    question_column: str = "question",
+    answer_column: str = "answer",
+    tokenizer=None,
+) -> Dataset:
+    """Load, check and format a math dataset into `prompt` / `answer` columns.
+
+    Args:
+        source: Hub dataset id, path to a .parquet/.jsonl/.json/.csv file or a dataset folder, or a
+            `datasets.Dataset` / `DatasetDict`.
+        split: split to read (ignored for a `Dataset` and for single files, which hold one split).
+        subset: Hub config name, or a sub-folder of the repository (SimpleRL-Zoo-Data keeps its subsets in
+            folders such as `simplelr_qwen_level3to5`, which are tried as `data_dir` when no config matches).
+        question_column, answer_column: column names; a dotted name (`extra_info.question`) reads a nested field.
+        tokenizer: decides the prompt format (see `format_prompt`).
+    """
+    raw = _load_raw(source, split=split, subset=subset)
+    if len(raw) == 0:
+        raise ValueError(
+            f"The dataset {_describe(source)} (split {split!r}) is empty: point {DATASET_FLAG} at a dataset with "
+            "at least one problem, or pick another split with --dataset_split."
+        )
+    for column, flag in ((question_column, QUESTION_FLAG), (answer_column, ANSWER_FLAG)):
+        _check_column(raw, column, flag, source)
+
+    questions = [_field(row, question_column) for row in raw]
+    answers = [_field(row, answer_column) for row in raw]
+    keep = [i for i, (q, a) in enumerate(zip(questions, answers)) if _present(q) and _present(a)]
+    if not keep:
+        raise ValueError(
+            f"Every row of {_describe(source)} has an empty {question_column!r} or {answer_column!r}: check "
+            f"{QUESTION_FLAG} / {ANSWER_FLAG}."
+        )
+    if len(keep) < len(raw):
+        # SimpleRL-Zoo level3to5 itself ships two problems without a gold answer: they cannot be rewarded.
+        logger.warning("Dropped %d of %d rows with an empty question or answer.", len(raw) - len(keep), len(raw))
+    return Dataset.from_dict(
+        {
+            "prompt": [format_prompt(str(questions[i]), tokenizer) for i in keep],
+            "answer": [_answer_value(answers[i]) for i in keep],
+        }
+    )
+
+
+# ------------------------------------------------------------------ loading
+def _load_raw(source, *, split: str, subset: str | None) -> Dataset:
+    if isinstance(source, DatasetDict):
+        if split not in source:
+            raise ValueError(f"Split {split!r} is not in the DatasetDict (splits: {list(source)}): set --dataset_split.")
+        return source[split]
+    if isinstance(source, Dataset):
+        return source
+    if not isinstance(source, (str, os.PathLike)) or not str(source).strip():
+        raise ValueError(f"{DATASET_FLAG} must be a Hub dataset id, a local file or folder, or a Dataset; got {source!r}.")
+    path = Path(source).expanduser()
+    if path.is_file():
+        return _load_file(path)
+    if path.is_dir():
+        return _load_folder(path, split=split, subset=subset)
+    if _looks_like_path(str(source)):
+        raise ValueError(f"{DATASET_FLAG}={str(source)!r}: no such file or folder.")
+    return _load_hub(str(source), split=split, subset=subset)
+
+
+def _load_file(path: Path) -> Dataset:
+    builder = _FILE_BUILDERS.get(path.suffix.lower())
+    if builder is None:
+        raise ValueError(
+            f"{DATASET_FLAG}={str(path)!r}: unsupported file type {path.suffix!r}; use one of {sorted(_FILE_BUILDERS)}."
+        )
+    try:
+        return load_dataset(builder, data_files=str(path), split="train")
+    except Exception as error:
+        raise ValueError(f"Could not read {path} as {builder}: {error}") from error
+
+
+def _load_folder(path: Path, *, split: str, subset: str | None) -> Dataset:
+    if (path / "state.json").exists() or (path / "dataset_dict.json").exists():  # Dataset.save_to_disk output
+        return _load_raw(load_from_disk(str(path)), split=split, subset=None)
+    return _load_with_subset(str(path), split=split, subset=subset)
+
+
+def _load_hub(dataset_id: str, *, split: str, subset: str | None) -> Dataset:
+    try:
+        return _load_with_subset(dataset_id, split=split, subset=subset)
+    except ValueError:
+        raise
+    except Exception as error:  # offline, unreachable, unknown or gated repository
+        offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes") or os.environ.get(
+            "HF_DATASETS_OFFLINE", "0"
+        ).lower() in ("1", "true", "yes")
+        hint = (
+            "HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set: unset it to download, or use a local copy"
+            if offline
+            else "check the id and your connection (and `hf auth login` for gated data), or use a local copy"
+        )
+        raise ValueError(
+            f"Could not load the Hub dataset {dataset_id!r} (subset {subset!r}, split {split!r}): "
+            f"{type(error).__name__}: {error}. {hint}: pass {DATASET_FLAG} /path/to/train.parquet (or .jsonl), "
+            f"e.g. after `hf download {dataset_id} --repo-type dataset --local-dir data/`."
+        ) from error
+
+
+def _load_with_subset(path: str, *, split: str, subset: str | None) -> Dataset:
+    try:
+        return _as_split(load_dataset(path, subset, split=split), split)
+    except ValueError as error:
+        # Repositories without configs keep subsets in folders: retry the subset as a data directory.
+        about_config = "BuilderConfig" in str(error) or "config" in str(error).lower()
+        if subset is None or not about_config:
+            raise _split_error(path, split, error) from error
+    try:
+        return _as_split(load_dataset(path, data_dir=subset, split=split), split)
+    except ValueError as error:
+        raise _split_error(path, split, error, subset) from error
+
+
+def _as_split(loaded, split: str) -> Dataset:
+    if isinstance(loaded, Dataset):
+        return loaded
+    raise ValueError(f"Expected one split {split!r}, got {type(loaded).__name__}.")
+
+
+def _split_error(path: str, split: str, error: Exception, subset: str | None = None) -> ValueError:
+    return ValueError(
+        f"Could not load split {split!r} of {path!r}" + (f" (subset {subset!r})" if subset else "") + f": {error}. "
+        "Check --dataset_split and --dataset_config."
+    )
+
+
+# ------------------------------------------------------------------ checks and fields
+def _check_column(raw: Dataset, column: str, flag: str, source) -> None:
+    top, *nested = column.split(".")
+    features = raw.features
+    ok = top in features
+    for key in nested:
+        features = features[top] if ok else None
+        ok = isinstance(features, (dict, datasets.Features)) and key in features
+        top = key
+    if not ok:
+        raise ValueError(
+            f"Column {column!r} is not in the dataset {_describe(source)}; available columns: "
+            f"{_column_names(raw.features)}. Set {flag} to the right one."
+        )
+
+
+def _column_names(features, prefix: str = "") -> list[str]:
+    names = []
+    for name, feature in features.items():
+        names.append(prefix + name)
+        if isinstance(feature, (dict, datasets.Features)):
+            names.extend(_column_names(feature, prefix + name + "."))
+    return names
+
+
+def _field(row: dict, column: str):
+    value = row
+    for key in column.split("."):
+        value = value.get(key) if isinstance(value, dict) else None
+    return value
+
+
+def _present(value) -> bool:
+    if value is None:
+        return False
+    if isinstance(value, str):
+        return bool(value.strip())
+    if isinstance(value, (list, tuple)):
+        return any(_present(v) for v in value)
+    return True
+
+
+def _answer_value(value):
+    """Numbers become strings (math-verify parses text); lists of acceptable answers stay lists of strings."""
+    if isinstance(value, (list, tuple)):
+        return [str(v) for v in value if _present(v)]
+    return str(value).strip()
+
+
+def _looks_like_path(source: str) -> bool:
+    return source.startswith((".", "/", "~")) or Path(source).suffix.lower() in _FILE_BUILDERS
+
+
+def _describe(source) -> str:
+    return repr(str(source)) if isinstance(source, (str, os.PathLike)) else type(source).__name__

@@ -1,0 +1,22 @@
+"""Train with DHPO (or one of the paper's baselines) on a math dataset, TRL style.
+
+    python examples/train_dhpo.py --config examples/recipes/dhpo_e_qwen3_1.7b_base.yaml
+    accelerate launch --config_file accelerate_configs/zero3.yaml examples/train_dhpo.py \
+        --config examples/recipes/dhpo_e_qwen3_1.7b_base.yaml --overlay examples/recipes/algorithms/gspo.yaml
+
+Every flag of `DHPOScriptArguments`, `DHPOConfig` and TRL's `ModelConfig` is accepted; see `dhpo_trl/cli.py`.
+The same entry point is installed as the `dhpo-train` command.
+"""
+
+import os
+import sys
+
+# Python puts this folder first on sys.path; a sub-folder named like a package (examples/vllm/) would then
+# shadow the real one (TRL would take it for an installed vLLM). Import from site-packages instead.
+if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
+    sys.path.pop(0)
+
+from dhpo_trl.cli import main  # noqa: E402
+
+if __name__ == "__main__":
+    main()
