@@ -1,0 +1,434 @@
+"""`DHPOTrainer` end to end on a tiny Qwen3: equivalence with TRL, the seven paper rows, checkpoints, LoRA,
+bad input, and every TRL loss feature kept working.
+
+Runs are short, off-policy (several optimizer steps per generation batch, or `num_iterations > 1`) and shared
+between asserts through module-scoped fixtures, to keep the file within its CPU budget.
+"""
+
+import math
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import Qwen3ForCausalLM
+from trl import GRPOConfig, GRPOTrainer
+
+from dhpo_trl import DHPOConfig, DHPOTrainer
+from dhpo_trl.losses import dhpo_per_token_loss
+from dhpo_trl.presets import PAPER_ALGORITHMS, config_for
+from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
+
+CPU = dict(use_cpu=True, bf16=False, report_to="none", seed=0, data_seed=0)
+# One group of 4 completions per micro-batch; 2 optimizer steps per generation batch: steps 2, 4, ... are off-policy.
+SMALL_RUN = dict(
+    per_device_train_batch_size=4,
+    num_generations=4,
+    gradient_accumulation_steps=1,
+    steps_per_generation=2,
+    max_completion_length=8,
+    max_steps=4,
+    logging_steps=1,
+    learning_rate=3e-2,
+    save_strategy="no",
+)
+DHPO_METRICS = (
+    "dhpo/mixing_weight/mean", "dhpo/mixing_weight/std", "dhpo/token_ratio/mean", "dhpo/token_ratio/min",
+    "dhpo/token_ratio/max", "dhpo/sequence_ratio/mean", "dhpo/sequence_ratio/min", "dhpo/sequence_ratio/max",
+    "dhpo/clip_fraction/token_low", "dhpo/clip_fraction/token_high", "dhpo/clip_fraction/sequence_low",
+    "dhpo/clip_fraction/sequence_high", "dhpo/clipped_term_fraction",
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_char_tokenizer()
+
+
+def prompts(n=16, offset=0):
+    return Dataset.from_dict({"prompt": [f"{a + offset}+{2 * a + 1}=" for a in range(n)]})
+
+
+def digit_share(completions, **kwargs):
+    """Deterministic reward that varies within a group: share of digits in the completion."""
+    return [sum(ch.isdigit() for ch in text) / max(len(text), 1) for text in completions]
+
+
+def recording_reward():
+    """`digit_share` that also records every completion it scores, to compare generations between runs."""
+    seen = []
+
+    def digit_share_recorded(completions, **kwargs):
+        seen.extend(completions)
+        return digit_share(completions)
+
+    return digit_share_recorded, seen
+
+
+def logged(trainer, key):
+    return [entry[key] for entry in trainer.state.log_history if key in entry]
+
+
+def saved_tiny_model(tok, directory, seed=0):
+    """The tiny model saved and reloaded, so that TRL can build a reference model from its path (beta > 0)."""
+    build_tiny_qwen3(tok, hidden_size=32, seed=seed).save_pretrained(directory)
+    return Qwen3ForCausalLM.from_pretrained(directory)
+
+
+def run(trainer_cls, args, tok, reward=digit_share, model=None, **kwargs):
+    model = build_tiny_qwen3(tok, hidden_size=32, seed=0) if model is None else model
+    trainer = trainer_cls(model=model, reward_funcs=reward, args=args, train_dataset=prompts(), processing_class=tok,
+                          **kwargs)  # fmt: skip
+    trainer.train()
+    return trainer
+
+
+# =============================================================================== (a) equivalence with TRL
+EQUIVALENCE = dict(SMALL_RUN, steps_per_generation=2, num_iterations=2, max_steps=6)
+
+
+def assert_same_parameters(model_a, model_b, atol=1e-5):
+    params_b = dict(model_b.named_parameters())
+    for name, param in model_a.named_parameters():
+        torch.testing.assert_close(param, params_b[name], atol=atol, rtol=0, msg=name)
+
+
+def assert_moved_from_init(model, tok):
+    init = dict(build_tiny_qwen3(tok, hidden_size=32, seed=0).named_parameters())
+    change = max((param - init[name]).abs().max().item() for name, param in model.named_parameters())
+    assert change > 1e-3
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_token_weight_one_and_zero_reproduce_trl(tmp_path, tok, level):
+    """w = 1 trains exactly like TRL's GRPO, w = 0 exactly like TRL's GSPO, through off-policy steps."""
+    eps_low, eps_high = (0.2, 0.28) if level == "token" else (0.03, 0.04)
+    reward_ours, seen_ours = recording_reward()
+    reward_trl, seen_trl = recording_reward()
+    if level == "token":
+        branch = dict(token_weight=1.0, epsilon_low_token=eps_low, epsilon_high_token=eps_high)
+    else:
+        branch = dict(token_weight=0.0, epsilon_low_seq=eps_low, epsilon_high_seq=eps_high)
+    ours = run(DHPOTrainer, DHPOConfig(str(tmp_path / "dhpo"), mixing="averaged", **branch, **EQUIVALENCE, **CPU),
+               tok, reward=reward_ours)  # fmt: skip
+    trl_args = GRPOConfig(str(tmp_path / "trl"), loss_type="grpo", epsilon=eps_low, epsilon_high=eps_high,
+                          importance_sampling_level=level, **EQUIVALENCE, **CPU)  # fmt: skip
+    trl = run(GRPOTrainer, trl_args, tok, reward=reward_trl)
+
+    assert ours.state.global_step == trl.state.global_step == 6
+    assert len(seen_ours) == 16 and seen_ours == seen_trl  # identical sampling: same seed, same completions
+    assert logged(ours, "reward") == logged(trl, "reward")
+    # off-policy for real: the ratios left 1, and TRL's clip fired somewhere
+    token_min, token_max = logged(ours, "dhpo/token_ratio/min"), logged(ours, "dhpo/token_ratio/max")
+    assert min(token_min) < 0.99 and max(token_max) > 1.01
+    assert max(logged(trl, "clip_ratio/region_mean")) > 0
+    assert_moved_from_init(ours.model, tok)
+    assert_same_parameters(ours.model, trl.model)
+    for a, b in zip(logged(ours, "loss"), logged(trl, "loss"), strict=True):
+        assert a == pytest.approx(b, abs=1e-5)
+
+
+# =============================================================================== (b) the seven rows, end to end
+@pytest.fixture(scope="module")
+def preset_runs(tok, tmp_path_factory):
+    """Each of the paper's seven rows trained 4 off-policy steps, checkpointing at steps 2 and 4."""
+    runs = {}
+    for name in PAPER_ALGORITHMS:
+        output_dir = tmp_path_factory.mktemp(name.lower())
+        small = dict(SMALL_RUN, save_strategy="steps", save_steps=2)
+        args = config_for(name, output_dir=str(output_dir), **small, **CPU)
+        runs[name] = run(DHPOTrainer, args, tok)
+    return runs
+
+
+def finite(values):
+    return all(math.isfinite(v) for v in values)
+
+
+@pytest.mark.parametrize("name", list(PAPER_ALGORITHMS))
+def test_every_paper_row_trains_and_logs_sane_metrics(preset_runs, name):
+    trainer = preset_runs[name]
+    assert trainer.state.global_step == 4
+    losses = logged(trainer, "loss")
+    assert len(losses) == 4 and finite(losses)
+    algorithm = PAPER_ALGORITHMS[name]["algorithm"]
+    if algorithm == "dhpo":
+        for key in DHPO_METRICS:
+            values = logged(trainer, key)
+            assert len(values) == 4 and finite(values), key
+        for key in ("dhpo/token_ratio/min", "dhpo/sequence_ratio/min"):
+            assert min(logged(trainer, key)) > 0
+        for key in DHPO_METRICS:
+            if "mixing_weight" in key or "clip" in key:
+                assert all(0.0 <= v <= 1.0 for v in logged(trainer, key)), key
+        weights = logged(trainer, "dhpo/mixing_weight/mean")
+        if name == "DHPO-A":
+            assert weights == pytest.approx([0.5] * 4) and logged(trainer, "dhpo/mixing_weight/std") == pytest.approx([0] * 4, abs=1e-6)
+        else:
+            assert min(logged(trainer, "dhpo/mixing_weight/std")) > 0.05  # entropy actually spreads w
+        # steps 2 and 4 reuse a generation batch after an update: ratios differ from 1 there
+        assert max(abs(r - 1) for r in logged(trainer, "dhpo/token_ratio/max")) > 1e-3
+        assert logged(trainer, "dhpo/token_ratio/min")[0] == pytest.approx(1.0)  # on-policy first step
+        if name == "DHPO-E-unified":  # one clip on m, reported under the token branch
+            assert logged(trainer, "dhpo/clip_fraction/sequence_low") == [0.0] * 4
+    elif algorithm == "gmpo":
+        for key in ("gmpo/token_ratio/mean", "gmpo/sequence_ratio/min", "gmpo/clip_fraction"):
+            values = logged(trainer, key)
+            assert len(values) == 4 and finite(values) and min(values) >= 0, key
+        assert all(0 <= v <= 1 for v in logged(trainer, "gmpo/clip_fraction"))
+        assert max(abs(r - 1) for r in logged(trainer, "gmpo/token_ratio/max")) > 1e-3
+    elif algorithm in ("grpo", "gspo"):
+        for key in ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"):
+            values = logged(trainer, key)
+            assert len(values) == 4 and all(0 <= v <= 1 for v in values), key
+        assert not any(key.startswith("dhpo/") for entry in trainer.state.log_history for key in entry)
+        if algorithm == "gspo":  # GSPO's tiny 3e-4 / 4e-4 trust region binds once the policy moved
+            assert max(logged(trainer, "clip_ratio/region_mean")) > 0
+    else:
+        values = logged(trainer, "cispo_clip_ratio")
+        assert len(values) == 4 and all(0 <= v <= 1 for v in values)
+
+
+@pytest.mark.parametrize("name", list(PAPER_ALGORITHMS))
+def test_checkpoint_reloads_and_model_card_names_dhpo(preset_runs, name):
+    trainer = preset_runs[name]
+    output_dir = trainer.args.output_dir
+    checkpoint = f"{output_dir}/checkpoint-4"
+    reloaded = Qwen3ForCausalLM.from_pretrained(checkpoint)
+    assert_same_parameters(reloaded, trainer.model, atol=0)
+    # TRL writes the card to output_dir each time it saves a checkpoint
+    with open(f"{output_dir}/README.md", encoding="utf-8") as handle:
+        card = handle.read()
+    assert "DHPO" in card and "min-etal-2026-orchestrating" in card
+    assert card.count("@inproceedings{min-etal-2026-orchestrating") == 1
+    settings = PAPER_ALGORITHMS[name]
+    for field, value in settings.items():
+        assert f"| `{field}` | `{getattr(trainer.args, field)}` |" in card, field
+    assert f"| `algorithm` | `{settings['algorithm']}` |" in card
+
+
+def test_training_resumes_from_checkpoint(preset_runs, tok, tmp_path):
+    """Resuming DHPO-E at step 2 reaches step 4 with the weights of the uninterrupted run."""
+    original = preset_runs["DHPO-E"]
+    args = config_for("DHPO-E", output_dir=str(tmp_path), **SMALL_RUN, **CPU)
+    model = build_tiny_qwen3(tok, hidden_size=32, seed=1)  # overwritten by the checkpoint
+    trainer = DHPOTrainer(model=model, reward_funcs=digit_share, args=args, train_dataset=prompts(),
+                          processing_class=tok)  # fmt: skip
+    trainer.train(resume_from_checkpoint=f"{original.args.output_dir}/checkpoint-2")
+    assert trainer.state.global_step == 4
+    assert [e["step"] for e in trainer.state.log_history if "dhpo/token_ratio/max" in e][-2:] == [3, 4]
+    assert_same_parameters(trainer.model, original.model, atol=1e-5)
+
+
+def test_lora_trains_adapters_only(tok, tmp_path):
+    from peft import LoraConfig
+
+    peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    args = config_for("DHPO-E", output_dir=str(tmp_path), **SMALL_RUN, **CPU)
+    base = build_tiny_qwen3(tok, hidden_size=32, seed=0)
+    before = {name: param.detach().clone() for name, param in base.named_parameters()}
+    trainer = DHPOTrainer(model=base, reward_funcs=digit_share, args=args, train_dataset=prompts(),
+                          processing_class=tok, peft_config=peft_config)  # fmt: skip
+    trainer.train()
+    lora = {n: p for n, p in trainer.model.named_parameters() if "lora_" in n}
+    assert lora and all(p.requires_grad for p in lora.values())
+    assert max(p.abs().max().item() for n, p in lora.items() if "lora_B" in n) > 0  # lora_B starts at zero
+    frozen = {n.replace("base_model.model.", "").replace(".base_layer", ""): p
+              for n, p in trainer.model.named_parameters() if "lora_" not in n}  # fmt: skip
+    assert set(frozen) == set(before)
+    for name, param in frozen.items():
+        assert torch.equal(param, before[name]), name
+    assert finite(logged(trainer, "dhpo/token_ratio/mean"))
+
+
+# =============================================================================== (c) bad input
+def test_none_and_nan_rewards_do_not_break_training(tok, tmp_path):
+    def flaky_reward(completions, **kwargs):
+        scores = digit_share(completions)
+        return [None if i % 4 == 0 else math.nan if i % 4 == 1 else s for i, s in enumerate(scores)]
+
+    args = config_for("DHPO-E", output_dir=str(tmp_path), **SMALL_RUN, **CPU)
+    trainer = run(DHPOTrainer, args, tok, reward=flaky_reward)
+    assert trainer.state.global_step == 4
+    assert finite(logged(trainer, "loss")) and finite(logged(trainer, "dhpo/token_ratio/mean"))
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+def test_plain_grpo_config_is_rejected(tok, tmp_path):
+    args = GRPOConfig(str(tmp_path), **CPU)
+    with pytest.raises(TypeError, match="DHPOConfig"):
+        DHPOTrainer(model=build_tiny_qwen3(tok, hidden_size=32), reward_funcs=digit_share, args=args,
+                    train_dataset=prompts(), processing_class=tok)  # fmt: skip
+
+
+# =============================================================================== (d) TRL features, fixed batch
+def fixed_batch(model, seed=0, batch=6, prompt_len=5, completion_len=7):
+    """A crafted micro-batch: varying completion lengths, ratios far from 1, advantages of both signs."""
+    gen = torch.Generator().manual_seed(seed)
+    vocab = model.config.vocab_size
+    prompt_ids = torch.randint(3, vocab, (batch, prompt_len), generator=gen)
+    completion_ids = torch.randint(3, vocab, (batch, completion_len), generator=gen)
+    lengths = torch.tensor([7, 3, 5, 1, 6, 4])[:batch]
+    completion_mask = (torch.arange(completion_len) < lengths.unsqueeze(1)).long()
+    logps, _ = reference_logps_and_entropies(model, prompt_ids, completion_ids, completion_mask)
+    return {
+        "prompt_ids": prompt_ids,
+        "prompt_mask": torch.ones_like(prompt_ids),
+        "completion_ids": completion_ids,
+        "completion_mask": completion_mask,
+        "advantages": torch.tensor([1.2, -0.8, 0.5, -1.5, 0.9, -0.3])[:batch],
+        "old_per_token_logps": logps + 0.3 * torch.randn(logps.shape, generator=gen),
+        "ref_per_token_logps": logps + 0.2 * torch.randn(logps.shape, generator=gen),
+        "num_items_in_batch": completion_mask.sum() * 2,  # the generation batch spans two micro-batches
+    }
+
+
+def reference_logps_and_entropies(model, prompt_ids, completion_ids, completion_mask):
+    """Plain forward pass, log-softmax and entropy: no TRL helper involved."""
+    with torch.no_grad():
+        input_ids = torch.cat([prompt_ids, completion_ids], dim=1)
+        attention = torch.cat([torch.ones_like(prompt_ids), completion_mask], dim=1)
+        logits = model(input_ids=input_ids, attention_mask=attention).logits[:, prompt_ids.size(1) - 1 : -1].float()
+        log_probs = logits.log_softmax(-1)
+        logps = log_probs.gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+        entropies = -(log_probs.exp() * log_probs).sum(-1)
+    return logps, entropies
+
+
+@pytest.fixture(scope="module")
+def feature_model(tok, tmp_path_factory):
+    return saved_tiny_model(tok, tmp_path_factory.mktemp("feature_model"), seed=3)
+
+
+def loss_and_grad(trainer_cls, args, model, tok, inputs, accumulation=2):
+    trainer = trainer_cls(model=model, reward_funcs=digit_share, args=args, train_dataset=prompts(),
+                          processing_class=tok)  # fmt: skip
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = accumulation
+    model.zero_grad()
+    loss = trainer._compute_loss(trainer.model, dict(inputs))
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    return loss.detach(), grads, trainer
+
+
+FEATURES = {
+    "kl": dict(beta=0.05),
+    "kl_no_bias_correction": dict(beta=0.05, use_bias_correction_kl=False),
+    "top_entropy_quantile": dict(top_entropy_quantile=0.4),
+    "entropy_bonus": dict(entropy_coef=0.1),
+    "off_policy_mask": dict(off_policy_mask_threshold=0.02),
+    "bnpo": dict(loss_type="bnpo"),
+    "dr_grpo": dict(loss_type="dr_grpo"),
+    "dapo": dict(loss_type="dapo"),
+    "everything": dict(beta=0.05, top_entropy_quantile=0.6, entropy_coef=0.1, off_policy_mask_threshold=0.02,
+                       loss_type="dapo"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("feature", list(FEATURES))
+def test_trl_features_match_trl_at_token_weight_one(feature, feature_model, tok, tmp_path):
+    """With w = 1 each TRL feature must give TRL's loss and gradient on the same batch (to 1e-6)."""
+    inputs = fixed_batch(feature_model)
+    common = dict(SMALL_RUN, max_completion_length=7, **FEATURES[feature], **CPU)
+    ours_args = DHPOConfig(str(tmp_path / "dhpo"), mixing="averaged", token_weight=1.0, epsilon_low_token=0.2,
+                           epsilon_high_token=0.28, **common)  # fmt: skip
+    trl_args = GRPOConfig(str(tmp_path / "trl"), epsilon=0.2, epsilon_high=0.28, **{"loss_type": "grpo", **common})
+    ours_loss, ours_grads, ours = loss_and_grad(DHPOTrainer, ours_args, feature_model, tok, inputs)
+    trl_loss, trl_grads, trl = loss_and_grad(GRPOTrainer, trl_args, feature_model, tok, inputs)
+    assert ours_loss.item() == pytest.approx(trl_loss.item(), abs=1e-6)
+    assert ours_loss.item() != 0.0
+    for name, grad in trl_grads.items():
+        torch.testing.assert_close(ours_grads[name], grad, atol=1e-6, rtol=1e-5, msg=name)
+    for key in ("kl", "entropy_coef", "policy_loss"):  # TRL's own metrics logged by both
+        assert (key in trl._metrics["train"]) == (key in ours._metrics["train"]), key
+        if key in trl._metrics["train"]:
+            assert ours._metrics["train"][key][-1] == pytest.approx(trl._metrics["train"][key][-1], abs=1e-6)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+@pytest.mark.parametrize("scope", ["batch", "sequence", "global"])
+def test_dhpo_e_aggregation_and_entropy_scope_by_hand(loss_type, scope, feature_model, tok, tmp_path):
+    """DHPO-E's trainer loss on a fixed batch equals the per-token loss aggregated by hand."""
+    inputs = fixed_batch(feature_model)
+    accumulation = 2
+    args = config_for("DHPO-E", output_dir=str(tmp_path), entropy_norm_scope=scope, loss_type=loss_type,
+                      **dict(SMALL_RUN, max_completion_length=7, steps_per_generation=2), **CPU)  # fmt: skip
+    loss, _, _ = loss_and_grad(DHPOTrainer, args, feature_model, tok, inputs, accumulation=accumulation)
+
+    mask = inputs["completion_mask"].float()
+    logps, entropies = reference_logps_and_entropies(
+        feature_model, inputs["prompt_ids"], inputs["completion_ids"], inputs["completion_mask"]
+    )
+    per_token, _ = dhpo_per_token_loss(
+        logps, inputs["old_per_token_logps"], inputs["advantages"], mask, entropies,
+        entropy_scope="sequence" if scope == "sequence" else "batch",
+    )  # fmt: skip
+    masked = (per_token * mask).sum(-1)
+    if loss_type == "grpo":  # eq. 7, divided for gradient accumulation
+        expected = (masked / mask.sum(-1)).mean() / accumulation
+    elif loss_type == "bnpo":
+        expected = masked.sum() / mask.sum() / accumulation
+    elif loss_type == "dr_grpo":
+        expected = masked.sum() / (mask.size(0) * 7) / accumulation
+    else:  # DAPO: the generation batch's tokens, rescaled to one accumulation window
+        expected = masked.sum() / (inputs["num_items_in_batch"] * accumulation / 2)
+    assert loss.item() == pytest.approx(expected.item(), abs=1e-5)
+
+
+def test_all_masked_micro_batch_gives_finite_zero_loss(feature_model, tok, tmp_path):
+    for name in ("DHPO-E", "DHPO-A", "GMPO"):
+        inputs = fixed_batch(feature_model)
+        inputs["completion_mask"] = torch.zeros_like(inputs["completion_mask"])
+        inputs["num_items_in_batch"] = torch.tensor(0)
+        args = config_for(name, output_dir=str(tmp_path / name), **dict(SMALL_RUN, max_completion_length=7), **CPU)
+        loss, grads, trainer = loss_and_grad(DHPOTrainer, args, feature_model, tok, inputs)
+        assert loss.item() == 0.0, name
+        assert all(torch.isfinite(g).all() and (g == 0).all() for g in grads.values()), name
+
+
+# =============================================================================== (d) TRL features, end to end
+@pytest.fixture(scope="module")
+def feature_runs(tok, tmp_path_factory):
+    """Two short DHPO-E runs that switch on every TRL feature between them, one with evaluation."""
+    eval_prompts = prompts(8, offset=100)
+    runs = {}
+    for name, features in {
+        "kl_bonus_topk_dapo_sequence_eval": dict(
+            beta=0.05, entropy_coef=0.01, top_entropy_quantile=0.5, loss_type="dapo", entropy_norm_scope="sequence",
+            eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=4,
+        ),
+        "opsm_bnpo_global": dict(off_policy_mask_threshold=0.01, loss_type="bnpo", entropy_norm_scope="global"),
+    }.items():  # fmt: skip
+        args = config_for("DHPO-E", output_dir=str(tmp_path_factory.mktemp(name)), **SMALL_RUN, **features, **CPU)
+        eval_dataset = eval_prompts if "eval_strategy" in features else None
+        model = saved_tiny_model(tok, tmp_path_factory.mktemp(f"{name}_model"))
+        runs[name] = run(DHPOTrainer, args, tok, model=model, eval_dataset=eval_dataset)
+    return runs
+
+
+def test_kl_entropy_bonus_topk_dapo_sequence_scope_and_eval(feature_runs):
+    trainer = feature_runs["kl_bonus_topk_dapo_sequence_eval"]
+    assert trainer.ref_model is not None and trainer.state.global_step == 4
+    kl = logged(trainer, "kl")
+    # eval logs carry their own kl, so take the training entries (they have "loss")
+    train_kl = [e["kl"] for e in trainer.state.log_history if "loss" in e]
+    assert len(train_kl) == 4 and train_kl[0] == pytest.approx(0.0, abs=1e-7) and max(train_kl) > 0 and finite(kl)
+    assert logged(trainer, "entropy_coef") == pytest.approx([0.01] * 4)
+    assert finite(logged(trainer, "policy_loss")) and len(logged(trainer, "policy_loss")) == 4
+    eval_entries = [e for e in trainer.state.log_history if "eval_loss" in e]
+    assert [e["step"] for e in eval_entries] == [2, 4]
+    for entry in eval_entries:
+        assert math.isfinite(entry["eval_loss"])
+        assert 0 <= entry["eval_dhpo/mixing_weight/mean"] <= 1
+        assert entry["eval_dhpo/token_ratio/mean"] == pytest.approx(1.0)  # eval is on-policy
+        assert math.isfinite(entry["eval_kl"])
+
+
+def test_off_policy_mask_bnpo_global_scope(feature_runs):
+    trainer = feature_runs["opsm_bnpo_global"]
+    assert trainer.state.global_step == 4
+    assert finite(logged(trainer, "loss"))
+    weights = logged(trainer, "dhpo/mixing_weight/mean")
+    assert len(weights) == 4 and all(0 < w < 1 for w in weights)
+    assert min(logged(trainer, "dhpo/mixing_weight/std")) > 0.05
