@@ -115,10 +115,24 @@ def _load_file(path: Path) -> Dataset:
         raise ValueError(
             f"{DATASET_FLAG}={str(path)!r}: unsupported file type {path.suffix!r}; use one of {sorted(_FILE_BUILDERS)}."
         )
+    if _file_has_no_rows(path, builder):  # datasets fails on these with an Arrow error, not "empty"
+        raise ValueError(f"The dataset file {path} is empty: point {DATASET_FLAG} at a file with at least one problem.")
     try:
         return load_dataset(builder, data_files=str(path), split="train")
     except Exception as error:
         raise ValueError(f"Could not read {path} as {builder}: {error}") from error
+
+
+def _file_has_no_rows(path: Path, builder: str) -> bool:
+    if builder == "parquet":
+        import pyarrow.parquet
+
+        try:
+            return pyarrow.parquet.ParquetFile(path).metadata.num_rows == 0
+        except Exception:
+            return False  # not readable as parquet: let datasets report why
+    with open(path, "rb") as handle:
+        return not handle.read(1 << 16).strip()
 
 
 def _load_folder(path: Path, *, split: str, subset: str | None) -> Dataset:
