@@ -98,6 +98,17 @@ def parse_args(argv=None, *, num_processes: int | None = None):
     return script_args, training_args, model_args
 
 
+def load_recipe(path, overlays=(), *, num_processes: int | None = None, overrides: dict | None = None):
+    """(script_args, DHPOConfig, ModelConfig) of a recipe YAML with algorithm overlays, batch-planned for
+    `num_processes` (default: the current world size). `overrides` are flags, e.g. {"use_cpu": True}."""
+    argv = ["--config", str(path)]
+    for overlay in overlays:
+        argv += ["--overlay", str(overlay)]
+    for key, value in (overrides or {}).items():
+        argv += [f"--{key}", str(value)]
+    return parse_args(argv, num_processes=num_processes)
+
+
 def apply_batch_plan(script_args: DHPOScriptArguments, training_args: DHPOConfig, num_processes: int) -> DHPOConfig:
     """Derive `steps_per_generation` and `gradient_accumulation_steps` from the paper's prompt batches.
 
