@@ -83,7 +83,7 @@ def parse_args(argv=None, *, num_processes: int | None = None):
         with open(path) as handle:
             values = yaml.safe_load(handle) or {}
         if not isinstance(values, dict):
-            raise ValueError(f"Config file {path} must contain a YAML mapping of argument names to values.")
+            raise ValueError(f"Config file {path} must contain a YAML mapping of argument names to values.")  # noqa: TRY004
         for key, value in values.pop("env", {}).items():
             os.environ[key] = str(value)
         merged.update(values)
@@ -147,7 +147,7 @@ def _pop_all(args: list[str], flag: str) -> list[str]:
         if index + 1 >= len(args):
             raise ValueError(f"{flag} needs a file path.")
         values.append(args[index + 1])
-        del args[index:index + 2]
+        del args[index : index + 2]
     return values
 
 
@@ -159,7 +159,9 @@ def train(script_args: DHPOScriptArguments, training_args: DHPOConfig, model_arg
     from .trainer import DHPOTrainer
 
     if not model_args.model_name_or_path:
-        raise ValueError("--model_name_or_path is required: a Hub model id (e.g. Qwen/Qwen3-1.7B-Base) or a local folder.")
+        raise ValueError(
+            "--model_name_or_path is required: a Hub model id (e.g. Qwen/Qwen3-1.7B-Base) or a local folder."
+        )
     tokenizer = AutoTokenizer.from_pretrained(
         model_args.model_name_or_path,
         revision=model_args.model_revision,

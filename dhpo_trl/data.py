@@ -65,7 +65,7 @@ def load_math_dataset(
     if len(raw) == 0:
         raise ValueError(
             f"The dataset {_describe(source)} (split {split!r}) is empty: point {DATASET_FLAG} at a dataset with "
-            "at least one problem, or pick another split with --dataset_split."
+            "at least one problem, or pick another split with --dataset_train_split."
         )
     for column, flag in ((question_column, QUESTION_FLAG), (answer_column, ANSWER_FLAG)):
         _check_column(raw, column, flag, source)
@@ -93,12 +93,16 @@ def load_math_dataset(
 def _load_raw(source, *, split: str, subset: str | None) -> Dataset:
     if isinstance(source, DatasetDict):
         if split not in source:
-            raise ValueError(f"Split {split!r} is not in the DatasetDict (splits: {list(source)}): set --dataset_split.")
+            raise ValueError(
+                f"Split {split!r} is not in the DatasetDict (splits: {list(source)}): set --dataset_train_split."
+            )
         return source[split]
     if isinstance(source, Dataset):
         return source
     if not isinstance(source, (str, os.PathLike)) or not str(source).strip():
-        raise ValueError(f"{DATASET_FLAG} must be a Hub dataset id, a local file or folder, or a Dataset; got {source!r}.")
+        raise ValueError(
+            f"{DATASET_FLAG} must be a Hub dataset id, a local file or folder, or a Dataset; got {source!r}."
+        )
     path = Path(source).expanduser()
     if path.is_file():
         return _load_file(path)
@@ -116,7 +120,9 @@ def _load_file(path: Path) -> Dataset:
             f"{DATASET_FLAG}={str(path)!r}: unsupported file type {path.suffix!r}; use one of {sorted(_FILE_BUILDERS)}."
         )
     if _file_has_no_rows(path, builder):  # datasets fails on these with an Arrow error, not "empty"
-        raise ValueError(f"The dataset file {path} is empty: point {DATASET_FLAG} at a file with at least one problem.")
+        raise ValueError(
+            f"The dataset file {path} is empty: point {DATASET_FLAG} at a file with at least one problem."
+        )
     try:
         return load_dataset(builder, data_files=str(path), split="train")
     except Exception as error:
@@ -129,7 +135,7 @@ def _file_has_no_rows(path: Path, builder: str) -> bool:
 
         try:
             return pyarrow.parquet.ParquetFile(path).metadata.num_rows == 0
-        except Exception:
+        except Exception:  # noqa: BLE001
             return False  # not readable as parquet: let datasets report why
     with open(path, "rb") as handle:
         return not handle.read(1 << 16).strip()
@@ -185,7 +191,7 @@ def _as_split(loaded, split: str) -> Dataset:
 def _split_error(path: str, split: str, error: Exception, subset: str | None = None) -> ValueError:
     return ValueError(
         f"Could not load split {split!r} of {path!r}" + (f" (subset {subset!r})" if subset else "") + f": {error}. "
-        "Check --dataset_split and --dataset_config."
+        "Check --dataset_train_split and --dataset_config."
     )
 
 

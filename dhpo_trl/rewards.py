@@ -53,7 +53,7 @@ def extract_boxed_answer(text: str) -> str | None:
     if text.startswith("{", position):
         return _balanced_content(text, position)
     if position > after:  # "\boxed 5$": the answer runs to the next "$" or whitespace
-        token = text[position:position + MAX_ANSWER_CHARS + 1].split(maxsplit=1)
+        token = text[position : position + MAX_ANSWER_CHARS + 1].split(maxsplit=1)
         answer = token[0].split("$")[0] if token else ""
         return answer if 0 < len(answer) <= MAX_ANSWER_CHARS else None
     return None
@@ -71,7 +71,7 @@ def _balanced_content(text: str, open_brace: int) -> str | None:
         elif char == "}":
             depth -= 1
             if depth == 0:
-                return text[open_brace + 1:index]
+                return text[open_brace + 1 : index]
         index += 1
     return None  # unterminated, or longer than MAX_ANSWER_CHARS
 
@@ -137,17 +137,19 @@ def math_verify_reward(completions, answer=None, **kwargs) -> list[float]:
     r"""TRL reward function: 1.0 per completion whose last `\boxed{}` matches its `answer`, 0.0 otherwise."""
     try:
         completions = list(completions)
-    except Exception:
+    except Exception:  # noqa: BLE001
         logger.warning("math_verify_reward: completions is not iterable; scoring nothing.")
         return []
     try:
         answers = list(answer) if isinstance(answer, (list, tuple)) else [answer] * len(completions)
-    except Exception:
+    except Exception:  # noqa: BLE001
         answers = [None] * len(completions)
     if len(answers) != len(completions):
         logger.warning(
             "math_verify_reward got %d answers for %d completions: unmatched completions score 0. Check that the "
-            "dataset's answer column is named 'answer'.", len(answers), len(completions),
+            "dataset's answer column is named 'answer'.",
+            len(answers),
+            len(completions),
         )
         answers = (answers + [None] * len(completions))[: len(completions)]
     return [score_answer(completion, truth) for completion, truth in zip(completions, answers)]

@@ -16,7 +16,7 @@ import sys
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
     sys.path.pop(0)
 
-from dhpo_trl.cli import main  # noqa: E402
+from dhpo_trl.cli import main
 
 if __name__ == "__main__":
     main()

@@ -8,6 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from datasets import Dataset
 from safetensors.torch import load_file
 
 from dhpo_trl.cli import main
@@ -113,9 +114,21 @@ def test_lora_saves_adapter_tokenizer_and_card(local_model, local_jsonl, tmp_pat
     output_dir = tmp_path / "lora"
     main(
         cli_args(
-            local_model, local_jsonl, output_dir, "--use_peft", "true", "--lora_r", "4", "--lora_alpha", "8",
-            "--overlay", str(REPO / "examples/recipes/algorithms/gspo.yaml"),
-            "--push_to_hub", "true", "--hub_model_id", "me/tiny-dhpo-lora",
+            local_model,
+            local_jsonl,
+            output_dir,
+            "--use_peft",
+            "true",
+            "--lora_r",
+            "4",
+            "--lora_alpha",
+            "8",
+            "--overlay",
+            str(REPO / "examples/recipes/algorithms/gspo.yaml"),
+            "--push_to_hub",
+            "true",
+            "--hub_model_id",
+            "me/tiny-dhpo-lora",
         )
     )
     uploaded = set(next(u for u in fake_hub.uploads if u["message"] == "End of training")["files"])
@@ -147,8 +160,24 @@ def test_script_runs_as_a_subprocess_with_a_yaml_config(local_model, local_jsonl
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
     result = subprocess.run(
         [sys.executable, str(REPO / "examples/train_dhpo.py"), "--config", str(config), "--max_steps", "1"],
-        capture_output=True, text=True, env=env, timeout=300,
+        check=False, capture_output=True, text=True, env=env, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "script_out" / "model.safetensors").exists()
     assert CITATION_KEY in (tmp_path / "script_out" / "README.md").read_text()
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["plain", "chat-template"])
+def test_max_prompt_length_drops_longer_prompts(chat):
+    from dhpo_trl.cli import drop_long_prompts
+    from dhpo_trl.data import load_math_dataset
+
+    tokenizer = build_char_tokenizer()  # one token per character
+    if chat:
+        tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    rows = {"question": ["short?", "x" * 500], "answer": ["1", "2"]}
+    dataset = load_math_dataset(Dataset.from_dict(rows), tokenizer=tokenizer)
+    kept = drop_long_prompts(dataset, tokenizer, max_tokens=200)
+    assert kept["answer"] == ["1"] and kept.column_names == ["prompt", "answer"]
+    with pytest.raises(ValueError, match="max_prompt_length=10"):
+        drop_long_prompts(dataset, tokenizer, max_tokens=10)

@@ -78,7 +78,9 @@ def test_hub_style_folder_with_subset_folders(tmp_path):
     (tmp_path / "simplelr_qwen_level3to5").mkdir()
     pd.DataFrame(ROWS).to_parquet(tmp_path / "simplelr_qwen_level3to5" / "train.parquet")
     (tmp_path / "simplelr_qwen_level1to4").mkdir()
-    pd.DataFrame({"question": ["q"], "gt_answer": ["1"]}).to_parquet(tmp_path / "simplelr_qwen_level1to4" / "train.parquet")
+    pd.DataFrame({"question": ["q"], "gt_answer": ["1"]}).to_parquet(
+        tmp_path / "simplelr_qwen_level1to4" / "train.parquet"
+    )
     dataset = load_math_dataset(tmp_path, subset="simplelr_qwen_level3to5", answer_column="gt_answer")
     assert dataset["answer"] == ["2", "9", "2"]
 

@@ -87,7 +87,9 @@ def test_command_line_overrides_the_recipe_and_rescales_the_plan():
 def test_indivisible_batch_names_the_field():
     with pytest.raises(ValueError, match="per_device_train_batch_size=24"):
         load_recipe(
-            RECIPES / "dhpo_e_qwen3_1.7b_base.yaml", num_processes=8, overrides={**CPU, "per_device_train_batch_size": 24}
+            RECIPES / "dhpo_e_qwen3_1.7b_base.yaml",
+            num_processes=8,
+            overrides={**CPU, "per_device_train_batch_size": 24},
         )
 
 
