@@ -147,3 +147,23 @@ def test_main_thread_timer_is_restored():
         assert 90.0 < remaining <= 100.0
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def test_a_stuck_worker_is_killed_at_the_deadline():
+    """A comparison stuck in C code ignores SIGALRM; the caller then kills the worker instead of waiting."""
+    import subprocess
+    import sys
+
+    from dhpo_trl.rewards import _VerifyWorker
+
+    worker = _VerifyWorker()
+    stuck = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfor line in sys.stdin: time.sleep(600)"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
+    )  # fmt: skip
+    worker._process = stuck
+    start = time.perf_counter()
+    assert worker.answers_match("1", ["1"], timeout_s=0.2) is False
+    assert time.perf_counter() - start < 0.2 + 1.0 + 1.0
+    assert stuck.poll() is not None  # killed
+    assert worker._process is None  # the next request starts a fresh worker
