@@ -6,12 +6,11 @@ override both. Runs under `python` and `accelerate launch`.
 
 When `prompts_per_generation` / `prompts_per_optimizer_step` are set (the paper's batch in VERL terms: rollout prompt
 batch and PPO mini-batch), `steps_per_generation` and `gradient_accumulation_steps` are derived from them for the
-number of processes actually launched, so one recipe serves 8 and 32 GPUs alike.
+number of processes actually launched (`WORLD_SIZE`), so one recipe serves 8 and 32 GPUs alike.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 from dataclasses import dataclass, field
@@ -93,9 +92,18 @@ def parse_args(argv=None, *, num_processes: int | None = None):
     unknown = parser.set_defaults_with_config(**merged)
     if unknown:
         raise ValueError(f"Unknown arguments in {config_paths}: {unknown[::2]}. Check their spelling.")
-    script_args, training_args, model_args = parser.parse_args_into_dataclasses(args=args)
-    training_args = apply_batch_plan(script_args, training_args, num_processes or training_args.world_size)
-    return script_args, training_args, model_args
+    # The plan is settled on the raw values, before DHPOConfig exists: its __post_init__ validates the batch.
+    raw, _ = parser.parse_known_args(args)
+    plan = batch_plan(
+        raw.prompts_per_generation,
+        raw.prompts_per_optimizer_step,
+        per_device_train_batch_size=raw.per_device_train_batch_size,
+        num_generations=raw.num_generations,
+        num_processes=num_processes or int(os.environ.get("WORLD_SIZE", "1")),  # set by accelerate / torchrun
+    )
+    for name, value in plan.items():  # last flag wins in argparse
+        args += [f"--{name}", str(value)]
+    return tuple(parser.parse_args_into_dataclasses(args=args))
 
 
 def load_recipe(path, overlays=(), *, num_processes: int | None = None, overrides: dict | None = None):
@@ -109,35 +117,41 @@ def load_recipe(path, overlays=(), *, num_processes: int | None = None, override
     return parse_args(argv, num_processes=num_processes)
 
 
-def apply_batch_plan(script_args: DHPOScriptArguments, training_args: DHPOConfig, num_processes: int) -> DHPOConfig:
-    """Derive `steps_per_generation` and `gradient_accumulation_steps` from the paper's prompt batches.
+def batch_plan(
+    prompts_per_generation: int | None,
+    prompts_per_optimizer_step: int | None,
+    *,
+    per_device_train_batch_size: int,
+    num_generations: int,
+    num_processes: int,
+) -> dict[str, int]:
+    """`steps_per_generation` and `gradient_accumulation_steps` for the paper's prompt batches on `num_processes`.
 
     TRL counts completions: a generation batch holds per_device_train_batch_size x num_processes x
     steps_per_generation of them, and one optimizer step consumes per_device_train_batch_size x num_processes x
-    gradient_accumulation_steps.
+    gradient_accumulation_steps. Empty when neither prompt batch is set.
     """
-    per_generation, per_step = script_args.prompts_per_generation, script_args.prompts_per_optimizer_step
+    per_generation, per_step = prompts_per_generation, prompts_per_optimizer_step
     if per_generation is None and per_step is None:
-        return training_args
+        return {}
     if per_generation is None or per_step is None or per_generation % per_step:
         raise ValueError(
             f"prompts_per_generation={per_generation} and prompts_per_optimizer_step={per_step}: set both, with the "
             "first a multiple of the second (the paper: 512 and 256, or 512 and 32 for Qwen3-30B-A3B)."
         )
-    completions_per_micro_step = training_args.per_device_train_batch_size * num_processes
+    completions_per_micro_step = per_device_train_batch_size * num_processes
     plan = {}
     for name, prompts in (("steps_per_generation", per_generation), ("gradient_accumulation_steps", per_step)):
-        completions = prompts * training_args.num_generations
+        completions = prompts * num_generations
         if completions % completions_per_micro_step:
             raise ValueError(
-                f"{prompts} prompts x num_generations={training_args.num_generations} = {completions} completions "
-                f"do not split into micro-batches of per_device_train_batch_size="
-                f"{training_args.per_device_train_batch_size} x {num_processes} processes: choose a "
-                "per_device_train_batch_size that divides it."
+                f"{prompts} prompts x num_generations={num_generations} = {completions} completions do not split "
+                f"into micro-batches of per_device_train_batch_size={per_device_train_batch_size} x "
+                f"{num_processes} processes: choose a per_device_train_batch_size (and a process count) that "
+                "divides it."
             )
         plan[name] = completions // completions_per_micro_step
-    # Rebuilt, not mutated: GRPOConfig derives generation_batch_size from these in __post_init__.
-    return dataclasses.replace(training_args, generation_batch_size=None, **plan)
+    return plan
 
 
 def _pop_all(args: list[str], flag: str) -> list[str]:

@@ -152,19 +152,33 @@ def test_missing_column_fails_before_the_model_loads(local_model, local_jsonl, t
         main(args)
 
 
-def test_script_runs_as_a_subprocess_with_a_yaml_config(local_model, local_jsonl, tmp_path):
+def _run(command, timeout=300):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, check=False, capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_accelerate_launch_with_a_yaml_config(local_model, local_jsonl, tmp_path):
     config = tmp_path / "run.yaml"
     flags = cli_args(local_model, local_jsonl, tmp_path / "script_out", "--save_strategy", "no")
-    pairs = dict(zip(flags[::2], flags[1::2]))
-    config.write_text("\n".join(f"{k.lstrip('-')}: {v}" for k, v in pairs.items()))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
-    result = subprocess.run(
-        [sys.executable, str(REPO / "examples/train_dhpo.py"), "--config", str(config), "--max_steps", "1"],
-        check=False, capture_output=True, text=True, env=env, timeout=300,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
+    config.write_text("\n".join(f"{k.lstrip('-')}: {v}" for k, v in zip(flags[::2], flags[1::2])))
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "1"]
+    launcher += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    _run([*launcher, "examples/train_dhpo.py", "--config", str(config), "--max_steps", "1"])
     assert (tmp_path / "script_out" / "model.safetensors").exists()
     assert CITATION_KEY in (tmp_path / "script_out" / "README.md").read_text()
+
+
+def test_batch_plan_follows_the_launched_process_count(local_model, local_jsonl, tmp_path):
+    """2 prompts x 4 generations per generation batch, 1 prompt per optimizer step, on 2 real processes."""
+    flags = cli_args(
+        local_model, local_jsonl, tmp_path / "two", "--save_strategy", "no", "--per_device_train_batch_size", "2"
+    )
+    flags += ["--prompts_per_generation", "2", "--prompts_per_optimizer_step", "1"]
+    _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "examples/train_dhpo.py", *flags])
+    card = (tmp_path / "two" / "README.md").read_text()
+    # 8 completions / (2 per device x 2 processes) = 2 micro-steps per generation; 4 / 4 = 1 per optimizer step
+    assert "| `steps_per_generation` | `2` |" in card and "| `gradient_accumulation_steps` | `1` |" in card
 
 
 @pytest.mark.parametrize("chat", [False, True], ids=["plain", "chat-template"])
