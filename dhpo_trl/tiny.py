@@ -63,7 +63,7 @@ def build_tiny_qwen3(
             num_experts_per_tok=2,
             moe_intermediate_size=hidden_size,
             decoder_sparse_step=1,
-            output_router_logits=True,
+            output_router_logits=False,  # True breaks cached generate() in transformers 5.17; TRL asks for router logits itself
             router_aux_loss_coef=0.01,
         )
         model = Qwen3MoeForCausalLM(config)
