@@ -7,6 +7,7 @@ GRPO, GSPO and CISPO baselines run TRL's own `_compute_loss` untouched.
 
 from __future__ import annotations
 
+import math
 import os
 import textwrap
 
@@ -271,9 +272,12 @@ class DHPOTrainer(GRPOTrainer):
         local = torch.cat([torch.stack([sums[k].float() for k in keys]), extremes])
         gathered = self.accelerator.gather(local.unsqueeze(0)).reshape(-1, local.numel())
         totals = dict(zip(keys, gathered[:, : len(keys)].sum(0).tolist(), strict=True))
-        ext = gathered[:, len(keys) :].max(0).values.tolist()
+        # No valid token on any process (e.g. every completion masked): NaN, which TRL's `log` skips, instead of
+        # 0 means and +-inf extremes that would corrupt the step's averages.
+        ext = [v if math.isfinite(v) else math.nan for v in gathered[:, len(keys) :].max(0).values.tolist()]
 
-        tokens, sequences = max(totals["tokens"], 1.0), max(totals["sequences"], 1.0)
+        tokens = totals["tokens"] if totals["tokens"] > 0 else math.nan
+        sequences = totals["sequences"] if totals["sequences"] > 0 else math.nan
         metrics = self._metrics[mode]
         metrics["entropy"].append(totals["entropy"] / tokens)
         if per_token_kl is not None:

@@ -385,6 +385,10 @@ def test_all_masked_micro_batch_gives_finite_zero_loss(feature_model, tok, tmp_p
         loss, grads, trainer = loss_and_grad(DHPOTrainer, args, feature_model, tok, inputs)
         assert loss.item() == 0.0, name
         assert all(torch.isfinite(g).all() and (g == 0).all() for g in grads.values()), name
+        # nothing to measure: NaN (skipped by TRL's log), never 0 or +-inf that would corrupt the step's averages
+        prefix = "gmpo/" if name == "GMPO" else "dhpo/"
+        logged_now = {k: v[-1] for k, v in trainer._metrics["train"].items() if k.startswith(prefix)}
+        assert len(logged_now) >= 7 and all(math.isnan(v) for v in logged_now.values()), logged_now
 
 
 # =============================================================================== (d) TRL features, end to end
