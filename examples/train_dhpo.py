@@ -11,7 +11,7 @@ The same entry point is installed as the `dhpo-train` command.
 import os
 import sys
 
-# Python puts this folder first on sys.path; a sub-folder named like a package (examples/vllm/) would then
+# Python puts this folder first on sys.path; a sub-folder named like a package (examples/vllm_server/) would then
 # shadow the real one (TRL would take it for an installed vLLM). Import from site-packages instead.
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
     sys.path.pop(0)

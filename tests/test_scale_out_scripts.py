@@ -10,8 +10,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SHELL_SCRIPTS = [
-    "examples/vllm/serve_and_train_single_node.sh",
-    "examples/vllm/slurm_multi_node.sh",
+    "examples/vllm_server/serve_and_train_single_node.sh",
+    "examples/vllm_server/slurm_multi_node.sh",
     "scripts/gpu_zero3_moe_smoke.sh",
 ]
 

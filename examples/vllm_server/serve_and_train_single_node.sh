@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# DHPO with vLLM in server mode on one 8-GPU node: GPU 0 generates (trl vllm-serve), GPUs 1-7 train (ZeRO-3).
+# DHPO with vLLM in server mode on one 8-GPU node: GPUs 0-3 generate (trl vllm-serve, tensor parallel 4),
+# GPUs 4-7 train (ZeRO-3). The paper's generation batch (512 prompts x 16 = 8192 completions) only splits evenly
+# over a power-of-two number of training processes, hence 4 + 4 rather than 1 + 7.
 #
-#   bash examples/vllm/serve_and_train_single_node.sh                       # Qwen3-1.7B-Base recipe
+#   bash examples/vllm_server/serve_and_train_single_node.sh                       # Qwen3-1.7B-Base recipe
 #   MODEL=Qwen/Qwen3-30B-A3B-Base RECIPE=examples/recipes/dhpo_e_qwen3_30b_a3b_base.yaml \
-#     ACCELERATE_CONFIG=accelerate_configs/zero3_moe.yaml VLLM_GPUS=0,1 VLLM_TP=2 TRAIN_GPUS=2,3,4,5,6,7 \
-#     bash examples/vllm/serve_and_train_single_node.sh --per_device_train_batch_size 2
+#     ACCELERATE_CONFIG=accelerate_configs/zero3_moe.yaml VLLM_GPUS=0,1,2,3 VLLM_TP=2 VLLM_DP=2 \
+#     bash examples/vllm_server/serve_and_train_single_node.sh --per_device_train_batch_size 2
 #
 # Extra arguments go to examples/train_dhpo.py (they override the recipe). The server needs VLLM_TP x VLLM_DP GPUs;
 # the trainer's batch plan adapts to the number of TRAIN_GPUS. See docs/scale_out.md for the settings.
@@ -14,9 +16,9 @@ cd "$(dirname "$0")/../.."
 MODEL=${MODEL:-Qwen/Qwen3-1.7B-Base}
 RECIPE=${RECIPE:-examples/recipes/dhpo_e_qwen3_1.7b_base.yaml}
 ACCELERATE_CONFIG=${ACCELERATE_CONFIG:-accelerate_configs/zero3.yaml}
-VLLM_GPUS=${VLLM_GPUS:-0}
-TRAIN_GPUS=${TRAIN_GPUS:-1,2,3,4,5,6,7}
-VLLM_TP=${VLLM_TP:-1}   # tensor parallel: split each layer over GPUs (for a model that does not fit on one)
+VLLM_GPUS=${VLLM_GPUS:-0,1,2,3}
+TRAIN_GPUS=${TRAIN_GPUS:-4,5,6,7}
+VLLM_TP=${VLLM_TP:-4}   # tensor parallel: split each layer over GPUs (for a model that does not fit on one)
 VLLM_DP=${VLLM_DP:-1}   # data parallel: independent replicas (MoE models only in TRL 1.16; dense: keep 1)
 VLLM_PORT=${VLLM_PORT:-8000}
 VLLM_HOST=127.0.0.1

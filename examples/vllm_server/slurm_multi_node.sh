@@ -2,8 +2,8 @@
 # DHPO on several nodes with SLURM: the first node serves vLLM, the others train with ZeRO-3.
 # Default: 5 nodes = 1 vLLM node + 4 x 8 training GPUs (the paper's 4 x 8 H100), Qwen3-30B-A3B-Base.
 #
-#   sbatch examples/vllm/slurm_multi_node.sh                 # or: sbatch --nodes 3 ... (1 vLLM + 2 training)
-#   MODEL=... RECIPE=... sbatch examples/vllm/slurm_multi_node.sh --per_device_train_batch_size 8
+#   sbatch examples/vllm_server/slurm_multi_node.sh                 # or: sbatch --nodes 3 ... (1 vLLM + 2 training)
+#   MODEL=... RECIPE=... sbatch examples/vllm_server/slurm_multi_node.sh --per_device_train_batch_size 8
 #
 # Extra arguments go to examples/train_dhpo.py. accelerate's YAML cannot read environment variables, so each
 # training node gets its rank and the rendezvous address on the command line (--machine_rank $SLURM_PROCID ...).
