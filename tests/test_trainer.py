@@ -338,6 +338,14 @@ def test_trl_features_match_trl_at_token_weight_one(feature, feature_model, tok,
     trl_loss, trl_grads, trl = loss_and_grad(GRPOTrainer, trl_args, feature_model, tok, inputs)
     assert ours_loss.item() == pytest.approx(trl_loss.item(), abs=1e-6)
     assert ours_loss.item() != 0.0
+    if "off_policy_mask_threshold" in FEATURES[feature]:  # the batch is built so that the mask drops sequences
+        logps, _ = reference_logps_and_entropies(
+            feature_model, inputs["prompt_ids"], inputs["completion_ids"], inputs["completion_mask"]
+        )
+        keep = GRPOTrainer.get_off_policy_mask(
+            inputs["advantages"].unsqueeze(1), logps, inputs["old_per_token_logps"], inputs["completion_mask"], 0.02
+        )
+        assert 0 < keep.sum() < keep.numel()
     for name, grad in trl_grads.items():
         torch.testing.assert_close(ours_grads[name], grad, atol=1e-6, rtol=1e-5, msg=name)
     for key in ("kl", "entropy_coef", "policy_loss"):  # TRL's own metrics logged by both
