@@ -1,0 +1,79 @@
+"""The embedded CPU default: synthetic task, cached warm start, and a short, deterministic DHPO-E run."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dhpo_trl.arithmetic import generate_problems, make_splits, to_dataset
+from dhpo_trl.embedded import EmbeddedSettings, main, run_embedded
+from dhpo_trl.rewards import math_verify_reward
+
+# A few seconds of everything: 20 warm-start steps, 4 RL steps (two generation batches), 16 held-out problems.
+SHORT = EmbeddedSettings(num_train=64, num_heldout=16, warmup_steps=20, max_steps=4, prompts_per_step=4,
+                         num_generations=4, eval_every=2)  # fmt: skip
+
+
+def test_problems_have_correct_answers_and_disjoint_deterministic_splits():
+    train, heldout = make_splits(300, 50, digits=(2, 3), seed=7)
+    for problem in train + heldout:
+        assert int(problem.answer) == eval(problem.question)  # "37+45" evaluated by Python
+        assert 10 <= problem.left <= 999 and 10 <= problem.right <= 999
+        assert problem.question in problem.prompt and "\\boxed{}" in problem.prompt
+    assert not set(train) & set(heldout)
+    assert len(set(train)) == 300
+    assert make_splits(300, 50, digits=(2, 3), seed=7) == (train, heldout)
+    assert make_splits(300, 50, digits=(2, 3), seed=8)[0] != train
+    assert to_dataset(heldout[:3])["answer"] == [p.answer for p in heldout[:3]]
+
+
+def test_reward_scores_target_completion_one_and_wrong_sum_zero():
+    problem = generate_problems(1, digits=(2, 2), seed=0)[0]
+    wrong = f" \\boxed{{{int(problem.answer) + 1}}}"
+    assert math_verify_reward([problem.target_completion(), wrong, "no box"], [problem.answer] * 3) == [1.0, 0.0, 0.0]
+
+
+def test_bad_task_settings_raise_clear_errors():
+    with pytest.raises(ValueError, match="digits"):
+        generate_problems(3, digits=(3, 2), seed=0)
+    with pytest.raises(ValueError, match="count"):
+        generate_problems(9000, digits=(1, 1), seed=0)
+    with pytest.raises(ValueError, match="algorithm"):
+        run_embedded("PPO", settings=SHORT)
+    with pytest.raises(ValueError, match="max_steps"):
+        run_embedded(max_steps=0, settings=SHORT)
+
+
+def test_short_run_writes_outputs_reuses_cache_and_is_deterministic(tmp_path):
+    cache = tmp_path / "cache"
+    first = run_embedded("DHPO-E", seed=3, output_dir=tmp_path / "a", cache_dir=cache, settings=SHORT,
+                         disable_tqdm=True)  # fmt: skip
+    assert first["warm_start_from_cache"] is False
+    assert first["optimizer_steps"] == 4
+    assert [step for step, _ in first["heldout_accuracies"]] == [0, 2, 4]
+    assert first["heldout_accuracy_before"] == first["heldout_accuracies"][0][1]
+    assert first["heldout_accuracy_after"] == first["heldout_accuracies"][-1][1]
+    for _, accuracy in first["heldout_accuracies"] + first["reward"]:
+        assert 0.0 <= accuracy <= 1.0
+    assert len(first["entropy"]) == 4 and all(value > 0 for _, value in first["entropy"])
+    assert (Path(first["checkpoint_dir"]) / "model.safetensors").is_file()
+    assert (Path(first["checkpoint_dir"]) / "README.md").read_text().count("DHPO settings") == 1
+    assert Path(first["plot_path"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    history = json.loads(Path(first["log_history_path"]).read_text())["log_history"]
+    assert [e["eval/heldout_accuracy"] for e in history if "eval/heldout_accuracy" in e] == [
+        a for _, a in first["heldout_accuracies"]
+    ]
+    assert json.loads(Path(first["summary_path"]).read_text())["heldout_accuracies"] == first["heldout_accuracies"]
+    assert len(list(cache.glob("warmstart-*"))) == 1
+
+    second = run_embedded("DHPO-E", seed=3, output_dir=tmp_path / "b", cache_dir=cache, settings=SHORT,
+                          disable_tqdm=True)  # fmt: skip
+    assert second["warm_start_from_cache"] is True
+    assert second["warm_start_seconds"] < first["warm_start_seconds"]
+    for key in ("heldout_accuracies", "reward", "entropy", "heldout_accuracy_after"):
+        assert second[key] == pytest.approx(first[key], abs=1e-6), key
+
+
+def test_cli_rejects_unknown_algorithm():
+    with pytest.raises(SystemExit):
+        main(["--algorithm", "PPO"])
