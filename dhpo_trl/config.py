@@ -129,6 +129,11 @@ class DHPOConfig(GRPOConfig):
                 f"DHPOConfig.loss_type={self.loss_type!r} cannot aggregate the {self.algorithm.upper()} loss: use one "
                 f"of {list(DHPO_LOSS_TYPES)} ('grpo' is the paper's eq. 7). For CISPO set algorithm='cispo'."
             )
+        if self.algorithm in ("dhpo", "gmpo") and self.delta is not None:
+            raise ValueError(
+                f"DHPOConfig.delta={self.delta} (TRL's two-sided clip of the GRPO ratio) has no effect on "
+                f"algorithm={self.algorithm!r}, whose ratios are bounded by its own clipping: leave delta=None."
+            )
         if self.algorithm != "gspo" and self.importance_sampling_level != "token":
             raise ValueError(
                 f"DHPOConfig.importance_sampling_level={self.importance_sampling_level!r} with "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import textwrap
 
 import torch
@@ -302,6 +303,14 @@ class DHPOTrainer(GRPOTrainer):
             metrics["gmpo/clip_fraction"].append(totals["token_clipped"] / tokens)
 
     # ------------------------------------------------------------ model card
+    def _save_checkpoint(self, model, trial):
+        # TRL writes the card to output_dir only; copy it so every checkpoint (and every Hub push of one) carries it.
+        super()._save_checkpoint(model, trial)
+        card = os.path.join(self.args.output_dir, "README.md")
+        checkpoint = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
+        if self.args.should_save and os.path.isfile(card) and os.path.isdir(checkpoint):
+            shutil.copyfile(card, os.path.join(checkpoint, "README.md"))
+
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
         """TRL's model card, naming DHPO, citing the paper and recording the objective's settings."""
         super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)

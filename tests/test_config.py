@@ -93,3 +93,12 @@ def test_presets_cover_seven_rows_and_accept_overrides(tmp_path):
     assert (config.mixing, config.token_weight) == ("averaged", 0.8)
     with pytest.raises(ValueError, match="DAPO"):
         config_for("DAPO", output_dir=str(tmp_path), **CPU)
+
+
+def test_delta_rejected_for_dhpo_and_gmpo():
+    from dhpo_trl import DHPOConfig
+
+    for algorithm in ("dhpo", "gmpo"):
+        with pytest.raises(ValueError, match="DHPOConfig.delta"):
+            DHPOConfig(output_dir="unused", algorithm=algorithm, delta=2.0, use_cpu=True, bf16=False, report_to="none")
+    assert DHPOConfig(output_dir="unused", algorithm="grpo", delta=2.0, use_cpu=True, bf16=False).delta == 2.0

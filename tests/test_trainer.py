@@ -212,9 +212,11 @@ def test_checkpoint_reloads_and_model_card_names_dhpo(preset_runs, name):
     checkpoint = f"{output_dir}/checkpoint-4"
     reloaded = Qwen3ForCausalLM.from_pretrained(checkpoint)
     assert_same_parameters(reloaded, trainer.model, atol=0)
-    # TRL writes the card to output_dir each time it saves a checkpoint
+    # TRL writes the card to output_dir each time it saves a checkpoint; DHPOTrainer copies it into the checkpoint
     with open(f"{output_dir}/README.md", encoding="utf-8") as handle:
         card = handle.read()
+    with open(f"{checkpoint}/README.md", encoding="utf-8") as handle:
+        assert handle.read() == card
     assert "DHPO" in card and "min-etal-2026-orchestrating" in card
     assert card.count("@inproceedings{min-etal-2026-orchestrating") == 1
     settings = PAPER_ALGORITHMS[name]
