@@ -18,6 +18,7 @@ from trl import GRPOTrainer
 
 from .config import DHPOConfig
 from .losses import dhpo_per_token_loss, gmpo_per_token_loss
+from .reward_checks import check_reward_functions
 from .moe import maybe_set_zero3_leaf_modules, zero3_leaf_modules_for_trl_prepared_models
 from .vllm_utils import check_vllm_setup
 
@@ -65,6 +66,7 @@ class DHPOTrainer(GRPOTrainer):
         # vllm missing or server unreachable: fail now, before any model is loaded.
         model_name = model if isinstance(model, str) else model.config._name_or_path
         check_vllm_setup(args, model_name, is_main_process=args.process_index == 0)
+        reward_funcs = check_reward_functions(reward_funcs)  # garbage rewards: a named error on the first batch
         with zero3_leaf_modules_for_trl_prepared_models():  # the reference model is wrapped inside __init__
             super().__init__(model, reward_funcs, args, *pos, **kwargs)
         # ZeRO-3 + MoE: mark the MoE blocks as leaves (logged). DeepSpeed wraps the policy later, in train().
