@@ -64,18 +64,26 @@ def answers_match_with_deadline(answer: str, truths: list[str], timeout_s: float
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError("answers_match_with_deadline needs the main thread (it uses SIGALRM).")
 
+    # The alarm repeats every 50 ms after the deadline: an exception raised where Python swallows it (a weakref
+    # callback or __del__ running at that moment prints "Exception ignored") is raised again at the next tick.
+    armed = [True]
+
     def on_alarm(signum, frame):
-        raise _DeadlineExceeded
+        if armed[0]:
+            raise _DeadlineExceeded
 
     started = time.monotonic()
     previous_handler = signal.signal(signal.SIGALRM, on_alarm)
-    previous_delay, _ = signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    previous_delay, _ = signal.setitimer(signal.ITIMER_REAL, timeout_s, 0.05)
     try:
-        return answers_match(answer, truths)
+        try:
+            return answers_match(answer, truths)
+        finally:
+            armed[0] = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
     except _DeadlineExceeded:
         return False
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous_handler)
         if previous_delay > 0:  # someone else's timer was running: give it back (approximately)
             signal.setitimer(signal.ITIMER_REAL, max(previous_delay - (time.monotonic() - started), 1e-3))

@@ -167,3 +167,22 @@ def test_a_stuck_worker_is_killed_at_the_deadline():
     assert time.perf_counter() - start < 0.2 + 1.0 + 1.0
     assert stuck.poll() is not None  # killed
     assert worker._process is None  # the next request starts a fresh worker
+
+
+def test_deadline_survives_a_swallowed_alarm(monkeypatch):
+    """An alarm raised where Python swallows it (a weakref callback) must not disarm the deadline."""
+    from dhpo_trl import _math_verify_core as core
+
+    def swallows_first_alarm_then_spins(answer, truths):
+        try:
+            while True:
+                time.sleep(0.001)
+        except core._DeadlineExceeded:
+            pass  # swallowed, as Python does for exceptions in weakref callbacks
+        while True:  # the parse goes on
+            time.sleep(0.001)
+
+    monkeypatch.setattr(core, "answers_match", swallows_first_alarm_then_spins)
+    start = time.perf_counter()
+    assert core.answers_match_with_deadline("1", ["1"], timeout_s=0.2) is False
+    assert time.perf_counter() - start < 1.0
