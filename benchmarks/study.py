@@ -92,7 +92,7 @@ def aggregate(summaries: list[dict], target: float) -> dict[str, dict]:
     return table
 
 
-def markdown(table: dict[str, dict], target: float, command: str, steps: int, wall_minutes: float) -> str:
+def markdown(table: dict[str, dict], target: float, command: str, steps: int, train_minutes: float) -> str:
     lines = [
         "# Side-by-side study on the embedded CPU task",
         "",
@@ -101,7 +101,7 @@ def markdown(table: dict[str, dict], target: float, command: str, steps: int, wa
         "each of the paper's seven objectives and identical budgets. It checks that every objective trains and shows how",
         "they behave on this toy task; it says nothing about the paper's Table 1 at scale.",
         "",
-        f"Produced by (on a 2-core CPU machine, {wall_minutes:.0f} min in all):",
+        f"Produced by (on a 2-core CPU machine; {train_minutes:.0f} min of RL training over all runs):",
         "",
         "```bash",
         command,
@@ -115,6 +115,8 @@ def markdown(table: dict[str, dict], target: float, command: str, steps: int, wa
         f"| objective | seeds | accuracy before | final accuracy | peak accuracy | steps to {target:.0%} | late entropy |",
         "|---|---|---|---|---|---|---|",
     ]
+    means = [row["final_accuracy"][0] for row in table.values()]
+    spread, noise = max(means) - min(means), statistics.fmean(row["final_accuracy"][1] for row in table.values())
     for algorithm, row in table.items():
         final, peak, entropy = row["final_accuracy"], row["peak_accuracy"], row["late_entropy"]
         reached = ", ".join("—" if r is None else str(r) for r in row["steps_to_target"])
@@ -122,7 +124,12 @@ def markdown(table: dict[str, dict], target: float, command: str, steps: int, wa
             f"| {algorithm} | {len(row['seeds'])} | {row['accuracy_before']:.1%} | {final[0]:.1%} ± {final[1]:.1%} | "
             f"{peak[0]:.1%} ± {peak[1]:.1%} | {reached} | {entropy[0]:.3f} ± {entropy[1]:.3f} |"
         )
+    verdict = "smaller than" if spread < 2 * noise else "larger than"
     lines += [
+        "",
+        f"The final accuracies of the objectives span {spread:.1%} (best minus worst mean), {verdict} twice the typical",
+        f"seed-to-seed standard deviation ({noise:.1%}): with {len(next(iter(table.values()))['seeds'])} seeds on this toy task,"
+        " read the ranking accordingly.",
         "",
         "Curves (mean over seeds per objective): ![accuracy](accuracy.png) ![entropy](entropy.png)",
         "![response length](response_length.png) ![mixing weight](mixing_weight.png) ![clip fractions](clip_fraction.png)",
@@ -152,6 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
         summaries = pool.map(_run_one, jobs, chunksize=1)
     wall_minutes = (time.perf_counter() - started) / 60
+    budgets = {(s["algorithm"], s["seed"]): s["optimizer_steps"] for s in summaries}
+    if len(set(budgets.values())) != 1:  # a stale run from another budget in --out-dir would skew the comparison
+        raise SystemExit(f"Runs in {args.out_dir} have different step budgets {budgets}: remove the stale ones.")
 
     table = aggregate(summaries, args.target)
     args.docs_dir.mkdir(parents=True, exist_ok=True)
@@ -168,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
 
     command = "python benchmarks/study.py " + " ".join(argv if argv is not None else sys.argv[1:])
     steps = summaries[0]["optimizer_steps"]
-    (args.docs_dir / "README.md").write_text(markdown(table, args.target, command.strip(), steps, wall_minutes))
+    train_minutes = sum(s["train_seconds"] for s in summaries) / 60
+    (args.docs_dir / "README.md").write_text(markdown(table, args.target, command.strip(), steps, train_minutes))
     runs = [{k: s[k] for k in ("algorithm", "seed", "heldout_accuracy_before", "heldout_accuracy_after",
                               "heldout_accuracies", "optimizer_steps", "train_seconds")} for s in summaries]  # fmt: skip
     results = {"machine": platform.platform(), "wall_minutes": wall_minutes, "target": args.target,

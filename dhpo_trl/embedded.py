@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 from transformers import TrainerCallback
+from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from .arithmetic import Problem, make_splits, to_dataset
 from .presets import PAPER_ALGORITHMS, config_for
@@ -81,6 +82,19 @@ class HeldoutAccuracyCallback(TrainerCallback):
             state.log_history.append({"eval/heldout_accuracy": accuracy, "step": state.global_step})
             if state.is_world_process_zero:
                 print(f"\n[step {state.global_step}] held-out accuracy {accuracy:.1%}", flush=True)
+
+
+class CompactProgressCallback(ProgressCallback):
+    """The progress bar with reward and entropy as its postfix, instead of one printed dict per logged step."""
+
+    shown: dict | None = None
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        # Only generation steps log a reward: keep the last value of each so the postfix stays put.
+        self.shown = {**(self.shown or {}), **{k: f"{v:.3f}" for k, v in (logs or {}).items()
+                                                if k in ("reward", "entropy") and isinstance(v, float)}}  # fmt: skip
+        if self.training_bar is not None and self.shown:
+            self.training_bar.set_postfix(self.shown, refresh=False)
 
 
 def _series(log_history: list[dict], key: str) -> list[list[float]]:
@@ -199,6 +213,11 @@ def _run(algorithm, seed, max_steps, output_dir, eval_every, num_heldout, cache_
         processing_class=tokenizer,
         callbacks=[callback],
     )
+    if disable_tqdm:
+        trainer.remove_callback(PrinterCallback)  # no bar, no per-step dicts: the summary and evals still print
+    else:
+        trainer.remove_callback(ProgressCallback)
+        trainer.add_callback(CompactProgressCallback)
     train_started = time.perf_counter()
     trainer.train()
     train_seconds = time.perf_counter() - train_started
