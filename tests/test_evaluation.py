@@ -16,7 +16,7 @@ from dhpo_trl.evaluation.benchmarks import Problem, load_benchmark, resolve_benc
 from dhpo_trl.evaluation.metrics import average_score, benchmark_score, format_table
 from dhpo_trl.evaluation.runner import encode_prompts
 
-FIXTURES = Path(__file__).parent / "fixtures" / "benchmarks"
+from benchmark_fixtures import FIXTURES
 
 EXPECTED_ANSWERS = {
     "aime24": ["1", "24", "230"],

@@ -1,7 +1,6 @@
 """BenchmarkEvalCallback inside a short off-policy DHPO run: eval/<benchmark> entries land in the log history, reach
 the other callbacks' on_log (the tracker integrations) when attached, and leave the training metrics intact."""
 
-from pathlib import Path
 
 import pytest
 from datasets import Dataset
@@ -10,7 +9,7 @@ from transformers import TrainerCallback
 from dhpo_trl import DHPOConfig, DHPOTrainer
 from dhpo_trl.evaluation import BenchmarkEvalCallback
 
-FIXTURES = Path(__file__).parent / "fixtures" / "benchmarks"
+from benchmark_fixtures import FIXTURES
 
 
 class LogRecorder(TrainerCallback):
