@@ -118,10 +118,8 @@ class DHPOConfig(GRPOConfig):
                 f"DHPOConfig.token_weight={self.token_weight} is outside [0, 1]: it is the weight w of the token "
                 "ratio in m = w r + (1 - w) s (1.0 = GRPO's ratio, 0.0 = GSPO's)."
             )
-        for name in ("epsilon_low_token", "epsilon_high_token", "epsilon_low_seq", "epsilon_high_seq"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"DHPOConfig.{name}={getattr(self, name)} is negative: clip epsilons must be >= 0.")
-        for name in ("gmpo_epsilon_low", "gmpo_epsilon_high"):
+        for name in ("epsilon_low_token", "epsilon_high_token", "epsilon_low_seq", "epsilon_high_seq",
+                     "gmpo_epsilon_low", "gmpo_epsilon_high"):  # fmt: skip
             if getattr(self, name) < 0:
                 raise ValueError(f"DHPOConfig.{name}={getattr(self, name)} is negative: clip epsilons must be >= 0.")
         if self.algorithm != "cispo" and self.loss_type not in DHPO_LOSS_TYPES:

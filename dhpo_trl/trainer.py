@@ -55,16 +55,15 @@ class DHPOTrainer(GRPOTrainer):
     }
 
     def __init__(self, model, reward_funcs=None, args: DHPOConfig | None = None, *pos, **kwargs):
+        model_name = model if isinstance(model, str) else model.config._name_or_path
         if args is None:
-            name = model if isinstance(model, str) else model.config._name_or_path
-            args = DHPOConfig(f"{str(name).rstrip('/').split('/')[-1]}-DHPO")
+            args = DHPOConfig(f"{str(model_name).rstrip('/').split('/')[-1]}-DHPO")
         if not isinstance(args, DHPOConfig):
             raise TypeError(
                 f"DHPOTrainer needs `args` to be a DHPOConfig, got {type(args).__name__}. Build one with "
                 "DHPOConfig(**your_grpo_config.to_dict()) or use trl.GRPOTrainer."
             )
         # vllm missing or server unreachable: fail now, before any model is loaded.
-        model_name = model if isinstance(model, str) else model.config._name_or_path
         check_vllm_setup(args, model_name, is_main_process=args.process_index == 0)
         reward_funcs = check_reward_functions(reward_funcs)  # garbage rewards: a named error on the first batch
         with zero3_leaf_modules_for_trl_prepared_models():  # the reference model is wrapped inside __init__
