@@ -59,6 +59,27 @@ class DHPOConfig(GRPOConfig):
             GMPO only: token log-ratios are clipped below at `-gmpo_epsilon_low`.
         gmpo_epsilon_high (`float`, *optional*, defaults to `0.4`):
             GMPO only: token log-ratios are clipped above at `gmpo_epsilon_high`.
+        dynamic_batching (`bool`, *optional*, defaults to `True`):
+            Cut each optimizer step's micro-batches by length instead of TRL's fixed slices of the generation batch.
+            Within every process's gradient-accumulation window (never across windows, so each optimizer step sees
+            exactly TRL's sequences), sequences are sorted by length and cut into the same number of micro-batches
+            with the smallest largest padded area, each trimmed to its own longest prompt and completion; the
+            old/reference log-prob passes over the generation batch are cut the same way. Each micro-batch's loss is
+            its share of the window's loss, so the gradient equals TRL's for every `loss_type` except `"bnpo"`
+            (normalised per micro-batch by TRL, refused here). What changes with the grouping: quantities TRL
+            computes per micro-batch, i.e. DHPO-E's entropy min-max with `entropy_norm_scope="batch"` or
+            `"global"` (the paper's VERL runs also normalised over token-packed micro-batches; use `"sequence"` for
+            invariance), TRL's `top_entropy_quantile` threshold and the MoE router aux loss. The entropy bonus
+            becomes the mean over the window's tokens. Needs `steps_per_generation` to be a multiple of
+            `gradient_accumulation_steps`. Multimodal batches keep TRL's micro-batches (a warning says so).
+            `False` gives TRL's batching exactly.
+        max_tokens_per_micro_batch (`int`, *optional*):
+            With `dynamic_batching`, the largest padded token count (rows x (prompt + completion columns)) of one
+            forward pass. A micro-batch above it runs as several forward/backward passes inside the same optimizer
+            step (gradients accumulate, one synchronisation), so peak memory is bounded by tokens, not by the
+            longest sequence times the batch size. Every process runs the same number of passes (agreed by one
+            all-reduce per generation batch). A sequence longer than the budget gets a pass of its own; nothing is
+            dropped or truncated. Also bounds the old/reference log-prob passes. `None`: one pass per micro-step.
         loss_type (`str`, *optional*, defaults to `"grpo"`):
             TRL's aggregation of the per-token loss. `"grpo"` is eq. 7 (mean over responses of the per-response
             token mean); `"bnpo"`, `"dr_grpo"` and `"dapo"` (token-mean aggregations) stay selectable for DHPO and
@@ -90,6 +111,16 @@ class DHPOConfig(GRPOConfig):
     )
     gmpo_epsilon_low: float = field(default=0.4, metadata={"help": "GMPO: lower clip of the token log-ratio."})
     gmpo_epsilon_high: float = field(default=0.4, metadata={"help": "GMPO: upper clip of the token log-ratio."})
+    dynamic_batching: bool = field(
+        default=True,
+        metadata={"help": "Length-sorted, trimmed micro-batches within each accumulation window (same update as "
+                          "TRL's batching, less padding). False: TRL's batching exactly."},
+    )  # fmt: skip
+    max_tokens_per_micro_batch: int | None = field(
+        default=None,
+        metadata={"help": "With dynamic_batching: the padded-token budget of one forward pass; larger micro-batches "
+                          "run as several passes in the same optimizer step. None: one pass per micro-step."},
+    )  # fmt: skip
     loss_type: str = field(
         default="grpo",
         metadata={"help": "Aggregation: 'grpo' (eq. 7, default), 'bnpo', 'dr_grpo', 'dapo'; 'cispo' for CISPO."},
@@ -102,6 +133,7 @@ class DHPOConfig(GRPOConfig):
         elif self.algorithm == "cispo":
             self.loss_type = "cispo"
         super().__post_init__()
+        self._validate_batching()
 
     def _validate_dhpo_fields(self) -> None:
         def one_of(name: str, allowed: tuple[str, ...]) -> None:
@@ -137,4 +169,29 @@ class DHPOConfig(GRPOConfig):
                 f"DHPOConfig.importance_sampling_level={self.importance_sampling_level!r} with "
                 f"algorithm={self.algorithm!r}: sequence-level ratios are selected by algorithm='gspo' (DHPO mixes "
                 "both levels itself). Leave importance_sampling_level at 'token'."
+            )
+
+    def _validate_batching(self) -> None:
+        budget = self.max_tokens_per_micro_batch
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+            raise ValueError(f"DHPOConfig.max_tokens_per_micro_batch={budget!r} must be a positive integer or None.")
+        if not self.dynamic_batching:
+            if budget is not None:
+                raise ValueError(
+                    f"DHPOConfig.max_tokens_per_micro_batch={budget} acts only with dynamic_batching=True: set "
+                    "dynamic_batching=True, or drop max_tokens_per_micro_batch."
+                )
+            return
+        if self.loss_type == "bnpo":
+            raise ValueError(
+                "DHPOConfig.loss_type='bnpo' normalises by the tokens of each micro-batch, which dynamic_batching "
+                "regroups: use loss_type='dapo' (token mean over the whole accumulation window, all processes), or "
+                "dynamic_batching=False for TRL's per-micro-batch bnpo."
+            )
+        if self.steps_per_generation % self.gradient_accumulation_steps != 0:
+            raise ValueError(
+                f"DHPOConfig.dynamic_batching regroups sequences within each optimizer step's accumulation window, "
+                f"so steps_per_generation ({self.steps_per_generation}) must be a multiple of "
+                f"gradient_accumulation_steps ({self.gradient_accumulation_steps}): change one of them, or set "
+                "dynamic_batching=False."
             )

@@ -39,6 +39,7 @@ def build_tiny_qwen3(
     moe: bool = False,
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
+    max_position_embeddings: int = 512,
 ):
     """A randomly initialised Qwen3 (or Qwen3-MoE with `moe=True`) causal LM sized for CPU tests."""
     common = dict(
@@ -49,7 +50,7 @@ def build_tiny_qwen3(
         num_attention_heads=num_heads,
         num_key_value_heads=max(1, num_heads // 2),
         head_dim=hidden_size // num_heads,
-        max_position_embeddings=512,
+        max_position_embeddings=max_position_embeddings,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         bos_token_id=tokenizer.eos_token_id,

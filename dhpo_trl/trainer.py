@@ -11,11 +11,14 @@ import math
 import os
 import shutil
 import textwrap
+import warnings
 
 import torch
 import torch.distributed as dist
+from accelerate.utils import DistributedType
 from trl import GRPOTrainer
 
+from . import batching
 from .config import DHPOConfig
 from .losses import dhpo_per_token_loss, gmpo_per_token_loss
 from .reward_checks import check_reward_functions
@@ -71,6 +74,114 @@ class DHPOTrainer(GRPOTrainer):
         # ZeRO-3 + MoE: mark the MoE blocks as leaves (logged). DeepSpeed wraps the policy later, in train().
         self.zero3_leaf_modules = maybe_set_zero3_leaf_modules(self.model, self.accelerator)
         self._tag_names = ["trl", "dhpo", args.algorithm]
+        self._batching_warned = False
+
+    # --------------------------------------------------------------- batching
+    def _prepare_inputs(self, generation_batch):
+        """TRL's buffered micro-batches, re-cut by length within each accumulation window (`dynamic_batching`)."""
+        if not self.model.training:
+            return super()._prepare_inputs(generation_batch)
+        generate_every = self.args.steps_per_generation * self.num_iterations
+        regenerate = self._step % generate_every == 0 or self._buffered_inputs is None  # as TRL decides
+        inputs = super()._prepare_inputs(generation_batch)
+        if regenerate:  # a fresh generation batch: plan its micro-batches once, for all its iterations
+            self._buffered_inputs = self._plan_micro_batches(self._buffered_inputs)
+            inputs = self._buffered_inputs[self._step % self.args.steps_per_generation]
+        return inputs
+
+    def _plan_micro_batches(self, buffered: list) -> list:
+        """Cut every accumulation window of the buffered generation batch into length-sorted micro-batches."""
+        reason = batching.unsupported_reason(buffered[0]) if self.args.dynamic_batching else "off"
+        if reason is not None:
+            if reason != "off" and not self._batching_warned:
+                warnings.warn(f"dynamic_batching keeps TRL's micro-batches for this run: {reason}.", stacklevel=2)
+                self._batching_warned = True
+            self._log_padding(buffered)
+            return buffered
+        steps = self.args.gradient_accumulation_steps
+        windows = [batching.concat(buffered[i : i + steps]) for i in range(0, len(buffered), steps)]
+        plans = [batching.plan_for(window, self.pad_to_multiple_of) for window in windows]
+        passes = [1] * len(windows)
+        if self.args.max_tokens_per_micro_batch is not None:
+            needed = [plan.groups_needed(self.args.max_tokens_per_micro_batch) for plan in plans]
+            passes = [math.ceil(count / steps) for count in self._max_over_processes(needed)]
+        planned = [
+            micro
+            for window, plan, count in zip(windows, plans, passes, strict=True)
+            for micro in batching.split_window(window, steps, count, plan=plan)
+        ]
+        self._log_padding([part for micro in planned for part in (micro if isinstance(micro, list) else [micro])])
+        return planned
+
+    def _max_over_processes(self, values: list[int]) -> list[int]:
+        """Element-wise maximum over processes (every process must run the same number of forward passes)."""
+        if self.accelerator.num_processes == 1:
+            return values
+        tensor = torch.tensor(values, device=self.accelerator.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return tensor.tolist()
+
+    def _log_padding(self, micro_batches: list[dict]) -> None:
+        """`batching/padding_fraction`: share of the training forwards' tokens that are padding, all processes."""
+        real, forwarded = batching.padded_fraction(micro_batches)
+        totals = self.accelerator.gather(torch.tensor([[real, forwarded]], device=self.accelerator.device)).sum(0)
+        self._metrics["train"]["batching/padding_fraction"].append(1.0 - totals[0].item() / max(totals[1].item(), 1))
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if not isinstance(inputs, batching.Passes):
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        # A micro-step split by `max_tokens_per_micro_batch`: backward every pass but the last here, accumulating
+        # gradients without synchronising or stepping; the Trainer backpropagates the last one as usual.
+        done = torch.zeros((), device=self.accelerator.device)
+        for part in inputs[:-1]:
+            loss = super().compute_loss(model, part, return_outputs, num_items_in_batch)
+            self._backward_without_sync(model, loss)
+            done = done + loss.detach()
+        return super().compute_loss(model, inputs[-1], return_outputs, num_items_in_batch) + done
+
+    def _backward_without_sync(self, model, loss) -> None:
+        kwargs = {"scale_wrt_gas": False} if self.accelerator.distributed_type == DistributedType.DEEPSPEED else {}
+        sync = self.accelerator.sync_gradients
+        self.accelerator.sync_gradients = False  # DeepSpeed: not the accumulation boundary, so no engine.step()
+        try:
+            with self.accelerator.no_sync(model):  # DDP / FSDP: gradients all-reduce with the step's last pass
+                self.accelerator.backward(loss, **kwargs)
+        finally:
+            self.accelerator.sync_gradients = sync
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           compute_entropy=False, compute_aux_loss=False, **multimodal):  # fmt: skip
+        """TRL's chunked forward; with `dynamic_batching`, the no-grad passes over the whole generation batch
+        (`batch_size` given: old and reference log-probs) run on length-sorted, trimmed chunks instead."""
+        if batch_size is None or not self.args.dynamic_batching or any(v is not None for v in multimodal.values()):
+            return super()._get_per_token_logps_and_entropies(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
+                **multimodal,
+            )  # fmt: skip
+        plan = batching.forward_plan(attention_mask, logits_to_keep, self.pad_to_multiple_of)
+        count = math.ceil(input_ids.size(0) / batch_size)  # TRL's number of forwards, the same on every process
+        if self.args.max_tokens_per_micro_batch is not None:
+            count = self._max_over_processes([max(count, plan.groups_needed(self.args.max_tokens_per_micro_batch))])[0]
+        prompt_width = input_ids.size(1) - logits_to_keep
+        logps = entropies = None
+        aux_losses = []
+        for start, end in plan.partition(count):
+            rows = torch.as_tensor(plan.rows(start, end), device=input_ids.device)
+            prompt, completion = plan.widths(start, end)
+            columns = slice(prompt_width - prompt, prompt_width + completion)
+            chunk_logps, chunk_entropies, aux = super()._get_per_token_logps_and_entropies(
+                model, input_ids[rows, columns], attention_mask[rows, columns], completion,
+                compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss,
+            )  # fmt: skip
+            if logps is None:  # padding beyond a row's own length stays 0; every consumer masks it
+                logps = chunk_logps.new_zeros(input_ids.size(0), logits_to_keep)
+                entropies = chunk_logps.new_zeros(input_ids.size(0), logits_to_keep) if compute_entropy else None
+            logps[rows, :completion] = chunk_logps
+            if compute_entropy:
+                entropies[rows, :completion] = chunk_entropies
+            if compute_aux_loss:
+                aux_losses.append(aux)
+        return logps, entropies, (torch.stack(aux_losses).mean() if compute_aux_loss else None)
 
     # ------------------------------------------------------------------ loss
     def _compute_loss(self, model, inputs):
@@ -155,20 +266,20 @@ class DHPOTrainer(GRPOTrainer):
         if self.use_vllm and self.vllm_importance_sampling_correction:
             per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
         if self.beta != 0.0:
-            ref_logps = inputs["ref_per_token_logps"]
-            per_token_kl = torch.exp(ref_logps - per_token_logps) - (ref_logps - per_token_logps) - 1
+            # Masked before exp(): padding holds no reference log-prob (dynamic batching leaves it 0).
+            delta = torch.where(mask.bool(), inputs["ref_per_token_logps"] - per_token_logps, 0.0)
+            per_token_kl = torch.exp(delta) - delta - 1
             if self.args.use_bias_correction_kl:
                 # As TRL scales by its ratio (with gradient): value m, gradient m * grad log pi (eq. 16).
                 per_token_kl = per_token_kl * importance_weight * torch.exp(per_token_logps - per_token_logps.detach())
             per_token_loss = per_token_loss + self.beta * per_token_kl
 
         loss = self._aggregate(per_token_loss, mask, inputs, mode)
-        policy_loss = loss.detach() * (self.current_gradient_accumulation_steps if self._scales_by_accumulation(mode) else 1.0)
+        policy_loss = loss.detach() * self._micro_batches_per_window(inputs, mode, scaled=self._scales_by_accumulation(mode))
         if self._entropy_bonus_enabled:
-            loss = self._add_entropy_bonus(loss, entropies, mask, entropy_mask, policy_loss, mode)
-        if self.aux_loss_enabled:
-            normalizer = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-            loss = loss + self.router_aux_loss_coef * aux_loss / normalizer
+            loss = self._add_entropy_bonus(loss, entropies, mask, entropy_mask, policy_loss, mode, inputs)
+        if self.aux_loss_enabled:  # mean over the window's forward passes
+            loss = loss + self.router_aux_loss_coef * aux_loss / self._micro_batches_per_window(inputs, mode)
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
 
         self._log_loss_metrics(mode, info, entropies, mask, per_token_kl if self.beta != 0.0 else None)
@@ -177,29 +288,46 @@ class DHPOTrainer(GRPOTrainer):
     def _scales_by_accumulation(self, mode: str) -> bool:
         return mode == "train" and self.loss_type in ("grpo", "bnpo", "dr_grpo")
 
+    def _micro_batches_per_window(self, inputs, mode, scaled=True) -> float:
+        """How many micro-batches (forward passes) share the window: TRL divides each one's loss by this."""
+        if batching.WINDOW_PASSES in inputs:
+            return inputs[batching.WINDOW_PASSES].item()
+        return self.current_gradient_accumulation_steps if mode == "train" and scaled else 1.0
+
     def _aggregate(self, per_token_loss, mask, inputs, mode):
-        """TRL's aggregation for `loss_type`, with its gradient-accumulation normalisation."""
+        """TRL's aggregation for `loss_type`, with its gradient-accumulation normalisation.
+
+        Under dynamic batching a micro-batch's rows and tokens vary, so "grpo" and "dr_grpo" divide by the rows of
+        the whole accumulation window instead of (rows of this micro-batch x accumulation steps): the same window
+        gradient as TRL's equal slices. "dapo" already normalises by the window's tokens.
+        """
         mask = mask.to(per_token_loss.dtype)
+        window_rows = inputs.get(batching.WINDOW_SEQUENCES)
+        rows = per_token_loss.size(0) if window_rows is None else window_rows
         if self.loss_type == "grpo":  # eq. 7: mean over responses of the per-response token mean
-            loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+            loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / rows
         elif self.loss_type == "bnpo":
             loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
         elif self.loss_type == "dr_grpo":
-            loss = (per_token_loss * mask).sum() / (per_token_loss.size(0) * self.max_completion_length)
+            loss = (per_token_loss * mask).sum() / (rows * self.max_completion_length)
         else:  # "dapo": normalise by the active tokens of the whole accumulation window on all processes
             normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
             if mode == "train":
                 normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
             return (per_token_loss * mask).sum() / normalizer
-        if self._scales_by_accumulation(mode):
+        if self._scales_by_accumulation(mode) and window_rows is None:
             loss = loss / self.current_gradient_accumulation_steps
         return loss
 
-    def _add_entropy_bonus(self, loss, entropies, mask, entropy_mask, policy_loss, mode):
-        """TRL's entropy bonus (static or adaptive coefficient), unchanged."""
+    def _add_entropy_bonus(self, loss, entropies, mask, entropy_mask, policy_loss, mode, inputs):
+        """TRL's entropy bonus (static or adaptive coefficient); under dynamic batching, the mean entropy over the
+        accumulation window's tokens (TRL's per-micro-batch mean would change with the grouping)."""
         effective_mask = mask if entropy_mask is None else mask * entropy_mask
-        accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-        entropy_loss = (entropies * effective_mask).sum() / effective_mask.sum().clamp(min=1.0) / accumulation
+        if batching.WINDOW_TOKENS in inputs:
+            entropy_loss = (entropies * effective_mask).sum() / inputs[batching.WINDOW_TOKENS].clamp(min=1.0)
+        else:
+            accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
+            entropy_loss = (entropies * effective_mask).sum() / effective_mask.sum().clamp(min=1.0) / accumulation
         if self.use_adaptive_entropy:
             coef = self.entropy_coef if self._last_world_entropy <= self.args.entropy_target else 0.0
         else:

@@ -1,0 +1,240 @@
+"""Dynamic batching: length-sorted, trimmed micro-batches inside each gradient-accumulation window.
+
+TRL pads every completion of a generation batch to the longest one, then slices that padded tensor into
+micro-batches of `per_device_train_batch_size` rows. With long-tailed RLVR lengths most of every forward and
+backward is padding. This module re-cuts the work without changing the update:
+
+* which sequences form an optimizer step never changes: rows move only inside one process's accumulation window
+  (the `gradient_accumulation_steps` micro-batches of one optimizer step);
+* the window's rows are sorted by length and cut into contiguous groups whose largest padded area
+  (rows x (prompt width + completion width)) is as small as possible, each group trimmed to its own longest
+  prompt (prompts are left-padded) and completion (right-padded);
+* every process runs the same number of forward passes (ZeRO-3 gathers parameters inside every forward, DDP
+  syncs buffers): one per micro-step as in TRL, or, under a token budget, a number agreed across processes.
+
+Everything here is a pure function of the tensors TRL's `_generate_and_score_completions` returns. Lengths come
+from `prompt_mask` and `completion_mask` only; any other tensor is carried along by its shape, so a subclass or
+a TRL update that adds per-row or per-token keys keeps working.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+PROMPT_KEYS = ("prompt_ids", "prompt_mask")
+# Multimodal inputs index images/tiles, not rows, and `token_type_ids` spans prompt + completion: such batches are
+# left as TRL cut them.
+UNSUPPORTED_KEYS = (
+    "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
+    "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
+)  # fmt: skip
+# Normalisers of the whole accumulation window, attached to every micro-batch cut from it (0-dim tensors): the
+# loss of a micro-batch is its share of the window's loss, whatever the number of rows it holds.
+WINDOW_SEQUENCES = "dhpo_window_sequences"  # rows in this process's window (TRL: per_device_batch x accumulation)
+WINDOW_TOKENS = "dhpo_window_tokens"  # loss tokens in this process's window
+WINDOW_PASSES = "dhpo_window_passes"  # forward passes this process runs for the window
+
+
+class Passes(list):
+    """The forward/backward passes of one micro-step, when a token budget splits it into several."""
+
+
+def unsupported_reason(batch: dict) -> str | None:
+    """Why `batch` cannot be regrouped (multimodal inputs, non-tensor values), or None."""
+    for key, value in batch.items():
+        if key in UNSUPPORTED_KEYS and value is not None:
+            return f"the batch holds multimodal input `{key}`"
+        if value is not None and not isinstance(value, torch.Tensor):
+            return f"the batch holds a non-tensor value `{key}` ({type(value).__name__})"
+    return None
+
+
+def prompt_spans(prompt_mask: torch.Tensor) -> torch.Tensor:
+    """Columns each left-padded prompt needs: from its first real token to the end. Shape (B,)."""
+    width = prompt_mask.size(1)
+    from_end = torch.arange(width, 0, -1, device=prompt_mask.device)  # width, ..., 1
+    return (prompt_mask.bool() * from_end).amax(-1) if width else prompt_mask.new_zeros(prompt_mask.size(0))
+
+
+def completion_spans(completion_mask: torch.Tensor) -> torch.Tensor:
+    """Columns each right-padded completion needs: up to its last real token (0 if it has none). Shape (B,)."""
+    width = completion_mask.size(1)
+    position = torch.arange(1, width + 1, device=completion_mask.device)
+    return (completion_mask.bool() * position).amax(-1) if width else completion_mask.new_zeros(0)
+
+
+def _round_up(width: int, multiple: int | None, limit: int) -> int:
+    if multiple:
+        width = math.ceil(width / multiple) * multiple
+    return min(width, limit)
+
+
+class LengthPlan:
+    """Rows of one batch sorted by length, and the cheapest ways to cut them into contiguous groups.
+
+    `prompt` and `completion` are the per-row spans. A group costs its padded area: rows x (widest prompt + widest
+    completion), each width at least 1 column (a forward needs one prompt token and keeps at least one logit) and
+    rounded up to `pad_to_multiple_of` as TRL pads, never past the batch's own width.
+    """
+
+    def __init__(self, prompt: list[int], completion: list[int], pad_to_multiple_of: int | None = None,
+                 widths: tuple[int, int] | None = None):  # fmt: skip
+        self.order = sorted(range(len(prompt)), key=lambda row: (completion[row], prompt[row]))
+        self.prompt = [prompt[row] for row in self.order]
+        self.completion = [completion[row] for row in self.order]  # ascending
+        self.multiple = pad_to_multiple_of
+        # Widths never exceed the batch's own (already padded to the multiple); default: the longest spans.
+        widths = widths or (max(prompt, default=1), max(completion, default=1))
+        self.prompt_limit, self.completion_limit = max(widths[0], 1), max(widths[1], 1)
+
+    def widths(self, start: int, end: int) -> tuple[int, int]:
+        """(prompt width, completion width) of the sorted rows [start, end)."""
+        return self._widths(max(self.prompt[start:end]), self.completion[end - 1])
+
+    def _widths(self, prompt: int, completion: int) -> tuple[int, int]:
+        return (
+            _round_up(max(prompt, 1), self.multiple, self.prompt_limit),
+            _round_up(max(completion, 1), self.multiple, self.completion_limit),
+        )
+
+    def area(self, start: int, end: int) -> int:
+        return (end - start) * sum(self.widths(start, end))
+
+    def greedy(self, cap: int) -> list[tuple[int, int]]:
+        """The fewest contiguous groups with area <= cap, as (start, end); a row alone above cap is its own group."""
+        bounds, start, widest = [], 0, 0
+        for row in range(len(self.order)):
+            candidate = max(widest, self.prompt[row])
+            if row > start and (row + 1 - start) * sum(self._widths(candidate, self.completion[row])) > cap:
+                bounds.append((start, row))
+                start, candidate = row, self.prompt[row]
+            widest = candidate
+        return [*bounds, (start, len(self.order))] if self.order else []
+
+    def groups_needed(self, budget: int) -> int:
+        """How many passes keep every pass within `budget` padded tokens (rows longer than it go alone)."""
+        return len(self.greedy(budget))
+
+    def partition(self, num_groups: int) -> list[tuple[int, int]]:
+        """`num_groups` non-empty contiguous groups (start, end) of the sorted rows, the largest group of several
+        rows as small as possible (a row that is larger on its own is a group of its own).
+
+        A run's area only grows when it is extended, so the greedy cut gives the fewest groups under a cap, and a
+        binary search finds the smallest cap that needs at most `num_groups` groups. The peak area is then the
+        larger of that cap and the largest row, the least any cut can reach. Groups still missing are made by
+        halving the group with most rows, which never raises an area. Under a token budget, `num_groups` is at
+        least `groups_needed(budget)`, so every group of several rows fits the budget.
+        """
+        rows = len(self.order)
+        if not 1 <= num_groups <= rows:
+            raise ValueError(f"cannot cut {rows} rows into {num_groups} non-empty groups")
+        low, high = 0, self.area(0, rows)
+        while low < high:
+            middle = (low + high) // 2
+            if len(self.greedy(middle)) <= num_groups:
+                high = middle
+            else:
+                low = middle + 1
+        bounds = self.greedy(low)
+        while len(bounds) < num_groups:
+            widest = max(range(len(bounds)), key=lambda index: bounds[index][1] - bounds[index][0])
+            start, end = bounds[widest]
+            bounds[widest : widest + 1] = [(start, (start + end) // 2), ((start + end) // 2, end)]
+        return bounds
+
+    def rows(self, start: int, end: int) -> list[int]:
+        """Original row indices of the sorted rows [start, end)."""
+        return self.order[start:end]
+
+
+def plan_for(batch: dict, pad_to_multiple_of: int | None = None) -> LengthPlan:
+    """The `LengthPlan` of a TRL batch dict (`prompt_mask` left-padded, `completion_mask` right-padded)."""
+    return LengthPlan(
+        prompt_spans(batch["prompt_mask"]).tolist(), completion_spans(batch["completion_mask"]).tolist(),
+        pad_to_multiple_of, widths=(batch["prompt_mask"].size(1), batch["completion_mask"].size(1)),
+    )
+
+
+def forward_plan(attention_mask: torch.Tensor, logits_to_keep: int, pad_to_multiple_of: int | None = None) -> LengthPlan:
+    """The `LengthPlan` of a (B, prompt + completion) attention mask whose last `logits_to_keep` columns are the
+    completions, as TRL passes it to `_get_per_token_logps_and_entropies`."""
+    prompt_width = attention_mask.size(1) - logits_to_keep
+    return LengthPlan(
+        prompt_spans(attention_mask[:, :prompt_width]).tolist(),
+        completion_spans(attention_mask[:, prompt_width:]).tolist(),
+        pad_to_multiple_of, widths=(prompt_width, logits_to_keep),
+    )
+
+
+def take(batch: dict, rows: list[int], prompt_width: int, completion_width: int) -> dict:
+    """The sub-batch of `rows`, trimmed to `prompt_width` (left) and `completion_width` (right) columns.
+
+    Keys are carried by shape: `prompt_ids`/`prompt_mask` are prompt-aligned; any other tensor with a row
+    dimension and as many columns as `completion_mask` is completion-aligned (ids, masks, old/ref/sampling
+    log-probs, vLLM importance ratios, tool masks); other row tensors ((B,) advantages, (B, 1) ratios) are
+    indexed by row; 0-dim tensors (`num_items_in_batch`, window normalisers) are shared.
+    """
+    num_rows = batch["completion_mask"].size(0)
+    completion_columns = batch["completion_mask"].size(1)
+    index = torch.as_tensor(rows, dtype=torch.long, device=batch["completion_mask"].device)
+    out = {}
+    for key, value in batch.items():
+        if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.size(0) != num_rows:
+            out[key] = value
+            continue
+        value = value.index_select(0, index)
+        if key in PROMPT_KEYS:
+            value = value[:, value.size(1) - prompt_width :]
+        elif value.dim() >= 2 and value.size(1) == completion_columns:
+            value = value[:, :completion_width]
+        out[key] = value
+    return out
+
+
+def concat(batches: list[dict]) -> dict:
+    """Row-wise concatenation of batches cut from one padded batch (same widths); 0-dim tensors are shared."""
+    first = batches[0]
+    out = {}
+    for key, value in first.items():
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            out[key] = torch.cat([batch[key] for batch in batches], dim=0)
+        else:
+            out[key] = value
+    return out
+
+
+def loss_mask(batch: dict) -> torch.Tensor:
+    """The tokens that count in the loss: `completion_mask`, times `tool_mask` when present (as TRL)."""
+    mask = batch["completion_mask"]
+    return mask * batch["tool_mask"] if batch.get("tool_mask") is not None else mask
+
+
+def split_window(window: dict, micro_steps: int, passes_per_step: int = 1, plan: LengthPlan | None = None,
+                 pad_to_multiple_of: int | None = None) -> list[dict | Passes]:  # fmt: skip
+    """Cut one accumulation window into `micro_steps` micro-batches of `passes_per_step` trimmed passes each.
+
+    Every pass carries the window's normalisers (`WINDOW_SEQUENCES`, `WINDOW_TOKENS`, `WINDOW_PASSES`). A micro-step
+    with one pass is a plain dict (what TRL's `training_step` expects), otherwise a `Passes` list.
+    """
+    plan = plan or plan_for(window, pad_to_multiple_of)
+    total_passes = micro_steps * passes_per_step
+    groups = plan.partition(total_passes)
+    shared = {
+        WINDOW_SEQUENCES: torch.tensor(float(window["completion_mask"].size(0))),  # CPU: read with .item()
+        WINDOW_TOKENS: loss_mask(window).sum().float(),
+        WINDOW_PASSES: torch.tensor(float(total_passes)),
+    }
+    passes = [{**take(window, plan.rows(start, end), *plan.widths(start, end)), **shared} for start, end in groups]
+    steps = [passes[step * passes_per_step : (step + 1) * passes_per_step] for step in range(micro_steps)]
+    return [step[0] if passes_per_step == 1 else Passes(step) for step in steps]
+
+
+def padded_fraction(batches: list[dict]) -> tuple[int, int]:
+    """(real tokens, forwarded tokens) over batches: prompt + completion tokens against rows x widths."""
+    real = forwarded = 0
+    for batch in batches:
+        real += int(batch["prompt_mask"].sum()) + int(batch["completion_mask"].sum())
+        forwarded += batch["prompt_mask"].numel() + batch["completion_mask"].numel()
+    return real, forwarded
