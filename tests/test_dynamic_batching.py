@@ -7,58 +7,30 @@ so a wrong normalisation of an unevenly filled micro-batch shows up at 1e-2 or m
 (RoPE positions shift) only moves logits by float rounding.
 """
 
-import random
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
-from datasets import Dataset
+from transformers import Qwen3ForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
 from dhpo_trl import DHPOConfig, DHPOTrainer, batching
 from dhpo_trl.presets import config_for
 from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
 
+from long_tail import MAX_COMPLETION, dataset, length_reward, long_tailed_rollout
+
 CPU = dict(use_cpu=True, bf16=False, report_to="none", seed=0, data_seed=0, save_strategy="no", logging_steps=1)
-MAX_COMPLETION = 40
 
 
 @pytest.fixture(scope="module")
 def tok():
     return build_char_tokenizer()
-
-
-def long_tailed_rollout(tok, truncated_every=0):
-    """Completions of deterministic, long-tailed lengths (most short, a few at MAX_COMPLETION), ending in EOS
-    except every `truncated_every`-th one (cut at the maximum without EOS: a truncated completion)."""
-    calls = []
-
-    def rollout(prompts, trainer):
-        prompt_ids, completion_ids = [], []
-        for index, prompt in enumerate(prompts):
-            rng = random.Random(f"{prompt}|{index % trainer.num_generations}|{len(calls)}")
-            ids = tok(prompt, add_special_tokens=False)["input_ids"]
-            length = min(MAX_COMPLETION, max(1, int(rng.lognormvariate(1.6, 0.9))))
-            if rng.random() < 0.1:
-                length = MAX_COMPLETION
-            body = [rng.randint(3, len(tok) - 1) for _ in range(length - 1)]
-            truncated = truncated_every and (len(completion_ids) + 1) % truncated_every == 0
-            completion = body + [rng.randint(3, len(tok) - 1)] if truncated else body + [tok.eos_token_id]
-            prompt_ids.append(ids)
-            completion_ids.append(completion[:MAX_COMPLETION])
-        calls.append(len(prompts))
-        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
-
-    return rollout
-
-
-def length_reward(completions, **kwargs):
-    """Varies within a group: the completion's length and content, mod 7."""
-    return [float((len(text) + sum(map(ord, text))) % 7) for text in completions]
-
-
-def dataset(n=16):
-    # prompts of varied length: left padding differs between micro-batches
-    return Dataset.from_dict({"prompt": [f"{'x' * (a % 5)}{a}+{3 * a + 1}=" for a in range(n)]})
 
 
 def parameter_change(tok, config, trainer_cls=DHPOTrainer, truncated_every=0):
@@ -145,3 +117,134 @@ def test_equal_lengths_and_one_micro_batch_per_window(tok, tmp_path):
     single_base, _ = run(dynamic_batching=False, gradient_accumulation_steps=1, steps_per_generation=2)
     single, _ = run(gradient_accumulation_steps=1, steps_per_generation=2)
     assert relative_gap(single, single_base) < 1e-3
+
+
+# ----------------------------------------------------------------------------- fixed batches, TRL features on
+def padded_window(tok, model, rows=8, seed=0):
+    """One accumulation window as TRL hands it over: left-padded prompts and right-padded completions of
+    long-tailed lengths (one all-padding), old / reference / vLLM sampling log-probs and a vLLM IS ratio."""
+    gen = torch.Generator().manual_seed(seed)
+    prompt_lengths = [3, 9, 5, 2, 7, 4, 6, 8][:rows]
+    completion_lengths = [2, 30, 4, 0, 6, 3, 12, 5][:rows]
+    prompt_width, completion_width = 9, 32  # the generation batch's widths: wider than any row here
+    vocab = model.config.vocab_size
+    prompt_ids = torch.full((rows, prompt_width), tok.pad_token_id)
+    prompt_mask = torch.zeros(rows, prompt_width, dtype=torch.long)
+    completion_ids = torch.full((rows, completion_width), tok.pad_token_id)
+    completion_mask = torch.zeros(rows, completion_width, dtype=torch.long)
+    for row, (p, c) in enumerate(zip(prompt_lengths, completion_lengths, strict=True)):
+        prompt_ids[row, prompt_width - p :] = torch.randint(3, vocab, (p,), generator=gen)
+        prompt_mask[row, prompt_width - p :] = 1
+        completion_ids[row, :c] = torch.randint(3, vocab, (c,), generator=gen)
+        completion_mask[row, :c] = 1
+    with torch.no_grad():
+        logits = model(input_ids=torch.cat([prompt_ids, completion_ids], 1),
+                       attention_mask=torch.cat([prompt_mask, completion_mask], 1)).logits  # fmt: skip
+        logps = logits[:, prompt_width - 1 : -1].float().log_softmax(-1).gather(-1, completion_ids.unsqueeze(-1))[..., 0]
+    noise = lambda scale: scale * torch.randn(logps.shape, generator=gen)  # noqa: E731
+    return {
+        "prompt_ids": prompt_ids, "prompt_mask": prompt_mask,
+        "completion_ids": completion_ids, "completion_mask": completion_mask,
+        "advantages": torch.tensor([1.2, -0.8, 0.5, -1.5, 0.9, -0.3, 0.7, -1.1])[:rows],
+        "old_per_token_logps": (logps + noise(0.3)) * completion_mask,
+        "ref_per_token_logps": (logps + noise(0.2)) * completion_mask,
+        "sampling_per_token_logps": (logps + noise(0.1)) * completion_mask,
+        "importance_sampling_ratio": (1.0 + noise(0.1)).clamp(0.5, 2.0) * completion_mask,
+        "num_items_in_batch": completion_mask.sum() * 2,  # the generation batch holds two such windows
+    }  # fmt: skip
+
+
+def window_gradient(trainer, micro_batches):
+    """Sum over a window's micro-batches of the gradient of `_compute_loss` (what one optimizer step applies)."""
+    model = trainer.model
+    model.train()
+    model.zero_grad()
+    for micro in micro_batches:
+        trainer._compute_loss(model, dict(micro)).backward()
+    grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    model.zero_grad()
+    return grad
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+def test_window_gradient_with_kl_off_policy_mask_and_vllm_correction(tok, tmp_path, loss_type):
+    build_tiny_qwen3(tok, seed=1).save_pretrained(tmp_path / "model")  # the KL term loads a reference copy
+    model = Qwen3ForCausalLM.from_pretrained(tmp_path / "model")
+    window = padded_window(tok, model)
+    features = dict(beta=0.05, off_policy_mask_threshold=0.05, loss_type=loss_type)
+    args = config_for("DHPO-A", output_dir=str(tmp_path), **{**RUN, "max_completion_length": 32}, **features, **CPU)
+    trainer = DHPOTrainer(model=model, reward_funcs=length_reward, args=args, train_dataset=dataset(), processing_class=tok)
+    trainer.use_vllm = trainer.vllm_importance_sampling_correction = True  # the correction multiplies the loss
+    trainer.current_gradient_accumulation_steps = 2
+    trl_slices = [batching.take(window, rows, 9, 32) for rows in ([0, 1, 2, 3], [4, 5, 6, 7])]
+    reference = window_gradient(trainer, trl_slices)
+    micro = batching.split_window(window, micro_steps=2)
+    assert sorted(part["completion_mask"].size(0) for part in micro) != [4, 4]  # regrouped unevenly
+    assert relative_gap(window_gradient(trainer, micro), reference) < 1e-4
+    # the same micro-batches normalised as TRL does (per micro-batch rows x accumulation) give another update
+    unnormalised = [{k: v for k, v in part.items() if not k.startswith("dhpo_window")} for part in micro]
+    if loss_type != "dapo":
+        assert relative_gap(window_gradient(trainer, unnormalised), reference) > 1e-2
+
+
+def test_old_and_reference_passes_are_trimmed_chunks_with_trl_values(tok, tmp_path):
+    model = build_tiny_qwen3(tok, seed=2)
+    window = padded_window(tok, model)
+    ids = torch.cat([window["prompt_ids"], window["completion_ids"]], 1)
+    mask = torch.cat([window["prompt_mask"], window["completion_mask"]], 1)
+    forwards = []
+    hook = model.model.register_forward_hook(
+        lambda module, args, kwargs, output: forwards.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
+
+    def logps(**overrides):
+        args = config_for("DHPO-A", output_dir=str(tmp_path), **{**RUN, "max_completion_length": 32, **overrides}, **CPU)
+        trainer = DHPOTrainer(model=model, reward_funcs=length_reward, args=args, train_dataset=dataset(),
+                              processing_class=tok)  # fmt: skip
+        forwards.clear()
+        with torch.no_grad():
+            out = trainer._get_per_token_logps_and_entropies(model, ids, mask, 32, batch_size=4, compute_entropy=True)
+        return out, list(forwards)
+
+    (trl_logps, trl_entropies, _), trl_forwards = logps(dynamic_batching=False)
+    (dyn_logps, dyn_entropies, _), dyn_forwards = logps()
+    (budget_logps, _, _), budget_forwards = logps(max_tokens_per_micro_batch=40)
+    hook.remove()
+    real = window["completion_mask"].bool()
+    torch.testing.assert_close(dyn_logps[real], trl_logps[real], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(dyn_entropies[real], trl_entropies[real], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(budget_logps[real], trl_logps[real], atol=1e-5, rtol=1e-5)
+    assert (dyn_logps[~real] == 0).all()
+    assert len(dyn_forwards) == len(trl_forwards) == 2  # as many forwards as TRL: ceil(8 rows / batch 4)
+    assert sum(rows * width for rows, width in dyn_forwards) < sum(rows * width for rows, width in trl_forwards) / 2
+    assert len(budget_forwards) > 2  # the budget asks for more, smaller forwards (the 30-token row alone)
+    assert all(rows * width <= 40 or rows == 1 for rows, width in budget_forwards)
+
+
+# ------------------------------------------------------------------------------------- two processes (gloo)
+def test_two_processes_agree_on_passes_and_update_as_trl(tmp_path):
+    """2 ranks with a token budget: each micro-step runs the same number of passes on both ranks (the larger of
+    what each rank's rows need), and the DDP-averaged update equals TRL's batching on the same 2 ranks."""
+    script = Path(__file__).parent / "dist_scripts" / "dynamic_batching_distributed.py"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+               str(tmp_path)]  # fmt: skip
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    trl = torch.load(tmp_path / "trl" / "params.pt")
+    dynamic = torch.load(tmp_path / "budget" / "params.pt")
+    start = dict(build_tiny_qwen3(build_char_tokenizer(), seed=0).named_parameters())
+    change_trl = torch.cat([(trl[n] - start[n]).flatten() for n in trl])
+    change_dynamic = torch.cat([(dynamic[n] - start[n]).flatten() for n in trl])
+    assert change_trl.norm() > 1e-3
+    assert relative_gap(change_dynamic, change_trl) < 1e-3
+    plans = [json.loads((tmp_path / "budget" / f"plan_rank{rank}.json").read_text()) for rank in (0, 1)]
+    agreed_by_max = False
+    for plan0, plan1 in zip(*plans, strict=True):  # one entry per generation batch
+        assert [len(step) for step in plan0["rows_per_pass"]] == [len(step) for step in plan1["rows_per_pass"]]
+        assert sum(map(sum, plan0["rows_per_pass"])) == sum(map(sum, plan1["rows_per_pass"])) == 16
+        for window, (own0, own1) in enumerate(zip(plan0["own_needed"], plan1["own_needed"], strict=True)):
+            passes = sum(len(step) for step in plan0["rows_per_pass"][2 * window : 2 * window + 2])
+            assert passes == 2 * math.ceil(max(own0, own1) / 2)
+            agreed_by_max |= own0 != own1
+    assert agreed_by_max  # the ranks' own needs differed somewhere, so the all-reduce mattered

@@ -1,0 +1,76 @@
+"""Run under `torchrun --nproc_per_node N` on CPU (gloo): a few off-policy DHPO-A steps on long-tailed completions.
+
+Usage: torchrun --nproc_per_node N tests/dist_scripts/dynamic_batching_distributed.py OUT_DIR
+
+Two runs in one launch: `trl`, TRL's batching (dynamic_batching=False), then `budget`, dynamic batching with a
+token budget small enough that micro-steps split into several passes, and into different numbers on different
+ranks before the ranks agree. Rank 0 saves each run's final parameters (OUT_DIR/<run>/params.pt); every rank dumps,
+per planned generation batch of the budget run, the passes of each micro-step and the count its own rows needed
+(OUT_DIR/budget/plan_rank{r}.json).
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared long-tailed rollout
+
+from long_tail import dataset, length_reward, long_tailed_rollout  # noqa: E402
+
+from dhpo_trl import DHPOTrainer, batching  # noqa: E402
+from dhpo_trl.presets import config_for  # noqa: E402
+from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
+
+BUDGET = 30
+
+
+class RecordingTrainer(DHPOTrainer):
+    plans = []
+
+    def _plan_micro_batches(self, buffered):
+        steps = self.args.gradient_accumulation_steps
+        windows = [batching.concat(buffered[i : i + steps]) for i in range(0, len(buffered), steps)]
+        own = [batching.plan_for(window).groups_needed(BUDGET) for window in windows]
+        planned = super()._plan_micro_batches(buffered)
+        passes = [[part["completion_mask"].size(0) for part in (m if isinstance(m, list) else [m])] for m in planned]
+        self.plans.append({"own_needed": own, "rows_per_pass": passes})
+        return planned
+
+
+def train(out_dir: Path, mode: str, tok) -> None:
+    RecordingTrainer.plans = []
+    extra = {"dynamic_batching": False} if mode == "trl" else {"max_tokens_per_micro_batch": BUDGET}
+    args = config_for(
+        "DHPO-A", output_dir=str(out_dir / "run"), per_device_train_batch_size=4, num_generations=4,
+        gradient_accumulation_steps=2, steps_per_generation=4, max_completion_length=40, max_steps=4,
+        optim="sgd", learning_rate=0.5, use_cpu=True, bf16=False, report_to="none", seed=0, data_seed=0,
+        save_strategy="no", logging_steps=1, disable_tqdm=True, **extra,
+    )  # fmt: skip
+    model = build_tiny_qwen3(tok, seed=0)
+    trainer = RecordingTrainer(model=model, reward_funcs=length_reward, args=args, train_dataset=dataset(32),
+                               processing_class=tok, rollout_func=long_tailed_rollout(tok))  # fmt: skip
+    trainer.train()
+    rank = trainer.accelerator.process_index
+    (out_dir / f"plan_rank{rank}.json").write_text(json.dumps(RecordingTrainer.plans))
+    if rank == 0:
+        torch.save({name: p.detach().clone() for name, p in model.named_parameters()}, out_dir / "params.pt")
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    tok = build_char_tokenizer()
+    for mode in ("trl", "budget"):
+        out_dir = Path(sys.argv[1]) / mode
+        out_dir.mkdir(parents=True, exist_ok=True)
+        train(out_dir, mode, tok)
+
+
+if __name__ == "__main__":
+    main()
