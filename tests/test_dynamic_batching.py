@@ -222,13 +222,20 @@ def test_old_and_reference_passes_are_trimmed_chunks_with_trl_values(tok, tmp_pa
 
 
 # ------------------------------------------------------------------------------------- two processes (gloo)
-def test_two_processes_agree_on_passes_and_update_as_trl(tmp_path):
+@pytest.mark.parametrize("engine", ["ddp", "zero3"])
+def test_two_processes_agree_on_passes_and_update_as_trl(tmp_path, engine):
     """2 ranks with a token budget: each micro-step runs the same number of passes on both ranks (the larger of
-    what each rank's rows need), and the DDP-averaged update equals TRL's batching on the same 2 ranks."""
+    what each rank's rows need), and the update equals TRL's batching on the same 2 ranks, under DDP and under
+    DeepSpeed ZeRO-3 (whose engine must not step on the extra passes)."""
+    if engine == "zero3":
+        pytest.importorskip("deepspeed")
     script = Path(__file__).parent / "dist_scripts" / "dynamic_batching_distributed.py"
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1")
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    env.pop("ACCELERATE_USE_CPU", None)  # set, it would keep accelerate from using the DeepSpeed plugin
+    if engine == "ddp":
+        env["ACCELERATE_USE_CPU"] = "1"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
-               str(tmp_path)]  # fmt: skip
+               str(tmp_path), *(["--zero3"] if engine == "zero3" else [])]  # fmt: skip
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     trl = torch.load(tmp_path / "trl" / "params.pt")

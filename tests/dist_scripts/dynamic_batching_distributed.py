@@ -1,14 +1,16 @@
 """Run under `torchrun --nproc_per_node N` on CPU (gloo): a few off-policy DHPO-A steps on long-tailed completions.
 
-Usage: torchrun --nproc_per_node N tests/dist_scripts/dynamic_batching_distributed.py OUT_DIR
+Usage: torchrun --nproc_per_node N tests/dist_scripts/dynamic_batching_distributed.py OUT_DIR [--zero3]
 
 Two runs in one launch: `trl`, TRL's batching (dynamic_batching=False), then `budget`, dynamic batching with a
 token budget small enough that micro-steps split into several passes, and into different numbers on different
 ranks before the ranks agree. Rank 0 saves each run's final parameters (OUT_DIR/<run>/params.pt); every rank dumps,
 per planned generation batch of the budget run, the passes of each micro-step and the count its own rows needed
-(OUT_DIR/budget/plan_rank{r}.json).
+(OUT_DIR/budget/plan_rank{r}.json). --zero3: both runs under DeepSpeed ZeRO-3 on CPU (DS_ACCELERATOR=cpu); the
+budget run's extra passes then backpropagate through DeepSpeed without stepping its engine.
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -17,6 +19,9 @@ from pathlib import Path
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+if "--zero3" in sys.argv:
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read when deepspeed is first imported
 
 import torch  # noqa: E402
 
@@ -29,6 +34,8 @@ from dhpo_trl.presets import config_for  # noqa: E402
 from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
 
 BUDGET = 30
+ZERO3 = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto",
+         "gradient_accumulation_steps": "auto", "bf16": {"enabled": False}}  # fmt: skip
 
 
 class RecordingTrainer(DHPOTrainer):
@@ -44,23 +51,29 @@ class RecordingTrainer(DHPOTrainer):
         return planned
 
 
-def train(out_dir: Path, mode: str, tok) -> None:
+def train(out_dir: Path, mode: str, tok, zero3: bool) -> None:
     RecordingTrainer.plans = []
+    model = build_tiny_qwen3(tok, seed=0)  # before the config: a ZeRO-3 config switches model construction
     extra = {"dynamic_batching": False} if mode == "trl" else {"max_tokens_per_micro_batch": BUDGET}
     args = config_for(
         "DHPO-A", output_dir=str(out_dir / "run"), per_device_train_batch_size=4, num_generations=4,
         gradient_accumulation_steps=2, steps_per_generation=4, max_completion_length=40, max_steps=4,
         optim="sgd", learning_rate=0.5, use_cpu=True, bf16=False, report_to="none", seed=0, data_seed=0,
-        save_strategy="no", logging_steps=1, disable_tqdm=True, **extra,
+        save_strategy="no", logging_steps=1, disable_tqdm=True, deepspeed=ZERO3 if zero3 else None, **extra,
     )  # fmt: skip
-    model = build_tiny_qwen3(tok, seed=0)
     trainer = RecordingTrainer(model=model, reward_funcs=length_reward, args=args, train_dataset=dataset(32),
                                processing_class=tok, rollout_func=long_tailed_rollout(tok))  # fmt: skip
     trainer.train()
     rank = trainer.accelerator.process_index
     (out_dir / f"plan_rank{rank}.json").write_text(json.dumps(RecordingTrainer.plans))
-    if rank == 0:
-        torch.save({name: p.detach().clone() for name, p in model.named_parameters()}, out_dir / "params.pt")
+    gather = contextlib.nullcontext()
+    if zero3:  # parameters are partitioned across ranks: gather them to save the full tensors
+        import deepspeed
+
+        gather = deepspeed.zero.GatheredParameters(list(model.parameters()))
+    with gather:
+        if rank == 0:
+            torch.save({name: p.detach().clone() for name, p in model.named_parameters()}, out_dir / "params.pt")
 
 
 def main() -> None:
@@ -69,7 +82,7 @@ def main() -> None:
     for mode in ("trl", "budget"):
         out_dir = Path(sys.argv[1]) / mode
         out_dir.mkdir(parents=True, exist_ok=True)
-        train(out_dir, mode, tok)
+        train(out_dir, mode, tok, zero3="--zero3" in sys.argv)
 
 
 if __name__ == "__main__":
