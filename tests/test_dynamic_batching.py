@@ -33,15 +33,16 @@ def tok():
     return build_char_tokenizer()
 
 
-def parameter_change(tok, config, trainer_cls=DHPOTrainer, truncated_every=0):
-    model = build_tiny_qwen3(tok, seed=0)
-    start = [p.detach().clone() for p in model.parameters()]
+def parameter_change(tok, config, trainer_cls=DHPOTrainer, truncated_every=0, model=None, **trainer_kwargs):
     trainer = trainer_cls(
-        model=model, reward_funcs=length_reward, args=config, train_dataset=dataset(),
-        processing_class=tok, rollout_func=long_tailed_rollout(tok, truncated_every),
+        model=model or build_tiny_qwen3(tok, seed=0), reward_funcs=length_reward, args=config,
+        train_dataset=dataset(), processing_class=tok, rollout_func=long_tailed_rollout(tok, truncated_every),
+        **trainer_kwargs,
     )  # fmt: skip
+    trained = [p for p in trainer.model.parameters() if p.requires_grad]  # after any PEFT wrapping
+    start = [p.detach().clone() for p in trained]
     trainer.train()
-    change = torch.cat([(p.detach() - s).flatten() for p, s in zip(model.parameters(), start, strict=True)])
+    change = torch.cat([(p.detach() - s).flatten() for p, s in zip(trained, start, strict=True)])
     return change, trainer
 
 
@@ -117,6 +118,37 @@ def test_equal_lengths_and_one_micro_batch_per_window(tok, tmp_path):
     single_base, _ = run(dynamic_batching=False, gradient_accumulation_steps=1, steps_per_generation=2)
     single, _ = run(gradient_accumulation_steps=1, steps_per_generation=2)
     assert relative_gap(single, single_base) < 1e-3
+
+
+def test_gradient_checkpointing_lora_and_moe(tok, tmp_path):
+    from peft import LoraConfig
+
+    def pair(build, args=None, **kwargs):
+        """(dynamic change with a token budget, TRL-batching change, the dynamic trainer) of one setup."""
+        common = dict(output_dir=str(tmp_path), **RUN, **CPU, **(args or {}))
+        dynamic, trainer = parameter_change(tok, config_for("DHPO-A", max_tokens_per_micro_batch=60, **common),
+                                            model=build(), **kwargs)  # fmt: skip
+        base, _ = parameter_change(tok, config_for("DHPO-A", dynamic_batching=False, **common), model=build(), **kwargs)
+        return dynamic, base, trainer
+
+    dynamic, base, _ = pair(lambda: build_tiny_qwen3(tok, seed=0), args=dict(gradient_checkpointing=True))
+    assert relative_gap(dynamic, base) < 1e-3
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    dynamic, base, trainer = pair(lambda: build_tiny_qwen3(tok, seed=0), peft_config=lora)
+    assert base.norm() > 0 and relative_gap(dynamic, base) < 1e-3
+    assert any(isinstance(step, batching.Passes) for step in trainer._buffered_inputs)
+
+    def moe():
+        model = build_tiny_qwen3(tok, seed=0, moe=True)
+        model.config.output_router_logits = False  # TRL asks for router logits itself
+        return model
+
+    # Routing is per token, so without the aux term the update is TRL's; the aux loss itself is a per-pass mean.
+    dynamic, base, _ = pair(moe, args=dict(router_aux_loss_coef=0.0))
+    assert relative_gap(dynamic, base) < 1e-3
+    _, _, trainer = pair(moe)
+    aux = [entry["aux_loss"] for entry in trainer.state.log_history if "aux_loss" in entry]
+    assert aux and all(math.isfinite(value) and value > 0 for value in aux)
 
 
 # ----------------------------------------------------------------------------- fixed batches, TRL features on
