@@ -120,7 +120,7 @@ class DHPOConfig(GRPOConfig):
     )
     epsilon_high: float | None = field(
         default=None,
-        metadata={"help": "GRPO/GSPO: upper clip 1 + epsilon_high (None: epsilon). CISPO: the weight cap (None: 1.2)."},
+        metadata={"help": "GRPO/GSPO: upper clip 1 + epsilon_high (None: epsilon). CISPO: weight cap (None: 1.2)."},
     )
     delta: float | None = field(
         default=None,

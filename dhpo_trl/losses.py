@@ -15,6 +15,8 @@ log-probs of padded positions) cannot reach the loss: NaN * 0 is NaN, so masking
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 MIXINGS = ("averaged", "entropy")
@@ -28,7 +30,7 @@ ENTROPY_RANGE_EPS = 1e-8
 
 
 def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value  # NaN != NaN
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
 
 
 def _check_epsilons(**epsilons: float) -> None:
@@ -40,7 +42,7 @@ def _check_epsilons(**epsilons: float) -> None:
 def _check_delta(delta: float | None) -> None:
     # As VERL's clip_ratio_c: a dual clip at or below 1 would cap the loss of A < 0 tokens inside the trust region.
     if delta is not None and (not _is_number(delta) or delta <= 1.0):
-        raise ValueError(f"`delta` must be None or a number > 1 (the dual clip of the ratio for A < 0), got {delta!r}.")
+        raise ValueError(f"`delta` must be None or a number > 1 (the dual clip for A < 0), got {delta!r}.")
 
 
 def _check_shapes(reference_name: str, reference: torch.Tensor, **tensors: torch.Tensor | None) -> None:

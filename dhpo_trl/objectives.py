@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import torch
 
 from .losses import (
-    unit_ratio,
     cispo_per_token_loss,
     dhpo_per_token_loss,
     gmpo_per_token_loss,
@@ -21,6 +20,7 @@ from .losses import (
     gspo_per_token_loss,
     masked_log_ratio,
     sequence_log_ratio,
+    unit_ratio,
 )
 
 # TRL's aggregations of a per-token loss. "grpo" is the per-response token mean of eqs. 3, 6 and 7.
@@ -136,9 +136,12 @@ OBJECTIVES: dict[str, Objective] = {
     "dhpo": Objective(_dhpo, _dhpo_settings, metric_prefix="dhpo", fractions=DHPO_FRACTIONS),
     # VERL's geo_mean is a mean over sequences whatever its aggregation mode: only the per-response mean keeps it so.
     "gmpo": Objective(
-        _gmpo, lambda args: ("gmpo_epsilon_low", "gmpo_epsilon_high"), metric_prefix="gmpo",
-        fractions=(("clip_fraction", "token_clipped"),), loss_types=("grpo",),
-    ),  # fmt: skip
+        _gmpo,
+        lambda args: ("gmpo_epsilon_low", "gmpo_epsilon_high"),
+        metric_prefix="gmpo",
+        fractions=(("clip_fraction", "token_clipped"),),
+        loss_types=("grpo",),
+    ),
     "grpo": Objective(_grpo, lambda args: ("epsilon", "epsilon_high", "delta")),
     "gspo": Objective(_gspo, lambda args: ("importance_sampling_level", "epsilon", "epsilon_high", "delta")),
     "cispo": Objective(_cispo, lambda args: ("epsilon_high",), clip_metrics="cispo_clip_ratio"),

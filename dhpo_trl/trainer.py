@@ -19,9 +19,9 @@ from trl import GRPOTrainer
 from trl.trainer.utils import nanmax, nanmin
 
 from .config import DHPOConfig
+from .moe import maybe_set_zero3_leaf_modules, zero3_leaf_modules_for_trl_prepared_models
 from .objectives import get_objective
 from .reward_checks import check_reward_functions
-from .moe import maybe_set_zero3_leaf_modules, zero3_leaf_modules_for_trl_prepared_models
 from .vllm_utils import check_vllm_setup
 
 CITATION = textwrap.dedent("""\
@@ -106,7 +106,8 @@ class DHPOTrainer(GRPOTrainer):
 
         objective = get_objective(self.args.algorithm)
         # Only DHPO-E reads it (the config refuses "global" elsewhere); the same branch on every process.
-        entropy_range = self._global_entropy_range(entropies, mask) if self.args.entropy_norm_scope == "global" else None
+        global_scope = self.args.entropy_norm_scope == "global"
+        entropy_range = self._global_entropy_range(entropies, mask) if global_scope else None
         per_token_loss, kl_weight, info = objective.compute(
             per_token_logps, old_per_token_logps, advantages, mask, entropies, self.args, entropy_range
         )
@@ -145,8 +146,8 @@ class DHPOTrainer(GRPOTrainer):
             loss = loss + self.router_aux_loss_coef * aux_loss / normalizer
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
 
-        self._log_loss_metrics(mode, objective, info, entropies, mask, per_token_kl)
-        self._log_trl_clip_metrics(mode, objective, info, mask)
+        self._log_loss_metrics(mode, info, entropies, mask, per_token_kl)
+        self._log_trl_clip_metrics(mode, info, mask)
         return loss
 
     def _scales_by_accumulation(self, mode: str) -> bool:
@@ -167,7 +168,7 @@ class DHPOTrainer(GRPOTrainer):
                 normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
             return (per_token_loss * mask).sum() / normalizer
         else:
-            raise ValueError(f"loss_type={self.loss_type!r} is not an aggregation: use 'grpo', 'bnpo', 'dr_grpo' or 'dapo'.")
+            raise ValueError(f"loss_type={self.loss_type!r} is not an aggregation: use grpo, bnpo, dr_grpo or dapo.")
         if self._scales_by_accumulation(mode):
             loss = loss / self.current_gradient_accumulation_steps
         return loss
@@ -215,8 +216,9 @@ class DHPOTrainer(GRPOTrainer):
         return (-local[0], local[1])
 
     # --------------------------------------------------------------- metrics
-    def _log_loss_metrics(self, mode, objective, info, entropies, mask, per_token_kl):
+    def _log_loss_metrics(self, mode, info, entropies, mask, per_token_kl):
         """TRL's `entropy` and `kl`, and the objective's `<prefix>/` metrics, reduced over all processes."""
+        objective = get_objective(self.args.algorithm)
         valid = mask.bool()
         fmask = valid.float()
         seq_valid = valid.any(-1)
@@ -272,11 +274,12 @@ class DHPOTrainer(GRPOTrainer):
         if "mixing_weight" in info:
             mean_w = totals["mixing_weight"] / tokens
             metrics[f"{prefix}/mixing_weight/mean"].append(mean_w)
-            metrics[f"{prefix}/mixing_weight/std"].append(max(totals["mixing_weight_sq"] / tokens - mean_w**2, 0.0) ** 0.5)
+            variance = max(totals["mixing_weight_sq"] / tokens - mean_w**2, 0.0)
+            metrics[f"{prefix}/mixing_weight/std"].append(variance**0.5)
         for name, key in fractions:
             metrics[f"{prefix}/{name}"].append(totals[key] / tokens)
 
-    def _log_trl_clip_metrics(self, mode, objective, info, mask):
+    def _log_trl_clip_metrics(self, mode, info, mask):
         """TRL's clip metrics, computed as TRL computes them, from the objective's clip indicators.
 
         `clip_ratio/*` (clip-surrogate rows): the share of tokens (sequences for GSPO's (B, 1) indicators) where the
@@ -300,7 +303,7 @@ class DHPOTrainer(GRPOTrainer):
             return x.squeeze(1) if x.shape[1] == 1 else (x * mask).sum(-1) / mask.sum(-1)
 
         metrics = self._metrics[mode]
-        if objective.clip_metrics == "cispo_clip_ratio":
+        if get_objective(self.args.algorithm).clip_metrics == "cispo_clip_ratio":
             metrics["cispo_clip_ratio"].append(global_masked_mean(info["clipped_high"]))
             return
         low, high = info["clipped_low"], info["clipped_high"]

@@ -114,16 +114,17 @@ def test_every_objective_setting_is_refused_somewhere_and_read_somewhere(tmp_pat
     """The registry is the one source of truth: each objective-specific field is read by some objective and has a
     scope message; the refusal table above exercises every one of them."""
     assert set(OBJECTIVE_SETTINGS) == set(SETTING_SCOPES)
-    read = {name for objective in OBJECTIVES.values() for config in
-            (make_config(tmp_path, mixing=m, clipping=c) for m in ("averaged", "entropy") for c in ("branch", "unified"))
-            for name in objective.settings(config)}  # fmt: skip
+    variants = [dict(mixing=m, clipping=c) for m in ("averaged", "entropy") for c in ("branch", "unified")]
+    configs = [make_config(tmp_path, **variant) for variant in variants]
+    read = {name for objective in OBJECTIVES.values() for config in configs for name in objective.settings(config)}
     assert read == set(OBJECTIVE_SETTINGS)
     assert {field for _, field, _ in REFUSED} == set(OBJECTIVE_SETTINGS)
 
 
 @pytest.mark.parametrize("loss_type", ["bnpo", "dr_grpo", "dapo"])
 def test_gmpo_refuses_token_weighted_aggregations(tmp_path, loss_type):
-    with pytest.raises(ValueError, match=rf"DHPOConfig\.loss_type='{loss_type}' with algorithm='gmpo'.*loss_type='grpo'"):
+    message = rf"DHPOConfig\.loss_type='{loss_type}' with algorithm='gmpo'.*loss_type='grpo'"
+    with pytest.raises(ValueError, match=message):
         make_config(tmp_path, algorithm="gmpo", loss_type=loss_type)
 
 
@@ -136,7 +137,8 @@ def test_token_aggregations_stay_selectable(tmp_path, algorithm):
 def test_settings_at_their_default_and_settings_that_act_are_accepted(tmp_path):
     # a value typed at its default is indistinguishable from an omitted one, and changes nothing
     assert make_config(tmp_path, algorithm="grpo", epsilon_low_token=0.2, mixing="entropy", token_weight=0.5)
-    assert make_config(tmp_path, algorithm="gspo", importance_sampling_level="sequence").importance_sampling_level == "sequence"
+    gspo = make_config(tmp_path, algorithm="gspo", importance_sampling_level="sequence")
+    assert gspo.importance_sampling_level == "sequence"
     assert make_config(tmp_path, algorithm="dhpo", delta=3.0).delta == 3.0  # DHPO's dual clip for A < 0
     assert make_config(tmp_path, algorithm="gspo", delta=2.5, epsilon=0.1, epsilon_high=0.2).delta == 2.5
     assert make_config(tmp_path, mixing="averaged", token_weight=1, clipping="unified").token_weight == 1

@@ -9,15 +9,6 @@ import math
 
 import pytest
 import torch
-
-from dhpo_trl.losses import (
-    cispo_per_token_loss,
-    dhpo_per_token_loss,
-    entropy_mixing_weight,
-    gmpo_per_token_loss,
-    grpo_per_token_loss,
-    gspo_per_token_loss,
-)
 from reference_losses import (
     constant_weights,
     reference_dhpo,
@@ -28,6 +19,15 @@ from reference_losses import (
     verl_cispo_terms,
     verl_gspo_terms,
     verl_vanilla_terms,
+)
+
+from dhpo_trl.losses import (
+    cispo_per_token_loss,
+    dhpo_per_token_loss,
+    entropy_mixing_weight,
+    gmpo_per_token_loss,
+    grpo_per_token_loss,
+    gspo_per_token_loss,
 )
 
 B, T = 5, 7
@@ -392,7 +392,7 @@ def test_gmpo_finite_with_garbage_padding_and_validates():
 def binding_batch(seed=11, log_ratio_scale=0.6):
     """`make_batch` in float64 where every clip binds: ratios far outside [0.8, 1.28] both ways, and two A < 0
     tokens with r = e^1.5 = 4.48 and e^1.3 = 3.67 beyond the dual clip at 3."""
-    logps, old, advantages, mask, entropies = make_batch(seed=seed, dtype=torch.float64, log_ratio_scale=log_ratio_scale)
+    logps, old, advantages, mask, entropies = make_batch(seed, dtype=torch.float64, log_ratio_scale=log_ratio_scale)
     logps = logps.detach().clone()
     logps[1, 0] = old[1, 0] + 1.5  # advantages[1] = -0.7
     logps[3, 0] = old[3, 0] + 1.3  # advantages[3] = -1.1
@@ -417,7 +417,8 @@ def test_grpo_with_delta_3_is_verl_vanilla_with_its_dual_clip(eps_low, eps_high,
     negative = advantages.reshape(-1, 1) < 0
     assert ((ratio > 3) & negative & mask.bool()).sum() == 2  # the dual clip binds
     assert ((ratio < 1 - eps_low) & negative & mask.bool()).any() and ((ratio > 1 + eps_high) & ~negative).any()
-    loss, info = grpo_per_token_loss(logps, old, advantages, mask, epsilon_low=eps_low, epsilon_high=eps_high, delta=3.0)
+    loss, info = grpo_per_token_loss(logps, old, advantages, mask, epsilon_low=eps_low, epsilon_high=eps_high,
+                                     delta=3.0)  # fmt: skip
     reference_terms = verl_vanilla_terms(logps, old, advantages, mask, eps_low, eps_high, clip_ratio_c=3.0)
     if aggregation == "seq-mean-token-mean":
         assert_same_loss_and_grad(grpo_aggregate(loss, mask), seq_mean_token_mean(reference_terms, mask), logps)
@@ -432,7 +433,8 @@ def test_grpo_with_delta_3_is_verl_vanilla_with_its_dual_clip(eps_low, eps_high,
 @pytest.mark.parametrize("delta", [None, 2.0, 3.0])
 def test_grpo_and_gspo_are_trls_surrogate(delta):
     logps, old, advantages, mask, _ = binding_batch(seed=12)
-    for level, fn, (low, high) in (("token", grpo_per_token_loss, (0.2, 0.28)), ("sequence", gspo_per_token_loss, (0.03, 0.04))):
+    cases = (("token", grpo_per_token_loss, 0.2, 0.28), ("sequence", gspo_per_token_loss, 0.03, 0.04))
+    for level, fn, low, high in cases:
         loss, _ = fn(logps, old, advantages, mask, epsilon_low=low, epsilon_high=high, delta=delta)
         trl = trl_per_token_loss(logps, old, advantages, mask, low, high, level=level, delta=delta)
         assert_same_loss_and_grad(grpo_aggregate(loss, mask), grpo_aggregate(trl, mask), logps)
@@ -506,7 +508,7 @@ def test_dhpo_at_w_one_with_delta_3_is_verl_vanilla(clipping):
     logps, old, advantages, mask, _ = binding_batch()
     loss, info = dhpo_per_token_loss(logps, old, advantages, mask, mixing="averaged", token_weight=1.0,
                                      clipping=clipping, delta=3.0)  # fmt: skip
-    reference = seq_mean_token_mean(verl_vanilla_terms(logps, old, advantages, mask, 0.2, 0.28, clip_ratio_c=3.0), mask)
+    reference = seq_mean_token_mean(verl_vanilla_terms(logps, old, advantages, mask, 0.2, 0.28, 3.0), mask)
     assert_same_loss_and_grad(grpo_aggregate(loss, mask), reference, logps)
     assert info["dual_clipped"].sum() == 2 and info["dual_clipped"][1, 0] and info["dual_clipped"][3, 0]
     # TRL's clip_ratio meaning, exactly TRL's GRPO indicators at w = 1
