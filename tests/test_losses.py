@@ -532,6 +532,28 @@ def test_dhpo_dual_clip_matches_the_equations(mixing, clipping):
     assert torch.equal(loss[~info["dual_clipped"]], plain[~info["dual_clipped"]])  # elsewhere the paper's loss
 
 
+@pytest.mark.parametrize("clipping", ["branch", "unified"])
+def test_dhpo_clip_indicators_mean_the_min_picks_the_clipped_term(clipping):
+    """TRL's clip_ratio meaning for DHPO: the clipped term sets the loss (it exceeds the unclipped one), by sign of A."""
+    logps, old, advantages, mask, entropies = binding_batch(seed=17)
+    with torch.no_grad():  # sequence 3 (A < 0): s = e^-0.2 below 1 - 0.1 while token 1's r = e^-0.1 is in range
+        logps[3, 1], logps[3, 2:6] = old[3, 1] - 0.1, old[3, 2:6] - 0.6
+    _, info = dhpo_per_token_loss(logps, old, advantages, mask, entropies, clipping=clipping, **EPS)
+    if clipping == "branch":  # the sequence branch alone makes the clip bind, on both sides
+        for side in ("low", "high"):
+            assert (info[f"clipped_{side}"] & ~info[f"token_clipped_{side}"] & mask.bool()).any(), side
+    weights = reference_entropy_weights(entropies, mask)
+    clipped = reference_dhpo(logps, old, advantages, mask, weights, clipping, EPS)
+    free = reference_dhpo(logps, old, advantages, mask, weights, clipping, {name: 1e9 for name in EPS})
+    expected_low, expected_high = torch.zeros(B, T, dtype=torch.bool), torch.zeros(B, T, dtype=torch.bool)
+    for (i, t), term in clipped.items():
+        binds = term.item() > free[i, t].item() + 1e-9
+        expected_low[i, t], expected_high[i, t] = binds and advantages[i] < 0, binds and advantages[i] > 0
+    assert expected_low.any() and expected_high.any()
+    assert torch.equal(info["clipped_low"] & mask.bool(), expected_low)
+    assert torch.equal(info["clipped_high"] & mask.bool(), expected_high)
+
+
 @pytest.mark.parametrize("name", ["grpo", "gspo", "cispo"])
 def test_baselines_finite_with_garbage_padding(name):
     logps, old, advantages, mask, _ = make_batch(seed=16)
