@@ -229,7 +229,10 @@ class DHPOConfig(GRPOConfig):
     def _warn_if_on_policy(self) -> None:
         # TRL's own test (GRPOTrainer._generate_and_score_completions): no old log-probs when it holds.
         generate_every = self.steps_per_generation * self.num_iterations
-        if self.algorithm in ("dhpo", "gmpo") and self.gradient_accumulation_steps % generate_every == 0:
+        on_policy = self.algorithm in ("dhpo", "gmpo") and self.gradient_accumulation_steps % generate_every == 0
+        setup = (self.algorithm, self.gradient_accumulation_steps, self.steps_per_generation, self.num_iterations)
+        if on_policy and getattr(self, "_warned_on_policy", None) != setup:  # once per setup, not again in the trainer
+            self._warned_on_policy = setup
             warnings.warn(
                 f"DHPOConfig: algorithm={self.algorithm!r} runs on-policy (gradient_accumulation_steps="
                 f"{self.gradient_accumulation_steps} is a multiple of steps_per_generation={self.steps_per_generation}"

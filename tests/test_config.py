@@ -206,6 +206,13 @@ def test_on_policy_dhpo_and_gmpo_warn(tmp_path, algorithm, setup):
     assert "vLLM alone does not change this" in messages[0]
 
 
+def test_on_policy_warning_is_given_once_per_setup(tmp_path):
+    config = DHPOConfig(output_dir=str(tmp_path), **CPU, **ON_POLICY[0])
+    assert warnings_of(config.validate) == []  # the trainer's re-validation does not repeat it
+    config.gradient_accumulation_steps = config.steps_per_generation = 2  # still on-policy, another setup
+    assert len(warnings_of(config.validate)) == 1
+
+
 @pytest.mark.parametrize("setup", OFF_POLICY_SETUPS)
 def test_off_policy_configs_and_grpo_do_not_warn(tmp_path, setup):
     assert warnings_of(lambda: DHPOConfig(output_dir=str(tmp_path), **CPU, **setup)) == []
