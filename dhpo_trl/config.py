@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+import warnings
+from dataclasses import dataclass, field, fields
 
 from trl import GRPOConfig
 
 from .losses import CLIPPINGS, MIXINGS
+from .objectives import AGGREGATIONS, OBJECTIVE_SETTINGS, OBJECTIVES, SETTING_SCOPES
 
-ALGORITHMS = ("dhpo", "grpo", "gspo", "gmpo", "cispo")
+ALGORITHMS = tuple(OBJECTIVES)
 ENTROPY_NORM_SCOPES = ("batch", "sequence", "global")
-# TRL aggregations that normalise a per-token loss; "grpo" is the paper's eq. 7.
-DHPO_LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+# The paper's CISPO eps_high = 0.2 (appendix D): VERL caps the weight at 1 + 0.2; TRL's epsilon_high is the cap.
+CISPO_DEFAULT_CAP = 1.2
+EPSILON_FIELDS = ("epsilon_low_token", "epsilon_high_token", "epsilon_low_seq", "epsilon_high_seq",
+                  "gmpo_epsilon_low", "gmpo_epsilon_high", "epsilon", "epsilon_high")  # fmt: skip
+NUMBER_FIELDS = ("token_weight", *EPSILON_FIELDS, "delta")
+OPTIONAL_NUMBER_FIELDS = ("epsilon_high", "delta")
 
 
 @dataclass
@@ -22,18 +29,27 @@ class DHPOConfig(GRPOConfig):
     branches, the per-response token mean of eq. 7 (`loss_type="grpo"`), no KL term (`beta=0.0`) and
     group-normalised advantages (`scale_rewards="group"`, eq. 1).
 
-    DHPO only differs from GRPO/GSPO off-policy (when pi_theta != pi_old): use `steps_per_generation` larger than
-    `gradient_accumulation_steps` (the paper takes two optimizer steps per generation batch) or
-    `num_iterations > 1`, or generate with vLLM.
+    DHPO (and GMPO) only differ from GRPO off-policy, when pi_theta != pi_old: take several optimizer steps per
+    generation batch (`steps_per_generation` a multiple of `gradient_accumulation_steps`; the paper takes two) or
+    `num_iterations > 1`. On-policy TRL passes no old log-probs and every ratio is 1; the config warns. Generating
+    with vLLM does not change this: TRL recomputes pi_old with the training model, and its vLLM importance-sampling
+    correction (pi_old / pi_vllm) is a separate, detached factor.
+
+    Settings that do not act are refused. Every objective reads only its own fields (listed per `algorithm` below);
+    setting another one to a value other than its default raises, naming the setting that would make it act. TRL's
+    parser passes every field to the constructor, so "set" means "different from the default": passing a field at
+    its default is accepted and, like omitting it, changes nothing. `DHPOTrainer` validates the config again.
 
     Parameters:
         algorithm (`str`, *optional*, defaults to `"dhpo"`):
-            Policy objective. `"dhpo"`: the hybrid ratio of the paper, configured by the fields below. Baselines of
-            the paper's Table 1: `"grpo"` (TRL's token-level objective, clip range from `epsilon`/`epsilon_high`),
-            `"gspo"` (TRL's objective with `importance_sampling_level="sequence"`), `"cispo"` (TRL's
-            `loss_type="cispo"`, ratio capped at `epsilon_high`), `"gmpo"` (geometric-mean policy optimisation,
-            implemented in `dhpo_trl.losses.gmpo_per_token_loss`, log-ratio clip from `gmpo_epsilon_low/high`).
-            Choosing `"gspo"` sets `importance_sampling_level="sequence"`, `"cispo"` sets `loss_type="cispo"`.
+            Policy objective, each a pure loss of `dhpo_trl.losses` registered in `dhpo_trl.objectives`, aggregated
+            by `loss_type` like every other row. `"dhpo"`: the hybrid ratio of the paper; reads `mixing`,
+            `token_weight` (averaged mixing), `entropy_norm_scope` (entropy mixing), `clipping`, the token epsilons,
+            the sequence epsilons (branch clipping) and `delta`. Baselines of the paper's Table 1: `"grpo"` (TRL's
+            token-level clipped surrogate; reads `epsilon`, `epsilon_high`, `delta`), `"gspo"` (TRL's
+            sequence-level ratio, sets `importance_sampling_level="sequence"`; reads `epsilon`, `epsilon_high`,
+            `delta`), `"cispo"` (-sg[min(r, cap)] A log pi with cap `epsilon_high`), `"gmpo"` (geometric mean of
+            the clipped token ratios; reads `gmpo_epsilon_low/high`, aggregation `loss_type="grpo"` only).
         mixing (`str`, *optional*, defaults to `"entropy"`):
             How the mixing weight w of m = w r + (1 - w) s is chosen (eq. 8). `"entropy"` (DHPO-E): w is the
             min-max normalised, stop-gradient token entropy of the current policy (eqs. 9-10). `"averaged"`
@@ -44,11 +60,11 @@ class DHPOConfig(GRPOConfig):
             `"branch"`: clip the token ratio and the sequence ratio in their own trust regions, then mix (eq. 11).
             `"unified"`: clip the mixed ratio itself with the token epsilons (the paper's ablation).
         epsilon_low_token (`float`, *optional*, defaults to `0.2`):
-            Lower clip of the token branch: r is clipped at `1 - epsilon_low_token`.
+            Lower clip of the token branch: r is clipped at `1 - epsilon_low_token`; in [0, 1).
         epsilon_high_token (`float`, *optional*, defaults to `0.28`):
             Upper clip of the token branch: r is clipped at `1 + epsilon_high_token`.
         epsilon_low_seq (`float`, *optional*, defaults to `0.2`):
-            Lower clip of the sequence branch: s is clipped at `1 - epsilon_low_seq`.
+            Lower clip of the sequence branch: s is clipped at `1 - epsilon_low_seq`; in [0, 1).
         epsilon_high_seq (`float`, *optional*, defaults to `0.28`):
             Upper clip of the sequence branch: s is clipped at `1 + epsilon_high_seq`.
         entropy_norm_scope (`str`, *optional*, defaults to `"batch"`):
@@ -59,6 +75,15 @@ class DHPOConfig(GRPOConfig):
             GMPO only: token log-ratios are clipped below at `-gmpo_epsilon_low`.
         gmpo_epsilon_high (`float`, *optional*, defaults to `0.4`):
             GMPO only: token log-ratios are clipped above at `gmpo_epsilon_high`.
+        epsilon (`float`, *optional*, defaults to `0.2`):
+            TRL's lower clip `1 - epsilon` for `"grpo"` and `"gspo"` only; in [0, 1).
+        epsilon_high (`float` or `None`, *optional*, defaults to `None`):
+            `"grpo"`, `"gspo"`: TRL's upper clip `1 + epsilon_high` (None: `epsilon`). `"cispo"`: the cap of the
+            importance weight itself (TRL's meaning); None becomes the paper's 1.2.
+        delta (`float` or `None`, *optional*, defaults to `None`):
+            Dual clip, > 1. `"grpo"`, `"gspo"`: TRL's two-sided clip (the unclipped ratio capped at `delta`);
+            `delta=3` reproduces VERL's `vanilla` loss, whose dual clip `clip_ratio_c=3` is always on. `"dhpo"`:
+            for A < 0 the per-token loss is capped at -delta A (the paper's equations have no dual clip: None).
         dynamic_batching (`bool`, *optional*, defaults to `True`):
             Cut each optimizer step's micro-batches by length instead of TRL's fixed slices of the generation batch.
             Within every process's gradient-accumulation window (never across windows, so each optimizer step sees
@@ -81,9 +106,9 @@ class DHPOConfig(GRPOConfig):
             all-reduce per generation batch). A sequence longer than the budget gets a pass of its own; nothing is
             dropped or truncated. Also bounds the old/reference log-prob passes. `None`: one pass per micro-step.
         loss_type (`str`, *optional*, defaults to `"grpo"`):
-            TRL's aggregation of the per-token loss. `"grpo"` is eq. 7 (mean over responses of the per-response
-            token mean); `"bnpo"`, `"dr_grpo"` and `"dapo"` (token-mean aggregations) stay selectable for DHPO and
-            GMPO. `"cispo"` is set by `algorithm="cispo"`.
+            TRL's aggregation of the per-token loss, the same for every objective. `"grpo"` is eq. 7 (mean over
+            responses of the per-response token mean); `"bnpo"`, `"dr_grpo"` and `"dapo"` (token-weighted) work for
+            every objective but GMPO. TRL's `"cispo"` loss is `algorithm="cispo"` with `loss_type="dapo"`.
     """
 
     algorithm: str = field(
@@ -111,6 +136,17 @@ class DHPOConfig(GRPOConfig):
     )
     gmpo_epsilon_low: float = field(default=0.4, metadata={"help": "GMPO: lower clip of the token log-ratio."})
     gmpo_epsilon_high: float = field(default=0.4, metadata={"help": "GMPO: upper clip of the token log-ratio."})
+    epsilon: float = field(
+        default=0.2, metadata={"help": "GRPO/GSPO: lower clip 1 - epsilon (DHPO and GMPO have their own fields)."}
+    )
+    epsilon_high: float | None = field(
+        default=None,
+        metadata={"help": "GRPO/GSPO: upper clip 1 + epsilon_high (None: epsilon). CISPO: weight cap (None: 1.2)."},
+    )
+    delta: float | None = field(
+        default=None,
+        metadata={"help": "Dual clip (> 1) for GRPO/GSPO (TRL's; 3 = VERL's vanilla) and DHPO (A < 0 tokens)."},
+    )
     dynamic_batching: bool = field(
         default=True,
         metadata={"help": "Length-sorted, trimmed micro-batches within each accumulation window (same update as "
@@ -123,56 +159,128 @@ class DHPOConfig(GRPOConfig):
     )  # fmt: skip
     loss_type: str = field(
         default="grpo",
-        metadata={"help": "Aggregation: 'grpo' (eq. 7, default), 'bnpo', 'dr_grpo', 'dapo'; 'cispo' for CISPO."},
+        metadata={"help": "Aggregation for every objective: 'grpo' (eq. 7, default), 'bnpo', 'dr_grpo', 'dapo'."},
     )
 
     def __post_init__(self):
         self._validate_dhpo_fields()
-        if self.algorithm == "gspo":
-            self.importance_sampling_level = "sequence"
-        elif self.algorithm == "cispo":
-            self.loss_type = "cispo"
-        super().__post_init__()
+        self._apply_algorithm()
+        super().__post_init__()  # TRL resolves steps_per_generation here
         self._validate_batching()
+        self._warn_if_on_policy()
+
+    def validate(self) -> None:
+        """Check the objective's settings again (`DHPOTrainer.__init__` calls this: the config may have been
+        mutated after construction) and re-apply what `algorithm` implies."""
+        self._validate_dhpo_fields()
+        self._apply_algorithm()
+        self._validate_batching()
+        self._warn_if_on_policy()
+
+    def _apply_algorithm(self) -> None:
+        if self.algorithm == "gspo":  # keeps TRL's sequence-level metrics and warnings in their GSPO meaning
+            self.importance_sampling_level = "sequence"
+        if self.algorithm == "cispo" and self.epsilon_high is None:
+            self.epsilon_high = CISPO_DEFAULT_CAP
 
     def _validate_dhpo_fields(self) -> None:
-        def one_of(name: str, allowed: tuple[str, ...]) -> None:
+        def one_of(name: str, allowed) -> None:
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"DHPOConfig.{name}={value!r} is not supported: use one of {list(allowed)}.")
 
-        one_of("algorithm", ALGORITHMS)
+        one_of("algorithm", OBJECTIVES)
         one_of("mixing", MIXINGS)
         one_of("clipping", CLIPPINGS)
         one_of("entropy_norm_scope", ENTROPY_NORM_SCOPES)
+        one_of("importance_sampling_level", ("token", "sequence"))
+        for name in NUMBER_FIELDS:
+            value = getattr(self, name)
+            if (value is not None or name not in OPTIONAL_NUMBER_FIELDS) and not _is_number(value):
+                raise ValueError(
+                    f"DHPOConfig.{name}={value!r} must be a number ({type(value).__name__} given)"
+                    + (" or None." if name in OPTIONAL_NUMBER_FIELDS else ".")
+                )
+        if self.loss_type not in AGGREGATIONS:
+            raise ValueError(
+                f"DHPOConfig.loss_type={self.loss_type!r} is not an aggregation DHPOTrainer applies: use one of "
+                f"{list(AGGREGATIONS)} ('grpo' is the paper's per-response mean, eq. 7). The objective is chosen by "
+                "`algorithm` (CISPO: algorithm='cispo')."
+            )
+        objective = OBJECTIVES[self.algorithm]
+        if self.loss_type not in objective.loss_types:
+            raise ValueError(
+                f"DHPOConfig.loss_type={self.loss_type!r} with algorithm={self.algorithm!r}: GMPO's objective is a "
+                "mean over sequences (VERL's geo_mean, whatever its aggregation mode); a token-weighted aggregation "
+                "would weight each sequence by its length. Use loss_type='grpo'."
+            )
+        self._refuse_settings_without_effect(objective)
+        for name in EPSILON_FIELDS:
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"DHPOConfig.{name}={value} is negative: clip epsilons must be >= 0.")
         if not 0.0 <= self.token_weight <= 1.0:
             raise ValueError(
                 f"DHPOConfig.token_weight={self.token_weight} is outside [0, 1]: it is the weight w of the token "
                 "ratio in m = w r + (1 - w) s (1.0 = GRPO's ratio, 0.0 = GSPO's)."
             )
-        for name in ("epsilon_low_token", "epsilon_high_token", "epsilon_low_seq", "epsilon_high_seq",
-                     "gmpo_epsilon_low", "gmpo_epsilon_high"):  # fmt: skip
-            if getattr(self, name) < 0:
-                raise ValueError(f"DHPOConfig.{name}={getattr(self, name)} is negative: clip epsilons must be >= 0.")
-        if self.algorithm != "cispo" and self.loss_type not in DHPO_LOSS_TYPES:
+        for name in ("epsilon_low_token", "epsilon_low_seq", "epsilon"):
+            if getattr(self, name) >= 1.0:
+                raise ValueError(
+                    f"DHPOConfig.{name}={getattr(self, name)} puts the lower clip 1 - {name} at or below 0, which "
+                    "removes it: use a value below 1."
+                )
+        if self.delta is not None and self.delta <= 1.0:
             raise ValueError(
-                f"DHPOConfig.loss_type={self.loss_type!r} cannot aggregate the {self.algorithm.upper()} loss: use one "
-                f"of {list(DHPO_LOSS_TYPES)} ('grpo' is the paper's eq. 7). For CISPO set algorithm='cispo'."
+                f"DHPOConfig.delta={self.delta} must be > 1: it caps the ratio of A < 0 tokens (the dual clip; "
+                "VERL's clip_ratio_c, default 3)."
             )
-        if self.algorithm in ("dhpo", "gmpo") and self.delta is not None:
+        if self.algorithm == "cispo" and self.epsilon_high is not None and self.epsilon_high <= 0:
             raise ValueError(
-                f"DHPOConfig.delta={self.delta} (TRL's two-sided clip of the GRPO ratio) has no effect on "
-                f"algorithm={self.algorithm!r}, whose ratios are bounded by its own clipping: leave delta=None."
+                f"DHPOConfig.epsilon_high={self.epsilon_high} with algorithm='cispo' is the cap of the importance "
+                f"weight and must be > 0 (the paper: {CISPO_DEFAULT_CAP})."
             )
-        if self.algorithm != "gspo" and self.importance_sampling_level != "token":
-            raise ValueError(
-                f"DHPOConfig.importance_sampling_level={self.importance_sampling_level!r} with "
-                f"algorithm={self.algorithm!r}: sequence-level ratios are selected by algorithm='gspo' (DHPO mixes "
-                "both levels itself). Leave importance_sampling_level at 'token'."
+
+    def _refuse_settings_without_effect(self, objective) -> None:
+        """A setting the objective does not read is refused when it differs from its default.
+
+        TRL's parser passes every field to the constructor, so a value typed at its default cannot be told from an
+        omitted one: "set" means "not at the default". A default-valued setting has no effect either way.
+        """
+        reads = set(objective.settings(self))
+        context = f"algorithm={self.algorithm!r}"
+        if self.algorithm == "dhpo":
+            context += f", mixing={self.mixing!r}, clipping={self.clipping!r}"
+        for name in OBJECTIVE_SETTINGS:
+            value, default = getattr(self, name), _FIELD_DEFAULTS[name]
+            if name not in reads and value != default:
+                raise ValueError(
+                    f"DHPOConfig.{name}={value!r} has no effect with {context}: it acts with "
+                    f"{SETTING_SCOPES[name]}. Leave it at its default ({default!r})."
+                )
+
+    def _warn_if_on_policy(self) -> None:
+        # TRL's own test (GRPOTrainer._generate_and_score_completions): no old log-probs when it holds.
+        generate_every = self.steps_per_generation * self.num_iterations
+        on_policy = self.algorithm in ("dhpo", "gmpo") and self.gradient_accumulation_steps % generate_every == 0
+        setup = (self.algorithm, self.gradient_accumulation_steps, self.steps_per_generation, self.num_iterations)
+        if on_policy and getattr(self, "_warned_on_policy", None) != setup:  # once per setup, not again in the trainer
+            self._warned_on_policy = setup
+            warnings.warn(
+                f"DHPOConfig: algorithm={self.algorithm!r} runs on-policy (gradient_accumulation_steps="
+                f"{self.gradient_accumulation_steps} is a multiple of steps_per_generation={self.steps_per_generation}"
+                f" x num_iterations={self.num_iterations}): every batch is used once by the policy that generated "
+                "it, every ratio is 1 and the update is exactly GRPO's. Set steps_per_generation to k x "
+                "gradient_accumulation_steps with k >= 2 (the paper: 2) or num_iterations > 1. vLLM alone does not "
+                "change this: TRL recomputes pi_old with the training model.",
+                UserWarning,
+                stacklevel=4,  # the caller of DHPOConfig(...) or of DHPOTrainer(...)
             )
 
     def _validate_batching(self) -> None:
         budget = self.max_tokens_per_micro_batch
+        if not isinstance(self.dynamic_batching, bool):
+            raise ValueError(f"DHPOConfig.dynamic_batching={self.dynamic_batching!r} must be True or False.")
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
             raise ValueError(f"DHPOConfig.max_tokens_per_micro_batch={budget!r} must be a positive integer or None.")
         if not self.dynamic_batching:
@@ -195,3 +303,10 @@ class DHPOConfig(GRPOConfig):
                 f"gradient_accumulation_steps ({self.gradient_accumulation_steps}): change one of them, or set "
                 "dynamic_batching=False."
             )
+
+
+_FIELD_DEFAULTS = {f.name: f.default for f in fields(DHPOConfig)}
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,16 +1,21 @@
-"""Policy losses of DHPO and the GMPO baseline as pure tensor functions.
+"""Policy losses of DHPO and of the paper's four baselines as pure tensor functions.
 
 Every function here is side-effect free: it takes per-token log-probabilities, advantages and masks and
 returns per-token losses (plus detached diagnostics), so it can be checked against the paper's equations
-directly. The trainer masks and aggregates the per-token losses exactly as TRL does.
+directly. The trainer masks and aggregates the per-token losses exactly as TRL does, the same way for every row.
 
 Notation (paper, sections 2-3): token ratio r = pi_theta / pi_old (eq. 2); sequence ratio
 s_i = exp(mean_t log r_{i,t}) (eq. 4), applied per token as s_{i,t} = sg[s_i] * pi_theta / sg[pi_theta]
 (eq. 5); mixed ratio m = w r + (1 - w) s (eq. 8); clipped mixed ratio m~ (eq. 11 or the unified clip);
 per-token objective min(m A, m~ A) (eq. 7).
+
+Every function masks the log-ratio (and, where the loss uses it, log pi) on padding, so garbage there (inf/NaN
+log-probs of padded positions) cannot reach the loss: NaN * 0 is NaN, so masking after the fact would not help.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -24,10 +29,20 @@ LOG_RATIO_CLAMP = 20.0
 ENTROPY_RANGE_EPS = 1e-8
 
 
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+
 def _check_epsilons(**epsilons: float) -> None:
     for name, value in epsilons.items():
-        if not isinstance(value, (int, float)) or value < 0:
+        if not _is_number(value) or value < 0:
             raise ValueError(f"`{name}` must be a non-negative number, got {value!r}.")
+
+
+def _check_delta(delta: float | None) -> None:
+    # As VERL's clip_ratio_c: a dual clip at or below 1 would cap the loss of A < 0 tokens inside the trust region.
+    if delta is not None and (not _is_number(delta) or delta <= 1.0):
+        raise ValueError(f"`delta` must be None or a number > 1 (the dual clip for A < 0), got {delta!r}.")
 
 
 def _check_shapes(reference_name: str, reference: torch.Tensor, **tensors: torch.Tensor | None) -> None:
@@ -59,6 +74,12 @@ def masked_log_ratio(
     """log r_{i,t}, zero on padding (so padding never produces inf/NaN), clamped to +-20 for finite exp()."""
     log_ratio = torch.where(mask.bool(), per_token_logps - old_per_token_logps, torch.zeros_like(per_token_logps))
     return log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
+
+def unit_ratio(per_token_logps: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """pi_theta / sg[pi_theta] per token: value 1, gradient grad log pi; 1 with no gradient on padding."""
+    logps_valid = torch.where(mask.bool(), per_token_logps, torch.zeros_like(per_token_logps))
+    return torch.exp(logps_valid - logps_valid.detach())
 
 
 def sequence_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -120,8 +141,9 @@ def dhpo_per_token_loss(
     epsilon_high_seq: float = 0.28,
     entropy_scope: str = "batch",
     entropy_range: tuple[torch.Tensor | float, torch.Tensor | float] | None = None,
+    delta: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """Per-token DHPO loss -min(m A, m~ A) (eqs. 7, 8, 11).
+    """Per-token DHPO loss -min(m A, m~ A) (eqs. 7, 8, 11), optionally dual-clipped for A < 0.
 
     Args:
         per_token_logps: log pi_theta of the sampled tokens, (B, T), with gradient.
@@ -137,19 +159,24 @@ def dhpo_per_token_loss(
         epsilon_low_seq, epsilon_high_seq: sequence trust region [1 - low, 1 + high].
         entropy_scope: "batch" or "sequence", where min and max of the entropy normalisation are taken.
         entropy_range: explicit (min, max) for the normalisation, overriding `entropy_scope`.
+        delta: optional dual clip (Ye et al., 2020; VERL's `clip_ratio_c`): for A < 0 the loss is capped at
+            -delta A, so a token whose mixed ratio exploded stops pushing. None (the paper's equations) disables
+            it. With `token_weight=1` and `delta=3` this is VERL's `vanilla` PPO loss.
 
     Returns:
         `per_token_loss` (B, T), finite everywhere (not masked: the caller masks and aggregates), and `info`,
         a dict of detached tensors: `mixing_weight` (B, T), `token_ratio` (B, T), `sequence_ratio` (B,),
         `mixed_ratio` (B, T), `clipped_mixed_ratio` (B, T), and the boolean (B, T) masks
         `token_clipped_low/high`, `sequence_clipped_low/high` (the branch ratio is outside its trust region on
-        the side where the clip binds for the sign of A) and `uses_clipped_term` (the min picks m~ A < m A).
+        the side where the clip binds for the sign of A), `uses_clipped_term` (the min picks m~ A < m A),
+        `clipped_low/high` (`uses_clipped_term` for A < 0 / A > 0: TRL's `clip_ratio` meaning, exactly TRL's at
+        w = 1) and, with `delta`, `dual_clipped` (the dual clip sets the loss).
     """
     if mixing not in MIXINGS:
         raise ValueError(f"`mixing` must be one of {MIXINGS}, got {mixing!r}.")
     if clipping not in CLIPPINGS:
         raise ValueError(f"`clipping` must be one of {CLIPPINGS}, got {clipping!r}.")
-    if not isinstance(token_weight, (int, float)) or not 0.0 <= token_weight <= 1.0:
+    if not _is_number(token_weight) or not 0.0 <= token_weight <= 1.0:
         raise ValueError(f"`token_weight` must be in [0, 1], got {token_weight!r}.")
     _check_epsilons(
         epsilon_low_token=epsilon_low_token,
@@ -157,6 +184,7 @@ def dhpo_per_token_loss(
         epsilon_low_seq=epsilon_low_seq,
         epsilon_high_seq=epsilon_high_seq,
     )
+    _check_delta(delta)
     if mixing == "entropy" and entropies is None:
         raise ValueError(
             "`entropies` is required for mixing='entropy' (pass the token entropies of the current policy, "
@@ -171,10 +199,8 @@ def dhpo_per_token_loss(
     log_ratio = masked_log_ratio(per_token_logps, old_per_token_logps, mask)
     token_ratio = torch.exp(log_ratio)  # eq. 2
     sequence_ratio = torch.exp(sequence_log_ratio(log_ratio, mask)).detach()  # eq. 4, sg[s_i]
-    # eq. 5: value s_i, gradient s_i * grad log pi_theta(o_t). Padding gets s_i with log pi zeroed, so garbage
-    # (inf/NaN) there cannot reach the loss (exp(x - sg[x]) is NaN for infinite x).
-    logps_valid = torch.where(mask.bool(), per_token_logps, torch.zeros_like(per_token_logps))
-    sequence_token_ratio = sequence_ratio.unsqueeze(1) * torch.exp(logps_valid - logps_valid.detach())
+    # eq. 5: value s_i, gradient s_i * grad log pi_theta(o_t) (exp(x - sg[x]) would be NaN for garbage x on padding)
+    sequence_token_ratio = sequence_ratio.unsqueeze(1) * unit_ratio(per_token_logps, mask)
 
     if mixing == "averaged":
         weight = torch.full_like(token_ratio, float(token_weight))
@@ -195,9 +221,13 @@ def dhpo_per_token_loss(
     unclipped_objective = mixed_ratio * advantages
     clipped_objective = clipped_mixed_ratio * advantages
     per_token_loss = -torch.min(unclipped_objective, clipped_objective)  # eq. 7, per token
+    negative, positive = advantages < 0, advantages > 0
+    if delta is not None:  # dual clip: min(-delta A, loss) for A < 0, as VERL's vanilla loss
+        dual_loss = -advantages * delta
+        dual_clipped = negative & (per_token_loss > dual_loss)
+        per_token_loss = torch.where(negative, torch.min(per_token_loss, dual_loss), per_token_loss)
 
     with torch.no_grad():
-        negative, positive = advantages < 0, advantages > 0
         seq_col = sequence_ratio.unsqueeze(1)
         if clipping == "branch":
             token_clipped_low, token_clipped_high = (token_ratio < token_low) & negative, (token_ratio > token_high) & positive
@@ -206,6 +236,7 @@ def dhpo_per_token_loss(
         else:  # one clip on m: report it under the token branch, whose epsilons it uses
             token_clipped_low, token_clipped_high = (mixed_ratio < token_low) & negative, (mixed_ratio > token_high) & positive
             seq_clipped_low = seq_clipped_high = torch.zeros_like(token_ratio, dtype=torch.bool)
+        uses_clipped_term = clipped_objective < unclipped_objective
         info = {
             "mixing_weight": weight,
             "token_ratio": token_ratio.detach(),
@@ -216,8 +247,12 @@ def dhpo_per_token_loss(
             "token_clipped_high": token_clipped_high,
             "sequence_clipped_low": seq_clipped_low,
             "sequence_clipped_high": seq_clipped_high,
-            "uses_clipped_term": clipped_objective < unclipped_objective,
+            "uses_clipped_term": uses_clipped_term,
+            "clipped_low": uses_clipped_term & negative,
+            "clipped_high": uses_clipped_term & positive,
         }
+        if delta is not None:
+            info["dual_clipped"] = dual_clipped
     return per_token_loss, info
 
 
@@ -237,8 +272,11 @@ def gmpo_per_token_loss(
     geometric mean of the clipped token ratios times A. The per-sequence loss is returned broadcast over the
     sequence's tokens, so TRL's "grpo" aggregation (per-sequence token mean) yields exactly the GMPO loss.
 
+    The loss is a mean over sequences only under the per-response mean (`loss_type="grpo"`), which is what VERL's
+    `geo_mean` computes whatever its aggregation mode; the trainer refuses the token-weighted aggregations for GMPO.
+
     Returns `per_token_loss` (B, T) and `info` with `token_ratio` (B, T), `sequence_ratio` (B,) (the clipped
-    geometric mean) and `token_clipped` (B, T) boolean.
+    geometric mean), `token_clipped` (B, T) boolean and its split by the sign of A, `clipped_low/high`.
     """
     _check_epsilons(gmpo_epsilon_low=epsilon_low, gmpo_epsilon_high=epsilon_high)
     _check_shapes("per_token_logps", per_token_logps, old_per_token_logps=old_per_token_logps, mask=mask)
@@ -261,4 +299,117 @@ def gmpo_per_token_loss(
             "sequence_ratio": geometric_ratio.squeeze(1).detach(),
             "token_clipped": (pessimistic_log_ratio != log_ratio) & mask.bool(),
         }
+        info["clipped_low"] = info["token_clipped"] & (advantages < 0)
+        info["clipped_high"] = info["token_clipped"] & (advantages > 0)
+    return per_token_loss, info
+
+
+def _clipped_surrogate(ratio, advantages, epsilon_low, epsilon_high, delta):
+    """TRL's clipped surrogate -min(r' A, clip(r) A) with r' = min(r, delta) (TRL's two-sided clip), and its
+    clip indicators in TRL's meaning (computed on r', as TRL does)."""
+    clipped_ratio = ratio.clamp(1.0 - epsilon_low, 1.0 + epsilon_high)
+    if delta is not None:  # with delta > 1 + epsilon_high this is exactly VERL's dual clip for A < 0
+        ratio = ratio.clamp(max=delta)
+    per_token_loss = -torch.min(ratio * advantages, clipped_ratio * advantages)
+    with torch.no_grad():
+        clipped_low = (ratio < 1.0 - epsilon_low) & (advantages < 0)
+        clipped_high = (ratio > 1.0 + epsilon_high) & (advantages > 0)
+    return per_token_loss, clipped_low, clipped_high
+
+
+def grpo_per_token_loss(
+    per_token_logps: torch.Tensor,
+    old_per_token_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    epsilon_low: float = 0.2,
+    epsilon_high: float = 0.2,
+    delta: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GRPO's token-level clipped surrogate -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A) (eq. 3), as TRL computes
+    it, including TRL's `delta` (r capped at delta in the unclipped term). With delta = 3 this is VERL's `vanilla`
+    loss with its default dual clip `clip_ratio_c = 3`.
+
+    Returns `per_token_loss` (B, T) and `info` with `token_ratio` (B, T) and TRL's `clip_ratio` indicators
+    `clipped_low` / `clipped_high` (B, T).
+    """
+    _check_epsilons(epsilon_low=epsilon_low, epsilon_high=epsilon_high)
+    _check_delta(delta)
+    _check_shapes("per_token_logps", per_token_logps, old_per_token_logps=old_per_token_logps, mask=mask)
+    batch_size, seq_len = per_token_logps.shape
+    advantages = _as_column(advantages, batch_size, seq_len).to(per_token_logps.dtype)
+    token_ratio = torch.exp(masked_log_ratio(per_token_logps, old_per_token_logps, mask))
+    per_token_loss, clipped_low, clipped_high = _clipped_surrogate(
+        token_ratio, advantages, epsilon_low, epsilon_high, delta
+    )
+    info = {"token_ratio": token_ratio.detach(), "clipped_low": clipped_low, "clipped_high": clipped_high}
+    return per_token_loss, info
+
+
+def gspo_per_token_loss(
+    per_token_logps: torch.Tensor,
+    old_per_token_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    epsilon_low: float = 3e-4,
+    epsilon_high: float = 4e-4,
+    delta: float | None = None,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """GSPO's sequence-level clipped surrogate -min(s A, clip(s, 1 - eps_low, 1 + eps_high) A) (eq. 6), as TRL
+    computes it (`importance_sampling_level="sequence"`): s_i = exp(mean_t log r_{i,t}) with its full gradient,
+    one value per sequence broadcast over its tokens. Its gradient equals that of the per-token form of eq. 5 under
+    every aggregation (each of the |o_i| tokens carries s_i A / |o_i| sum_t grad log pi).
+
+    Returns `per_token_loss` (B, T) and `info` with `token_ratio` (B, T), `sequence_ratio` (B,) and TRL's
+    `clip_ratio` indicators `clipped_low` / `clipped_high`, one per sequence (B, 1), as TRL logs them.
+    """
+    _check_epsilons(epsilon_low=epsilon_low, epsilon_high=epsilon_high)
+    _check_delta(delta)
+    _check_shapes("per_token_logps", per_token_logps, old_per_token_logps=old_per_token_logps, mask=mask)
+    batch_size, seq_len = per_token_logps.shape
+    advantages = _as_column(advantages, batch_size, seq_len).to(per_token_logps.dtype)
+    if advantages.size(1) != 1:
+        raise ValueError("`advantages` must be one value per sequence for GSPO, got a (B, T) tensor.")
+    log_ratio = masked_log_ratio(per_token_logps, old_per_token_logps, mask)
+    sequence_ratio = torch.exp(sequence_log_ratio(log_ratio, mask)).unsqueeze(1)  # (B, 1), with gradient
+    per_sequence_loss, clipped_low, clipped_high = _clipped_surrogate(
+        sequence_ratio, advantages, epsilon_low, epsilon_high, delta
+    )
+    info = {
+        "token_ratio": torch.exp(log_ratio).detach(),
+        "sequence_ratio": sequence_ratio.squeeze(1).detach(),
+        "clipped_low": clipped_low,
+        "clipped_high": clipped_high,
+    }
+    return per_sequence_loss.expand(batch_size, seq_len), info
+
+
+def cispo_per_token_loss(
+    per_token_logps: torch.Tensor,
+    old_per_token_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    cap: float = 1.2,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """CISPO (Chen et al., 2025): -sg[min(r, cap)] A log pi_theta. The importance weight is clipped and detached, so
+    every token keeps its gradient sg[min(r, cap)] A grad log pi. No lower bound: the paper's eps_low = 10 puts
+    VERL's lower clip 1 - 10 below 0. The caller aggregates it by `loss_type` like every other row.
+
+    Returns `per_token_loss` (B, T) (zero on padding, whatever log pi holds there) and `info` with `token_ratio`
+    (B, T), `weight_capped` (B, T) (r > cap) and `clipped_high` (r > cap and A > 0: TRL's `cispo_clip_ratio`).
+    """
+    if not _is_number(cap) or cap <= 0:
+        raise ValueError(f"`cap` must be a positive number (the largest importance weight), got {cap!r}.")
+    _check_shapes("per_token_logps", per_token_logps, old_per_token_logps=old_per_token_logps, mask=mask)
+    batch_size, seq_len = per_token_logps.shape
+    advantages = _as_column(advantages, batch_size, seq_len).to(per_token_logps.dtype)
+    token_ratio = torch.exp(masked_log_ratio(per_token_logps, old_per_token_logps, mask)).detach()
+    logps_valid = torch.where(mask.bool(), per_token_logps, torch.zeros_like(per_token_logps))
+    per_token_loss = -token_ratio.clamp(max=cap) * advantages * logps_valid
+    with torch.no_grad():
+        capped = (token_ratio > cap) & mask.bool()
+        info = {"token_ratio": token_ratio, "weight_capped": capped, "clipped_high": capped & (advantages > 0)}
     return per_token_loss, info

@@ -1,7 +1,9 @@
 """The seven objectives of the paper's Table 1 and ablation as `DHPOConfig` keyword arguments.
 
-Clip ranges are the paper's (appendix D). `DHPOConfig(**PAPER_ALGORITHMS["DHPO-E"], ...)` or
-`config_for("GSPO", output_dir=...)` give one ready configuration; recipes, the study and the tests use these.
+Clip ranges are the paper's (appendix D); the rest is what VERL, where the paper ran every row, does by default
+(GRPO's dual clip `clip_ratio_c = 3`). Every row shares the aggregation `loss_type="grpo"`, the per-response mean of
+the paper's equations 3, 6 and 7. `DHPOConfig(**PAPER_ALGORITHMS["DHPO-E"], ...)` or `config_for("GSPO",
+output_dir=...)` give one ready configuration; recipes, the study and the tests use these.
 """
 
 from __future__ import annotations
@@ -9,16 +11,18 @@ from __future__ import annotations
 from .config import DHPOConfig
 
 PAPER_ALGORITHMS: dict[str, dict] = {
-    # Token-level ratio, symmetric clip 0.2 (TRL's own objective).
-    "GRPO": {"algorithm": "grpo", "epsilon": 0.2, "epsilon_high": 0.2},
-    # Sequence-level ratio (TRL, importance_sampling_level="sequence"), clip [1 - 3e-4, 1 + 4e-4].
+    # Token-level ratio, symmetric clip 0.2, and VERL's vanilla dual clip for A < 0 at 3 (TRL's delta = 3).
+    "GRPO": {"algorithm": "grpo", "epsilon": 0.2, "epsilon_high": 0.2, "delta": 3.0},
+    # Sequence-level ratio (TRL's importance_sampling_level="sequence"), clip [1 - 3e-4, 1 + 4e-4]. VERL's gspo loss
+    # has no dual clip.
     "GSPO": {"algorithm": "gspo", "epsilon": 3e-4, "epsilon_high": 4e-4},
-    # Geometric mean of token ratios, log-ratio clipped to [-0.4, 0.4].
+    # Geometric mean of token ratios, log-ratio clipped to [-0.4, 0.4], a mean over sequences (VERL's geo_mean).
     "GMPO": {"algorithm": "gmpo", "gmpo_epsilon_low": 0.4, "gmpo_epsilon_high": 0.4},
-    # Clipped IS weight (TRL loss_type="cispo"). The paper's eps_high = 0.2 caps the weight at 1.2; its
-    # eps_low = 10 puts the lower bound at 1 - 10 < 0, i.e. no lower bound, which is TRL's CISPO.
+    # Clipped, detached IS weight -sg[min(r, 1.2)] A log pi: the paper's eps_high = 0.2 caps the weight at 1.2 (the
+    # cap is TRL's epsilon_high); its eps_low = 10 puts VERL's lower bound at 1 - 10 < 0, i.e. no lower bound.
     "CISPO": {"algorithm": "cispo", "epsilon_high": 1.2},
-    # DHPO with averaged mixing (w = 0.5), branch-specific clipping, [0.2, 0.28] on both branches.
+    # DHPO with averaged mixing (w = 0.5), branch-specific clipping, [0.2, 0.28] on both branches. The DHPO rows
+    # follow the paper's equations: no dual clip (delta=None).
     "DHPO-A": {
         "algorithm": "dhpo", "mixing": "averaged", "token_weight": 0.5, "clipping": "branch",
         "epsilon_low_token": 0.2, "epsilon_high_token": 0.28, "epsilon_low_seq": 0.2, "epsilon_high_seq": 0.28,

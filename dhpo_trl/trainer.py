@@ -1,8 +1,9 @@
-"""`DHPOTrainer`: TRL's `GRPOTrainer` with the DHPO objective (and GMPO) in place of the clipped surrogate.
+"""`DHPOTrainer`: TRL's `GRPOTrainer` with the policy loss of the chosen objective (DHPO or a paper baseline).
 
-Generation (vLLM included), rewards, advantages, distributed training and checkpointing are inherited. Only
-`_compute_loss` (for `algorithm="dhpo"` and `"gmpo"`), the model card and the `dhpo/` metrics are ours; the
-GRPO, GSPO and CISPO baselines run TRL's own `_compute_loss` untouched.
+Generation (vLLM included), rewards, advantages, distributed training and checkpointing are inherited. `_compute_loss`
+is ours for every row: it takes the objective's pure per-token loss from `dhpo_trl.objectives`, applies TRL's masks
+and corrections in TRL's order and aggregates by `loss_type`, so all seven rows share one code path. The model card
+and the `dhpo/` / `gmpo/` metrics are ours too; TRL's metric keys keep their meaning.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ import torch
 import torch.distributed as dist
 from accelerate.utils import DistributedType
 from trl import GRPOTrainer
+from trl.trainer.utils import nanmax, nanmin
 
 from . import batching
 from .config import DHPOConfig
-from .losses import dhpo_per_token_loss, gmpo_per_token_loss
-from .reward_checks import check_reward_functions
 from .moe import maybe_set_zero3_leaf_modules, zero3_leaf_modules_for_trl_prepared_models
+from .objectives import get_objective
+from .reward_checks import check_reward_functions
 from .vllm_utils import check_vllm_setup
 
 CITATION = textwrap.dedent("""\
@@ -33,12 +35,10 @@ CITATION = textwrap.dedent("""\
         year      = {2026},
     }""")
 
-# Settings recorded in the model card of every checkpoint.
+# Settings recorded in the model card of every checkpoint, after `algorithm` and the objective's own settings.
 CARD_FIELDS = (
-    "algorithm", "mixing", "token_weight", "clipping", "epsilon_low_token", "epsilon_high_token", "epsilon_low_seq",
-    "epsilon_high_seq", "entropy_norm_scope", "gmpo_epsilon_low", "gmpo_epsilon_high", "epsilon", "epsilon_high",
-    "importance_sampling_level", "loss_type", "beta", "num_generations", "steps_per_generation",
-    "gradient_accumulation_steps", "num_iterations", "learning_rate", "temperature", "max_completion_length",
+    "loss_type", "beta", "num_generations", "steps_per_generation", "gradient_accumulation_steps", "num_iterations",
+    "learning_rate", "temperature", "max_completion_length",
 )  # fmt: skip
 
 
@@ -66,6 +66,7 @@ class DHPOTrainer(GRPOTrainer):
                 f"DHPOTrainer needs `args` to be a DHPOConfig, got {type(args).__name__}. Build one with "
                 "DHPOConfig(**your_grpo_config.to_dict()) or use trl.GRPOTrainer."
             )
+        args.validate()  # the config may have been changed since it was built: refuse what would not act
         # vllm missing or server unreachable: fail now, before any model is loaded.
         check_vllm_setup(args, model_name, is_main_process=args.process_index == 0)
         reward_funcs = check_reward_functions(reward_funcs)  # garbage rewards: a named error on the first batch
@@ -185,9 +186,6 @@ class DHPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ loss
     def _compute_loss(self, model, inputs):
-        if self.args.algorithm not in ("dhpo", "gmpo"):
-            return super()._compute_loss(model, inputs)  # GRPO, GSPO, CISPO: TRL's own objectives
-
         mode = "train" if self.model.training else "eval"
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
@@ -217,42 +215,15 @@ class DHPOTrainer(GRPOTrainer):
         if old_per_token_logps is None:
             old_per_token_logps = per_token_logps.detach()
 
-        if self.args.algorithm == "dhpo":
-            entropy_range = self._global_entropy_range(entropies, mask) if self.args.entropy_norm_scope == "global" else None
-            per_token_loss, info = dhpo_per_token_loss(
-                per_token_logps,
-                old_per_token_logps,
-                advantages,
-                mask,
-                entropies,
-                mixing=self.args.mixing,
-                token_weight=self.args.token_weight,
-                clipping=self.args.clipping,
-                epsilon_low_token=self.args.epsilon_low_token,
-                epsilon_high_token=self.args.epsilon_high_token,
-                epsilon_low_seq=self.args.epsilon_low_seq,
-                epsilon_high_seq=self.args.epsilon_high_seq,
-                entropy_scope="sequence" if self.args.entropy_norm_scope == "sequence" else "batch",
-                entropy_range=entropy_range,
-            )
-            importance_weight = info["mixed_ratio"]
-        else:
-            per_token_loss, info = gmpo_per_token_loss(
-                per_token_logps,
-                old_per_token_logps,
-                advantages,
-                mask,
-                epsilon_low=self.args.gmpo_epsilon_low,
-                epsilon_high=self.args.gmpo_epsilon_high,
-            )
-            importance_weight = info["token_ratio"]
+        objective = get_objective(self.args.algorithm)
+        # Only DHPO-E reads it (the config refuses "global" elsewhere); the same branch on every process.
+        global_scope = self.args.entropy_norm_scope == "global"
+        entropy_range = self._global_entropy_range(entropies, mask) if global_scope else None
+        per_token_loss, kl_weight, info = objective.compute(
+            per_token_logps, old_per_token_logps, advantages, mask, entropies, self.args, entropy_range
+        )
 
-        # The masks and corrections below are TRL's, applied to our per-token loss in TRL's order.
-        if self.top_entropy_quantile < 1.0:
-            entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
-            per_token_loss = per_token_loss * entropy_mask
-        else:
-            entropy_mask = None
+        # The masks and corrections below are TRL's, applied to the objective's per-token loss in TRL's order.
         if self.off_policy_mask_threshold is not None:
             per_token_loss = per_token_loss * self.get_off_policy_mask(
                 advantages=advantages,
@@ -261,17 +232,21 @@ class DHPOTrainer(GRPOTrainer):
                 mask=mask,
                 off_policy_threshold=self.off_policy_mask_threshold,
             )
+        entropy_mask = None
+        if self.top_entropy_quantile < 1.0:
+            entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
+            per_token_loss = per_token_loss * entropy_mask
         # vLLM sampled from pi_sampler, not pi_old: TRL's (detached) pi_old / pi_sampler correction multiplies
-        # the loss, while the DHPO ratios correct pi_theta against pi_old.
+        # the loss, while the objective's ratios correct pi_theta against pi_old.
         if self.use_vllm and self.vllm_importance_sampling_correction:
             per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
+        per_token_kl = None
         if self.beta != 0.0:
             # Masked before exp(): padding holds no reference log-prob (dynamic batching leaves it 0).
-            delta = torch.where(mask.bool(), inputs["ref_per_token_logps"] - per_token_logps, 0.0)
-            per_token_kl = torch.exp(delta) - delta - 1
-            if self.args.use_bias_correction_kl:
-                # As TRL scales by its ratio (with gradient): value m, gradient m * grad log pi (eq. 16).
-                per_token_kl = per_token_kl * importance_weight * torch.exp(per_token_logps - per_token_logps.detach())
+            log_ratio = torch.where(mask.bool(), inputs["ref_per_token_logps"] - per_token_logps, 0.0)
+            per_token_kl = torch.exp(log_ratio) - log_ratio - 1
+            if self.args.use_bias_correction_kl:  # scaled by the objective's ratio, with TRL's gradient
+                per_token_kl = per_token_kl * kl_weight
             per_token_loss = per_token_loss + self.beta * per_token_kl
 
         loss = self._aggregate(per_token_loss, mask, inputs, mode)
@@ -282,7 +257,8 @@ class DHPOTrainer(GRPOTrainer):
             loss = loss + self.router_aux_loss_coef * aux_loss / self._micro_batches_per_window(inputs, mode)
             self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
 
-        self._log_loss_metrics(mode, info, entropies, mask, per_token_kl if self.beta != 0.0 else None)
+        self._log_loss_metrics(mode, info, entropies, mask, per_token_kl)
+        self._log_trl_clip_metrics(mode, info, mask)
         return loss
 
     def _scales_by_accumulation(self, mode: str) -> bool:
@@ -310,11 +286,13 @@ class DHPOTrainer(GRPOTrainer):
             loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
         elif self.loss_type == "dr_grpo":
             loss = (per_token_loss * mask).sum() / (rows * self.max_completion_length)
-        else:  # "dapo": normalise by the active tokens of the whole accumulation window on all processes
+        elif self.loss_type == "dapo":  # normalise by the active tokens of the accumulation window on all processes
             normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
             if mode == "train":
                 normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
             return (per_token_loss * mask).sum() / normalizer
+        else:
+            raise ValueError(f"loss_type={self.loss_type!r} is not an aggregation: use grpo, bnpo, dr_grpo or dapo.")
         if self._scales_by_accumulation(mode) and window_rows is None:
             loss = loss / self.current_gradient_accumulation_steps
         return loss
@@ -367,69 +345,101 @@ class DHPOTrainer(GRPOTrainer):
 
     # --------------------------------------------------------------- metrics
     def _log_loss_metrics(self, mode, info, entropies, mask, per_token_kl):
-        """Append `dhpo/` (or `gmpo/`) metrics reduced over all processes, plus TRL's `entropy` and `kl`."""
+        """TRL's `entropy` and `kl`, and the objective's `<prefix>/` metrics, reduced over all processes."""
+        objective = get_objective(self.args.algorithm)
         valid = mask.bool()
         fmask = valid.float()
         seq_valid = valid.any(-1)
-        token_ratio, sequence_ratio = info["token_ratio"].float(), info["sequence_ratio"].float()
-        big = torch.tensor(float("inf"), device=fmask.device)
-
+        prefix = objective.metric_prefix
         sums = {  # each entry is summed over processes
             "tokens": fmask.sum(),
             "sequences": seq_valid.float().sum(),
             "entropy": (entropies.detach().float() * fmask).sum(),
-            "token_ratio": (token_ratio * fmask).sum(),
-            "sequence_ratio": (sequence_ratio * seq_valid).sum(),
         }
         if per_token_kl is not None:
             sums["kl"] = (per_token_kl.detach().float() * fmask).sum()
-        if self.args.algorithm == "dhpo":
-            weight = info["mixing_weight"].float()
-            sums["mixing_weight"] = (weight * fmask).sum()
-            sums["mixing_weight_sq"] = (weight.square() * fmask).sum()
-            for key in ("token_clipped_low", "token_clipped_high", "sequence_clipped_low", "sequence_clipped_high",
-                        "uses_clipped_term"):  # fmt: skip
+        extremes = torch.zeros(0, device=fmask.device)
+        fractions = []
+        if prefix is not None:
+            token_ratio, sequence_ratio = info["token_ratio"].float(), info["sequence_ratio"].float()
+            sums["token_ratio"] = (token_ratio * fmask).sum()
+            sums["sequence_ratio"] = (sequence_ratio * seq_valid).sum()
+            if "mixing_weight" in info:
+                weight = info["mixing_weight"].float()
+                sums["mixing_weight"] = (weight * fmask).sum()
+                sums["mixing_weight_sq"] = (weight.square() * fmask).sum()
+            fractions = [(name, key) for name, key in objective.fractions if key in info]
+            for _, key in fractions:
                 sums[key] = (info[key].float() * fmask).sum()
-        else:
-            sums["token_clipped"] = (info["token_clipped"].float() * fmask).sum()
-        extremes = torch.stack([  # reduced with max; minima are negated
-            -torch.where(valid, token_ratio, big).min(),
-            torch.where(valid, token_ratio, -big).max(),
-            -torch.where(seq_valid, sequence_ratio, big).min(),
-            torch.where(seq_valid, sequence_ratio, -big).max(),
-        ])  # fmt: skip
+            big = torch.tensor(float("inf"), device=fmask.device)
+            extremes = torch.stack([  # reduced with max; minima are negated
+                -torch.where(valid, token_ratio, big).min(),
+                torch.where(valid, token_ratio, -big).max(),
+                -torch.where(seq_valid, sequence_ratio, big).min(),
+                torch.where(seq_valid, sequence_ratio, -big).max(),
+            ])  # fmt: skip
         keys = list(sums)
         local = torch.cat([torch.stack([sums[k].float() for k in keys]), extremes])
         gathered = self.accelerator.gather(local.unsqueeze(0)).reshape(-1, local.numel())
         totals = dict(zip(keys, gathered[:, : len(keys)].sum(0).tolist(), strict=True))
         # No valid token on any process (e.g. every completion masked): NaN, which TRL's `log` skips, instead of
         # 0 means and +-inf extremes that would corrupt the step's averages.
-        ext = [v if math.isfinite(v) else math.nan for v in gathered[:, len(keys) :].max(0).values.tolist()]
-
         tokens = totals["tokens"] if totals["tokens"] > 0 else math.nan
         sequences = totals["sequences"] if totals["sequences"] > 0 else math.nan
         metrics = self._metrics[mode]
         metrics["entropy"].append(totals["entropy"] / tokens)
         if per_token_kl is not None:
             metrics["kl"].append(totals["kl"] / tokens)
-        prefix = "dhpo" if self.args.algorithm == "dhpo" else "gmpo"
+        if prefix is None:
+            return
+        ext = [v if math.isfinite(v) else math.nan for v in gathered[:, len(keys) :].max(0).values.tolist()]
         metrics[f"{prefix}/token_ratio/mean"].append(totals["token_ratio"] / tokens)
         metrics[f"{prefix}/token_ratio/min"].append(-ext[0])
         metrics[f"{prefix}/token_ratio/max"].append(ext[1])
         metrics[f"{prefix}/sequence_ratio/mean"].append(totals["sequence_ratio"] / sequences)
         metrics[f"{prefix}/sequence_ratio/min"].append(-ext[2])
         metrics[f"{prefix}/sequence_ratio/max"].append(ext[3])
-        if self.args.algorithm == "dhpo":
+        if "mixing_weight" in info:
             mean_w = totals["mixing_weight"] / tokens
-            metrics["dhpo/mixing_weight/mean"].append(mean_w)
-            metrics["dhpo/mixing_weight/std"].append(max(totals["mixing_weight_sq"] / tokens - mean_w**2, 0.0) ** 0.5)
-            metrics["dhpo/clip_fraction/token_low"].append(totals["token_clipped_low"] / tokens)
-            metrics["dhpo/clip_fraction/token_high"].append(totals["token_clipped_high"] / tokens)
-            metrics["dhpo/clip_fraction/sequence_low"].append(totals["sequence_clipped_low"] / tokens)
-            metrics["dhpo/clip_fraction/sequence_high"].append(totals["sequence_clipped_high"] / tokens)
-            metrics["dhpo/clipped_term_fraction"].append(totals["uses_clipped_term"] / tokens)
-        else:
-            metrics["gmpo/clip_fraction"].append(totals["token_clipped"] / tokens)
+            metrics[f"{prefix}/mixing_weight/mean"].append(mean_w)
+            variance = max(totals["mixing_weight_sq"] / tokens - mean_w**2, 0.0)
+            metrics[f"{prefix}/mixing_weight/std"].append(variance**0.5)
+        for name, key in fractions:
+            metrics[f"{prefix}/{name}"].append(totals[key] / tokens)
+
+    def _log_trl_clip_metrics(self, mode, info, mask):
+        """TRL's clip metrics, computed as TRL computes them, from the objective's clip indicators.
+
+        `clip_ratio/*` (clip-surrogate rows): the share of tokens (sequences for GSPO's (B, 1) indicators) where the
+        clip binds below for A < 0 (`low_mean`), above for A > 0 (`high_mean`) or either (`region_mean`), and the
+        lowest / highest per-sequence share over all processes (`low_min`, `high_max`). `cispo_clip_ratio`: the share
+        of A > 0 tokens whose weight is capped.
+        """
+        mask = mask.float()
+
+        def global_masked_mean(x):
+            x = x.float()
+            if x.shape[1] == 1:  # one value per sequence
+                local = torch.stack([x.sum(), torch.tensor(float(x.shape[0]), device=x.device)])
+            else:
+                local = torch.stack([(x * mask).sum(), mask.sum()])
+            totals = self.accelerator.reduce(local, reduction="sum")
+            return (totals[0] / totals[1].clamp(min=1.0)).item()
+
+        def masked_seq_mean(x):
+            x = x.float()
+            return x.squeeze(1) if x.shape[1] == 1 else (x * mask).sum(-1) / mask.sum(-1)
+
+        metrics = self._metrics[mode]
+        if get_objective(self.args.algorithm).clip_metrics == "cispo_clip_ratio":
+            metrics["cispo_clip_ratio"].append(global_masked_mean(info["clipped_high"]))
+            return
+        low, high = info["clipped_low"], info["clipped_high"]
+        metrics["clip_ratio/low_mean"].append(global_masked_mean(low))
+        metrics["clip_ratio/high_mean"].append(global_masked_mean(high))
+        metrics["clip_ratio/region_mean"].append(global_masked_mean(low | high))
+        metrics["clip_ratio/low_min"].append(nanmin(self.accelerator.gather(masked_seq_mean(low))).item())
+        metrics["clip_ratio/high_max"].append(nanmax(self.accelerator.gather(masked_seq_mean(high))).item())
 
     # ------------------------------------------------------------ model card
     def _save_checkpoint(self, model, trial):
@@ -446,7 +456,8 @@ class DHPOTrainer(GRPOTrainer):
         if not self.is_world_process_zero():
             return
         path = os.path.join(self.args.output_dir, "README.md")
-        rows = "\n".join(f"| `{name}` | `{getattr(self.args, name)}` |" for name in CARD_FIELDS)
+        names = ("algorithm", *get_objective(self.args.algorithm).settings(self.args), *CARD_FIELDS)
+        rows = "\n".join(f"| `{name}` | `{getattr(self.args, name)}` |" for name in names)
         section = (
             "\n\n## DHPO settings\n\n"
             f"Trained with `dhpo_trl.DHPOTrainer` (Dynamic Hybrid Policy Optimization), objective "

@@ -1,15 +1,21 @@
-"""`DHPOConfig` defaults follow the paper, bad values fail early naming the field, presets map the seven rows."""
+"""`DHPOConfig` defaults follow the paper, bad values fail early naming the field, settings that would not act are
+refused naming the setting that would make them act, on-policy DHPO warns, presets map the seven rows."""
+
+import warnings
 
 import pytest
+from trl import TrlParser
 
 from dhpo_trl import DHPOConfig
+from dhpo_trl.objectives import OBJECTIVE_SETTINGS, OBJECTIVES, SETTING_SCOPES
 from dhpo_trl.presets import PAPER_ALGORITHMS, config_for
 
 CPU = dict(use_cpu=True, bf16=False, report_to="none")
+OFF_POLICY = dict(gradient_accumulation_steps=1, steps_per_generation=2)
 
 
 def make_config(tmp_path, **kwargs):
-    return DHPOConfig(output_dir=str(tmp_path), **CPU, **kwargs)
+    return DHPOConfig(output_dir=str(tmp_path), **CPU, **{**OFF_POLICY, **kwargs})
 
 
 def test_defaults_follow_the_paper(tmp_path):
@@ -27,78 +33,226 @@ def test_defaults_follow_the_paper(tmp_path):
     assert config.importance_sampling_level == "token"
     assert config.entropy_norm_scope == "batch"
     assert (config.gmpo_epsilon_low, config.gmpo_epsilon_high) == (0.4, 0.4)
+    assert config.delta is None  # the paper's equations: no dual clip
 
 
 @pytest.mark.parametrize(
-    ("field", "value"),
+    ("field", "value", "extra"),
     [
-        ("algorithm", "ppo"),
-        ("mixing", "geometric"),
-        ("clipping", "none"),
-        ("entropy_norm_scope", "token"),
-        ("token_weight", 1.01),
-        ("token_weight", -0.5),
-        ("epsilon_low_token", -0.1),
-        ("epsilon_high_token", -0.1),
-        ("epsilon_low_seq", -0.1),
-        ("epsilon_high_seq", -0.1),
-        ("gmpo_epsilon_low", -0.4),
-        ("gmpo_epsilon_high", -0.4),
-        ("loss_type", "sapo"),
-        ("loss_type", "cispo"),  # CISPO is selected with algorithm="cispo"
-        ("importance_sampling_level", "sequence"),  # sequence ratios come from algorithm="gspo"
+        ("algorithm", "ppo", {}),
+        ("mixing", "geometric", {}),
+        ("clipping", "none", {}),
+        ("entropy_norm_scope", "token", {}),
+        ("importance_sampling_level", "tokens", {}),
+        ("token_weight", 1.01, dict(mixing="averaged")),
+        ("token_weight", -0.5, dict(mixing="averaged")),
+        ("token_weight", "0.5", dict(mixing="averaged")),  # a string is not coerced
+        ("token_weight", True, dict(mixing="averaged")),  # nor is a bool taken for 1
+        ("token_weight", float("nan"), dict(mixing="averaged")),
+        ("epsilon_low_token", -0.1, {}),
+        ("epsilon_high_token", -0.1, {}),
+        ("epsilon_low_seq", -0.1, {}),
+        ("epsilon_high_seq", -0.1, {}),
+        ("epsilon_low_token", 1.0, {}),  # 1 - 1 = 0: no lower clip left
+        ("epsilon_low_seq", 1.5, {}),
+        ("epsilon_high_seq", "0.28", {}),
+        ("gmpo_epsilon_low", -0.4, dict(algorithm="gmpo")),
+        ("gmpo_epsilon_high", -0.4, dict(algorithm="gmpo")),
+        ("gmpo_epsilon_high", False, dict(algorithm="gmpo")),
+        ("epsilon", 1.0, dict(algorithm="grpo")),
+        ("epsilon_high", "0.3", dict(algorithm="grpo")),
+        ("epsilon_high", 0.0, dict(algorithm="cispo")),  # a cap of 0 zeroes every weight
+        ("delta", 1.0, dict(algorithm="grpo")),  # a dual clip at or below 1 cuts into the trust region
+        ("delta", 0.5, {}),
+        ("delta", "3", dict(algorithm="gspo")),
+        ("loss_type", "sapo", {}),
+        ("loss_type", "cispo", {}),  # CISPO is selected with algorithm="cispo"
     ],
 )
-def test_validation_error_names_the_field(tmp_path, field, value):
+def test_validation_error_names_the_field(tmp_path, field, value, extra):
     with pytest.raises(ValueError, match=rf"DHPOConfig\.{field}="):
-        make_config(tmp_path, **{field: value})
+        make_config(tmp_path, **extra, **{field: value})
 
 
-def test_token_aggregations_stay_selectable(tmp_path):
+# (settings, refused field, where it would act)
+REFUSED = [
+    (dict(algorithm="dhpo", epsilon=0.3), "epsilon", "algorithm='grpo' or 'gspo'"),
+    (dict(algorithm="dhpo", epsilon_high=0.28), "epsilon_high", "'cispo' (the weight cap)"),
+    (dict(algorithm="gmpo", epsilon=0.1), "epsilon", "algorithm='grpo' or 'gspo'"),
+    (dict(algorithm="gmpo", epsilon_high=0.3), "epsilon_high", "algorithm='grpo' or 'gspo'"),
+    (dict(algorithm="cispo", epsilon=0.3), "epsilon", "algorithm='grpo' or 'gspo'"),
+    (dict(algorithm="grpo", epsilon_low_token=0.1), "epsilon_low_token", "algorithm='dhpo'"),
+    (dict(algorithm="gspo", epsilon_high_seq=0.3), "epsilon_high_seq", "clipping='branch'"),
+    (dict(algorithm="cispo", epsilon_high_token=0.3), "epsilon_high_token", "algorithm='dhpo'"),
+    (dict(algorithm="grpo", mixing="averaged"), "mixing", "algorithm='dhpo'"),
+    (dict(algorithm="gmpo", clipping="unified"), "clipping", "algorithm='dhpo'"),
+    (dict(algorithm="grpo", token_weight=0.7), "token_weight", "mixing='averaged'"),
+    (dict(algorithm="gspo", entropy_norm_scope="sequence"), "entropy_norm_scope", "mixing='entropy'"),
+    (dict(algorithm="dhpo", gmpo_epsilon_low=0.3), "gmpo_epsilon_low", "algorithm='gmpo'"),
+    (dict(algorithm="grpo", gmpo_epsilon_high=0.3), "gmpo_epsilon_high", "algorithm='gmpo'"),
+    (dict(mixing="entropy", token_weight=0.7), "token_weight", "mixing='averaged'"),
+    (dict(clipping="unified", epsilon_low_seq=0.1), "epsilon_low_seq", "clipping='branch'"),
+    (dict(clipping="unified", epsilon_high_seq=0.5), "epsilon_high_seq", "clipping='branch'"),
+    (dict(mixing="averaged", entropy_norm_scope="global"), "entropy_norm_scope", "mixing='entropy'"),
+    (dict(mixing="averaged", entropy_norm_scope="sequence"), "entropy_norm_scope", "mixing='entropy'"),
+    (dict(algorithm="gmpo", delta=3.0), "delta", "'dhpo'"),
+    (dict(algorithm="cispo", delta=3.0), "delta", "'dhpo'"),
+    (dict(algorithm="dhpo", importance_sampling_level="sequence"), "importance_sampling_level", "algorithm='gspo'"),
+    (dict(algorithm="cispo", importance_sampling_level="sequence"), "importance_sampling_level", "algorithm='gspo'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("settings", "field", "acts_with"), REFUSED)
+def test_settings_without_effect_are_refused_naming_where_they_act(tmp_path, settings, field, acts_with):
+    with pytest.raises(ValueError, match=rf"DHPOConfig\.{field}=.* has no effect with .*: it acts with") as error:
+        make_config(tmp_path, **settings)
+    assert acts_with in str(error.value)
+    assert f"algorithm={settings.get('algorithm', 'dhpo')!r}" in str(error.value)
+
+
+def test_every_objective_setting_is_refused_somewhere_and_read_somewhere(tmp_path):
+    """The registry is the one source of truth: each objective-specific field is read by some objective and has a
+    scope message; the refusal table above exercises every one of them."""
+    assert set(OBJECTIVE_SETTINGS) == set(SETTING_SCOPES)
+    variants = [dict(mixing=m, clipping=c) for m in ("averaged", "entropy") for c in ("branch", "unified")]
+    configs = [make_config(tmp_path, **variant) for variant in variants]
+    read = {name for objective in OBJECTIVES.values() for config in configs for name in objective.settings(config)}
+    assert read == set(OBJECTIVE_SETTINGS)
+    assert {field for _, field, _ in REFUSED} == set(OBJECTIVE_SETTINGS)
+
+
+@pytest.mark.parametrize("loss_type", ["bnpo", "dr_grpo", "dapo"])
+def test_gmpo_refuses_token_weighted_aggregations(tmp_path, loss_type):
+    message = rf"DHPOConfig\.loss_type='{loss_type}' with algorithm='gmpo'.*loss_type='grpo'"
+    with pytest.raises(ValueError, match=message):
+        make_config(tmp_path, algorithm="gmpo", loss_type=loss_type)
+
+
+@pytest.mark.parametrize("algorithm", ["dhpo", "grpo", "gspo", "cispo"])
+def test_token_aggregations_stay_selectable(tmp_path, algorithm):
     for loss_type in ("grpo", "bnpo", "dr_grpo", "dapo"):
-        assert make_config(tmp_path, loss_type=loss_type).loss_type == loss_type
+        assert make_config(tmp_path, algorithm=algorithm, loss_type=loss_type).loss_type == loss_type
+
+
+def test_settings_at_their_default_and_settings_that_act_are_accepted(tmp_path):
+    # a value typed at its default is indistinguishable from an omitted one, and changes nothing
+    assert make_config(tmp_path, algorithm="grpo", epsilon_low_token=0.2, mixing="entropy", token_weight=0.5)
+    gspo = make_config(tmp_path, algorithm="gspo", importance_sampling_level="sequence")
+    assert gspo.importance_sampling_level == "sequence"
+    assert make_config(tmp_path, algorithm="dhpo", delta=3.0).delta == 3.0  # DHPO's dual clip for A < 0
+    assert make_config(tmp_path, algorithm="gspo", delta=2.5, epsilon=0.1, epsilon_high=0.2).delta == 2.5
+    assert make_config(tmp_path, mixing="averaged", token_weight=1, clipping="unified").token_weight == 1
+    assert make_config(tmp_path, algorithm="cispo", epsilon_high=5.0).epsilon_high == 5.0
+
+
+def test_bare_cispo_caps_the_weight_at_the_papers_1_2(tmp_path):
+    config = make_config(tmp_path, algorithm="cispo")
+    assert config.epsilon_high == 1.2 and config.loss_type == "grpo"
+
+
+def test_cli_parser_passes_every_field_and_only_changed_ones_are_refused(tmp_path):
+    """TrlParser hands every field to DHPOConfig; defaults must not be mistaken for user settings."""
+    parser = TrlParser((DHPOConfig,))
+    base = ["--output_dir", str(tmp_path), "--use_cpu", "true", "--bf16", "false", "--steps_per_generation", "2"]
+    for algorithm in OBJECTIVES:
+        (config,) = parser.parse_args_into_dataclasses(args=[*base, "--algorithm", algorithm])
+        assert config.algorithm == algorithm
+    (config,) = parser.parse_args_into_dataclasses(args=[*base, "--algorithm", "grpo", "--delta", "3"])
+    assert config.delta == 3.0
+    with pytest.raises(ValueError, match=r"DHPOConfig\.token_weight=0\.7 has no effect"):
+        parser.parse_args_into_dataclasses(args=[*base, "--algorithm", "grpo", "--token_weight", "0.7"])
+
+
+def test_validate_catches_a_config_mutated_after_construction(tmp_path):
+    config = make_config(tmp_path, algorithm="gspo")
+    config.algorithm = "grpo"  # importance_sampling_level="sequence" stays behind from gspo
+    with pytest.raises(ValueError, match=r"DHPOConfig\.importance_sampling_level='sequence' has no effect"):
+        config.validate()
+    config = make_config(tmp_path)
+    config.loss_type = "luspo"
+    with pytest.raises(ValueError, match=r"DHPOConfig\.loss_type='luspo'"):
+        config.validate()
+    config = make_config(tmp_path)
+    config.algorithm = "cispo"  # the cap is filled in again
+    config.validate()
+    assert config.epsilon_high == 1.2
+
+
+ON_POLICY = [
+    dict(gradient_accumulation_steps=1, steps_per_generation=1),
+    dict(gradient_accumulation_steps=4, steps_per_generation=4),
+    dict(gradient_accumulation_steps=4, steps_per_generation=2),  # two generation batches per optimizer step
+]
+OFF_POLICY_SETUPS = [
+    dict(gradient_accumulation_steps=1, steps_per_generation=2),
+    dict(gradient_accumulation_steps=2, steps_per_generation=2, num_iterations=2),
+    dict(gradient_accumulation_steps=4, steps_per_generation=8),
+]
+
+
+def warnings_of(build):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        build()
+    return [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
+
+
+@pytest.mark.parametrize("algorithm", ["dhpo", "gmpo"])
+@pytest.mark.parametrize("setup", ON_POLICY)
+def test_on_policy_dhpo_and_gmpo_warn(tmp_path, algorithm, setup):
+    messages = warnings_of(lambda: DHPOConfig(output_dir=str(tmp_path), algorithm=algorithm, **CPU, **setup))
+    assert len(messages) == 1
+    assert f"algorithm='{algorithm}' runs on-policy" in messages[0] and "exactly GRPO's" in messages[0]
+    assert "vLLM alone does not change this" in messages[0]
+
+
+def test_on_policy_warning_is_given_once_per_setup(tmp_path):
+    config = DHPOConfig(output_dir=str(tmp_path), **CPU, **ON_POLICY[0])
+    assert warnings_of(config.validate) == []  # the trainer's re-validation does not repeat it
+    config.gradient_accumulation_steps = config.steps_per_generation = 2  # still on-policy, another setup
+    assert len(warnings_of(config.validate)) == 1
+
+
+@pytest.mark.parametrize("setup", OFF_POLICY_SETUPS)
+def test_off_policy_configs_and_grpo_do_not_warn(tmp_path, setup):
+    assert warnings_of(lambda: DHPOConfig(output_dir=str(tmp_path), **CPU, **setup)) == []
+    on_policy = dict(gradient_accumulation_steps=1, steps_per_generation=1)
+    assert warnings_of(lambda: DHPOConfig(output_dir=str(tmp_path), algorithm="grpo", **CPU, **on_policy)) == []
 
 
 @pytest.mark.parametrize(
     ("row", "expected"),
     [
         ("GRPO", dict(algorithm="grpo", loss_type="grpo", importance_sampling_level="token", epsilon=0.2,
-                      epsilon_high=0.2)),
+                      epsilon_high=0.2, delta=3.0)),
         ("GSPO", dict(algorithm="gspo", loss_type="grpo", importance_sampling_level="sequence", epsilon=3e-4,
-                      epsilon_high=4e-4)),
+                      epsilon_high=4e-4, delta=None)),
         ("GMPO", dict(algorithm="gmpo", loss_type="grpo", importance_sampling_level="token", gmpo_epsilon_low=0.4,
-                      gmpo_epsilon_high=0.4)),
-        ("CISPO", dict(algorithm="cispo", loss_type="cispo", importance_sampling_level="token", epsilon_high=1.2)),
+                      gmpo_epsilon_high=0.4, delta=None)),
+        ("CISPO", dict(algorithm="cispo", loss_type="grpo", importance_sampling_level="token", epsilon_high=1.2,
+                       delta=None)),
         ("DHPO-A", dict(algorithm="dhpo", mixing="averaged", token_weight=0.5, clipping="branch", loss_type="grpo",
                         importance_sampling_level="token", epsilon_low_token=0.2, epsilon_high_token=0.28,
-                        epsilon_low_seq=0.2, epsilon_high_seq=0.28)),
+                        epsilon_low_seq=0.2, epsilon_high_seq=0.28, delta=None)),
         ("DHPO-E", dict(algorithm="dhpo", mixing="entropy", clipping="branch", loss_type="grpo",
                         importance_sampling_level="token", epsilon_low_token=0.2, epsilon_high_token=0.28,
-                        epsilon_low_seq=0.2, epsilon_high_seq=0.28)),
+                        epsilon_low_seq=0.2, epsilon_high_seq=0.28, delta=None)),
         ("DHPO-E-unified", dict(algorithm="dhpo", mixing="entropy", clipping="unified", loss_type="grpo",
-                                importance_sampling_level="token", epsilon_low_token=0.2, epsilon_high_token=0.28)),
+                                importance_sampling_level="token", epsilon_low_token=0.2, epsilon_high_token=0.28,
+                                delta=None)),
     ],
 )  # fmt: skip
 def test_presets_produce_the_paper_rows(tmp_path, row, expected):
-    config = config_for(row, output_dir=str(tmp_path), **CPU)
+    config = config_for(row, output_dir=str(tmp_path), **OFF_POLICY, **CPU)
     assert isinstance(config, DHPOConfig)
     actual = {name: getattr(config, name) for name in expected}
-    assert actual == pytest.approx(expected)
+    assert actual == expected
     assert config.beta == 0.0
 
 
 def test_presets_cover_seven_rows_and_accept_overrides(tmp_path):
     assert list(PAPER_ALGORITHMS) == ["GRPO", "GSPO", "GMPO", "CISPO", "DHPO-A", "DHPO-E", "DHPO-E-unified"]
-    config = config_for("DHPO-A", output_dir=str(tmp_path), token_weight=0.8, **CPU)
+    config = config_for("DHPO-A", output_dir=str(tmp_path), token_weight=0.8, **OFF_POLICY, **CPU)
     assert (config.mixing, config.token_weight) == ("averaged", 0.8)
     with pytest.raises(ValueError, match="DAPO"):
         config_for("DAPO", output_dir=str(tmp_path), **CPU)
-
-
-def test_delta_rejected_for_dhpo_and_gmpo():
-    from dhpo_trl import DHPOConfig
-
-    for algorithm in ("dhpo", "gmpo"):
-        with pytest.raises(ValueError, match="DHPOConfig.delta"):
-            DHPOConfig(output_dir="unused", algorithm=algorithm, delta=2.0, use_cpu=True, bf16=False, report_to="none")
-    assert DHPOConfig(output_dir="unused", algorithm="grpo", delta=2.0, use_cpu=True, bf16=False).delta == 2.0

@@ -9,8 +9,26 @@ import math
 
 import pytest
 import torch
+from reference_losses import (
+    constant_weights,
+    reference_dhpo,
+    reference_entropy_weights,
+    seq_mean_token_mean,
+    token_mean,
+    valid_positions,
+    verl_cispo_terms,
+    verl_gspo_terms,
+    verl_vanilla_terms,
+)
 
-from dhpo_trl.losses import dhpo_per_token_loss, entropy_mixing_weight, gmpo_per_token_loss
+from dhpo_trl.losses import (
+    cispo_per_token_loss,
+    dhpo_per_token_loss,
+    entropy_mixing_weight,
+    gmpo_per_token_loss,
+    grpo_per_token_loss,
+    gspo_per_token_loss,
+)
 
 B, T = 5, 7
 LENGTHS = [7, 4, 1, 6, 3]  # varying completion lengths, right padding as in TRL's completion_mask
@@ -36,56 +54,6 @@ def make_batch(seed=0, dtype=torch.float32, log_ratio_scale=0.4):
     )
 
 
-def valid_positions(mask, i):
-    return [t for t in range(mask.size(1)) if mask[i, t] > 0]
-
-
-def reference_entropy_weights(entropies, mask, scope="batch", entropy_range=None):
-    """Eq. 10 with g = min-max normalisation, on Python floats. Padding gets 0.5."""
-    weights = [[0.5] * mask.size(1) for _ in range(mask.size(0))]
-    all_valid = [float(entropies[i, t]) for i in range(mask.size(0)) for t in valid_positions(mask, i)]
-    for i in range(mask.size(0)):
-        row = [float(entropies[i, t]) for t in valid_positions(mask, i)]
-        if entropy_range is not None:
-            low, high = entropy_range
-        elif scope == "batch":
-            low, high = min(all_valid), max(all_valid)
-        else:
-            low, high = (min(row), max(row)) if row else (0.0, 0.0)
-        for t in valid_positions(mask, i):
-            h = float(entropies[i, t])
-            weights[i][t] = 0.5 if high - low <= 1e-8 else min(max((h - low) / (high - low), 0.0), 1.0)
-    return weights
-
-
-def clip(x, low, high):
-    return torch.clamp(x, low, high)
-
-
-def reference_dhpo(logps, old, advantages, mask, weights, clipping, eps):
-    """Per-token terms -min(m A, m~ A) of eq. 7 built token by token. Returns {(i, t): loss term}."""
-    terms = {}
-    for i in range(logps.size(0)):
-        valid = valid_positions(mask, i)
-        if not valid:
-            continue
-        a = advantages.reshape(-1)[i]
-        s = torch.exp(sum(logps[i, t] - old[i, t] for t in valid) / len(valid)).detach()  # eq. 4, sg[s_i]
-        for t in valid:
-            w = weights[i][t]
-            r = torch.exp(logps[i, t] - old[i, t])  # eq. 2
-            s_t = s * torch.exp(logps[i, t] - logps[i, t].detach())  # eq. 5
-            m = w * r + (1 - w) * s_t  # eq. 8
-            if clipping == "branch":  # eq. 11
-                m_tilde = w * clip(r, 1 - eps["epsilon_low_token"], 1 + eps["epsilon_high_token"]) + (1 - w) * clip(
-                    s_t, 1 - eps["epsilon_low_seq"], 1 + eps["epsilon_high_seq"]
-                )
-            else:
-                m_tilde = clip(m, 1 - eps["epsilon_low_token"], 1 + eps["epsilon_high_token"])
-            terms[i, t] = -torch.minimum(m * a, m_tilde * a)
-    return terms
-
-
 def reference_eq7_loss(terms, mask):
     """Eq. 7 as a loss: mean over responses with tokens of the per-response token mean."""
     per_sequence = []
@@ -101,7 +69,7 @@ def grpo_aggregate(per_token_loss, mask):
     return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
 
 
-def trl_per_token_loss(logps, old, advantages, mask, epsilon_low, epsilon_high, level):
+def trl_per_token_loss(logps, old, advantages, mask, epsilon_low, epsilon_high, level, delta=None):
     """TRL's clipped surrogate, written as `GRPOTrainer._compute_loss` computes it for loss_type="grpo"."""
     advantages = advantages.reshape(-1, 1)
     log_ratio = logps - old
@@ -111,7 +79,15 @@ def trl_per_token_loss(logps, old, advantages, mask, epsilon_low, epsilon_high, 
         log_importance_weights = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
     coef_1 = torch.exp(log_importance_weights)
     coef_2 = torch.clamp(coef_1, 1 - epsilon_low, 1 + epsilon_high)
+    if delta is not None:
+        coef_1 = torch.clamp(coef_1, max=delta)
     return -torch.min(coef_1 * advantages, coef_2 * advantages)
+
+
+def trl_cispo_per_token_loss(logps, old, advantages, epsilon_high):
+    """TRL's loss_type="cispo" per-token loss."""
+    clamped_ratios = torch.clamp(torch.exp(logps - old), max=epsilon_high).detach()
+    return -clamped_ratios * advantages.reshape(-1, 1) * logps
 
 
 def grad_of(loss, tensor):
@@ -364,7 +340,7 @@ def reference_gmpo_sequence_objective(logps, old, advantage, valid, eps_low, eps
     product = 1.0
     for t in valid:
         rho = torch.exp(logps[t] - old[t])
-        rho_clipped = clip(rho, math.exp(-eps_low), math.exp(eps_high))
+        rho_clipped = torch.clamp(rho, math.exp(-eps_low), math.exp(eps_high))
         product = product * torch.minimum(rho**sign, rho_clipped**sign)
     return advantage * product ** (sign / len(valid))
 
@@ -410,3 +386,207 @@ def test_gmpo_finite_with_garbage_padding_and_validates():
         gmpo_per_token_loss(logps, old, torch.zeros(B, T), mask)
     with pytest.raises(ValueError, match="mask"):
         gmpo_per_token_loss(logps, old, advantages, torch.ones(B, T + 1))
+
+
+# --------------------------------------------------------------------------- the baselines, against VERL and TRL
+def binding_batch(seed=11, log_ratio_scale=0.6):
+    """`make_batch` in float64 where every clip binds: ratios far outside [0.8, 1.28] both ways, and two A < 0
+    tokens with r = e^1.5 = 4.48 and e^1.3 = 3.67 beyond the dual clip at 3."""
+    logps, old, advantages, mask, entropies = make_batch(seed, dtype=torch.float64, log_ratio_scale=log_ratio_scale)
+    logps = logps.detach().clone()
+    logps[1, 0] = old[1, 0] + 1.5  # advantages[1] = -0.7
+    logps[3, 0] = old[3, 0] + 1.3  # advantages[3] = -1.1
+    return logps.requires_grad_(), old, advantages, mask, entropies
+
+
+def token_mean_aggregate(per_token_loss, mask):
+    """TRL's loss_type="bnpo" (VERL's "token-mean")."""
+    return (per_token_loss * mask).sum() / mask.sum()
+
+
+def assert_same_loss_and_grad(ours, reference, logps, atol=1e-12):
+    assert ours.item() == pytest.approx(reference.item(), abs=atol)
+    torch.testing.assert_close(grad_of(ours, logps), grad_of(reference, logps), atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize(("eps_low", "eps_high"), [(0.2, 0.2), (0.2, 0.28)])
+@pytest.mark.parametrize("aggregation", ["seq-mean-token-mean", "token-mean"])
+def test_grpo_with_delta_3_is_verl_vanilla_with_its_dual_clip(eps_low, eps_high, aggregation):
+    logps, old, advantages, mask, _ = binding_batch()
+    ratio = torch.exp(logps - old).detach()
+    negative = advantages.reshape(-1, 1) < 0
+    assert ((ratio > 3) & negative & mask.bool()).sum() == 2  # the dual clip binds
+    assert ((ratio < 1 - eps_low) & negative & mask.bool()).any() and ((ratio > 1 + eps_high) & ~negative).any()
+    loss, info = grpo_per_token_loss(logps, old, advantages, mask, epsilon_low=eps_low, epsilon_high=eps_high,
+                                     delta=3.0)  # fmt: skip
+    reference_terms = verl_vanilla_terms(logps, old, advantages, mask, eps_low, eps_high, clip_ratio_c=3.0)
+    if aggregation == "seq-mean-token-mean":
+        assert_same_loss_and_grad(grpo_aggregate(loss, mask), seq_mean_token_mean(reference_terms, mask), logps)
+    else:
+        assert_same_loss_and_grad(token_mean_aggregate(loss, mask), token_mean(reference_terms, mask), logps)
+    # TRL's clip_ratio indicators
+    valid = mask.bool()
+    assert torch.equal(info["clipped_low"] & valid, (ratio < 1 - eps_low) & negative & valid)
+    assert torch.equal(info["clipped_high"] & valid, (ratio > 1 + eps_high) & (advantages.reshape(-1, 1) > 0) & valid)
+
+
+@pytest.mark.parametrize("delta", [None, 2.0, 3.0])
+def test_grpo_and_gspo_are_trls_surrogate(delta):
+    logps, old, advantages, mask, _ = binding_batch(seed=12)
+    cases = (("token", grpo_per_token_loss, 0.2, 0.28), ("sequence", gspo_per_token_loss, 0.03, 0.04))
+    for level, fn, low, high in cases:
+        loss, _ = fn(logps, old, advantages, mask, epsilon_low=low, epsilon_high=high, delta=delta)
+        trl = trl_per_token_loss(logps, old, advantages, mask, low, high, level=level, delta=delta)
+        assert_same_loss_and_grad(grpo_aggregate(loss, mask), grpo_aggregate(trl, mask), logps)
+
+
+def test_issue_example_one_token_past_the_dual_clip():
+    """log r = 1.5, A = -1: VERL's vanilla loss is 3.0 with gradient 0; without the dual clip it is e^1.5 with
+    gradient e^1.5 (d r / d log pi = r)."""
+    old = torch.tensor([[-2.0]], dtype=torch.float64)
+    mask, advantages = torch.ones(1, 1, dtype=torch.float64), torch.tensor([-1.0], dtype=torch.float64)
+    for delta, value, gradient in ((3.0, 3.0, 0.0), (None, math.exp(1.5), math.exp(1.5))):
+        logps = (old + 1.5).requires_grad_()
+        loss, _ = grpo_per_token_loss(logps, old, advantages, mask, epsilon_low=0.2, epsilon_high=0.2, delta=delta)
+        assert loss.item() == pytest.approx(value, rel=1e-12)
+        assert grad_of(loss.sum(), logps).item() == pytest.approx(gradient, rel=1e-12, abs=1e-15)
+    logps = (old + 1.5).requires_grad_()
+    verl = verl_vanilla_terms(logps, old, advantages, mask, 0.2, 0.2, clip_ratio_c=3.0)[0, 0]
+    assert verl.item() == pytest.approx(3.0) and grad_of(verl, logps).item() == 0.0
+
+
+@pytest.mark.parametrize(("eps_low", "eps_high"), [(3e-4, 4e-4), (0.03, 0.04)])
+@pytest.mark.parametrize("aggregation", ["seq-mean-token-mean", "token-mean"])
+def test_gspo_is_verl_gspo(eps_low, eps_high, aggregation):
+    """TRL's sequence-level form has the value and the gradient of VERL's per-token form under either aggregation."""
+    logps, old, advantages, mask, _ = binding_batch(seed=13, log_ratio_scale=0.05)
+    loss, info = gspo_per_token_loss(logps, old, advantages, mask, epsilon_low=eps_low, epsilon_high=eps_high)
+    s = info["sequence_ratio"]
+    assert ((s < 1 - eps_low) | (s > 1 + eps_high)).any() and info["clipped_low"].shape == (B, 1)
+    reference_terms = verl_gspo_terms(logps, old, advantages, mask, eps_low, eps_high)
+    if aggregation == "seq-mean-token-mean":
+        assert_same_loss_and_grad(grpo_aggregate(loss, mask), seq_mean_token_mean(reference_terms, mask), logps)
+    else:
+        assert_same_loss_and_grad(token_mean_aggregate(loss, mask), token_mean(reference_terms, mask), logps)
+
+
+@pytest.mark.parametrize("aggregation", ["seq-mean-token-mean", "token-mean"])
+def test_cispo_is_verl_cispo_with_the_papers_clip(aggregation):
+    """The paper's CISPO: VERL's clip [1 - 10, 1 + 0.2], i.e. the weight capped at 1.2 and no lower bound."""
+    logps, old, advantages, mask, _ = binding_batch(seed=14)
+    ratio = torch.exp(logps - old).detach()
+    capped = (ratio > 1.2) & mask.bool()
+    assert (capped & (advantages.reshape(-1, 1) > 0)).any() and (capped & (advantages.reshape(-1, 1) < 0)).any()
+    loss, info = cispo_per_token_loss(logps, old, advantages, mask, cap=1.2)
+    assert torch.equal(info["weight_capped"], capped)
+    reference_terms = verl_cispo_terms(logps, old, advantages, mask, clip_low=10.0, clip_high=0.2)
+    if aggregation == "seq-mean-token-mean":
+        assert_same_loss_and_grad(grpo_aggregate(loss, mask), seq_mean_token_mean(reference_terms, mask), logps)
+    else:
+        assert_same_loss_and_grad(token_mean_aggregate(loss, mask), token_mean(reference_terms, mask), logps)
+    loss, _ = cispo_per_token_loss(logps, old, advantages, mask, cap=1.2)
+    trl = trl_cispo_per_token_loss(logps, old, advantages, epsilon_high=1.2)
+    assert_same_loss_and_grad(token_mean_aggregate(loss, mask), token_mean_aggregate(trl, mask), logps)
+
+
+def test_cispo_issue_example_aggregation_matters():
+    """Lengths 1 and 3, r = 1, A = (+1, -1), log pi = -1: 0 per response (eq. 7, VERL's seq-mean-token-mean), -0.5
+    as a token mean (TRL's loss_type="cispo")."""
+    mask = torch.tensor([[1.0, 0, 0], [1, 1, 1]], dtype=torch.float64)
+    logps = torch.full((2, 3), -1.0, dtype=torch.float64, requires_grad=True)
+    old, advantages = logps.detach().clone(), torch.tensor([1.0, -1.0], dtype=torch.float64)
+    loss, _ = cispo_per_token_loss(logps, old, advantages, mask, cap=1.2)
+    assert grpo_aggregate(loss, mask).item() == pytest.approx(0.0, abs=1e-15)
+    assert token_mean_aggregate(loss, mask).item() == pytest.approx(-0.5)
+    reference_terms = verl_cispo_terms(logps, old, advantages, mask, clip_low=10.0, clip_high=0.2)
+    assert seq_mean_token_mean(reference_terms, mask).item() == pytest.approx(0.0, abs=1e-15)
+
+
+@pytest.mark.parametrize("clipping", ["branch", "unified"])
+def test_dhpo_at_w_one_with_delta_3_is_verl_vanilla(clipping):
+    """Token weight 1 and delta 3: VERL's vanilla loss at 0.2 / 0.28 with clip_ratio_c = 3."""
+    logps, old, advantages, mask, _ = binding_batch()
+    loss, info = dhpo_per_token_loss(logps, old, advantages, mask, mixing="averaged", token_weight=1.0,
+                                     clipping=clipping, delta=3.0)  # fmt: skip
+    reference = seq_mean_token_mean(verl_vanilla_terms(logps, old, advantages, mask, 0.2, 0.28, 3.0), mask)
+    assert_same_loss_and_grad(grpo_aggregate(loss, mask), reference, logps)
+    assert info["dual_clipped"].sum() == 2 and info["dual_clipped"][1, 0] and info["dual_clipped"][3, 0]
+    # TRL's clip_ratio meaning, exactly TRL's GRPO indicators at w = 1
+    _, grpo_info = grpo_per_token_loss(logps, old, advantages, mask, epsilon_low=0.2, epsilon_high=0.28, delta=3.0)
+    for key in ("clipped_low", "clipped_high"):
+        assert torch.equal(info[key] & mask.bool(), grpo_info[key] & mask.bool()), key
+
+
+@pytest.mark.parametrize("mixing", ["averaged", "entropy"])
+@pytest.mark.parametrize("clipping", ["branch", "unified"])
+def test_dhpo_dual_clip_matches_the_equations(mixing, clipping):
+    logps, old, advantages, mask, entropies = binding_batch(seed=15)
+    loss, info = dhpo_per_token_loss(logps, old, advantages, mask, entropies, mixing=mixing, clipping=clipping,
+                                     delta=2.0, **EPS)  # fmt: skip
+    weights = constant_weights(mask, 0.5) if mixing == "averaged" else reference_entropy_weights(entropies, mask)
+    terms = reference_dhpo(logps, old, advantages, mask, weights, clipping, EPS, dual_clip=2.0)
+    atol = 1e-12 if mixing == "averaged" else 1e-7  # the entropy weights are computed in float32
+    assert_same_loss_and_grad(grpo_aggregate(loss, mask), seq_mean_token_mean(terms, mask), logps, atol=atol)
+    assert info["dual_clipped"].any()
+    plain, _ = dhpo_per_token_loss(logps, old, advantages, mask, entropies, mixing=mixing, clipping=clipping, **EPS)
+    assert torch.equal(loss[~info["dual_clipped"]], plain[~info["dual_clipped"]])  # elsewhere the paper's loss
+
+
+@pytest.mark.parametrize("clipping", ["branch", "unified"])
+def test_dhpo_clip_indicators_mean_the_min_picks_the_clipped_term(clipping):
+    """TRL's clip_ratio meaning for DHPO: the clipped term sets the loss (it exceeds the unclipped one), by sign of A."""
+    logps, old, advantages, mask, entropies = binding_batch(seed=17)
+    with torch.no_grad():  # sequence 3 (A < 0): s = e^-0.2 below 1 - 0.1 while token 1's r = e^-0.1 is in range
+        logps[3, 1], logps[3, 2:6] = old[3, 1] - 0.1, old[3, 2:6] - 0.6
+    _, info = dhpo_per_token_loss(logps, old, advantages, mask, entropies, clipping=clipping, **EPS)
+    if clipping == "branch":  # the sequence branch alone makes the clip bind, on both sides
+        for side in ("low", "high"):
+            assert (info[f"clipped_{side}"] & ~info[f"token_clipped_{side}"] & mask.bool()).any(), side
+    weights = reference_entropy_weights(entropies, mask)
+    clipped = reference_dhpo(logps, old, advantages, mask, weights, clipping, EPS)
+    free = reference_dhpo(logps, old, advantages, mask, weights, clipping, {name: 1e9 for name in EPS})
+    expected_low, expected_high = torch.zeros(B, T, dtype=torch.bool), torch.zeros(B, T, dtype=torch.bool)
+    for (i, t), term in clipped.items():
+        binds = term.item() > free[i, t].item() + 1e-9
+        expected_low[i, t], expected_high[i, t] = binds and advantages[i] < 0, binds and advantages[i] > 0
+    assert expected_low.any() and expected_high.any()
+    assert torch.equal(info["clipped_low"] & mask.bool(), expected_low)
+    assert torch.equal(info["clipped_high"] & mask.bool(), expected_high)
+
+
+@pytest.mark.parametrize("name", ["grpo", "gspo", "cispo"])
+def test_baselines_finite_with_garbage_padding(name):
+    logps, old, advantages, mask, _ = make_batch(seed=16)
+    logps = logps.detach().clone()
+    padding = ~mask.bool()
+    logps[padding], old[padding] = float("nan"), float("inf")
+    logps[0, 0] = -1e4
+    logps.requires_grad_()
+    fn = {"grpo": grpo_per_token_loss, "gspo": gspo_per_token_loss, "cispo": cispo_per_token_loss}[name]
+    loss, info = fn(logps, old, advantages, mask)
+    assert torch.isfinite(loss).all() and torch.isfinite(info["token_ratio"]).all()
+    grad = grad_of(grpo_aggregate(loss, mask), logps)
+    assert torch.isfinite(grad).all() and torch.all(grad[padding] == 0)
+
+
+@pytest.mark.parametrize(
+    ("fn", "kwargs", "argument"),
+    [
+        (grpo_per_token_loss, dict(delta=1.0), "delta"),
+        (gspo_per_token_loss, dict(delta=0.9), "delta"),
+        (dhpo_per_token_loss, dict(delta=True, mixing="averaged"), "delta"),
+        (grpo_per_token_loss, dict(epsilon_low=-0.1), "epsilon_low"),
+        (gspo_per_token_loss, dict(epsilon_high=-0.1), "epsilon_high"),
+        (cispo_per_token_loss, dict(cap=0.0), "cap"),
+        (cispo_per_token_loss, dict(cap="1.2"), "cap"),
+        (gspo_per_token_loss, dict(advantages=torch.zeros(B, T)), "advantages"),
+        (cispo_per_token_loss, dict(mask=torch.ones(B, T + 1)), "mask"),
+        (dhpo_per_token_loss, dict(mixing="averaged", token_weight=True), "token_weight"),
+    ],
+)
+def test_baselines_bad_input_names_the_argument(fn, kwargs, argument):
+    logps, old, advantages, mask, _ = make_batch()
+    call = dict(per_token_logps=logps, old_per_token_logps=old, advantages=advantages, mask=mask)
+    call.update(kwargs)
+    with pytest.raises(ValueError, match=argument):
+        fn(**call)

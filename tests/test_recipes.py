@@ -71,10 +71,10 @@ def test_overlay_selects_the_paper_row(overlay):
     if overlay == "gspo.yaml":
         assert config.importance_sampling_level == "sequence"
         assert (config.epsilon, config.epsilon_high) == (3e-4, 4e-4)
-    if overlay == "cispo.yaml":
-        assert config.loss_type == "cispo" and config.epsilon_high == 1.2
-    if overlay == "grpo.yaml":
-        assert (config.algorithm, config.epsilon, config.epsilon_high) == ("grpo", 0.2, 0.2)
+    if overlay == "cispo.yaml":  # CISPO is aggregated by loss_type like every row: eq. 7's per-response mean
+        assert config.loss_type == "grpo" and config.epsilon_high == 1.2
+    if overlay == "grpo.yaml":  # VERL's vanilla loss: dual clip at 3
+        assert (config.algorithm, config.epsilon, config.epsilon_high, config.delta) == ("grpo", 0.2, 0.2, 3.0)
 
 
 def test_command_line_overrides_the_recipe_and_rescales_the_plan():

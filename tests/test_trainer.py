@@ -1,5 +1,5 @@
-"""`DHPOTrainer` end to end on a tiny Qwen3: equivalence with TRL, the seven paper rows, checkpoints, LoRA,
-bad input, and every TRL loss feature kept working.
+"""`DHPOTrainer` end to end on a tiny Qwen3: equivalence with TRL, the seven paper rows (and their losses against
+VERL's definitions), checkpoints, LoRA, bad input, and every TRL loss feature kept working.
 
 Runs are short, off-policy (several optimizer steps per generation batch, or `num_iterations > 1`) and shared
 between asserts through module-scoped fixtures, to keep the file within its CPU budget.
@@ -10,11 +10,22 @@ import math
 import pytest
 import torch
 from datasets import Dataset
+from reference_losses import (
+    constant_weights,
+    reference_dhpo,
+    reference_entropy_weights,
+    seq_mean_token_mean,
+    verl_cispo_terms,
+    verl_geo_mean_loss,
+    verl_gspo_terms,
+    verl_vanilla_terms,
+)
 from transformers import Qwen3ForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
 from dhpo_trl import DHPOConfig, DHPOTrainer
 from dhpo_trl.losses import dhpo_per_token_loss
+from dhpo_trl.objectives import OBJECTIVE_SETTINGS, get_objective
 from dhpo_trl.presets import PAPER_ALGORITHMS, config_for
 from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
 
@@ -31,6 +42,8 @@ SMALL_RUN = dict(
     learning_rate=3e-2,
     save_strategy="no",
 )
+TRL_CLIP_METRICS = ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean", "clip_ratio/low_min",
+                    "clip_ratio/high_max")  # fmt: skip
 DHPO_METRICS = (
     "dhpo/mixing_weight/mean", "dhpo/mixing_weight/std", "dhpo/token_ratio/mean", "dhpo/token_ratio/min",
     "dhpo/token_ratio/max", "dhpo/sequence_ratio/mean", "dhpo/sequence_ratio/min", "dhpo/sequence_ratio/max",
@@ -144,6 +157,35 @@ def test_token_weight_one_and_zero_reproduce_trl(tmp_path, tok, level, regime):
         assert a == pytest.approx(b, abs=1e-5)
 
 
+# The GRPO and GSPO rows themselves (VERL's dual clip delta = 3 for GRPO, GSPO's 3e-4 / 4e-4) against TRL's trainer.
+TRL_ROWS = {
+    "GRPO": dict(loss_type="grpo", epsilon=0.2, epsilon_high=0.2, delta=3.0),
+    "GSPO": dict(loss_type="grpo", epsilon=3e-4, epsilon_high=4e-4, importance_sampling_level="sequence"),
+}
+
+
+@pytest.mark.parametrize("regime", list(EQUIVALENCE))
+@pytest.mark.parametrize("row", list(TRL_ROWS))
+def test_grpo_and_gspo_rows_reproduce_trl(tmp_path, tok, row, regime):
+    """The rows run our own loss path (not TRL's `_compute_loss`) and still train exactly like TRL, metrics too."""
+    reward_ours, seen_ours = recording_reward()
+    reward_trl, seen_trl = recording_reward()
+    setup = EQUIVALENCE[regime]
+    ours_args = config_for(row, output_dir=str(tmp_path / "dhpo"), **setup, **CPU)
+    ours = run(DHPOTrainer, ours_args, tok, reward=reward_ours)
+    trl = run(GRPOTrainer, GRPOConfig(str(tmp_path / "trl"), **TRL_ROWS[row], **setup, **CPU), tok, reward=reward_trl)
+    assert ours.state.global_step == trl.state.global_step == setup["max_steps"]
+    assert seen_ours == seen_trl and len(seen_ours) > 0
+    assert_moved_from_init(ours.model, tok)
+    assert_same_parameters(ours.model, trl.model)
+    for key in ("loss", "entropy", *TRL_CLIP_METRICS):
+        ours_values, trl_values = logged(ours, key), logged(trl, key)
+        assert len(ours_values) == len(trl_values) == setup["max_steps"], key
+        assert ours_values == pytest.approx(trl_values, abs=1e-5), key
+    assert max(logged(trl, "clip_ratio/region_mean")) > 0  # off-policy for real: the clip fired
+    assert not any(key.startswith(("dhpo/", "gmpo/")) for entry in ours.state.log_history for key in entry)
+
+
 # =============================================================================== (b) the seven rows, end to end
 @pytest.fixture(scope="module")
 def preset_runs(tok, tmp_path_factory):
@@ -187,6 +229,7 @@ def test_every_paper_row_trains_and_logs_sane_metrics(preset_runs, name):
         assert logged(trainer, "dhpo/token_ratio/min")[0] == pytest.approx(1.0)  # on-policy first step
         if name == "DHPO-E-unified":  # one clip on m, reported under the token branch
             assert logged(trainer, "dhpo/clip_fraction/sequence_low") == [0.0] * 4
+        assert logged(trainer, "dhpo/clip_fraction/dual") == []  # the paper's rows have no dual clip
     elif algorithm == "gmpo":
         for key in ("gmpo/token_ratio/mean", "gmpo/sequence_ratio/min", "gmpo/clip_fraction"):
             values = logged(trainer, key)
@@ -194,15 +237,19 @@ def test_every_paper_row_trains_and_logs_sane_metrics(preset_runs, name):
         assert all(0 <= v <= 1 for v in logged(trainer, "gmpo/clip_fraction"))
         assert max(abs(r - 1) for r in logged(trainer, "gmpo/token_ratio/max")) > 1e-3
     elif algorithm in ("grpo", "gspo"):
-        for key in ("clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/region_mean"):
-            values = logged(trainer, key)
-            assert len(values) == 4 and all(0 <= v <= 1 for v in values), key
         assert not any(key.startswith("dhpo/") for entry in trainer.state.log_history for key in entry)
         if algorithm == "gspo":  # GSPO's tiny 3e-4 / 4e-4 trust region binds once the policy moved
             assert max(logged(trainer, "clip_ratio/region_mean")) > 0
-    else:
+    if algorithm == "cispo":  # TRL's key for CISPO
         values = logged(trainer, "cispo_clip_ratio")
         assert len(values) == 4 and all(0 <= v <= 1 for v in values)
+        assert logged(trainer, "clip_ratio/region_mean") == []
+    else:  # TRL's clip_ratio keys for every clipped-surrogate row, DHPO and GMPO included
+        for key in TRL_CLIP_METRICS:
+            values = logged(trainer, key)
+            assert len(values) == 4 and all(0 <= v <= 1 for v in values), key
+        region, low, high = (logged(trainer, f"clip_ratio/{k}_mean") for k in ("region", "low", "high"))
+        assert region == pytest.approx([a + b for a, b in zip(low, high, strict=True)])
 
 
 @pytest.mark.parametrize("name", list(PAPER_ALGORITHMS))
@@ -223,6 +270,11 @@ def test_checkpoint_reloads_and_model_card_names_dhpo(preset_runs, name):
     for field, value in settings.items():
         assert f"| `{field}` | `{getattr(trainer.args, field)}` |" in card, field
     assert f"| `algorithm` | `{settings['algorithm']}` |" in card
+    # only the settings the objective reads
+    reads = get_objective(settings["algorithm"]).settings(trainer.args)
+    for field in OBJECTIVE_SETTINGS:
+        assert (f"| `{field}` |" in card) == (field in reads), field
+    assert "| `loss_type` | `grpo` |" in card
 
 
 def test_training_resumes_from_checkpoint(preset_runs, tok, tmp_path):
@@ -277,6 +329,34 @@ def test_plain_grpo_config_is_rejected(tok, tmp_path):
     with pytest.raises(TypeError, match="DHPOConfig"):
         DHPOTrainer(model=build_tiny_qwen3(tok, hidden_size=32), reward_funcs=digit_share, args=args,
                     train_dataset=prompts(), processing_class=tok)  # fmt: skip
+
+
+def test_trainer_validates_a_config_changed_after_construction(tok, tmp_path):
+    def build(args):
+        return DHPOTrainer(model=build_tiny_qwen3(tok, hidden_size=32), reward_funcs=digit_share, args=args,
+                           train_dataset=prompts(), processing_class=tok)  # fmt: skip
+
+    args = DHPOConfig(str(tmp_path), **dict(SMALL_RUN, **CPU))
+    args.token_weight = 0.9  # would be ignored by entropy mixing
+    with pytest.raises(ValueError, match=r"DHPOConfig\.token_weight=0\.9 has no effect .* mixing='averaged'"):
+        build(args)
+    args = DHPOConfig(str(tmp_path), **dict(SMALL_RUN, **CPU))
+    args.loss_type = "luspo"  # would have fallen into the dapo branch
+    with pytest.raises(ValueError, match=r"DHPOConfig\.loss_type='luspo'"):
+        build(args)
+    args = DHPOConfig(str(tmp_path), **dict(SMALL_RUN, **CPU))
+    args.steps_per_generation = 1  # now on-policy
+    with pytest.warns(UserWarning, match="algorithm='dhpo' runs on-policy"):
+        build(args)
+
+
+def test_unknown_loss_type_raises_instead_of_aggregating(feature_model, tok, tmp_path):
+    args = config_for("GRPO", output_dir=str(tmp_path), **dict(SMALL_RUN, max_completion_length=7), **CPU)
+    trainer = DHPOTrainer(model=feature_model, reward_funcs=digit_share, args=args, train_dataset=prompts(),
+                          processing_class=tok)  # fmt: skip
+    trainer.loss_type = "sapo"
+    with pytest.raises(ValueError, match="loss_type='sapo' is not an aggregation"):
+        trainer._compute_loss(trainer.model, fixed_batch(feature_model))
 
 
 # =============================================================================== (d) TRL features, fixed batch
@@ -345,14 +425,27 @@ FEATURES = {
 }  # fmt: skip
 
 
+# (ours, TRL's): DHPO at w = 1, and the GRPO and GSPO objectives, which DHPOTrainer computes itself too.
+TRL_EQUIVALENT = {
+    "dhpo_w1": (dict(mixing="averaged", token_weight=1.0, epsilon_low_token=0.2, epsilon_high_token=0.28),
+                dict(epsilon=0.2, epsilon_high=0.28)),
+    "grpo_delta": (dict(algorithm="grpo", epsilon=0.2, epsilon_high=0.28, delta=1.5),
+                   dict(epsilon=0.2, epsilon_high=0.28, delta=1.5)),
+    "gspo": (dict(algorithm="gspo", epsilon=0.03, epsilon_high=0.04),
+             dict(epsilon=0.03, epsilon_high=0.04, importance_sampling_level="sequence")),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("objective", list(TRL_EQUIVALENT))
 @pytest.mark.parametrize("feature", list(FEATURES))
-def test_trl_features_match_trl_at_token_weight_one(feature, feature_model, tok, tmp_path):
-    """With w = 1 each TRL feature must give TRL's loss and gradient on the same batch (to 1e-6)."""
+def test_trl_features_match_trl(objective, feature, feature_model, tok, tmp_path):
+    """Each TRL feature gives TRL's loss, gradient and metrics on the same batch (to 1e-6), for DHPO at w = 1 and the
+    GRPO (with TRL's delta) and GSPO objectives."""
     inputs = fixed_batch(feature_model)
     common = dict(SMALL_RUN, max_completion_length=7, **FEATURES[feature], **CPU)
-    ours_args = DHPOConfig(str(tmp_path / "dhpo"), mixing="averaged", token_weight=1.0, epsilon_low_token=0.2,
-                           epsilon_high_token=0.28, **common)  # fmt: skip
-    trl_args = GRPOConfig(str(tmp_path / "trl"), epsilon=0.2, epsilon_high=0.28, **{"loss_type": "grpo", **common})
+    ours_settings, trl_settings = TRL_EQUIVALENT[objective]
+    ours_args = DHPOConfig(str(tmp_path / "dhpo"), **ours_settings, **common)
+    trl_args = GRPOConfig(str(tmp_path / "trl"), **trl_settings, **{"loss_type": "grpo", **common})
     ours_loss, ours_grads, ours = loss_and_grad(DHPOTrainer, ours_args, feature_model, tok, inputs)
     trl_loss, trl_grads, trl = loss_and_grad(GRPOTrainer, trl_args, feature_model, tok, inputs)
     assert ours_loss.item() == pytest.approx(trl_loss.item(), abs=1e-6)
@@ -367,10 +460,33 @@ def test_trl_features_match_trl_at_token_weight_one(feature, feature_model, tok,
         assert 0 < keep.sum() < keep.numel()
     for name, grad in trl_grads.items():
         torch.testing.assert_close(ours_grads[name], grad, atol=1e-6, rtol=1e-5, msg=name)
-    for key in ("kl", "entropy_coef", "policy_loss"):  # TRL's own metrics logged by both
+    for key in ("kl", "entropy_coef", "policy_loss", "entropy", *TRL_CLIP_METRICS):  # TRL's metrics, logged by both
         assert (key in trl._metrics["train"]) == (key in ours._metrics["train"]), key
         if key in trl._metrics["train"]:
-            assert ours._metrics["train"][key][-1] == pytest.approx(trl._metrics["train"][key][-1], abs=1e-6)
+            assert ours._metrics["train"][key][-1] == pytest.approx(trl._metrics["train"][key][-1], abs=1e-6), key
+    assert trl._metrics["train"]["clip_ratio/region_mean"][-1] > 0  # the batch makes the clip bind
+
+
+CISPO_FEATURES = {name: FEATURES[name] for name in ("kl", "top_entropy_quantile", "entropy_bonus", "off_policy_mask")}
+
+
+@pytest.mark.parametrize("feature", ["none", *CISPO_FEATURES])
+def test_cispo_with_token_mean_is_trls_cispo(feature, feature_model, tok, tmp_path):
+    """TRL's loss_type="cispo" is our CISPO aggregated by loss_type="dapo"; the CISPO row uses eq. 7's mean instead."""
+    inputs = fixed_batch(feature_model)
+    common = dict(SMALL_RUN, max_completion_length=7, **CISPO_FEATURES.get(feature, {}), **CPU)
+    ours_args = DHPOConfig(str(tmp_path / "dhpo"), algorithm="cispo", epsilon_high=1.1, loss_type="dapo", **common)
+    trl_args = GRPOConfig(str(tmp_path / "trl"), epsilon_high=1.1, loss_type="cispo", **common)
+    ours_loss, ours_grads, ours = loss_and_grad(DHPOTrainer, ours_args, feature_model, tok, inputs)
+    trl_loss, trl_grads, trl = loss_and_grad(GRPOTrainer, trl_args, feature_model, tok, inputs)
+    assert ours_loss.item() == pytest.approx(trl_loss.item(), abs=1e-6) and ours_loss.item() != 0.0
+    for name, grad in trl_grads.items():
+        torch.testing.assert_close(ours_grads[name], grad, atol=1e-6, rtol=1e-5, msg=name)
+    for key in ("cispo_clip_ratio", "kl", "entropy", "policy_loss"):
+        assert (key in trl._metrics["train"]) == (key in ours._metrics["train"]), key
+        if key in trl._metrics["train"]:
+            assert ours._metrics["train"][key][-1] == pytest.approx(trl._metrics["train"][key][-1], abs=1e-6), key
+    assert trl._metrics["train"]["cispo_clip_ratio"][-1] > 0
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
@@ -404,7 +520,7 @@ def test_dhpo_e_aggregation_and_entropy_scope_by_hand(loss_type, scope, feature_
 
 
 def test_all_masked_micro_batch_gives_finite_zero_loss(feature_model, tok, tmp_path):
-    for name in ("DHPO-E", "DHPO-A", "GMPO"):
+    for name in PAPER_ALGORITHMS:
         inputs = fixed_batch(feature_model)
         inputs["completion_mask"] = torch.zeros_like(inputs["completion_mask"])
         inputs["num_items_in_batch"] = torch.tensor(0)
@@ -413,9 +529,80 @@ def test_all_masked_micro_batch_gives_finite_zero_loss(feature_model, tok, tmp_p
         assert loss.item() == 0.0, name
         assert all(torch.isfinite(g).all() and (g == 0).all() for g in grads.values()), name
         # nothing to measure: NaN (skipped by TRL's log), never 0 or +-inf that would corrupt the step's averages
-        prefix = "gmpo/" if name == "GMPO" else "dhpo/"
-        logged_now = {k: v[-1] for k, v in trainer._metrics["train"].items() if k.startswith(prefix)}
-        assert len(logged_now) >= 7 and all(math.isnan(v) for v in logged_now.values()), logged_now
+        prefix = get_objective(args.algorithm).metric_prefix
+        if prefix is not None:
+            logged_now = {k: v[-1] for k, v in trainer._metrics["train"].items() if k.startswith(f"{prefix}/")}
+            assert len(logged_now) >= 7 and all(math.isnan(v) for v in logged_now.values()), logged_now
+
+
+# =============================================================================== (e) the rows against VERL
+def binding_batch(model):
+    """`fixed_batch` with pi_old moved so that every row's clip binds: ratios far outside the trust regions both
+    ways, and two A < 0 tokens with r = e^1.5 = 4.48 and e^1.3 = 3.67, past VERL's dual clip at 3."""
+    inputs = fixed_batch(model, seed=1)
+    logps, _ = reference_logps_and_entropies(
+        model, inputs["prompt_ids"], inputs["completion_ids"], inputs["completion_mask"]
+    )
+    old = logps + 0.5 * torch.randn(logps.shape, generator=torch.Generator().manual_seed(5))
+    old[1, 0] = logps[1, 0] - 1.5  # advantage -0.8
+    old[3, 0] = logps[3, 0] - 1.3  # advantage -1.5, a one-token response
+    inputs["old_per_token_logps"] = old
+    return inputs
+
+
+DHPO_EPS = dict(epsilon_low_token=0.2, epsilon_high_token=0.28, epsilon_low_seq=0.2, epsilon_high_seq=0.28)
+# row -> VERL's loss on (logps, old, advantages, mask, entropies), with the row's appendix D clip settings
+VERL_ROWS = {
+    "GRPO": lambda lp, old, a, m, h: seq_mean_token_mean(verl_vanilla_terms(lp, old, a, m, 0.2, 0.2, 3.0), m),
+    "GSPO": lambda lp, old, a, m, h: seq_mean_token_mean(verl_gspo_terms(lp, old, a, m, 3e-4, 4e-4), m),
+    "GMPO": lambda lp, old, a, m, h: verl_geo_mean_loss(lp, old, a, m, 0.4, 0.4),
+    "CISPO": lambda lp, old, a, m, h: seq_mean_token_mean(verl_cispo_terms(lp, old, a, m, 10.0, 0.2), m),
+    "DHPO-A": lambda lp, old, a, m, h: seq_mean_token_mean(
+        reference_dhpo(lp, old, a, m, constant_weights(m, 0.5), "branch", DHPO_EPS), m),
+    "DHPO-E": lambda lp, old, a, m, h: seq_mean_token_mean(
+        reference_dhpo(lp, old, a, m, reference_entropy_weights(h, m), "branch", DHPO_EPS), m),
+    "DHPO-E-unified": lambda lp, old, a, m, h: seq_mean_token_mean(
+        reference_dhpo(lp, old, a, m, reference_entropy_weights(h, m), "unified", DHPO_EPS), m),
+    # not a row: DHPO at w = 1 with delta = 3 is VERL's vanilla loss at 0.2 / 0.28 with clip_ratio_c = 3
+    "DHPO-w1-delta3": lambda lp, old, a, m, h: seq_mean_token_mean(
+        verl_vanilla_terms(lp, old, a, m, 0.2, 0.28, 3.0), m),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("row", list(VERL_ROWS))
+def test_row_loss_and_gradient_are_verls(row, feature_model, tok, tmp_path):
+    """Each preset through a real DHPOTrainer, against a loop over VERL's definition of the row, on a batch where
+    the row's clips (and GRPO's dual clip) bind: same loss, same gradient for every parameter."""
+    inputs = binding_batch(feature_model)
+    setup = dict(SMALL_RUN, max_completion_length=7, **CPU)
+    if row == "DHPO-w1-delta3":
+        args = DHPOConfig(str(tmp_path), mixing="averaged", token_weight=1.0, delta=3.0, **setup)
+    else:
+        args = config_for(row, output_dir=str(tmp_path), **setup)
+    loss, grads, trainer = loss_and_grad(DHPOTrainer, args, feature_model, tok, inputs, accumulation=1)
+
+    input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
+    attention = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+    feature_model.zero_grad()
+    log_probs = feature_model(input_ids=input_ids, attention_mask=attention).logits[:, 4:-1].float().log_softmax(-1)
+    logps = log_probs.gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
+    with torch.no_grad():  # the entropies the trainer mixes with: w is min-max normalised over a narrow range, where
+        # the ~1e-6 float32 difference of a separate entropy computation would move w by ~1e-4
+        _, entropies, _ = trainer._get_per_token_logps_and_entropies(
+            feature_model, input_ids, attention, inputs["completion_ids"].size(1), compute_entropy=True
+        )
+    mask, old, advantages = inputs["completion_mask"].float(), inputs["old_per_token_logps"], inputs["advantages"]
+    ratio = torch.exp(logps - old).detach()
+    negative = advantages.unsqueeze(1) < 0
+    assert ((ratio > 3) & negative & mask.bool()).sum() >= 2  # the dual clip binds
+    assert ((ratio < 0.6) & negative & mask.bool()).any() and ((ratio > 1.4) & ~negative & mask.bool()).any()
+    reference = VERL_ROWS[row](logps, old, advantages, mask, entropies)
+    reference.backward()
+    assert loss.item() == pytest.approx(reference.item(), abs=1e-5)
+    for name, param in feature_model.named_parameters():
+        message = lambda m, name=name: f"{name}: {m}"
+        torch.testing.assert_close(grads[name], param.grad, atol=2e-6, rtol=1e-4, msg=message)
+    feature_model.zero_grad()
 
 
 # =============================================================================== (d) TRL features, end to end
