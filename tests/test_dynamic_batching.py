@@ -20,7 +20,7 @@ from transformers import Qwen3ForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
 from dhpo_trl import DHPOConfig, DHPOTrainer, batching
-from dhpo_trl.presets import config_for
+from dhpo_trl.presets import PAPER_ALGORITHMS, config_for
 from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
 
 from long_tail import MAX_COMPLETION, dataset, length_reward, long_tailed_rollout
@@ -56,7 +56,7 @@ RUN = dict(
 )  # fmt: skip
 
 
-@pytest.mark.parametrize("row", ["GMPO", "DHPO-A"])
+@pytest.mark.parametrize("row", ["GRPO", "GSPO", "GMPO", "CISPO", "DHPO-A"])
 def test_rows_update_as_with_trl_batching(tok, row, tmp_path):
     base, _ = parameter_change(tok, config_for(row, output_dir=str(tmp_path), dynamic_batching=False, **RUN, **CPU),
                                truncated_every=5)  # fmt: skip
@@ -65,6 +65,16 @@ def test_rows_update_as_with_trl_batching(tok, row, tmp_path):
     assert relative_gap(dynamic, base) < 1e-3
     padding = [entry["batching/padding_fraction"] for entry in trainer.state.log_history if "batching/padding_fraction" in entry]
     assert padding and all(0.0 <= value < 1.0 for value in padding)
+
+
+def test_grpo_row_updates_as_trl_grpo_trainer(tok, tmp_path):
+    """The GRPO row, dynamically batched, against `trl.GRPOTrainer` with the row's clip settings (dual clip too)."""
+    row = {key: value for key, value in PAPER_ALGORITHMS["GRPO"].items() if key != "algorithm"}
+    trl_config = GRPOConfig(str(tmp_path / "trl"), loss_type="grpo", **row, **RUN, **CPU)
+    trl, _ = parameter_change(tok, trl_config, trainer_cls=GRPOTrainer, truncated_every=5)
+    ours, trainer = parameter_change(tok, config_for("GRPO", output_dir=str(tmp_path), **RUN, **CPU), truncated_every=5)
+    assert trl.norm() > 1e-3 and relative_gap(ours, trl) < 1e-3
+    assert trainer.args.dynamic_batching and len({p["completion_mask"].size(0) for p in passes_of(trainer)}) > 1
 
 
 def passes_of(trainer):
