@@ -130,8 +130,10 @@ def test_gmpo_refuses_token_weighted_aggregations(tmp_path, loss_type):
 
 @pytest.mark.parametrize("algorithm", ["dhpo", "grpo", "gspo", "cispo"])
 def test_token_aggregations_stay_selectable(tmp_path, algorithm):
-    for loss_type in ("grpo", "bnpo", "dr_grpo", "dapo"):
+    for loss_type in ("grpo", "dr_grpo", "dapo"):
         assert make_config(tmp_path, algorithm=algorithm, loss_type=loss_type).loss_type == loss_type
+    # bnpo normalises per micro-batch: with TRL's batching only
+    assert make_config(tmp_path, algorithm=algorithm, loss_type="bnpo", dynamic_batching=False).loss_type == "bnpo"
 
 
 def test_settings_at_their_default_and_settings_that_act_are_accepted(tmp_path):

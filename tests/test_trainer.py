@@ -417,7 +417,7 @@ FEATURES = {
     "top_entropy_quantile": dict(top_entropy_quantile=0.4),
     "entropy_bonus": dict(entropy_coef=0.1),
     "off_policy_mask": dict(off_policy_mask_threshold=0.02),
-    "bnpo": dict(loss_type="bnpo"),
+    "bnpo": dict(loss_type="bnpo", dynamic_batching=False),
     "dr_grpo": dict(loss_type="dr_grpo"),
     "dapo": dict(loss_type="dapo"),
     "everything": dict(beta=0.05, top_entropy_quantile=0.6, entropy_coef=0.1, off_policy_mask_threshold=0.02,
@@ -496,6 +496,7 @@ def test_dhpo_e_aggregation_and_entropy_scope_by_hand(loss_type, scope, feature_
     inputs = fixed_batch(feature_model)
     accumulation = 2
     args = config_for("DHPO-E", output_dir=str(tmp_path), entropy_norm_scope=scope, loss_type=loss_type,
+                      dynamic_batching=loss_type != "bnpo",  # bnpo normalises per micro-batch: TRL's batching only
                       **dict(SMALL_RUN, max_completion_length=7, steps_per_generation=2), **CPU)  # fmt: skip
     loss, _, _ = loss_and_grad(DHPOTrainer, args, feature_model, tok, inputs, accumulation=accumulation)
 
@@ -616,7 +617,8 @@ def feature_runs(tok, tmp_path_factory):
             beta=0.05, entropy_coef=0.01, top_entropy_quantile=0.5, loss_type="dapo", entropy_norm_scope="sequence",
             eval_strategy="steps", eval_steps=2, per_device_eval_batch_size=4,
         ),
-        "opsm_bnpo_global": dict(off_policy_mask_threshold=0.01, loss_type="bnpo", entropy_norm_scope="global"),
+        "opsm_bnpo_global": dict(off_policy_mask_threshold=0.01, loss_type="bnpo", entropy_norm_scope="global",
+                                 dynamic_batching=False),
     }.items():  # fmt: skip
         args = config_for("DHPO-E", output_dir=str(tmp_path_factory.mktemp(name)), **SMALL_RUN, **features, **CPU)
         eval_dataset = eval_prompts if "eval_strategy" in features else None
