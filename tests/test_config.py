@@ -183,7 +183,8 @@ def test_validate_catches_a_config_mutated_after_construction(tmp_path):
 ON_POLICY = [
     dict(gradient_accumulation_steps=1, steps_per_generation=1),
     dict(gradient_accumulation_steps=4, steps_per_generation=4),
-    dict(gradient_accumulation_steps=4, steps_per_generation=2),  # two generation batches per optimizer step
+    # two generation batches per optimizer step (no whole window inside one generation batch: TRL's batching)
+    dict(gradient_accumulation_steps=4, steps_per_generation=2, dynamic_batching=False),
 ]
 OFF_POLICY_SETUPS = [
     dict(gradient_accumulation_steps=1, steps_per_generation=2),

@@ -107,6 +107,8 @@ def run(trainer_cls, args, tok, reward=digit_share, model=None, **kwargs):
 # =============================================================================== (a) equivalence with TRL
 # Two off-policy regimes: each batch reused for a second iteration, and two accumulated micro-batches per
 # optimizer step with two optimizer steps per generation batch (checks the accumulation normalisation too).
+# TRL's batching (dynamic_batching=False), so parameters and per-micro-batch metrics must match to float precision;
+# tests/test_dynamic_batching.py holds dynamic batching to the same updates.
 EQUIVALENCE = {
     "iterations": dict(SMALL_RUN, steps_per_generation=2, num_iterations=2, max_steps=6),
     "accumulation": dict(SMALL_RUN, gradient_accumulation_steps=2, steps_per_generation=4, max_steps=4),
@@ -137,8 +139,8 @@ def test_token_weight_one_and_zero_reproduce_trl(tmp_path, tok, level, regime):
     else:
         branch = dict(token_weight=0.0, epsilon_low_seq=eps_low, epsilon_high_seq=eps_high)
     setup = EQUIVALENCE[regime]
-    ours = run(DHPOTrainer, DHPOConfig(str(tmp_path / "dhpo"), mixing="averaged", **branch, **setup, **CPU),
-               tok, reward=reward_ours)  # fmt: skip
+    ours = run(DHPOTrainer, DHPOConfig(str(tmp_path / "dhpo"), mixing="averaged", **branch, **setup, **CPU,
+                                       dynamic_batching=False), tok, reward=reward_ours)  # fmt: skip
     trl_args = GRPOConfig(str(tmp_path / "trl"), loss_type="grpo", epsilon=eps_low, epsilon_high=eps_high,
                           importance_sampling_level=level, **setup, **CPU)  # fmt: skip
     trl = run(GRPOTrainer, trl_args, tok, reward=reward_trl)
@@ -171,7 +173,7 @@ def test_grpo_and_gspo_rows_reproduce_trl(tmp_path, tok, row, regime):
     reward_ours, seen_ours = recording_reward()
     reward_trl, seen_trl = recording_reward()
     setup = EQUIVALENCE[regime]
-    ours_args = config_for(row, output_dir=str(tmp_path / "dhpo"), **setup, **CPU)
+    ours_args = config_for(row, output_dir=str(tmp_path / "dhpo"), dynamic_batching=False, **setup, **CPU)
     ours = run(DHPOTrainer, ours_args, tok, reward=reward_ours)
     trl = run(GRPOTrainer, GRPOConfig(str(tmp_path / "trl"), **TRL_ROWS[row], **setup, **CPU), tok, reward=reward_trl)
     assert ours.state.global_step == trl.state.global_step == setup["max_steps"]
@@ -417,7 +419,7 @@ FEATURES = {
     "top_entropy_quantile": dict(top_entropy_quantile=0.4),
     "entropy_bonus": dict(entropy_coef=0.1),
     "off_policy_mask": dict(off_policy_mask_threshold=0.02),
-    "bnpo": dict(loss_type="bnpo", dynamic_batching=False),
+    "bnpo": dict(loss_type="bnpo"),
     "dr_grpo": dict(loss_type="dr_grpo"),
     "dapo": dict(loss_type="dapo"),
     "everything": dict(beta=0.05, top_entropy_quantile=0.6, entropy_coef=0.1, off_policy_mask_threshold=0.02,
@@ -444,7 +446,8 @@ def test_trl_features_match_trl(objective, feature, feature_model, tok, tmp_path
     inputs = fixed_batch(feature_model)
     common = dict(SMALL_RUN, max_completion_length=7, **FEATURES[feature], **CPU)
     ours_settings, trl_settings = TRL_EQUIVALENT[objective]
-    ours_args = DHPOConfig(str(tmp_path / "dhpo"), **ours_settings, **common)
+    batching = {"dynamic_batching": False} if feature == "bnpo" else {}  # bnpo: per micro-batch, TRL's batching only
+    ours_args = DHPOConfig(str(tmp_path / "dhpo"), **ours_settings, **common, **batching)
     trl_args = GRPOConfig(str(tmp_path / "trl"), **trl_settings, **{"loss_type": "grpo", **common})
     ours_loss, ours_grads, ours = loss_and_grad(DHPOTrainer, ours_args, feature_model, tok, inputs)
     trl_loss, trl_grads, trl = loss_and_grad(GRPOTrainer, trl_args, feature_model, tok, inputs)
