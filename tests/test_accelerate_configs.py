@@ -183,8 +183,11 @@ def test_fsdp2_config_wraps_each_decoder_layer(prepared, moe):
     assert result["fsdp_version"] == 2 and result["wrapped_classes"] == [expected] and result["wrapped_count"] == 2
 
 
-@pytest.mark.skipif(not _cpu_adam_is_built(), reason="DeepSpeed's cpu_adam op is not compiled yet (about 8 min on "
-                    "2 cores): python -c 'from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()'")
+@pytest.mark.skipif(
+    not _cpu_adam_is_built(),
+    reason="DeepSpeed's cpu_adam op is not compiled yet (about 8 min on "
+    "2 cores): python -c 'from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()'",
+)
 def test_offload_config_prepares_dense_and_moe_models_with_the_optimizer_on_cpu(prepared):
     for moe in (False, True):
         result = prepared[("zero3_offload.yaml", moe)]

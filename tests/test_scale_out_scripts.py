@@ -44,14 +44,18 @@ def test_shell_script_passes_bash_n_and_shellcheck(script):
 
 @pytest.mark.parametrize("script", SHELL_SCRIPTS)
 def test_files_a_script_names_exist(script):
-    for referenced in re.findall(r"(?:accelerate_configs|examples|scripts)/[\w./-]+\.(?:yaml|py|sh)", (ROOT / script).read_text()):
+    for referenced in re.findall(
+        r"(?:accelerate_configs|examples|scripts)/[\w./-]+\.(?:yaml|py|sh)", (ROOT / script).read_text()
+    ):
         assert (ROOT / referenced).is_file(), f"{script} refers to missing {referenced}"
 
 
 @pytest.mark.parametrize("script", [SINGLE_NODE, SLURM, "examples/vllm_server/wait_for_server.sh"])
 def test_no_variable_of_ours_uses_vllms_prefix(script):
     """vLLM reads VLLM_* itself (VLLM_PORT is the base of its internal ports); only VLLM_HOST_IP is set, on purpose."""
-    code = [line.split(" #")[0] for line in (ROOT / script).read_text().splitlines() if not line.lstrip().startswith("#")]
+    code = [
+        line.split(" #")[0] for line in (ROOT / script).read_text().splitlines() if not line.lstrip().startswith("#")
+    ]
     names = set(re.findall(r"\bVLLM_\w+", "\n".join(code)))
     assert names <= {"VLLM_HOST_IP"}, names
 
@@ -97,6 +101,18 @@ def _flag(argv, name):
     return argv[argv.index(name) + 1]
 
 
+def _parse_launch(argv):
+    """The recorded `accelerate launch` command through accelerate's parser, then train_dhpo.py's (on CPU)."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+    from dhpo_trl.cli import parse_args
+
+    launch, _, _ = _validate_launch_command(launch_command_parser().parse_args(argv[1:]))
+    assert launch.training_script == "examples/train_dhpo.py"
+    cpu = ["--use_cpu", "true", "--bf16", "false"]
+    return launch, parse_args([*launch.training_script_args, *cpu], num_processes=launch.num_processes)
+
+
 def _server_is_gone(fake_log, within_s=5.0) -> bool:
     pid = int((fake_log / "server.pid").read_text())
     deadline = time.monotonic() + within_s
@@ -109,9 +125,12 @@ def _server_is_gone(fake_log, within_s=5.0) -> bool:
     return False
 
 
-def test_single_node_waits_for_the_server_then_trains_and_stops_it(tmp_path):
+def test_single_node_waits_for_the_server_then_trains_and_stops_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
     recipe = "examples/recipes/dhpo_e_qwen3_4b_base.yaml"
-    result, _, fake_log = _run(SINGLE_NODE, tmp_path, ["--run_name", "two words"], RECIPE=recipe, FAKE_VLLM_DELAY="1.5")
+    result, _, fake_log = _run(
+        SINGLE_NODE, tmp_path, ["--run_name", "two words"], RECIPE=recipe, FAKE_VLLM_DELAY="1.5"
+    )
     assert result.returncode == 0, result.stderr
     server = json.loads((fake_log / "server.json").read_text())
     argv, env = _recorded_launch(fake_log)
@@ -129,6 +148,9 @@ def test_single_node_waits_for_the_server_then_trains_and_stops_it(tmp_path):
     assert _flag(argv, "--vllm_server_port") == str(server["args"]["port"])
     assert int(_flag(argv, "--ddp_timeout")) > int(_flag(argv, "--vllm_server_timeout"))
     assert argv[-2:] == ["--run_name", "two words"]  # extra arguments arrive unsplit
+    _, (_, config, model) = _parse_launch(argv)  # valid for the real parsers, and pointing at this server
+    assert (config.use_vllm, config.vllm_mode, config.vllm_server_port) == (True, "server", server["args"]["port"])
+    assert model.model_name_or_path == server["args"]["model"] and config.run_name == "two words"
     assert _server_is_gone(fake_log), "the server outlived the script"
 
 
@@ -162,7 +184,7 @@ def _slurm_env(**overrides):
     return {**env, **overrides}
 
 
-def test_slurm_serves_on_node_0_and_trains_on_the_others(tmp_path):
+def test_slurm_serves_on_node_0_and_trains_on_the_others(tmp_path, monkeypatch):
     result, _, fake_log = _run(
         SLURM, tmp_path, ["--run_name", "two words"], cwd=tmp_path, **_slurm_env(SERVER_TP="2", FAKE_VLLM_DELAY="1")
     )
@@ -176,9 +198,17 @@ def test_slurm_serves_on_node_0_and_trains_on_the_others(tmp_path):
     assert env["VLLM_HOST_IP"] == "127.0.0.1" and "127.0.0.1" in env["no_proxy"].split(",")
     assert env["SRUN_CPUS_PER_TASK"] == "24"
     assert _flag(argv, "--config_file") == "accelerate_configs/multi_node_zero3.yaml"
-    assert (_flag(argv, "--num_machines"), _flag(argv, "--num_processes"), _flag(argv, "--machine_rank")) == ("1", "8", "0")
+    assert (_flag(argv, "--num_machines"), _flag(argv, "--num_processes"), _flag(argv, "--machine_rank")) == (
+        "1",
+        "8",
+        "0",
+    )
     assert _flag(argv, "--main_process_ip") == "127.0.0.1" and _flag(argv, "--vllm_server_host") == "127.0.0.1"
     assert argv[-2:] == ["--run_name", "two words"]
+    monkeypatch.chdir(ROOT)
+    launch, (_, config, model) = _parse_launch(argv)
+    assert launch.use_deepspeed and config.vllm_server_port == server["args"]["port"] and config.ddp_timeout == 7200
+    assert model.model_name_or_path == server["args"]["model"]
     assert (tmp_path / "logs" / "vllm-4242.log").exists()
     assert _server_is_gone(fake_log)
 

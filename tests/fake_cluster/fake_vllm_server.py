@@ -2,7 +2,8 @@
 
 tests/fake_cluster/bin/trl runs it as `trl vllm-serve ...`. It parses its arguments with TRL's own `trl vllm-serve`
 parser (so the scripts' server command must be valid for it), records them and its environment to
-$FAKE_CLUSTER_LOG/server.json (its pid first, to server.pid), then behaves as FAKE_VLLM_MODE says, after FAKE_VLLM_DELAY seconds:
+$FAKE_CLUSTER_LOG/server.json (its pid first, to server.pid), then behaves as FAKE_VLLM_MODE says, after
+FAKE_VLLM_DELAY seconds:
   ok      answers /health with 200 and /get_world_size with {"world_size": TP x DP}, like vLLM's dev-mode server;
   die     prints a CUDA error and exits with status 1, like a server that fails while loading;
   silent  keeps answering /health with 503, like a server that never finishes loading.
