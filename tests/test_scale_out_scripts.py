@@ -6,6 +6,7 @@ was asked to run, `srun` and `scontrol` run the SLURM steps on this machine. The
 CPU here too (its GPU run needs a lent GPU).
 """
 
+import http.server
 import json
 import os
 import re
@@ -13,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -80,8 +82,8 @@ def _run(script, tmp_path, args=(), cwd=ROOT, timeout=90, **env_overrides):
     env.update(
         PATH=f"{FAKE_BIN}:{env['PATH']}", FAKE_PYTHON=sys.executable, FAKE_CLUSTER_LOG=str(fake_log),
         PYTHONPATH=str(ROOT), SERVER_PORT=str(_free_port()), SERVER_POLL_S="0.2", LOG_DIR=str(tmp_path / "logs"),
-        **env_overrides,
     )  # fmt: skip
+    env.update(env_overrides)
     result = subprocess.run(
         ["bash", str(ROOT / script), *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
     )
@@ -169,6 +171,36 @@ def test_single_node_gives_up_after_server_timeout_and_stops_the_server(tmp_path
     assert result.returncode == 1 and "did not answer" in result.stderr and "SERVER_TIMEOUT=3 s" in result.stderr
     assert ended - start < 30 and _recorded_launch(fake_log) is None
     assert _server_is_gone(fake_log)
+
+
+@pytest.mark.parametrize(
+    "world_size,message",
+    [("2", 'reports {"world_size": 2}, expected world_size 4'), ("none", "get_world_size does not answer")],
+)
+def test_single_node_refuses_a_server_that_is_not_the_one_it_started(tmp_path, world_size, message):
+    """Another server on the port, or a vLLM without the dev mode TRL's weight sync needs: stop before training."""
+    result, _, fake_log = _run(SINGLE_NODE, tmp_path, FAKE_VLLM_WORLD_SIZE=world_size, FAKE_VLLM_DELAY="0.5")
+    assert result.returncode == 1 and message in result.stderr, result.stderr
+    assert _recorded_launch(fake_log) is None and _server_is_gone(fake_log)
+
+
+def test_single_node_refuses_a_port_where_a_server_already_answers(tmp_path):
+    class Healthy(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    stale = http.server.HTTPServer(("127.0.0.1", 0), Healthy)
+    threading.Thread(target=stale.serve_forever, daemon=True).start()
+    try:
+        result, _, fake_log = _run(SINGLE_NODE, tmp_path, SERVER_PORT=str(stale.server_address[1]))
+    finally:
+        stale.shutdown()
+    assert result.returncode == 1 and "A server already answers" in result.stderr
+    assert not (fake_log / "server.pid").exists()
 
 
 @pytest.mark.parametrize("settings", [{"SERVER_TP": "2"}, {"SERVER_GPUS": "0,1", "SERVER_TP": "1", "SERVER_DP": "1"}])

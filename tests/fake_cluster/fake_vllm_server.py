@@ -7,6 +7,7 @@ FAKE_VLLM_DELAY seconds:
   ok      answers /health with 200 and /get_world_size with {"world_size": TP x DP}, like vLLM's dev-mode server;
   die     prints a CUDA error and exits with status 1, like a server that fails while loading;
   silent  keeps answering /health with 503, like a server that never finishes loading.
+FAKE_VLLM_WORLD_SIZE, if set, replaces TP x DP in /get_world_size; `none` makes it 404, like vLLM without dev mode.
 """
 
 import json
@@ -28,7 +29,7 @@ def main() -> None:
         args=sys.argv[2:], return_remaining_strings=True
     )
     mode, delay = os.environ.get("FAKE_VLLM_MODE", "ok"), float(os.environ.get("FAKE_VLLM_DELAY", "1"))
-    world_size = args.tensor_parallel_size * args.data_parallel_size
+    world_size = os.environ.get("FAKE_VLLM_WORLD_SIZE", args.tensor_parallel_size * args.data_parallel_size)
     record = {"args": asdict(args), "extra_args": extra, "env": dict(os.environ)}
     with open(os.path.join(log_dir, "server.json"), "w") as handle:
         json.dump(record, handle)
@@ -50,8 +51,8 @@ def _handler(world_size: int, ready_at: float, mode: str):
             ready = mode == "ok" and time.time() >= ready_at
             if path == "/health":
                 self._answer(200 if ready else 503, {})
-            elif path == "/get_world_size" and ready:
-                self._answer(200, {"world_size": world_size})
+            elif path == "/get_world_size" and ready and world_size != "none":
+                self._answer(200, {"world_size": int(world_size)})
             else:
                 self._answer(404, {})
 
