@@ -14,7 +14,8 @@ from urllib.parse import urlparse
 
 from trl.import_utils import is_vllm_available
 
-VLLM_INSTALL_HINT = 'pip install "dhpo-trl[vllm]"'
+# dhpo-trl is not on PyPI yet: install the extra from a clone of the repository.
+VLLM_INSTALL_HINT = 'pip install -e ".[vllm]"'
 # Per-attempt timeout of the health probe: a server that is up answers /health at once.
 PROBE_TIMEOUT_S = 2.0
 
@@ -70,8 +71,8 @@ def check_vllm_setup(args, model_name: str, is_main_process: bool = True) -> Non
         return
     if not is_vllm_available():
         raise ImportError(
-            f"DHPOConfig.use_vllm=True but vllm is not installed. Install it with `{VLLM_INSTALL_HINT}` "
-            "(needs a CUDA GPU), or set use_vllm=False to generate with transformers."
+            f"DHPOConfig.use_vllm=True but vllm is not installed. Install it with `{VLLM_INSTALL_HINT}` in a clone "
+            "of the dhpo-trl repository (needs a CUDA GPU), or set use_vllm=False to generate with transformers."
         )
     if args.vllm_mode == "server" and is_main_process:
         wait_for_vllm_server(args, model_name)

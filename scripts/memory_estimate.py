@@ -1,13 +1,14 @@
 """GPU memory of full DHPO training of Qwen3-30B-A3B under DeepSpeed ZeRO-3, derived from the model's config.
 
-    python scripts/memory_estimate.py                          # 8 GPUs, micro-batch 16, 1024 + 4096 tokens
-    python scripts/memory_estimate.py --gpus 7 --micro-batch 4 # GPU 0 of the node serves vLLM
-    python scripts/memory_estimate.py --gpus 8 --offload-optimizer
+    python scripts/memory_estimate.py                            # 8 GPUs, micro-batch 16, 1024 + 4096 tokens
+    python scripts/memory_estimate.py --gpus 8 --micro-batch 4   # the 30B-A3B recipe on 8 training GPUs
+    python scripts/memory_estimate.py --gpus 4 --micro-batch 4 --offload-optimizer   # GPUs 0-3 of the node serve vLLM
 
 docs/scale_out.md quotes its output. Bytes per parameter follow DeepSpeed's bf16 mixed precision: bf16 weights and
 gradients, fp32 master weights and fp32 Adam moments, all four sharded over the GPUs by ZeRO-3. Activations assume
 decoder-layer gradient checkpointing (TRL's default), FlashAttention/SDPA (no seq x seq matrix kept) and TRL's
-fused LM head (no batch x seq x vocab logits kept).
+fused LM head (no batch x seq x vocab logits kept). With --offload-optimizer, DeepSpeed keeps the fp32 master
+weights, the Adam moments and an fp32 copy of the gradients in CPU RAM (16 bytes per parameter, split over the nodes).
 """
 
 from __future__ import annotations
@@ -108,6 +109,7 @@ class Estimate:
     zero3_working_set: float
     runtime_reserve: float
     gpu_bytes: float
+    cpu_bytes_per_node: float  # offloaded optimizer state in each training node's RAM (0 without offload)
 
     @property
     def peak(self) -> float:
@@ -130,6 +132,7 @@ def estimate(
     gpu_gib: float = 79.6,  # an 80 GB H100 reports 81,559 MiB
     offload_optimizer: bool = False,
     runtime_reserve_gib: float = 3.0,
+    gpus_per_node: int = 8,
 ) -> Estimate:
     params = count_parameters(config)
     tokens = micro_batch * (prompt_tokens + completion_tokens)  # TRL pads every sequence of a micro-batch
@@ -148,6 +151,8 @@ def estimate(
         zero3_working_set=3 * block * 2,
         runtime_reserve=runtime_reserve_gib * GIB,  # CUDA context, NCCL buffers, allocator fragmentation
         gpu_bytes=gpu_gib * GIB,
+        # fp32 master weights (4 B), Adam m and v (8 B) and DeepSpeed's fp32 gradient partition (4 B) per parameter
+        cpu_bytes_per_node=16 * params.total * min(gpus, gpus_per_node) / gpus if offload_optimizer else 0.0,
     )
 
 
@@ -178,6 +183,8 @@ def report(e: Estimate, gpus: int, micro_batch: int, prompt_tokens: int, complet
         f"  {'peak':<34}{e.peak / GIB:8.2f} GiB of {e.gpu_bytes / GIB:.1f} GiB -> "
         + (f"fits ({(e.gpu_bytes - e.peak) / GIB:.1f} GiB spare)" if e.fits else "does NOT fit"),
     ]
+    if e.cpu_bytes_per_node:
+        lines.append(f"  {'CPU RAM per node, offloaded state':<34}{e.cpu_bytes_per_node / GIB:8.2f} GiB")
     return "\n".join(lines)
 
 
@@ -189,10 +196,12 @@ def main(argv=None):
     parser.add_argument("--completion-tokens", type=int, default=4096)
     parser.add_argument("--gpu-gib", type=float, default=79.6, help="usable GPU memory (80 GB H100: 79.6)")
     parser.add_argument("--offload-optimizer", action="store_true", help="offload_optimizer_device: cpu")
+    parser.add_argument("--gpus-per-node", type=int, default=8, help="training GPUs per node (for CPU RAM per node)")
     args = parser.parse_args(argv)
     result = estimate(
         gpus=args.gpus, micro_batch=args.micro_batch, prompt_tokens=args.prompt_tokens,
         completion_tokens=args.completion_tokens, gpu_gib=args.gpu_gib, offload_optimizer=args.offload_optimizer,
+        gpus_per_node=args.gpus_per_node,
     )  # fmt: skip
     print(report(result, args.gpus, args.micro_batch, args.prompt_tokens, args.completion_tokens))
     return result

@@ -15,7 +15,7 @@ stamp="$venv/.dhpo-installed"
 if [ ! -f "$stamp" ] || [ "$repo_root/pyproject.toml" -nt "$stamp" ]; then
   python -m pip install -q --upgrade pip
   python -m pip install -q "torch==2.13.0"
-  python -m pip install -q -e "$repo_root[test]"
+  python -m pip install -q -e "${repo_root}[test]"
   # DeepSpeed ships as an sdist whose build imports torch: build it against the torch above (no isolated
   # build env, which would fetch a CUDA torch) and without compiling ops ahead of time.
   DS_BUILD_OPS=0 python -m pip install -q --no-build-isolation "deepspeed>=0.18.6,<0.20"

@@ -1,12 +1,19 @@
-"""Every file in accelerate_configs/ loads with accelerate's own loader and launcher and says what its header says."""
+"""Every file in accelerate_configs/ loads with accelerate's own loader and launcher, says what its header says,
+keeps the GPUs that CUDA_VISIBLE_DEVICES selects, and prepares a tiny dense and a tiny MoE model on CPU."""
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
 from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env, prepare_simple_launcher_cmd_env
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "accelerate_configs"
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG_DIR = ROOT / "accelerate_configs"
 
 # file -> (distributed type, ZeRO stage or None, processes, machines)
 EXPECTED = {
@@ -15,6 +22,7 @@ EXPECTED = {
     "zero2.yaml": ("DEEPSPEED", 2, 8, 1),
     "zero3.yaml": ("DEEPSPEED", 3, 8, 1),
     "zero3_moe.yaml": ("DEEPSPEED", 3, 8, 1),
+    "zero3_offload.yaml": ("DEEPSPEED", 3, 8, 1),
     "fsdp2.yaml": ("FSDP", None, 8, 1),
     "multi_node_zero3.yaml": ("DEEPSPEED", 3, 32, 4),
 }
@@ -24,6 +32,20 @@ def _launch_args(name, *overrides):
     parser = launch_command_parser()
     args = parser.parse_args(["--config_file", str(CONFIG_DIR / name), *overrides, "train.py"])
     return _validate_launch_command(args)[0], {action.dest for action in parser._actions}
+
+
+def launcher_env(name, *overrides) -> dict:
+    """The environment `accelerate launch --config_file <name> <overrides>` gives the training processes, computed by
+    accelerate's own code: the same dispatch as `accelerate.commands.launch.launch_command`, without the launch."""
+    args = launch_command_parser().parse_args(["--config_file", str(CONFIG_DIR / name), *overrides, "train.py"])
+    args, defaults, mixed_precision_from_config = _validate_launch_command(args)
+    if args.use_deepspeed:
+        fields = list(defaults.deepspeed_config) + (["mixed_precision"] if mixed_precision_from_config else [])
+        args.deepspeed_fields_from_accelerate_config = ",".join(fields)
+        return prepare_deepspeed_cmd_env(args)[1]
+    if args.use_fsdp or args.multi_gpu:
+        return prepare_multi_gpu_env(args)
+    return prepare_simple_launcher_cmd_env(args)[1]
 
 
 def test_the_directory_holds_exactly_the_documented_files():
@@ -47,6 +69,8 @@ def test_config_loads_with_accelerate(name):
         # ZeRO-3 builds the model sharded and saves a loadable bf16 checkpoint; ZeRO-2 must not try zero.Init
         assert config.deepspeed_config["zero3_init_flag"] is (stage == 3)
         assert config.deepspeed_config.get("zero3_save_16bit_model", False) is (stage == 3)
+        offload = "cpu" if name == "zero3_offload.yaml" else "none"
+        assert config.deepspeed_config["offload_optimizer_device"] == offload
     if name == "fsdp2.yaml":
         assert config.fsdp_config["fsdp_version"] == 2
 
@@ -62,11 +86,21 @@ def test_every_nested_key_is_a_launcher_option(name):
         assert key in options, key
 
 
-@pytest.mark.parametrize("name", ["zero3_moe.yaml", "multi_node_zero3.yaml"])
-def test_moe_configs_name_the_qwen3_moe_block(name):
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_only_the_moe_only_config_names_an_moe_class(name):
+    """accelerate raises for a model without the named class, so a config meant for dense models must name none."""
     args, _ = _launch_args(name)
-    assert args.use_deepspeed and int(args.zero_stage) == 3
-    assert args.deepspeed_moe_layer_cls_names == "Qwen3MoeSparseMoeBlock"
+    expected = "Qwen3MoeSparseMoeBlock" if name == "zero3_moe.yaml" else None
+    assert getattr(args, "deepspeed_moe_layer_cls_names", None) == expected
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_launcher_keeps_the_gpus_cuda_visible_devices_selects(name, monkeypatch):
+    """`CUDA_VISIBLE_DEVICES=4,5 accelerate launch ...` must train on GPUs 4 and 5: a `gpu_ids` other than `all`
+    makes accelerate overwrite the variable (single_gpu.yaml with gpu_ids '0' trained on GPU 0, the vLLM GPU)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    env = launcher_env(name, "--num_machines", "1", "--machine_rank", "0", "--main_process_port", "29512")
+    assert env["CUDA_VISIBLE_DEVICES"] == "4,5"
 
 
 def test_multi_node_values_come_from_the_command_line():
@@ -79,3 +113,85 @@ def test_multi_node_values_come_from_the_command_line():
     assert (args.num_machines, args.num_processes) == (3, 24)
     defaults, _ = _launch_args("multi_node_zero3.yaml")
     assert (defaults.machine_rank, defaults.num_machines, defaults.num_processes) == (0, 4, 32)
+
+
+# ------------------------------------------------------------------ prepare a dense and an MoE model on CPU
+def _cpu_adam_is_built() -> bool:
+    """CPU optimizer offload runs DeepSpeedCPUAdam, a C++ op that DeepSpeed compiles on first use (~8 min here)."""
+    from torch.utils.cpp_extension import _get_build_directory
+
+    return (Path(_get_build_directory("cpu_adam", verbose=False)) / "cpu_adam.so").exists()
+
+
+def _prepare(names) -> dict:
+    overrides = ("--num_processes", "1", "--num_machines", "1", "--machine_rank", "0", "--main_process_port", "29513")
+    cases = []
+    for name in names:
+        env = launcher_env(name, *overrides)
+        env = {key: value for key, value in env.items() if key.startswith(("ACCELERATE_", "FSDP_"))}
+        cases.append({"name": name, "env": env, "cpu": EXPECTED[name][0] == "MULTI_GPU"})
+    child_env = dict(os.environ, LOCAL_RANK="0", RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+                     MASTER_ADDR="127.0.0.1", MASTER_PORT="29514", DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="",
+                     OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))  # fmt: skip
+    command = [sys.executable, str(ROOT / "tests/dist_scripts/accelerate_prepare.py"), json.dumps(cases)]
+    result = subprocess.run(command, env=child_env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [json.loads(line[len("RESULT ") :]) for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    return {(line["config"], line["moe"]): line for line in lines}
+
+
+@pytest.fixture(scope="module")
+def prepared():
+    pytest.importorskip("deepspeed")
+    names = [name for name in EXPECTED if name != "zero3_offload.yaml" or _cpu_adam_is_built()]
+    return _prepare(sorted(names))
+
+
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+@pytest.mark.parametrize("name", sorted(name for name in EXPECTED if EXPECTED[name][0] == "DEEPSPEED"
+                                        and name != "zero3_offload.yaml"))  # fmt: skip
+def test_deepspeed_configs_prepare_dense_and_moe_models(prepared, name, moe):
+    result = prepared[(name, moe)]
+    if name == "zero3_moe.yaml" and not moe:  # the one config that is for MoE models only, as its header says
+        assert result["error"] == (
+            "Exception: Could not find a transformer layer class called 'Qwen3MoeSparseMoeBlock' to wrap in the model."
+        )
+        return
+    assert "error" not in result, result
+    assert (result["distributed_type"], result["wrapped"]) == ("DEEPSPEED", "DeepSpeedEngine")
+    assert result["zero_stage"] == EXPECTED[name][1] and result["offload_optimizer"] == "none"
+    assert result["base_optimizer"] == "AdamW"
+    if result["zero_stage"] == 3:  # one ZeRO-3 leaf per MoE layer of the 2-layer model; none in a dense model
+        assert result["leaves"] == (2 if moe else 0)
+    assert 3.0 < result["loss"] < 6.0  # a finite language-model loss after a real optimizer step
+
+
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+def test_single_and_multi_gpu_configs_prepare_on_cpu(prepared, moe):
+    single, multi = prepared[("single_gpu.yaml", moe)], prepared[("multi_gpu.yaml", moe)]
+    assert "error" not in single and "error" not in multi, (single, multi)
+    assert single["distributed_type"] == "NO" and single["wrapped"] in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM")
+    # accelerate's CPU counterpart of multi-GPU data parallelism: DDP over gloo
+    assert (multi["distributed_type"], multi["wrapped"]) == ("MULTI_CPU", "DistributedDataParallel")
+
+
+@pytest.mark.parametrize("moe", [False, True], ids=["dense", "moe"])
+def test_fsdp2_config_wraps_each_decoder_layer(prepared, moe):
+    result = prepared[("fsdp2.yaml", moe)]
+    assert "error" not in result, result
+    expected = "Qwen3MoeDecoderLayer" if moe else "Qwen3DecoderLayer"
+    assert result["fsdp_version"] == 2 and result["wrapped_classes"] == [expected] and result["wrapped_count"] == 2
+
+
+@pytest.mark.skipif(
+    not _cpu_adam_is_built(),
+    reason="DeepSpeed's cpu_adam op is not compiled yet (about 8 min on "
+    "2 cores): python -c 'from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()'",
+)
+def test_offload_config_prepares_dense_and_moe_models_with_the_optimizer_on_cpu(prepared):
+    for moe in (False, True):
+        result = prepared[("zero3_offload.yaml", moe)]
+        assert "error" not in result, result
+        assert (result["wrapped"], result["zero_stage"], result["offload_optimizer"]) == ("DeepSpeedEngine", 3, "cpu")
+        assert result["leaves"] == (2 if moe else 0) and 3.0 < result["loss"] < 6.0
+        assert result["base_optimizer"] == "DeepSpeedCPUAdam"  # accelerate swaps AdamW for DeepSpeed's CPU Adam

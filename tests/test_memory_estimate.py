@@ -42,3 +42,13 @@ def test_report_prints_the_computed_numbers(capsys):
     out = capsys.readouterr().out
     assert "30,532,122,624" in out
     assert f"{result.peak / GIB:8.2f} GiB" in out and "fits" in out
+
+
+def test_offloaded_optimizer_state_lands_in_each_nodes_ram():
+    total = memory_estimate.count_parameters(memory_estimate.QWEN3_30B_A3B).total
+    one_node = memory_estimate.estimate(gpus=4, micro_batch=4, offload_optimizer=True)
+    assert one_node.cpu_bytes_per_node == pytest.approx(16 * total)  # ~490 GB: all of it on the one training node
+    assert one_node.fits and one_node.peak / GIB == pytest.approx(43.57, abs=0.01)  # as docs/scale_out.md quotes
+    four_nodes = memory_estimate.estimate(gpus=32, offload_optimizer=True)
+    assert four_nodes.cpu_bytes_per_node == pytest.approx(16 * total / 4)
+    assert memory_estimate.estimate(gpus=4).cpu_bytes_per_node == 0 and not memory_estimate.estimate(gpus=4).fits

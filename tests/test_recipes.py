@@ -98,3 +98,14 @@ def test_unknown_key_in_a_yaml_is_an_error(tmp_path):
     overlay.write_text("epsilon_hihg: 0.3\n")
     with pytest.raises(ValueError, match="epsilon_hihg"):
         load_recipe(RECIPES / "dhpo_e_qwen3_1.7b_base.yaml", [overlay], num_processes=8, overrides=CPU)
+
+
+@pytest.mark.parametrize("recipe", sorted(MODELS))
+def test_recipe_bounds_its_checkpoints_and_waits_long_enough_for_the_server(recipe):
+    """Checkpoints: a ZeRO-3 checkpoint with optimizer shards is ~14 bytes per parameter (~430 GB for 30B-A3B), so
+    every recipe keeps a bounded number; 30B-A3B keeps the bf16 weights only. ddp_timeout: rank 0 alone waits for
+    the server and generates for every rank while the others wait in a collective (1800 s by default)."""
+    _, config, _ = load_recipe(RECIPES / recipe, num_processes=8, overrides=CPU)
+    assert config.save_strategy == "steps" and 1 <= config.save_total_limit <= 3
+    assert config.save_only_model is ("30b" in recipe)  # the dense ones stay resumable
+    assert config.ddp_timeout >= 2 * 1800  # well above the --vllm_server_timeout 1800 that the printed commands use

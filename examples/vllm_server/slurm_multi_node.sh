@@ -1,51 +1,90 @@
 #!/usr/bin/env bash
-# DHPO on several nodes with SLURM: the first node serves vLLM, the others train with ZeRO-3.
+# DHPO on several nodes with SLURM: the first node serves vLLM on its GPUs, the others train with ZeRO-3.
 # Default: 5 nodes = 1 vLLM node + 4 x 8 training GPUs (the paper's 4 x 8 H100), Qwen3-30B-A3B-Base.
+# Submit from the repository root, with the environment that has dhpo-trl, vLLM and DeepSpeed active:
 #
-#   sbatch examples/vllm_server/slurm_multi_node.sh                 # or: sbatch --nodes 3 ... (1 vLLM + 2 training)
-#   MODEL=... RECIPE=... sbatch examples/vllm_server/slurm_multi_node.sh --per_device_train_batch_size 8
+#   sbatch examples/vllm_server/slurm_multi_node.sh
+#   sbatch --nodes 3 examples/vllm_server/slurm_multi_node.sh --per_device_train_batch_size 8  # 1 vLLM + 2 x 8 GPUs
+#   RECIPE=examples/recipes/dhpo_e_qwen3_4b_base.yaml SERVER_TP=8 \
+#     sbatch --nodes 2 examples/vllm_server/slurm_multi_node.sh    # a dense model: tensor parallel, DP 1
 #
-# Extra arguments go to examples/train_dhpo.py. accelerate's YAML cannot read environment variables, so each
-# training node gets its rank and the rendezvous address on the command line (--machine_rank $SLURM_PROCID ...).
+# Extra arguments go to examples/train_dhpo.py. Settings (environment): RECIPE, MODEL (default: the recipe's),
+# ACCELERATE_CONFIG, GPUS_PER_NODE, SERVER_TP (default 1) and SERVER_DP (default GPUS_PER_NODE / SERVER_TP),
+# SERVER_PORT, SERVER_TIMEOUT, SERVER_ARGS, MASTER_PORT, DDP_TIMEOUT, LOG_DIR, and SERVER_ADDR / TRAINER_ADDR to
+# override the addresses resolved from the node names. See docs/scale_out.md.
 #SBATCH --job-name=dhpo
 #SBATCH --nodes=5
 #SBATCH --ntasks-per-node=1
 #SBATCH --gres=gpu:8
+#SBATCH --cpus-per-task=32
+#SBATCH --mem=0
 #SBATCH --exclusive
 #SBATCH --time=72:00:00
-#SBATCH --output=logs/%x-%j.out
+#SBATCH --output=%x-%j.out
+# --output: Slurm opens it before the script runs and creates no folder, so it goes to the submit directory.
+# --cpus-per-task: cores for the 8 training processes, their data loading and the math-verify reward (raise it to
+# your nodes' core count). --mem=0: all of each node's RAM (CPU optimizer offload of 30B-A3B needs ~490 GB).
 set -euo pipefail
-cd "${SLURM_SUBMIT_DIR:-$(dirname "$0")/../..}"
+cd "${SLURM_SUBMIT_DIR:-.}"
+[[ -f examples/train_dhpo.py ]] || { echo "Submit from the repository root." >&2; exit 1; }
+# shellcheck source=examples/vllm_server/wait_for_server.sh
+source examples/vllm_server/wait_for_server.sh
 
-export MODEL=${MODEL:-Qwen/Qwen3-30B-A3B-Base}
 export RECIPE=${RECIPE:-examples/recipes/dhpo_e_qwen3_30b_a3b_base.yaml}
+[[ -f $RECIPE ]] || die "RECIPE=$RECIPE: no such file."
+MODEL=${MODEL:-$(awk '$1 == "model_name_or_path:" { print $2 }' "$RECIPE")}  # server and trainer: the same model
+[[ -n $MODEL ]] || die "Set MODEL: $RECIPE has no model_name_or_path."
+export MODEL
 export ACCELERATE_CONFIG=${ACCELERATE_CONFIG:-accelerate_configs/multi_node_zero3.yaml}
 export GPUS_PER_NODE=${GPUS_PER_NODE:-8}
-VLLM_TP=${VLLM_TP:-1}                  # 30B-A3B in bf16 (61 GB) fits one 80 GB GPU, with a small KV cache;
-VLLM_DP=${VLLM_DP:-$GPUS_PER_NODE}     # TP=2, DP=4 gives each replica more KV cache. TP x DP = GPUs of the node.
-export VLLM_PORT=${VLLM_PORT:-8000}
-
-mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
-(( ${#NODES[@]} >= 2 )) || { echo "need at least 2 nodes: 1 for vLLM, 1+ for training" >&2; exit 1; }
-export VLLM_NODE=${NODES[0]}
-TRAIN_NODES=("${NODES[@]:1}")
-export NUM_TRAIN_NODES=${#TRAIN_NODES[@]}
-export MASTER_ADDR=${TRAIN_NODES[0]}
+SERVER_TP=${SERVER_TP:-1}   # 30B-A3B: with DP 8 its experts are sharded over all 8 GPUs (vLLM: TP x DP group)
+SERVER_DP=${SERVER_DP:-$((GPUS_PER_NODE / SERVER_TP))}
+export SERVER_PORT=${SERVER_PORT:-8000}
+SERVER_TIMEOUT=${SERVER_TIMEOUT:-3600}  # seconds; a first start downloads the model (61 GB for 30B-A3B)
+SERVER_ARGS=${SERVER_ARGS:-}
 export MASTER_PORT=${MASTER_PORT:-29500}
-export EXTRA_ARGS="$*"
-mkdir -p logs
+export DDP_TIMEOUT=${DDP_TIMEOUT:-7200}
+LOG_DIR=${LOG_DIR:-logs}
+read -ra server_args <<<"$SERVER_ARGS"
+(( SERVER_DP >= 1 && SERVER_TP * SERVER_DP <= GPUS_PER_NODE )) \
+  || die "SERVER_TP=$SERVER_TP x SERVER_DP=$SERVER_DP must use 1 to $GPUS_PER_NODE GPUs of the vLLM node."
+# Slurm >= 22.05: job steps no longer inherit --cpus-per-task; without this each srun task would get one core.
+if [[ -n ${SLURM_CPUS_PER_TASK:-} ]]; then export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK; fi
 
-srun --nodes=1 --ntasks=1 --nodelist="$VLLM_NODE" \
-  trl vllm-serve --model "$MODEL" --tensor-parallel-size "$VLLM_TP" --data-parallel-size "$VLLM_DP" \
-  --host 0.0.0.0 --port "$VLLM_PORT" > "logs/vllm-${SLURM_JOB_ID}.log" 2>&1 &
+mapfile -t nodes < <(scontrol show hostnames "${SLURM_JOB_NODELIST:?submit this script with sbatch}")
+(( ${#nodes[@]} >= 2 )) || die "Need at least 2 nodes: 1 for vLLM, 1 or more for training."
+train_nodes=("${nodes[@]:1}")
+export NUM_TRAIN_NODES=${#train_nodes[@]}
+# The server binds to its cluster address, not 0.0.0.0 (vLLM's dev mode has endpoints that overwrite weights), and
+# training rank 0, on the first training node, tells the server's workers to join the weight sync at TRAINER_ADDR.
+export SERVER_ADDR=${SERVER_ADDR:-$(resolve "${nodes[0]}")}
+export TRAINER_ADDR=${TRAINER_ADDR:-$(resolve "${train_nodes[0]}")}
+[[ -n $SERVER_ADDR && -n $TRAINER_ADDR ]] \
+  || die "Cannot resolve ${nodes[0]} or ${train_nodes[0]}: set SERVER_ADDR and TRAINER_ADDR."
+# The health probe and TRL's client (requests) must reach the server directly, not through a cluster HTTP proxy.
+export no_proxy=$SERVER_ADDR,$TRAINER_ADDR${no_proxy:+,$no_proxy}
+export NO_PROXY=$no_proxy
 
-# One task per training node; SLURM_PROCID (0..NUM_TRAIN_NODES-1) is the node's machine rank.
+mkdir -p "$LOG_DIR"
+log=$LOG_DIR/vllm-${SLURM_JOB_ID}.log
+srun --nodes=1 --ntasks=1 --nodelist="${nodes[0]}" \
+  trl vllm-serve --model "$MODEL" --host "$SERVER_ADDR" --port "$SERVER_PORT" \
+  --tensor-parallel-size "$SERVER_TP" --data-parallel-size "$SERVER_DP" "${server_args[@]}" >"$log" 2>&1 &
+server_pid=$!
+trap 'kill "$server_pid" 2>/dev/null || true' EXIT
+trap 'exit 130' INT TERM
+url=http://$SERVER_ADDR:$SERVER_PORT
+wait_for_vllm_server "$url" "$server_pid" "$SERVER_TIMEOUT" "$log" $((SERVER_TP * SERVER_DP))
+
+# One task per training node; SLURM_PROCID (0 .. NUM_TRAIN_NODES-1) is its machine rank. The single-quoted command
+# is expanded on each node; the extra arguments reach train_dhpo.py unchanged as "$@" (bash -c '...' bash "$@").
+# VLLM_HOST_IP is vLLM's variable, read by TRL on training rank 0 only, and set for the training nodes only.
+# shellcheck disable=SC2016
 srun --nodes="$NUM_TRAIN_NODES" --ntasks="$NUM_TRAIN_NODES" --ntasks-per-node=1 \
-  --nodelist="$(IFS=,; echo "${TRAIN_NODES[*]}")" bash -c '
-  accelerate launch --config_file "$ACCELERATE_CONFIG" \
+  --nodelist="$(IFS=,; echo "${train_nodes[*]}")" bash -c '
+  VLLM_HOST_IP=$TRAINER_ADDR accelerate launch --config_file "$ACCELERATE_CONFIG" \
     --num_machines "$NUM_TRAIN_NODES" --num_processes $((NUM_TRAIN_NODES * GPUS_PER_NODE)) \
-    --machine_rank "$SLURM_PROCID" --main_process_ip "$MASTER_ADDR" --main_process_port "$MASTER_PORT" \
+    --machine_rank "$SLURM_PROCID" --main_process_ip "$TRAINER_ADDR" --main_process_port "$MASTER_PORT" \
     examples/train_dhpo.py --config "$RECIPE" --model_name_or_path "$MODEL" \
-    --use_vllm true --vllm_mode server \
-    --vllm_server_host "$VLLM_NODE" --vllm_server_port "$VLLM_PORT" --vllm_server_timeout 1800 \
-    $EXTRA_ARGS'
+    --use_vllm true --vllm_mode server --vllm_server_host "$SERVER_ADDR" --vllm_server_port "$SERVER_PORT" \
+    --vllm_server_timeout 600 --ddp_timeout "$DDP_TIMEOUT" "$@"' bash "$@"
