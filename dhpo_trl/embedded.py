@@ -13,6 +13,7 @@ Python entry point used by the study script, the notebook and the tests.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -40,14 +41,52 @@ class EmbeddedSettings:
     warmup_steps: int = 350  # supervised warm-start steps: stopped early, so the policy is right ~30% of the time
     max_steps: int = 300  # optimizer steps of RL
     learning_rate: float = 2e-4
-    prompts_per_step: int = 16  # prompts per optimizer step; x num_generations completions
+    prompts_per_generation: int = 32  # prompts per generation batch; x num_generations completions
     num_generations: int = 8
+    # Optimizer steps per generation batch (k): the generation batch is split into k equal optimizer steps, each
+    # sample used once, so k >= 2 is off-policy (the paper: 2) and the drift from pi_old grows with k.
+    steps_per_generation: int = 2
+    # Micro-batches per optimizer step: dynamic batching regroups sequences by length within these windows.
+    gradient_accumulation_steps: int = 1
     max_completion_length: int = 12
     eval_every: int = 30
 
+    def per_device_train_batch_size(self) -> int:
+        """Sequences per micro-batch: the generation batch split into k optimizer steps of GA micro-batches."""
+        completions = self.prompts_per_generation * self.num_generations
+        micro_batches = self.steps_per_generation * self.gradient_accumulation_steps
+        if completions % micro_batches:
+            raise ValueError(
+                f"EmbeddedSettings: prompts_per_generation x num_generations = {completions} completions do not split "
+                f"into steps_per_generation x gradient_accumulation_steps = {micro_batches} equal micro-batches: "
+                "make the product divide the generation batch."
+            )
+        return completions // micro_batches
 
-def greedy_accuracy(model, tokenizer, problems: list[Problem], *, max_new_tokens: int, batch_size: int = 200) -> float:
-    """Fraction of `problems` whose greedy completion `math_verify_reward` scores 1.0."""
+
+def memoized_reward(reward):
+    """`reward(completions, answer)` with each (completion, answer) pair scored once per process.
+
+    The reward is a pure function of the pair, so the scores are unchanged; what changes is the time. math-verify
+    parses a completion in milliseconds, and a sharpening policy repeats the same completions (within a group of
+    samples, and in every held-out evaluation), so on this task most calls become look-ups.
+    """
+    memo: dict[tuple[str, str], float] = {}
+
+    @functools.wraps(reward)  # keeps the name: TRL logs rewards/<name>/mean
+    def memoized(completions, answer, **kwargs):
+        pairs = list(zip(completions, answer, strict=True))
+        missing = [pair for pair in dict.fromkeys(pairs) if pair not in memo]
+        if missing:
+            memo.update(zip(missing, reward([c for c, _ in missing], [a for _, a in missing]), strict=True))
+        return [memo[pair] for pair in pairs]
+
+    return memoized
+
+
+def greedy_accuracy(model, tokenizer, problems: list[Problem], *, max_new_tokens: int, batch_size: int = 200,
+                    reward=math_verify_reward) -> float:  # fmt: skip
+    """Fraction of `problems` whose greedy completion `reward` (math-verify's) scores 1.0."""
     was_training = model.training
     model.eval()
     tokenizer.padding_side = "left"
@@ -61,7 +100,7 @@ def greedy_accuracy(model, tokenizer, problems: list[Problem], *, max_new_tokens
                 eos_token_id=tokenizer.eos_token_id,
             )  # fmt: skip
             texts = tokenizer.batch_decode(generated[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
-            scores += math_verify_reward(texts, [p.answer for p in chunk])
+            scores += reward(texts, [p.answer for p in chunk])
     model.train(was_training)
     return sum(scores) / len(scores)
 
@@ -69,16 +108,21 @@ def greedy_accuracy(model, tokenizer, problems: list[Problem], *, max_new_tokens
 class HeldoutAccuracyCallback(TrainerCallback):
     """Logs `eval/heldout_accuracy` (greedy, scored by the math reward) into the log history every `every` steps."""
 
-    def __init__(self, tokenizer, problems: list[Problem], *, every: int, max_new_tokens: int, initial: float):
+    def __init__(self, tokenizer, problems: list[Problem], *, every: int, max_new_tokens: int, initial: float,
+                 reward=math_verify_reward):  # fmt: skip
         self.tokenizer, self.problems, self.every, self.max_new_tokens = tokenizer, problems, every, max_new_tokens
-        self.initial = initial  # measured before training, logged at step 0
+        self.initial, self.reward = initial, reward  # initial: measured before training, logged at step 0
+        self.seconds = 0.0  # time spent evaluating during training
 
     def on_train_begin(self, args, state, control, **kwargs):
         state.log_history.append({"eval/heldout_accuracy": self.initial, "step": 0})
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         if state.global_step % self.every == 0 or state.global_step == state.max_steps:
-            accuracy = greedy_accuracy(model, self.tokenizer, self.problems, max_new_tokens=self.max_new_tokens)
+            started = time.perf_counter()
+            accuracy = greedy_accuracy(model, self.tokenizer, self.problems, max_new_tokens=self.max_new_tokens,
+                                       reward=self.reward)  # fmt: skip
+            self.seconds += time.perf_counter() - started
             state.log_history.append({"eval/heldout_accuracy": accuracy, "step": state.global_step})
             if state.is_world_process_zero:
                 print(f"\n[step {state.global_step}] held-out accuracy {accuracy:.1%}", flush=True)
@@ -119,6 +163,18 @@ def _plot(log_history: list[dict], path: Path, title: str) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def load_task(settings: EmbeddedSettings, num_heldout: int | None = None, *, cache_dir=None, use_cache=True):
+    """`(train problems, held-out problems, (model, tokenizer, from_cache))`: the task and its (cached) warm start.
+
+    Both depend on the task settings only, not on the RL seed, the held-out size or the RL settings: every
+    algorithm, seed and staleness of a study starts from the same policy.
+    """
+    num_heldout = settings.num_heldout if num_heldout is None else num_heldout
+    train_problems, heldout_problems = make_splits(settings.num_train, num_heldout, digits=settings.digits, seed=0)
+    warm = WarmStartSettings(steps=settings.warmup_steps, problems=train_problems)
+    return train_problems, heldout_problems, load_or_warm_start(warm, cache_dir=cache_dir, use_cache=use_cache)
 
 
 def run_embedded(
@@ -165,24 +221,25 @@ def _run(algorithm, seed, max_steps, output_dir, eval_every, num_heldout, cache_
     output_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
 
-    # The task and the warm start depend on the task settings only, not on the RL seed: every algorithm and seed
-    # of a study starts from the same policy.
-    train_problems, heldout_problems = make_splits(settings.num_train, num_heldout, digits=settings.digits, seed=0)
-    warm = WarmStartSettings(steps=settings.warmup_steps, problems=train_problems)
-    model, tokenizer, from_cache = load_or_warm_start(warm, cache_dir=cache_dir, use_cache=use_cache)
+    train_problems, heldout_problems, (model, tokenizer, from_cache) = load_task(
+        settings, num_heldout, cache_dir=cache_dir, use_cache=use_cache
+    )
     warm_seconds = time.perf_counter() - started
-    before = greedy_accuracy(model, tokenizer, heldout_problems, max_new_tokens=settings.max_completion_length)
+    reward = memoized_reward(math_verify_reward)  # one memo for training and evaluation: same scores, less time
+    before = greedy_accuracy(model, tokenizer, heldout_problems, max_new_tokens=settings.max_completion_length,
+                             reward=reward)  # fmt: skip
+    baseline_seconds = time.perf_counter() - started - warm_seconds
     print(f"Warm start {'loaded from cache' if from_cache else 'trained'} in {warm_seconds:.1f}s; "
           f"held-out accuracy before RL: {before:.1%}", flush=True)  # fmt: skip
 
-    micro_batch = settings.prompts_per_step * settings.num_generations
     args = config_for(
         algorithm,
         output_dir=str(output_dir),
-        # Off-policy as in the paper: one generation batch feeds two optimizer steps.
-        per_device_train_batch_size=micro_batch,
-        gradient_accumulation_steps=1,
-        steps_per_generation=2,
+        # Off-policy as in the paper: one generation batch feeds k = settings.steps_per_generation optimizer steps
+        # (TRL's steps_per_generation counts micro-batches: k x gradient_accumulation_steps).
+        per_device_train_batch_size=settings.per_device_train_batch_size(),
+        gradient_accumulation_steps=settings.gradient_accumulation_steps,
+        steps_per_generation=settings.steps_per_generation * settings.gradient_accumulation_steps,
         num_generations=settings.num_generations,
         max_completion_length=settings.max_completion_length,
         temperature=1.0,
@@ -203,11 +260,12 @@ def _run(algorithm, seed, max_steps, output_dir, eval_every, num_heldout, cache_
         disable_tqdm=disable_tqdm,
     )
     callback = HeldoutAccuracyCallback(
-        tokenizer, heldout_problems, every=eval_every, max_new_tokens=settings.max_completion_length, initial=before
-    )
+        tokenizer, heldout_problems, every=eval_every, max_new_tokens=settings.max_completion_length, initial=before,
+        reward=reward,
+    )  # fmt: skip
     trainer = DHPOTrainer(
         model=model,
-        reward_funcs=math_verify_reward,
+        reward_funcs=reward,
         args=args,
         train_dataset=to_dataset(train_problems),
         processing_class=tokenizer,
@@ -221,6 +279,7 @@ def _run(algorithm, seed, max_steps, output_dir, eval_every, num_heldout, cache_
     train_started = time.perf_counter()
     trainer.train()
     train_seconds = time.perf_counter() - train_started
+    save_started = time.perf_counter()
 
     checkpoint_dir = output_dir / "checkpoint-final"
     trainer.save_model(str(checkpoint_dir))
@@ -233,6 +292,10 @@ def _run(algorithm, seed, max_steps, output_dir, eval_every, num_heldout, cache_
     _plot(trainer.state.log_history, plot_path, f"{algorithm} on synthetic addition (seed {seed})")
 
     accuracies = _series(trainer.state.log_history, "eval/heldout_accuracy")
+    phases = {  # seconds per phase; "rl" includes the held-out evaluations during training ("rl_evaluation")
+        "warm_start": warm_seconds, "baseline_evaluation": baseline_seconds, "rl": train_seconds,
+        "rl_evaluation": callback.seconds, "save": time.perf_counter() - save_started,
+    }  # fmt: skip
     summary = {
         "algorithm": algorithm,
         "seed": seed,
@@ -247,6 +310,7 @@ def _run(algorithm, seed, max_steps, output_dir, eval_every, num_heldout, cache_
         "warm_start_seconds": round(warm_seconds, 2),
         "train_seconds": round(train_seconds, 2),
         "wall_seconds": round(time.perf_counter() - started, 2),
+        "phase_seconds": {name: round(seconds, 2) for name, seconds in phases.items()},
         "checkpoint_dir": str(checkpoint_dir),
         "plot_path": str(plot_path),
         "log_history_path": str(log_history_path),

@@ -23,6 +23,7 @@ from trl.trainer.utils import nanmax, nanmin
 from . import batching
 from .config import DHPOConfig
 from .moe import maybe_set_zero3_leaf_modules, zero3_leaf_modules_for_trl_prepared_models
+from .losses import masked_log_ratio
 from .objectives import get_objective
 from .reward_checks import check_reward_functions
 from .vllm_utils import check_vllm_setup
@@ -222,6 +223,8 @@ class DHPOTrainer(GRPOTrainer):
         per_token_loss, kl_weight, info = objective.compute(
             per_token_logps, old_per_token_logps, advantages, mask, entropies, self.args, entropy_range
         )
+        # How far pi_theta has drifted from pi_old on the trained tokens, for every objective (staleness).
+        info = {**info, "abs_log_ratio": masked_log_ratio(per_token_logps.detach(), old_per_token_logps, mask).abs()}
 
         # The masks and corrections below are TRL's, applied to the objective's per-token loss in TRL's order.
         if self.off_policy_mask_threshold is not None:
@@ -355,6 +358,7 @@ class DHPOTrainer(GRPOTrainer):
             "tokens": fmask.sum(),
             "sequences": seq_valid.float().sum(),
             "entropy": (entropies.detach().float() * fmask).sum(),
+            "abs_log_ratio": (info["abs_log_ratio"].float() * fmask).sum(),
         }
         if per_token_kl is not None:
             sums["kl"] = (per_token_kl.detach().float() * fmask).sum()
@@ -388,6 +392,7 @@ class DHPOTrainer(GRPOTrainer):
         sequences = totals["sequences"] if totals["sequences"] > 0 else math.nan
         metrics = self._metrics[mode]
         metrics["entropy"].append(totals["entropy"] / tokens)
+        metrics["off_policy/abs_log_ratio"].append(totals["abs_log_ratio"] / tokens)
         if per_token_kl is not None:
             metrics["kl"].append(totals["kl"] / tokens)
         if prefix is None:
