@@ -115,6 +115,9 @@ def parse_args(argv=None, *, num_processes: int | None = None):
         yaml_given = any(item.endswith((".yaml", ".yml")) for item in extra)
         hint = " (a YAML file goes after --config)" if yaml_given else ""
         raise ValueError(f"Unrecognized argument(s): {_with_suggestions(flags, options)}{hint}.")
+    for name in ("per_device_train_batch_size", "num_generations"):  # the batch plan divides by them
+        if getattr(raw, name) < 1:
+            raise ValueError(f"--{name} must be a positive whole number, got {getattr(raw, name)}.")
     check_device(raw)
     plan = batch_plan(
         raw.prompts_per_generation,
@@ -258,6 +261,7 @@ def build_trainer(script_args: DHPOScriptArguments, training_args: DHPOConfig, m
         raise ValueError(
             "--model_name_or_path is required: a Hub model id (e.g. Qwen/Qwen3-1.7B-Base) or a local folder."
         )
+    check_trackers(training_args.report_to)
     check_model_path(model_args.model_name_or_path, label="--model_name_or_path")
     resume = training_args.resume_from_checkpoint
     if resume and not os.path.isdir(resume):
@@ -300,6 +304,17 @@ def build_trainer(script_args: DHPOScriptArguments, training_args: DHPOConfig, m
         peft_config=get_peft_config(model_args),
         quantization_config=get_quantization_config(model_args),
     )
+
+
+def check_trackers(report_to) -> None:
+    """The trackers of `--report_to` are installed (transformers would stop with a RuntimeError, after the model)."""
+    from transformers.integrations import get_reporting_integration_callbacks
+
+    for callback in get_reporting_integration_callbacks(report_to):  # also refuses an unknown name (ValueError)
+        try:
+            callback()  # the integrations check their package when built, and do nothing else until training
+        except RuntimeError as error:
+            raise ImportError(f"--report_to: {error}") from error
 
 
 def load_training_data(script_args: DHPOScriptArguments, tokenizer=None, *, quiet: bool = False):

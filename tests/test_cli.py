@@ -196,6 +196,7 @@ USER_ERRORS = {
     "missing-dataset-file": (["--dataset_name", "{tmp}/train.jsonl"], None, "no such file or folder"),
     "missing-checkpoint": (["--resume_from_checkpoint", "{tmp}/checkpoint-7"], None, "checkpoint-7 is not a folder"),
     "output-dir-is-a-file": (["--output_dir", "{yaml}"], "max_steps: 1\n", "--output_dir: cannot create the folder"),
+    "zero-batch": (["--per_device_train_batch_size", "0"], None, "--per_device_train_batch_size must be a positive"),
     "batch-plan": (["--prompts_per_generation", "3", "--prompts_per_optimizer_step", "2"], None,
                    "prompts_per_generation=3 and prompts_per_optimizer_step=2"),
 }  # fmt: skip
@@ -272,6 +273,16 @@ def test_unreachable_vllm_server_is_an_input_error(local_model, local_jsonl, tmp
     monkeypatch.setattr(DHPOTrainer, "__init__", no_server)
     assert main(cli_args(local_model, local_jsonl, tmp_path / "out")) == 2
     assert _one_error_line(capsys) == f"dhpo-train: error: {message}"
+
+
+def test_missing_tracker_package_is_named_before_the_model_loads(local_model, local_jsonl, tmp_path, monkeypatch,
+                                                                 capsys):  # fmt: skip
+    monkeypatch.setattr("transformers.integrations.integration_utils.is_wandb_available", lambda: False)
+    _no_loading(monkeypatch)
+    assert main([*cli_args(local_model, local_jsonl, tmp_path / "out"), "--report_to", "wandb"]) == 2
+    assert "--report_to: WandbCallback requires wandb to be installed. Run `pip install wandb`." in _one_error_line(
+        capsys
+    )
 
 
 def test_debug_flag_is_ours_only_without_a_value():
