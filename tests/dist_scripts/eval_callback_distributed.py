@@ -6,7 +6,7 @@ Usage: torchrun --nproc_per_node N tests/dist_scripts/eval_callback_distributed.
 The policy is loaded from MODEL_DIR; EVAL_JSON holds {"benchmarks": {name: [rows]}, "callback": {keyword arguments of
 BenchmarkEvalCallback}}. The callback is attached,
 evaluates at the start and after the last step. Each rank writes eval_rank{r}.json: the callback's history, per
-evaluation the prompts this rank sampled and its generate() calls, and under --zero3 the ZeRO-3 parameter fetches
+evaluation the prompts this rank sampled, its generate() calls and the wall time, and under --zero3 the ZeRO-3 parameter fetches
 made while evaluating (zero when the weights are gathered once) next to those of one plain generate() on the
 partitioned model (the control: the counter does count). Rank 0 also saves the final weights (final.pt).
 """
@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -71,11 +72,13 @@ class Counters:
 
     def measure(self, function, *args):
         self.active, self.prompts, self.calls, self.fetches = True, 0, 0, 0
+        started = time.perf_counter()
         try:
             result = function(*args)
         finally:
             self.active = False
-        return result, {"prompts": self.prompts, "generate_calls": self.calls, "zero3_fetches": self.fetches}
+        counts = {"prompts": self.prompts, "generate_calls": self.calls, "zero3_fetches": self.fetches}
+        return result, {**counts, "seconds": round(time.perf_counter() - started, 3)}
 
 
 def deepspeed_gathered(model):
