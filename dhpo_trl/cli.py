@@ -97,7 +97,10 @@ def parse_args(argv=None, *, num_processes: int | None = None):
     merged: dict = {}
     for path in config_paths:
         values = _read_config(path)
-        for key, value in values.pop("env", {}).items():
+        env = values.pop("env", {})
+        if not isinstance(env, dict):
+            raise ValueError(f"Config file {path}: `env` must be a mapping of environment variables to values.")  # noqa: TRY004
+        for key, value in env.items():
             os.environ[key] = str(value)
         merged.update(values)
     for key in _STRATEGY_FIELDS:  # YAML reads a bare `no` as False
@@ -129,7 +132,12 @@ def parse_args(argv=None, *, num_processes: int | None = None):
     )
     for name, value in plan.items():  # last flag wins in argparse
         args += [f"--{name}", str(value)]
-    return tuple(parser.parse_args_into_dataclasses(args=args))
+    try:
+        return tuple(parser.parse_args_into_dataclasses(args=args))
+    except TypeError as error:  # a YAML value of the wrong type (argparse converts only strings), e.g. `key:` empty
+        empty = [key for key, value in merged.items() if value is None]
+        hint = f" Keys left empty in the YAML: {', '.join(empty)}." if empty else " Check the YAML values."
+        raise ValueError(f"A config value has the wrong type ({error}).{hint}") from error
 
 
 def check_device(raw) -> None:

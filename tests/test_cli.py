@@ -190,6 +190,8 @@ USER_ERRORS = {
                          "Unknown key(s) in {yaml}: learning_rat (did you mean learning_rate?)"),
     "yaml-syntax": (["--config", "{yaml}"], "learning_rate: [1\n", "is not valid YAML"),
     "yaml-not-a-mapping": (["--config", "{yaml}"], "- 1\n", "must contain a YAML mapping"),
+    "yaml-empty-value": (["--config", "{yaml}"], "epsilon_low_token:\n", "epsilon_low_token"),
+    "yaml-env-not-a-mapping": (["--config", "{yaml}"], "env: 3\n", "`env` must be a mapping"),
     "missing-config": (["--config", "{tmp}/nope.yaml"], None, "Config file {tmp}/nope.yaml does not exist"),
     "yaml-without-config-flag": (["{yaml}"], "max_steps: 1\n", "(a YAML file goes after --config)"),
     "bad-algorithm": (["--algorithm", "dhpp"], None, "algorithm='dhpp'"),
