@@ -8,7 +8,8 @@ On N processes the problems are split: each benchmark is cut into units of about
 sampled by process i mod N with the seed `seed + i`, and the per-sample correctness is gathered. A unit's samples do
 not depend on which process drew them, so the logged numbers are those of one process evaluating everything. Under
 DeepSpeed ZeRO-3 (or FSDP) the weights are gathered once per evaluation, as TRL does for its own generation, instead
-of layer by layer at every decoding step; ZeRO-3 then decodes in lockstep, so every process runs as many units.
+of layer by layer at every decoding step (unless `ds3_gather_for_generation=False`, TRL's switch for models too
+large to gather); ZeRO-3 decodes in lockstep, so every process runs as many units (a short one repeats unit 0).
 
 Logging goes through `transformers.Trainer.log`, which appends to `state.log_history` and calls every callback's
 `on_log` (the wandb / tensorboard / trackio integrations), so the numbers reach the enabled trackers. The base-class
