@@ -89,6 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--answer-fallback",
+        choices=["none", "last_number"],
+        default="none",
+        help="a completion without \\boxed{}: scored 0 (none, as the training reward), or by its last number "
+        "(last_number, as SimpleRL-Zoo's evaluation)",
+    )
+    parser.add_argument(
         "--backend",
         choices=["auto", "vllm", "transformers"],
         default="auto",
@@ -158,8 +165,9 @@ def run(argv: list[str] | None = None) -> dict:
         backend = _load_transformers_backend(args)
         tokenizer = backend.tokenizer
     results = evaluate_problems(
-        backend, tokenizer, problems, settings, samples, log=lambda message: print(message, file=sys.stderr)
-    )
+        backend, tokenizer, problems, settings, samples, fallback=args.answer_fallback,
+        log=lambda message: print(message, file=sys.stderr),
+    )  # fmt: skip
     label = args.label or args.model
     scores = {name: result["score"] for name, result in results["benchmarks"].items()}
     used_samples = {name: result["samples_per_problem"] for name, result in results["benchmarks"].items()}
@@ -178,6 +186,7 @@ def run(argv: list[str] | None = None) -> dict:
             "temperature": settings.temperature,
             "top_p": settings.top_p,
             "seed": settings.seed,
+            "answer_fallback": args.answer_fallback,
             "limit": args.limit,
             "samples_per_problem": used_samples,
             "data": {name: str(source) for name, source in sources.items()},
