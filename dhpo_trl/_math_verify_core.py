@@ -164,7 +164,7 @@ def split_percent(text: str) -> tuple[str, bool]:
     return stripped, stripped != text
 
 
-@functools.lru_cache(maxsize=8192)
+@functools.lru_cache(maxsize=16384)  # a training set's golds (SimpleRL-Zoo level 3-5: 8.5k) stay parsed
 def gold_form(gold: str) -> tuple:
     """How a (normalised) gold is compared: ("choice", letter), ("base", digits, base), ("text", words),
     ("math", sympy object, is_percent, answer_units, complex_numbers) or ("unreadable", text)."""
