@@ -84,6 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--answer-fallback",
+        choices=["none", "last_number"],
+        default="none",
+        help="a completion without \\boxed{}: scored 0 (none, as the training reward), or by its last number "
+        "(last_number, as SimpleRL-Zoo's evaluation)",
+    )
+    parser.add_argument(
         "--backend",
         choices=["auto", "vllm", "transformers"],
         default="auto",
@@ -169,6 +176,7 @@ def evaluate(prepared: dict) -> dict:
     args, settings, output_path = prepared["args"], prepared["settings"], prepared["output_path"]
     results = evaluate_problems(
         prepared["backend"], prepared["tokenizer"], prepared["problems"], settings, prepared["samples"],
+        fallback=args.answer_fallback,
         log=lambda message: print(message, file=sys.stderr),
     )  # fmt: skip
     label = args.label or args.model
@@ -189,6 +197,7 @@ def evaluate(prepared: dict) -> dict:
             "temperature": settings.temperature,
             "top_p": settings.top_p,
             "seed": settings.seed,
+            "answer_fallback": args.answer_fallback,
             "limit": args.limit,
             "samples_per_problem": used_samples,
             "data": {name: str(source) for name, source in prepared["sources"].items()},
