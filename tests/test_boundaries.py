@@ -224,3 +224,92 @@ def test_defaults_are_the_papers():
     for other in (dict(epsilon_low=0.5), dict(epsilon_high=0.5)):
         changed, _ = gmpo_per_token_loss(logps, old, adv, mask, **{"epsilon_low": 0.4, "epsilon_high": 0.4, **other})
         assert not torch.equal(changed, gmpo), other
+
+
+# --------------------------------------------------------------------------------------- dtypes, signs, messages
+@pytest.mark.parametrize("mask_dtype", [torch.float64, torch.int64, torch.bool])
+def test_outputs_follow_the_log_probs_dtype(mask_dtype):
+    """float32 log-probs give float32 losses and ratios whatever the dtype of the mask and the advantages."""
+    logps = torch.zeros(2, 3, requires_grad=True)
+    old = -torch.tensor([[0.1, 0.2, 0.3], [0.0, -0.1, 0.2]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1]]).to(mask_dtype)
+    adv = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    entropies = torch.rand(2, 3, dtype=torch.float64)
+    loss, info = dhpo_per_token_loss(logps, old, adv, mask, entropies)
+    assert loss.dtype == torch.float32
+    for key in ("token_ratio", "sequence_ratio", "mixed_ratio", "clipped_mixed_ratio", "mixing_weight"):
+        assert info[key].dtype == torch.float32, key
+    gmpo, gmpo_info = gmpo_per_token_loss(logps, old, adv, mask)
+    assert gmpo.dtype == gmpo_info["sequence_ratio"].dtype == torch.float32
+    assert info["sequence_ratio"][0].item() == pytest.approx(math.exp(0.15), rel=1e-6)  # mean over 2 tokens
+
+
+def test_entropy_weight_is_float32_for_a_float64_range():
+    entropies, mask = torch.tensor([[0.0, 1.0, 2.0]]), torch.ones(1, 3)
+    bounds = (torch.tensor(0.0, dtype=torch.float64), torch.tensor(2.0, dtype=torch.float64))
+    weight = entropy_mixing_weight(entropies, mask, entropy_range=bounds)
+    assert weight.dtype == torch.float32 and weight.tolist() == [[0.0, 0.5, 1.0]]
+
+
+@pytest.mark.parametrize("clipping", ["branch", "unified"])
+def test_a_zero_advantage_clips_nothing_and_costs_nothing(clipping):
+    logps, old, adv, mask = batch([[3.0, 0.2, 1.0], [3.0, 3.0, 3.0], [0.2, 0.2, 0.2]], [0.0, 0.0, 0.0])
+    loss, info = dhpo_per_token_loss(logps, old, adv, mask, mixing="averaged", clipping=clipping)
+    assert_values(loss, [[0.0] * 3] * 3)
+    for key in ("token_clipped_low", "token_clipped_high", "sequence_clipped_low", "sequence_clipped_high",
+                "uses_clipped_term"):  # fmt: skip
+        assert info[key].dtype == torch.bool and info[key].shape == (3, 3) and not info[key].any(), key
+    gmpo, _ = gmpo_per_token_loss(logps, old, adv, mask)
+    assert_values(gmpo, [[0.0] * 3] * 3)
+
+
+def test_advantages_per_token_are_accepted():
+    logps, old, adv, mask = batch([[1.5, 0.5], [2.0, 0.9]], [1.0, -0.5])
+    per_sequence, _ = dhpo_per_token_loss(logps, old, adv, mask, mixing="averaged")
+    per_token, _ = dhpo_per_token_loss(logps, old, adv.unsqueeze(1).expand(2, 2), mask, mixing="averaged")
+    assert torch.equal(per_sequence, per_token)
+
+
+def call(function, **overrides):
+    logps, old, adv, mask = batch([[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]], [1.0, -1.0])
+    kwargs = {"per_token_logps": logps, "old_per_token_logps": old, "advantages": adv, "mask": mask, **overrides}
+    if function is dhpo_per_token_loss:
+        kwargs.setdefault("entropies", torch.zeros(2, 3))
+    return function(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("function", "overrides", "message"),
+    [
+        (dhpo_per_token_loss, dict(mixing="geometric"),
+         "`mixing` must be one of ('averaged', 'entropy'), got 'geometric'."),
+        (dhpo_per_token_loss, dict(clipping="both"), "`clipping` must be one of ('branch', 'unified'), got 'both'."),
+        (dhpo_per_token_loss, dict(token_weight=2), "`token_weight` must be in [0, 1], got 2."),
+        (dhpo_per_token_loss, dict(epsilon_high_seq=-0.5),
+         "`epsilon_high_seq` must be a non-negative number, got -0.5."),
+        (dhpo_per_token_loss, dict(entropies=None),
+         "`entropies` is required for mixing='entropy' (pass the token entropies of the current policy, or use "
+         "mixing='averaged')."),
+        (dhpo_per_token_loss, dict(per_token_logps=torch.zeros(2, 3, 1)),
+         "`per_token_logps` must have shape (batch, seq), got (2, 3, 1)."),
+        (dhpo_per_token_loss, dict(entropies=torch.zeros(2, 4)),
+         "`entropies` must have the same shape as `per_token_logps` (2, 3), got (2, 4)."),
+        (dhpo_per_token_loss, dict(advantages=torch.zeros(2, 2)),
+         "`advantages` must have shape (2,), (2, 1) or (2, 3), got (2, 2)."),
+        (dhpo_per_token_loss, dict(advantages=torch.zeros(2, 3, 1)),
+         "`advantages` must have shape (2,), (2, 1) or (2, 3), got (2, 3, 1)."),
+        (dhpo_per_token_loss, dict(entropy_scope="global"),
+         "`entropy_norm_scope` must be one of ('batch', 'sequence'), got 'global'."),
+        (gmpo_per_token_loss, dict(epsilon_low=-1), "`gmpo_epsilon_low` must be a non-negative number, got -1."),
+        (gmpo_per_token_loss, dict(old_per_token_logps=torch.zeros(2, 2)),
+         "`old_per_token_logps` must have the same shape as `per_token_logps` (2, 3), got (2, 2)."),
+        (gmpo_per_token_loss, dict(per_token_logps=torch.zeros(6)),
+         "`per_token_logps` must have shape (batch, seq), got (6,)."),
+        (gmpo_per_token_loss, dict(advantages=torch.zeros(2, 3)),
+         "`advantages` must be one value per sequence for GMPO, got a (B, T) tensor."),
+    ],
+)  # fmt: skip
+def test_bad_input_messages(function, overrides, message):
+    with pytest.raises(ValueError) as error:
+        call(function, **overrides)
+    assert str(error.value) == message
