@@ -34,6 +34,16 @@ EPSILONS = dict(epsilon_low_token=0.2, epsilon_high_token=0.28, epsilon_low_seq=
 GMPO_EPSILONS = dict(gmpo_epsilon_low=0.25, gmpo_epsilon_high=0.35)
 
 
+def epsilons_for(overrides: dict) -> dict:
+    """The clip settings the configured objective reads (DHPOConfig refuses the others): DHPO's token and, with branch
+    clipping, sequence epsilons; none of them for GMPO."""
+    if overrides.get("algorithm", "dhpo") != "dhpo":
+        return {}
+    if overrides.get("clipping") == "unified":
+        return {k: v for k, v in EPSILONS.items() if k.endswith("_token")}
+    return dict(EPSILONS)
+
+
 def lengths(rows=None):
     rows = range(len(LOG_RATIOS)) if rows is None else rows
     return [len(LOG_RATIOS[r]) for r in rows]

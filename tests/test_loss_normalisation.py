@@ -104,6 +104,7 @@ def make_trainer(policy, tmp_path, algorithm, loss_type):
         algorithm=algorithm, loss_type=loss_type, per_device_train_batch_size=3, num_generations=3,
         gradient_accumulation_steps=ACCUMULATION, steps_per_generation=STEPS_PER_GENERATION,
         max_completion_length=MAX_COMPLETION_LENGTH, **WIDE[algorithm],
+        dynamic_batching=loss_type != "bnpo",  # bnpo normalises per micro-batch: TRL's batching only
     )  # fmt: skip
     trainer = DHPOTrainer(
         policy, lambda completions, **kw: [0.0] * len(completions), args=args,

@@ -9,7 +9,7 @@ import math
 import pytest
 from datasets import Dataset
 from metric_batch import (
-    EPSILONS,
+    epsilons_for,
     GMPO_EPSILONS,
     LOG_RATIOS,
     WIDTH,
@@ -45,7 +45,7 @@ def make_trainer(policy, output_dir, **overrides):
     args = DHPOConfig(
         output_dir=str(output_dir), use_cpu=True, bf16=False, report_to="none", save_strategy="no",
         per_device_train_batch_size=5, num_generations=5, max_completion_length=WIDTH, beta=0.04,
-        **{**EPSILONS, **overrides},
+        **{**epsilons_for(overrides), **overrides},
     )  # fmt: skip
     tokenizer = build_char_tokenizer()
     return DHPOTrainer(

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for metr
 
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
-from metric_batch import EPSILONS, GMPO_EPSILONS, WIDTH, build_policy, inputs_for  # noqa: E402
+from metric_batch import GMPO_EPSILONS, WIDTH, build_policy, epsilons_for, inputs_for  # noqa: E402
 from transformers import Qwen3ForCausalLM  # noqa: E402
 
 from dhpo_trl import DHPOConfig, DHPOTrainer  # noqa: E402
@@ -44,7 +44,7 @@ def main(out_dir):
         args = DHPOConfig(
             output_dir=str(Path(out_dir) / name), use_cpu=True, bf16=False, report_to="none", save_strategy="no",
             per_device_train_batch_size=5, num_generations=5, max_completion_length=WIDTH, beta=0.04,
-            **{**EPSILONS, **overrides},
+            **{**epsilons_for(overrides), **overrides},
         )  # fmt: skip
         trainer = DHPOTrainer(
             Qwen3ForCausalLM.from_pretrained(policy_dir), lambda completions, **kw: [0.0] * len(completions),
