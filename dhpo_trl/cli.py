@@ -7,10 +7,16 @@ override both. Runs under `python` and `accelerate launch`.
 When `prompts_per_generation` / `prompts_per_optimizer_step` are set (the paper's batch in VERL terms: rollout prompt
 batch and PPO mini-batch), `steps_per_generation` and `gradient_accumulation_steps` are derived from them for the
 number of processes actually launched (`WORLD_SIZE`), so one recipe serves 8 and 32 GPUs alike.
+
+Input is read cheapest first (flags and YAML keys, the device, the batch plan, the config values, the model path, the
+data, then the tokenizer and the model); a mistake in it is one `dhpo-train: error: ...` line with exit status 2
+(`dhpo_trl.user_errors`), a failure during training keeps its traceback.
 """
 
 from __future__ import annotations
 
+import difflib
+import logging
 import os
 import sys
 from dataclasses import dataclass, field
@@ -21,6 +27,7 @@ from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_qu
 from .config import DHPOConfig
 from .data import load_math_dataset
 from .rewards import math_verify_reward
+from .user_errors import check_model_path, make_folder, pop_debug_flag, run_command
 
 
 @dataclass
@@ -66,24 +73,34 @@ class DHPOScriptArguments(ScriptArguments):
 
 
 _STRATEGY_FIELDS = ("save_strategy", "eval_strategy", "logging_strategy")
+USAGE = "%(prog)s [--config FILE.yaml] [--overlay FILE.yaml ...] [--debug] [--FIELD VALUE ...]"
+EPILOG = (
+    "Input errors (flags, config values, files, data columns, the model path, missing packages, the vLLM server) are "
+    "reported on one line with exit status 2; --debug (no value) shows their traceback. `--debug VALUE` stays "
+    "transformers' debug option."
+)
 
 
 def make_parser() -> TrlParser:
-    return TrlParser((DHPOScriptArguments, DHPOConfig, ModelConfig))
+    return TrlParser((DHPOScriptArguments, DHPOConfig, ModelConfig), usage=USAGE, epilog=EPILOG)
 
 
 def parse_args(argv=None, *, num_processes: int | None = None):
-    """(script_args, DHPOConfig, ModelConfig) from `--config`, any `--overlay` YAMLs and the command line."""
+    """(script_args, DHPOConfig, ModelConfig) from `--config`, any `--overlay` YAMLs and the command line.
+
+    Order of the checks: config files, unknown flags and keys, the device, the batch plan, then the values
+    (DHPOConfig's own validation). Every problem is a ValueError naming the flag or key and the fix.
+    """
     args = list(sys.argv[1:] if argv is None else argv)
     config_paths = _pop_all(args, "--config") + _pop_all(args, "--overlay")
     parser = make_parser()
     merged: dict = {}
     for path in config_paths:
-        with open(path) as handle:
-            values = yaml.safe_load(handle) or {}
-        if not isinstance(values, dict):
-            raise ValueError(f"Config file {path} must contain a YAML mapping of argument names to values.")  # noqa: TRY004
-        for key, value in values.pop("env", {}).items():
+        values = _read_config(path)
+        env = values.pop("env", {})
+        if not isinstance(env, dict):
+            raise ValueError(f"Config file {path}: `env` must be a mapping of environment variables to values.")  # noqa: TRY004
+        for key, value in env.items():
             os.environ[key] = str(value)
         merged.update(values)
     for key in _STRATEGY_FIELDS:  # YAML reads a bare `no` as False
@@ -91,19 +108,86 @@ def parse_args(argv=None, *, num_processes: int | None = None):
             merged[key] = "no"
     unknown = parser.set_defaults_with_config(**merged)
     if unknown:
-        raise ValueError(f"Unknown arguments in {config_paths}: {unknown[::2]}. Check their spelling.")
+        keys = _with_suggestions([flag.removeprefix("--") for flag in unknown[::2]], _field_names(parser))
+        raise ValueError(f"Unknown key(s) in {', '.join(config_paths)}: {keys}.")
     # The plan is settled on the raw values, before DHPOConfig exists: its __post_init__ validates the batch.
-    raw, _ = parser.parse_known_args(args)
+    raw, extra = parser.parse_known_args(args)
+    if extra:
+        flags = [item for item in extra if item.startswith("-")] or extra
+        options = [option for action in parser._actions for option in action.option_strings]
+        yaml_given = any(item.endswith((".yaml", ".yml")) for item in extra)
+        hint = " (a YAML file goes after --config)" if yaml_given else ""
+        raise ValueError(f"Unrecognized argument(s): {_with_suggestions(flags, options)}{hint}.")
+    for name in ("per_device_train_batch_size", "num_generations"):  # the batch plan divides by them
+        if getattr(raw, name) < 1:
+            raise ValueError(f"--{name} must be a positive whole number, got {getattr(raw, name)}.")
+    check_device(raw)
     plan = batch_plan(
         raw.prompts_per_generation,
         raw.prompts_per_optimizer_step,
         per_device_train_batch_size=raw.per_device_train_batch_size,
         num_generations=raw.num_generations,
-        num_processes=num_processes or int(os.environ.get("WORLD_SIZE", "1")),  # set by accelerate / torchrun
+        # The total over all nodes (accelerate and torchrun set it), not the node's LOCAL_WORLD_SIZE.
+        num_processes=num_processes or int(os.environ.get("WORLD_SIZE", "1")),
     )
     for name, value in plan.items():  # last flag wins in argparse
         args += [f"--{name}", str(value)]
-    return tuple(parser.parse_args_into_dataclasses(args=args))
+    try:
+        return tuple(parser.parse_args_into_dataclasses(args=args))
+    except TypeError as error:  # a YAML value of the wrong type (argparse converts only strings), e.g. `key:` empty
+        empty = [key for key, value in merged.items() if value is None]
+        hint = f" Keys left empty in the YAML: {', '.join(empty)}." if empty else " Check the YAML values."
+        raise ValueError(f"A config value has the wrong type ({error}).{hint}") from error
+
+
+def check_device(raw) -> None:
+    """Say what to pass where transformers would stop with "Your setup doesn't support bf16/gpu" (same condition).
+
+    A run meant for GPUs is never moved to CPU behind the user's back: a recipe started on a machine where CUDA is
+    not visible stops here, at once, with the two flags that make it a CPU run if that is what was meant.
+    """
+    import torch
+    from transformers.utils import is_torch_bf16_gpu_available, is_torch_xla_available
+
+    bf16 = (not raw.fp16) if raw.bf16 is None else raw.bf16  # TRL's default: bf16 unless fp16
+    if not (bf16 or raw.bf16_full_eval) or raw.use_cpu or is_torch_bf16_gpu_available() or is_torch_xla_available():
+        return
+    source = " (TRL's default)" if raw.bf16 is None else ""
+    if torch.cuda.is_available():
+        raise ValueError(
+            f"bf16 is on{source} but this GPU has no bfloat16 support (Ampere or newer): pass --bf16 false "
+            "(and --fp16 true for float16 mixed precision)."
+        )
+    raise ValueError(
+        f"No GPU is visible (torch.cuda.is_available() is False) and bf16 is on{source}: to train on CPU pass "
+        "--use_cpu true --bf16 false; on a GPU machine, check CUDA_VISIBLE_DEVICES and that torch was built with "
+        "CUDA."
+    )
+
+
+def _read_config(path: str) -> dict:
+    if not os.path.isfile(path):
+        raise ValueError(f"Config file {path} does not exist.")
+    try:
+        with open(path) as handle:
+            values = yaml.safe_load(handle) or {}
+    except yaml.YAMLError as error:
+        raise ValueError(f"Config file {path} is not valid YAML: {error}") from error
+    if not isinstance(values, dict):
+        raise ValueError(f"Config file {path} must contain a YAML mapping of argument names to values.")  # noqa: TRY004
+    return values
+
+
+def _field_names(parser) -> list[str]:
+    return [action.dest for action in parser._actions if action.option_strings]
+
+
+def _with_suggestions(names: list[str], known: list[str]) -> str:
+    described = []
+    for name in names:
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.75)
+        described.append(f"{name} (did you mean {close[0]}?)" if close else name)
+    return ", ".join(described)
 
 
 def load_recipe(path, overlays=(), *, num_processes: int | None = None, overrides: dict | None = None):
@@ -155,19 +239,28 @@ def batch_plan(
 
 
 def _pop_all(args: list[str], flag: str) -> list[str]:
-    values = []
-    while flag in args:
-        index = args.index(flag)
-        if index + 1 >= len(args):
-            raise ValueError(f"{flag} needs a file path.")
-        values.append(args[index + 1])
-        del args[index : index + 2]
+    """Remove every `flag PATH` and `flag=PATH` from `args`; return the paths in order."""
+    values, index = [], 0
+    while index < len(args):
+        if args[index] == flag:
+            if index + 1 >= len(args) or args[index + 1].startswith("--"):
+                raise ValueError(f"{flag} needs a file path.")
+            values.append(args[index + 1])
+            del args[index : index + 2]
+        elif args[index].startswith(flag + "="):
+            values.append(args.pop(index).split("=", 1)[1])
+        else:
+            index += 1
     return values
 
 
 # ------------------------------------------------------------------ training
-def train(script_args: DHPOScriptArguments, training_args: DHPOConfig, model_args: ModelConfig):
-    """Load tokenizer, data (checked before the model), model; train; save with the DHPO model card; push."""
+def build_trainer(script_args: DHPOScriptArguments, training_args: DHPOConfig, model_args: ModelConfig):
+    """Check the model path, load and check the data, then the tokenizer and the model; return the trainer.
+
+    Everything the run reads from the user is read here, cheapest first, so that a wrong column or path costs
+    seconds: the data is checked before the tokenizer and the model load.
+    """
     from transformers import AutoTokenizer
 
     from .trainer import DHPOTrainer
@@ -176,19 +269,20 @@ def train(script_args: DHPOScriptArguments, training_args: DHPOConfig, model_arg
         raise ValueError(
             "--model_name_or_path is required: a Hub model id (e.g. Qwen/Qwen3-1.7B-Base) or a local folder."
         )
+    check_trackers(training_args.report_to)
+    check_model_path(model_args.model_name_or_path, label="--model_name_or_path")
+    resume = training_args.resume_from_checkpoint
+    if resume and not os.path.isdir(resume):
+        raise ValueError(f"--resume_from_checkpoint {resume} is not a folder: pass a checkpoint-<step> directory.")
+    make_folder(training_args.output_dir, "--output_dir")  # not at the first save, hours in
+    load_training_data(script_args)  # plain-text prompts: only the check matters here
     tokenizer = AutoTokenizer.from_pretrained(
         model_args.model_name_or_path,
         revision=model_args.model_revision,
         trust_remote_code=training_args.trust_remote_code,
     )
-    dataset = load_math_dataset(
-        script_args.dataset_name,
-        split=script_args.dataset_train_split,
-        subset=script_args.dataset_config,
-        question_column=script_args.question_column,
-        answer_column=script_args.answer_column,
-        tokenizer=tokenizer,
-    )
+    # The prompt format depends on the tokenizer (chat template or not): format again, from the datasets cache.
+    dataset = load_training_data(script_args, tokenizer, quiet=True)
     if script_args.max_prompt_length is not None:
         dataset = drop_long_prompts(dataset, tokenizer, script_args.max_prompt_length)
     if script_args.max_train_samples is not None:
@@ -209,7 +303,7 @@ def train(script_args: DHPOScriptArguments, training_args: DHPOConfig, model_arg
         **(training_args.model_init_kwargs or {}),
     }
     training_args.model_init_kwargs = model_init_kwargs
-    trainer = DHPOTrainer(
+    return DHPOTrainer(
         model=model_args.model_name_or_path,
         reward_funcs=[math_verify_reward],
         args=training_args,
@@ -218,14 +312,51 @@ def train(script_args: DHPOScriptArguments, training_args: DHPOConfig, model_arg
         peft_config=get_peft_config(model_args),
         quantization_config=get_quantization_config(model_args),
     )
-    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
 
+
+def check_trackers(report_to) -> None:
+    """The trackers of `--report_to` are installed (transformers would stop with a RuntimeError, after the model)."""
+    from transformers.integrations import get_reporting_integration_callbacks
+
+    for callback in get_reporting_integration_callbacks(report_to):  # also refuses an unknown name (ValueError)
+        try:
+            callback()  # the integrations check their package when built, and do nothing else until training
+        except RuntimeError as error:
+            raise ImportError(f"--report_to: {error}") from error
+
+
+def load_training_data(script_args: DHPOScriptArguments, tokenizer=None, *, quiet: bool = False):
+    """The `prompt` / `answer` dataset of the script's data flags (see `dhpo_trl.data.load_math_dataset`)."""
+    data_logger = logging.getLogger(load_math_dataset.__module__)
+    was_disabled, data_logger.disabled = data_logger.disabled, quiet or data_logger.disabled  # warned once already
+    try:
+        return load_math_dataset(
+            script_args.dataset_name,
+            split=script_args.dataset_train_split,
+            subset=script_args.dataset_config,
+            question_column=script_args.question_column,
+            answer_column=script_args.answer_column,
+            tokenizer=tokenizer,
+        )
+    finally:
+        data_logger.disabled = was_disabled
+
+
+def run_training(trainer, script_args: DHPOScriptArguments):
+    """Train; save with the DHPO model card; push when asked."""
+    training_args = trainer.args
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     hub_dataset = script_args.dataset_name if _is_hub_id(script_args.dataset_name) else None
     trainer.save_model(training_args.output_dir)
     trainer.create_model_card(dataset_name=hub_dataset)  # the final folder carries the DHPO card, not only checkpoints
     if training_args.push_to_hub:
         trainer.push_to_hub(dataset_name=hub_dataset)
     return trainer
+
+
+def train(script_args: DHPOScriptArguments, training_args: DHPOConfig, model_args: ModelConfig):
+    """Load tokenizer, data (checked before the model), model; train; save with the DHPO model card; push."""
+    return run_training(build_trainer(script_args, training_args, model_args), script_args)
 
 
 def drop_long_prompts(dataset, tokenizer, max_tokens: int):
@@ -253,10 +384,20 @@ def _is_hub_id(name) -> bool:
     return isinstance(name, str) and not os.path.exists(name) and name.count("/") == 1
 
 
-def main(argv=None) -> None:
-    """Console entry point (`dhpo-train`): parse `argv` (default: sys.argv) and train."""
-    train(*parse_args(argv))
+def main(argv=None) -> int:
+    """Console entry point (`dhpo-train`): parse `argv` (default: sys.argv), build the trainer, train.
+
+    Returns 0, or 2 after a one-line `dhpo-train: error: ...` for bad input (see `dhpo_trl.user_errors`).
+    """
+    argv, debug = pop_debug_flag(sys.argv[1:] if argv is None else argv)
+    from . import trainer  # noqa: F401 - imported outside the input checks: an ImportError in it is a bug
+
+    def setup():
+        script_args, training_args, model_args = parse_args(argv)
+        return build_trainer(script_args, training_args, model_args), script_args
+
+    return run_command("dhpo-train", setup, lambda built: run_training(*built), debug=debug)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

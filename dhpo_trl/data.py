@@ -5,6 +5,10 @@ r"""Math training data in the SimpleRL-Zoo format: prompts with a `\boxed{}` ins
 `DHPOTrainer` and `dhpo_trl.rewards.math_verify_reward` consume: `prompt` and `answer`. Every problem is raised as
 a `ValueError` that names the fix, before the caller loads a model.
 
+Answers go through `dhpo_trl.golds.normalise_gold` with their question, exactly as the benchmark loader's do, so the
+reward reads a gold the way the evaluation does: GSM8K's "... #### 72" keeps the text after the last `####`, a
+list (or tuple) is one answer with several components ("1, 2"), `4.5e33` becomes `4.5 \times 10^{33}`, and so on.
+
 The paper's data is `hkust-nlp/SimpleRL-Zoo-Data`, subset (folder) `simplelr_qwen_level3to5`: a `train.parquet`
 with top-level columns `question` and `gt_answer` (plus `level`, `subject`, and a pre-rendered Qwen `prompt` that
 we do not use: the prompt is rebuilt here for whatever tokenizer is trained).
@@ -18,6 +22,8 @@ from pathlib import Path
 
 import datasets
 from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
+
+from .golds import normalise_gold
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +77,11 @@ def load_math_dataset(
         _check_column(raw, column, flag, source)
 
     questions = [_field(row, question_column) for row in raw]
-    answers = [_field(row, answer_column) for row in raw]
-    keep = [i for i, (q, a) in enumerate(zip(questions, answers)) if _present(q) and _present(a)]
+    answers = [
+        normalise_gold(_field(row, answer_column), question=str(question) if _present(question) else None)
+        for row, question in zip(raw, questions)
+    ]
+    keep = [i for i, (q, a) in enumerate(zip(questions, answers)) if _present(q) and a is not None]
     if not keep:
         raise ValueError(
             f"Every row of {_describe(source)} has an empty {question_column!r} or {answer_column!r}: check "
@@ -84,7 +93,7 @@ def load_math_dataset(
     return Dataset.from_dict(
         {
             "prompt": [format_prompt(str(questions[i]), tokenizer) for i in keep],
-            "answer": [_answer_value(answers[i]) for i in keep],
+            "answer": [answers[i] for i in keep],
         }
     )
 
@@ -235,13 +244,6 @@ def _present(value) -> bool:
     if isinstance(value, (list, tuple)):
         return any(_present(v) for v in value)
     return True
-
-
-def _answer_value(value):
-    """Numbers become strings (math-verify parses text); lists of acceptable answers stay lists of strings."""
-    if isinstance(value, (list, tuple)):
-        return [str(v) for v in value if _present(v)]
-    return str(value).strip()
 
 
 def _looks_like_path(source: str) -> bool:

@@ -28,6 +28,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from .arithmetic import Problem, make_splits, to_dataset
 from .presets import PAPER_ALGORITHMS, config_for
 from .rewards import math_verify_reward
+from .user_errors import DEBUG_FLAG, DEBUG_HELP, make_folder, positive_int, run_command
 from .warmstart import WarmStartSettings, load_or_warm_start
 
 
@@ -337,23 +338,34 @@ def _print_summary(summary: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`python -m dhpo_trl`: 0, or 2 after a one-line error for bad input (see `dhpo_trl.user_errors`)."""
     parser = argparse.ArgumentParser(
         prog="python -m dhpo_trl",
         description="Train DHPO (or a paper baseline) on CPU, offline: a warm-started tiny Qwen3 on synthetic addition.",
     )
     parser.add_argument("--algorithm", default="DHPO-E", choices=list(PAPER_ALGORITHMS))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-steps", type=int, default=None, help=f"RL optimizer steps ({EmbeddedSettings.max_steps})")
+    parser.add_argument("--max-steps", type=positive_int, default=None,
+                        help=f"RL optimizer steps ({EmbeddedSettings.max_steps})")  # fmt: skip
     parser.add_argument("--output-dir", default="outputs/embedded")
-    parser.add_argument("--eval-every", type=int, default=None, help=f"({EmbeddedSettings.eval_every})")
-    parser.add_argument("--num-heldout", type=int, default=None, help=f"({EmbeddedSettings.num_heldout})")
+    parser.add_argument("--eval-every", type=positive_int, default=None, help=f"({EmbeddedSettings.eval_every})")
+    parser.add_argument("--num-heldout", type=positive_int, default=None, help=f"({EmbeddedSettings.num_heldout})")
     parser.add_argument("--cache-dir", default=None, help="warm-start cache (default ~/.cache/dhpo_trl)")
     parser.add_argument("--no-cache", action="store_true", help="always retrain the warm start, save nothing")
+    parser.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)
     options = parser.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here needs the network
-    summary = run_embedded(
-        options.algorithm, options.seed, options.max_steps, options.output_dir, eval_every=options.eval_every,
-        num_heldout=options.num_heldout, cache_dir=options.cache_dir, use_cache=not options.no_cache,
-    )  # fmt: skip
-    _print_summary(summary)
-    return 0
+
+    def setup() -> None:
+        make_folder(options.output_dir, "--output-dir")
+        if options.cache_dir is not None and not options.no_cache:
+            make_folder(options.cache_dir, "--cache-dir")
+
+    def work(_) -> None:
+        summary = run_embedded(
+            options.algorithm, options.seed, options.max_steps, options.output_dir, eval_every=options.eval_every,
+            num_heldout=options.num_heldout, cache_dir=options.cache_dir, use_cache=not options.no_cache,
+        )  # fmt: skip
+        _print_summary(summary)
+
+    return run_command("python -m dhpo_trl", setup, work, debug=options.debug)

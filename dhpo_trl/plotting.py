@@ -24,6 +24,8 @@ matplotlib.use("Agg")  # files only: no display on training machines
 import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 
+from .user_errors import DEBUG_FLAG, DEBUG_HELP, run_command
+
 CLIP_BRANCHES = ("token_low", "token_high", "sequence_low", "sequence_high")
 # Accuracy: benchmark average from BenchmarkEvalCallback, else the embedded task's held-out accuracy, else reward.
 ACCURACY_KEYS = ("eval/avg", "eval/heldout_accuracy", "reward")
@@ -153,20 +155,21 @@ def plot_runs(paths: Sequence[str | Path], labels: Sequence[str] | None, out_dir
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`dhpo-plot`: 0, or 2 after a one-line error for bad input (see `dhpo_trl.user_errors`)."""
     parser = argparse.ArgumentParser(prog="dhpo-plot", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="trainer_state.json files or training output directories")
     parser.add_argument("--labels", nargs="+", help="one legend label per run (default: folder names)")
     parser.add_argument("--out", required=True, help="directory for the PNG and SVG files")
+    parser.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)
     args = parser.parse_args(argv)
-    try:
-        figures = plot_runs(args.runs, args.labels, args.out)
-    except ValueError as error:
-        print(f"dhpo-plot: error: {error}", file=sys.stderr)
-        return 2
-    for name in figures:
-        print(Path(args.out) / f"{name}.png")
-    plt.close("all")
-    return 0
+
+    def report(figures: dict) -> None:
+        for name in figures:
+            print(Path(args.out) / f"{name}.png")
+        plt.close("all")
+
+    # Reading the runs and writing the figures is all this command does: both count as its input.
+    return run_command("dhpo-plot", lambda: plot_runs(args.runs, args.labels, args.out), report, debug=args.debug)
 
 
 if __name__ == "__main__":

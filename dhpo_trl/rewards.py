@@ -1,7 +1,12 @@
-r"""The paper's verifiable reward: 1.0 if the last `\boxed{}` answer is math-verify equivalent to the ground truth.
+r"""The paper's verifiable reward: 1.0 if the last `\boxed{}` answer is equivalent to the gold answer.
 
-`math_verify_reward(completions, answer, **kwargs)` has TRL's reward-function signature (`answer` is the dataset
-column). It never raises and bounds the time spent on each completion:
+`score_answer` is the one scoring function: the reward (`math_verify_reward`, TRL's reward-function signature with
+`answer` the dataset column) and the benchmark evaluation (`dhpo_trl.evaluation.runner`) both call it. The gold is
+normalised by `dhpo_trl.golds.normalise_gold` (a no-op for golds the loaders already normalised) and compared by
+`dhpo_trl._math_verify_core` (math-verify as the engine; docs/grading.md lists how it differs from SimpleRL-Zoo's
+grader). A list or tuple gold is one answer with several components, never a list of alternatives.
+
+It never raises and bounds the time spent on each completion:
 
 - the answer is located with `str.rfind`, so a megabyte of text costs microseconds, and an answer longer than
   `MAX_ANSWER_CHARS` (or an unterminated `\boxed{`) scores 0 without being parsed;
@@ -13,11 +18,11 @@ column). It never raises and bounds the time spent on each completion:
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import logging
-import math
-import numbers
 import os
+import re
 import select
 import subprocess
 import sys
@@ -25,12 +30,15 @@ import threading
 import time
 
 from . import _math_verify_core
+from .golds import normalise_gold
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT_S = 2.0
 MAX_ANSWER_CHARS = 1_000  # a final answer, not a derivation: longer boxes score 0 unparsed
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
+FALLBACKS = ("none", "last_number")  # what `score_answer` reads when a completion has no box
+_LAST_NUMBER = re.compile(r"-?\d*\.?\d+")  # SimpleRL-Zoo's (Qwen2.5-Math's) no-box fallback pattern
 _WORKER_START_TIMEOUT_S = 60.0
 
 
@@ -96,37 +104,54 @@ def completion_text(completion) -> str | None:
     return "\n".join(parts)
 
 
-def ground_truths(answer) -> list[str]:
-    """Acceptable answers as strings: a string, a number, or a list/tuple of those. Empty if unusable."""
-    if answer is None or isinstance(answer, bool):
-        return []
-    if isinstance(answer, (list, tuple)):
-        return [truth for item in answer for truth in ground_truths(item)]
-    if isinstance(answer, numbers.Number):
-        if isinstance(answer, float) and not math.isfinite(answer):
-            return []
-        return [str(answer)]
-    if isinstance(answer, str):
-        answer = answer.strip()
-        boxed = extract_boxed_answer(answer) if "\\boxed" in answer or "\\fbox" in answer else None
-        answer = boxed if boxed is not None else answer
-        return [answer] if answer and len(answer) <= MAX_ANSWER_CHARS else []
-    return []
+def extract_answer(text: str, fallback: str = "none") -> str | None:
+    r"""The final answer of a completion: the last `\boxed{}`; without a box, the last number if `fallback` is
+    "last_number" (as SimpleRL-Zoo's evaluation does, thousands commas removed), else None."""
+    if fallback not in FALLBACKS:
+        raise ValueError(f"fallback must be one of {FALLBACKS}, got {fallback!r}.")
+    boxed = extract_boxed_answer(text)
+    if boxed is not None or fallback == "none" or not isinstance(text, str):
+        return boxed
+    if any(command in text for command in _BOX_COMMANDS):
+        return None  # a box was written but cut off: no guess from the text around it
+    numbers = _LAST_NUMBER.findall(text[-MAX_ANSWER_CHARS * 10 :].replace(",", ""))
+    return numbers[-1] if numbers else None
+
+
+def gold_text(answer) -> str | None:
+    """The gold as the grader reads it: a string, a number, or a list/tuple of components; None if unusable."""
+    if isinstance(answer, list):
+        answer = tuple(answer)  # hashable, for the cache
+    try:
+        return _gold_text(answer)
+    except TypeError:  # unhashable content: normalise without the cache
+        return normalise_gold(answer)
+
+
+@functools.lru_cache(maxsize=65536)
+def _gold_text(answer) -> str | None:
+    if isinstance(answer, str) and any(command in answer for command in _BOX_COMMANDS):
+        answer = extract_boxed_answer(answer) or answer  # a gold written as a boxed answer
+    gold = normalise_gold(answer)
+    return gold if gold and len(gold) <= MAX_ANSWER_CHARS else None
 
 
 # ------------------------------------------------------------------ scoring
-def score_answer(completion, ground_truth, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> float:
-    r"""1.0 if the last `\boxed{}` answer of `completion` is equivalent to `ground_truth`, else 0.0. Never raises."""
+def score_answer(completion, ground_truth, *, timeout_s: float = DEFAULT_TIMEOUT_S, fallback: str = "none") -> float:
+    r"""1.0 if the final answer of `completion` (its last `\boxed{}`, see `extract_answer` for `fallback`) is
+    equivalent to `ground_truth`, else 0.0. Never raises, except for an unknown `fallback`."""
+    if fallback not in FALLBACKS:
+        raise ValueError(f"fallback must be one of {FALLBACKS}, got {fallback!r}.")
     try:
         text = completion_text(completion)
-        answer = extract_boxed_answer(text) if text else None
-        truths = ground_truths(ground_truth)
-        if not answer or not answer.strip() or not truths:
+        answer = extract_answer(text, fallback) if text else None
+        gold = gold_text(ground_truth)
+        if not answer or not answer.strip() or not gold:
             return 0.0
         if threading.current_thread() is threading.main_thread() and hasattr(_math_verify_core.signal, "setitimer"):
-            matched = _math_verify_core.answers_match_with_deadline(answer, truths, timeout_s)
+            matched = _math_verify_core.answers_match_with_deadline(answer, gold, timeout_s)
         else:
-            matched = _WORKER.answers_match(answer, truths, timeout_s)
+            matched = _WORKER.answers_match(answer, gold, timeout_s)
         return 1.0 if matched else 0.0
     except Exception:  # the reward must never take a training step down
         logger.debug("score_answer failed", exc_info=True)
@@ -164,11 +189,11 @@ class _VerifyWorker:
         self._lock = threading.Lock()
         atexit.register(self.close)
 
-    def answers_match(self, answer: str, truths: list[str], timeout_s: float) -> bool:
+    def answers_match(self, answer: str, gold: str, timeout_s: float) -> bool:
         with self._lock:
             try:
                 process = self._ensure_started()
-                request = json.dumps({"answer": answer, "truths": truths, "timeout_s": timeout_s})
+                request = json.dumps({"answer": answer, "gold": gold, "timeout_s": timeout_s})
                 process.stdin.write(request + "\n")
                 process.stdin.flush()
                 # the worker's own alarm fires at timeout_s; past this, it is stuck in C code: kill it

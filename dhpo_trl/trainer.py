@@ -18,7 +18,6 @@ import torch
 import torch.distributed as dist
 from accelerate.utils import DistributedType
 from trl import GRPOTrainer
-from trl.trainer.utils import nanmax, nanmin
 
 from . import batching
 from .config import DHPOConfig
@@ -443,8 +442,18 @@ class DHPOTrainer(GRPOTrainer):
         metrics["clip_ratio/low_mean"].append(global_masked_mean(low))
         metrics["clip_ratio/high_mean"].append(global_masked_mean(high))
         metrics["clip_ratio/region_mean"].append(global_masked_mean(low | high))
-        metrics["clip_ratio/low_min"].append(nanmin(self.accelerator.gather(masked_seq_mean(low))).item())
-        metrics["clip_ratio/high_max"].append(nanmax(self.accelerator.gather(masked_seq_mean(high))).item())
+        # TRL gathers the per-sequence shares, which needs the same number of rows on every process; dynamic
+        # batching gives processes micro-batches of different sizes, so reduce each process's extreme instead.
+        def nan_max(x):  # -inf when every sequence is empty (NaN share)
+            x = x[~torch.isnan(x)]
+            return x.max() if x.numel() else torch.tensor(-math.inf, device=mask.device)
+
+        extremes = torch.stack([nan_max(-masked_seq_mean(low)), nan_max(masked_seq_mean(high))])
+        if self.accelerator.num_processes > 1:
+            dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
+        low_min, high_max = (-extremes[0]).item(), extremes[1].item()
+        metrics["clip_ratio/low_min"].append(low_min if math.isfinite(low_min) else math.nan)
+        metrics["clip_ratio/high_max"].append(high_max if math.isfinite(high_max) else math.nan)
 
     # ------------------------------------------------------------ model card
     def _save_checkpoint(self, model, trial):

@@ -22,4 +22,4 @@ if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(
 from dhpo_trl.cli import main
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,8 +12,9 @@ import pytest
 from datasets import Dataset
 from safetensors.torch import load_file
 
-from dhpo_trl.cli import main
+from dhpo_trl.cli import load_recipe, main, parse_args
 from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
+from dhpo_trl.user_errors import pop_debug_flag
 
 REPO = Path(__file__).resolve().parents[1]
 CITATION_KEY = "min-etal-2026-orchestrating"
@@ -141,15 +143,192 @@ def test_lora_saves_adapter_tokenizer_and_card(local_model, local_jsonl, tmp_pat
     assert "| `importance_sampling_level` | `sequence` |" in card
 
 
-def test_missing_column_fails_before_the_model_loads(local_model, local_jsonl, tmp_path, monkeypatch):
-    def no_model_loading(*args, **kwargs):
-        raise AssertionError("the model was loaded before the dataset was checked")
+def _no_loading(monkeypatch):
+    """Fail the test if the tokenizer or the model is loaded (the input checks come first)."""
 
-    monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained", no_model_loading)
+    def refuse(*args, **kwargs):
+        raise AssertionError("a tokenizer or model was loaded before the input was checked")
+
+    monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", refuse)
+    monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained", refuse)
+
+
+def _one_error_line(capsys) -> str:
+    """The last stderr line is the one error line (progress bars may come before it), and there is no traceback."""
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert "Traceback" not in err and sum("error:" in line for line in lines) == 1, err[-2000:]
+    assert lines[-1].startswith("dhpo-train: error: "), lines[-1]
+    return lines[-1]
+
+
+def test_missing_column_fails_before_the_tokenizer_and_model_load(local_model, local_jsonl, tmp_path, monkeypatch,
+                                                                  capsys):  # fmt: skip
+    _no_loading(monkeypatch)
     args = cli_args(local_model, local_jsonl, tmp_path / "x")
     args[args.index("--answer_column") + 1] = "gt_answer"
-    with pytest.raises(ValueError, match=r"'gt_answer'.*\['problem', 'solution'\].*--answer_column"):
-        main(args)
+    assert main(args) == 2
+    assert re.search(r"'gt_answer'.*\['problem', 'solution'\].*--answer_column", _one_error_line(capsys))
+    with pytest.raises(ValueError, match="'gt_answer'"):  # --debug: the traceback instead of the line
+        main([*args, "--debug"])
+
+
+def _yaml(tmp_path, text):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+# (extra argv (with {tmp} and {yaml} filled in), YAML text, what the one error line must say)
+USER_ERRORS = {
+    "typo-flag": (["--modle_name_or_path", "x"], None,
+                  "Unrecognized argument(s): --modle_name_or_path (did you mean --model_name_or_path?)"),
+    "missing-local-model": (["--model_name_or_path", "{tmp}/no-such-model"], None,
+                            "--model_name_or_path {tmp}/no-such-model does not exist"),
+    "model-folder-without-config": (["--model_name_or_path", "{tmp}"], None, "has no config.json"),
+    "yaml-unknown-key": (["--config", "{yaml}"], "learning_rat: 1.0e-3\n",
+                         "Unknown key(s) in {yaml}: learning_rat (did you mean learning_rate?)"),
+    "yaml-syntax": (["--config", "{yaml}"], "learning_rate: [1\n", "is not valid YAML"),
+    "yaml-not-a-mapping": (["--config", "{yaml}"], "- 1\n", "must contain a YAML mapping"),
+    "yaml-empty-value": (["--config", "{yaml}"], "epsilon_low_token:\n", "epsilon_low_token"),
+    "yaml-env-not-a-mapping": (["--config", "{yaml}"], "env: 3\n", "`env` must be a mapping"),
+    "missing-config": (["--config", "{tmp}/nope.yaml"], None, "Config file {tmp}/nope.yaml does not exist"),
+    "yaml-without-config-flag": (["{yaml}"], "max_steps: 1\n", "(a YAML file goes after --config)"),
+    "bad-algorithm": (["--algorithm", "dhpp"], None, "algorithm='dhpp'"),
+    "missing-dataset-file": (["--dataset_name", "{tmp}/train.jsonl"], None, "no such file or folder"),
+    "missing-checkpoint": (["--resume_from_checkpoint", "{tmp}/checkpoint-7"], None, "checkpoint-7 is not a folder"),
+    "output-dir-is-a-file": (["--output_dir", "{yaml}"], "max_steps: 1\n", "--output_dir: cannot create the folder"),
+    "zero-batch": (["--per_device_train_batch_size", "0"], None, "--per_device_train_batch_size must be a positive"),
+    "batch-plan": (["--prompts_per_generation", "3", "--prompts_per_optimizer_step", "2"], None,
+                   "prompts_per_generation=3 and prompts_per_optimizer_step=2"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(USER_ERRORS))
+def test_user_errors_are_one_line_with_exit_status_2(case, local_model, local_jsonl, tmp_path, monkeypatch, capsys):
+    extra, yaml_text, expected = USER_ERRORS[case]
+    yaml_path = _yaml(tmp_path, yaml_text) if yaml_text is not None else ""
+    fill = {"tmp": str(tmp_path), "yaml": yaml_path}
+    extra = [item.format(**fill) for item in extra]
+    args = cli_args(local_model, local_jsonl, tmp_path / "out")
+    if "--model_name_or_path" in extra:  # the input checks come before any loading
+        _no_loading(monkeypatch)
+    assert main([*args, *extra]) == 2
+    assert expected.format(**fill) in _one_error_line(capsys)
+
+
+def _without_gpu(monkeypatch, *, cuda: bool):
+    monkeypatch.setattr("transformers.utils.is_torch_bf16_gpu_available", lambda: False)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: cuda)
+
+
+def test_no_gpu_names_the_cpu_flags(local_model, local_jsonl, tmp_path, monkeypatch, capsys):
+    """Where transformers would stop with "Your setup doesn't support bf16/gpu", the line says what to pass."""
+    _without_gpu(monkeypatch, cuda=False)
+    args = cli_args(local_model, local_jsonl, tmp_path / "out")
+    for flag in ("--use_cpu", "--bf16"):  # a recipe run on a CPU machine: neither flag given
+        index = args.index(flag)
+        del args[index : index + 2]
+    _no_loading(monkeypatch)
+    assert main(args) == 2
+    line = _one_error_line(capsys)
+    assert "No GPU is visible" in line and "bf16 is on (TRL's default)" in line
+    assert "pass --use_cpu true --bf16 false" in line
+    assert main([*args, "--bf16", "true"]) == 2  # set explicitly, as the recipes do
+    assert "and bf16 is on: to train on CPU pass --use_cpu true --bf16 false" in _one_error_line(capsys)
+    _without_gpu(monkeypatch, cuda=True)  # a GPU older than Ampere
+    assert main(args) == 2
+    assert "this GPU has no bfloat16 support" in _one_error_line(capsys)
+    # the flags it names are enough: parsing goes through (no GPU, bf16 off, on CPU)
+    _, config, _ = parse_args([*args, "--use_cpu", "true", "--bf16", "false"])
+    assert config.use_cpu and not config.bf16
+
+
+def test_bugs_and_failures_during_training_keep_their_traceback(local_model, local_jsonl, tmp_path, monkeypatch,
+                                                                capsys):  # fmt: skip
+    from dhpo_trl import DHPOTrainer
+
+    def broken_train(self, *args, **kwargs):
+        raise ValueError("raised while training")
+
+    monkeypatch.setattr(DHPOTrainer, "train", broken_train)
+    with pytest.raises(ValueError, match="raised while training"):  # the work phase is never an input error
+        main(cli_args(local_model, local_jsonl, tmp_path / "out"))
+
+    def bug_in_setup(*args, **kwargs):
+        raise KeyError("prompt")
+
+    monkeypatch.setattr("dhpo_trl.cli.drop_long_prompts", bug_in_setup)
+    with pytest.raises(KeyError):  # another exception type while reading the input: a bug, with its traceback
+        main([*cli_args(local_model, local_jsonl, tmp_path / "out"), "--max_prompt_length", "50"])
+    assert "error:" not in capsys.readouterr().err
+
+
+def test_unreachable_vllm_server_is_an_input_error(local_model, local_jsonl, tmp_path, monkeypatch, capsys):
+    from dhpo_trl import DHPOTrainer
+
+    message = "The vLLM server can't be reached at http://0.0.0.0:8000 after 240 seconds. Make sure the server..."
+
+    def no_server(self, *args, **kwargs):  # what TRL's VLLMClient raises while the trainer is built
+        raise ConnectionError(message)
+
+    monkeypatch.setattr(DHPOTrainer, "__init__", no_server)
+    assert main(cli_args(local_model, local_jsonl, tmp_path / "out")) == 2
+    assert _one_error_line(capsys) == f"dhpo-train: error: {message}"
+
+
+def test_missing_tracker_package_is_named_before_the_model_loads(local_model, local_jsonl, tmp_path, monkeypatch,
+                                                                 capsys):  # fmt: skip
+    monkeypatch.setattr("transformers.integrations.integration_utils.is_wandb_available", lambda: False)
+    _no_loading(monkeypatch)
+    assert main([*cli_args(local_model, local_jsonl, tmp_path / "out"), "--report_to", "wandb"]) == 2
+    assert "--report_to: WandbCallback requires wandb to be installed. Run `pip install wandb`." in _one_error_line(
+        capsys
+    )
+
+
+def test_debug_flag_is_ours_only_without_a_value():
+    assert pop_debug_flag(["--debug", "--max_steps", "1"]) == (["--max_steps", "1"], True)
+    assert pop_debug_flag(["--max_steps", "1", "--debug"]) == (["--max_steps", "1"], True)
+    # transformers' own `--debug underflow_overflow` passes through untouched
+    assert pop_debug_flag(["--debug", "underflow_overflow"]) == (["--debug", "underflow_overflow"], False)
+
+
+def test_batch_plan_uses_the_world_size_of_all_nodes(monkeypatch):
+    """2 nodes x 8 processes: WORLD_SIZE=16 while each node's LOCAL_WORLD_SIZE is 8; the plan is for 16."""
+    from trl import TrlParser
+
+    # Stop at the flags the plan adds: building DHPOConfig with WORLD_SIZE=16 would start a real process group.
+    monkeypatch.setattr(TrlParser, "parse_args_into_dataclasses", lambda self, args: args)
+    recipe = REPO / "examples/recipes/dhpo_e_qwen3_1.7b_base.yaml"
+
+    def planned(world_size: str, local_world_size: str) -> tuple[str, str]:
+        monkeypatch.setenv("WORLD_SIZE", world_size)
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", local_world_size)
+        flags = load_recipe(recipe, overrides={"use_cpu": True, "bf16": False})
+        last = {
+            name: flags[len(flags) - 1 - flags[::-1].index(name) + 1]
+            for name in ("--steps_per_generation", "--gradient_accumulation_steps")
+        }
+        return last["--steps_per_generation"], last["--gradient_accumulation_steps"]
+
+    # 512 prompts x 16 completions / (16 per device x 16 processes) = 32; 256 x 16 / 256 = 16
+    assert planned("16", "8") == ("32", "16")
+    assert planned("8", "8") == ("64", "32")  # one node of the same machines
+    assert planned("32", "8") == ("16", "8")  # the paper's 4 x 8
+
+
+def test_script_exits_2_with_one_line_for_a_missing_model(local_jsonl, tmp_path):
+    """The real entry point: exit status 2, one line on stderr, no traceback (examples/train_dhpo.py)."""
+    missing = tmp_path / "no-model"
+    command = [sys.executable, "examples/train_dhpo.py", *cli_args(missing, local_jsonl, tmp_path / "out")]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(command, check=False, capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"dhpo-train: error: --model_name_or_path {missing} does not exist. Pass an existing directory or a Hub model id."
+    )
 
 
 def _run(command, timeout=300):
@@ -179,6 +358,43 @@ def test_batch_plan_follows_the_launched_process_count(local_model, local_jsonl,
     card = (tmp_path / "two" / "README.md").read_text()
     # 8 completions / (2 per device x 2 processes) = 2 micro-steps per generation; 4 / 4 = 1 per optimizer step
     assert "| `steps_per_generation` | `2` |" in card and "| `gradient_accumulation_steps` | `1` |" in card
+
+
+def test_prompts_follow_the_tokenizer_read_after_the_data(local_jsonl, tmp_path, monkeypatch):
+    """The data is checked before the tokenizer loads, yet a tokenizer with a chat template still gets chat prompts."""
+    from dhpo_trl import DHPOTrainer
+
+    tokenizer = build_char_tokenizer()
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+    model_dir = tmp_path / "chat-model"
+    build_tiny_qwen3(tokenizer).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    seen = {}
+
+    def capture(self, *args, train_dataset=None, **kwargs):
+        seen["prompt"] = train_dataset[0]["prompt"]
+        raise ConnectionError("stop here")
+
+    monkeypatch.setattr(DHPOTrainer, "__init__", capture)
+    assert main(cli_args(model_dir, local_jsonl, tmp_path / "out")) == 2
+    assert [m["role"] for m in seen["prompt"]] == ["system", "user"]
+    assert seen["prompt"][1]["content"].startswith("What is 0 + 0?")
+
+
+def test_max_prompt_length_keeps_a_prompt_exactly_at_the_limit():
+    from dhpo_trl.cli import drop_long_prompts
+    from dhpo_trl.data import load_math_dataset
+
+    tokenizer = build_char_tokenizer()  # no special tokens added: the prompt's own tokens are all there is
+    dataset = load_math_dataset(Dataset.from_dict({"question": ["1+1?", "22+22?"], "answer": ["2", "44"]}),
+                                tokenizer=tokenizer)  # fmt: skip
+    short, long = (len(tokenizer.tokenize(prompt)) for prompt in dataset["prompt"])
+    assert long == short + 2
+    assert drop_long_prompts(dataset, tokenizer, max_tokens=long)["answer"] == ["2", "44"]  # at the limit: kept
+    assert drop_long_prompts(dataset, tokenizer, max_tokens=long - 1)["answer"] == ["2"]  # one over: dropped
+    assert drop_long_prompts(dataset, tokenizer, max_tokens=short)["answer"] == ["2"]
+    with pytest.raises(ValueError, match=f"max_prompt_length={short - 1}"):
+        drop_long_prompts(dataset, tokenizer, max_tokens=short - 1)
 
 
 @pytest.mark.parametrize("chat", [False, True], ids=["plain", "chat-template"])

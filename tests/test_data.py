@@ -133,3 +133,37 @@ def test_bad_paths_and_types(tmp_path):
         load_math_dataset(tmp_path / "data.txt")
     with pytest.raises(ValueError, match="--dataset_name must be"):
         load_math_dataset(42)
+
+
+def test_gsm8k_format_keeps_the_text_after_the_last_hash_marks(tmp_path):
+    """load_math_dataset(gsm8k, answer_column="answer") used to keep the whole solution: every reward was 0."""
+    rows = [
+        {"question": "Tom has 5 apples and buys 7 more. How many?", "answer": "5 + 7 = <<5+7=12>>12\n#### 12"},
+        {"question": "How many pens in 3 days at 400 a day?", "answer": "400 * 3 = 1200\n#### 1,200"},
+        {"question": "A tricky one?", "answer": "a first #### inside the working\n#### 7"},  # more than one ####
+        {"question": "Nothing after the marks?", "answer": "work\n####   "},
+    ]
+    path = tmp_path / "gsm8k.jsonl"
+    path.write_text("\n".join(json.dumps(row) for row in rows))
+    dataset = load_math_dataset(path, answer_column="answer")
+    assert dataset["answer"] == ["12", "1200", "7"]  # the row without an answer is dropped, not scored 0
+
+
+def test_answers_are_normalised_with_their_question():
+    rows = {
+        "question": [
+            "Find all functions $g$ with $g(x+1)=g(x)+3$ and $g(0)=-2$.",
+            "Write the equation of the line through $(0,-1)$ and $(1,2)$.",
+            "What is the luminosity, in erg/s?",
+            "Compute $25_7 + 33_7$ in base 7.",
+        ],
+        "answer": ["$g(x)=3x-2$", "$y = 3x - 1$", "3.9e33", "61_7"],
+    }
+    dataset = load_math_dataset(Dataset.from_dict(rows))
+    assert dataset["answer"] == ["3x-2", "y = 3x - 1", r"3.9 \times 10^{33}", "61_{7}"]
+
+
+def test_list_answers_are_one_answer_with_components_and_blanks_are_dropped():
+    rows = {"question": ["Find all n.", "Find all m.", "Find k."], "answer": [["$3$", "", "$5$"], ["", " "], ["4"]]}
+    dataset = load_math_dataset(Dataset.from_dict(rows))
+    assert dataset["answer"] == ["3, 5", "4"]  # the all-blank row is dropped

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from benchmark_fixtures import FIXTURES
 
 from dhpo_trl.evaluation import BENCHMARKS, SamplingSettings, TransformersBackend, cli, evaluate_problems
 from dhpo_trl.evaluation import backends as backends_module
@@ -16,13 +17,11 @@ from dhpo_trl.evaluation.benchmarks import Problem, load_benchmark, resolve_benc
 from dhpo_trl.evaluation.metrics import average_score, benchmark_score, format_table
 from dhpo_trl.evaluation.runner import encode_prompts
 
-from benchmark_fixtures import FIXTURES
-
 EXPECTED_ANSWERS = {
     "aime24": ["1", "24", "230"],
     "aime25": ["42", "315", "8"],
     "amc23": ["2", "3.25", "21"],  # floats: 2.0 -> "2"
-    "olympiadbench": ["$0,4$", "23", "$2 k+3$"],  # final_answer lists
+    "olympiadbench": ["0,4", "23", "2 k+3"],  # final_answer lists, $ dropped
     "math500": ["5\\sqrt{2}", "12", "\\left( \\sqrt{2}, \\frac{\\pi}{4} \\right)"],
     "minerva_math": ["3", "\\frac{1}{6}", "0.12"],  # the LAST \boxed{} of the solution
     "gsm8k": ["12", "1200", "63"],  # after ####, commas removed
@@ -322,3 +321,104 @@ def test_hub_dataset_ids_go_through_load_dataset(monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
     assert load_benchmark("gsm8k", "someorg/gsm8k-test", split="test") == [Problem("gsm8k", 0, "q?", "3000")]
     assert calls == [("someorg/gsm8k-test", "test")]
+
+
+class AnswerBook:
+    """A fake backend: for each prompt, the completions written down for the question it contains."""
+
+    name = "answer-book"
+
+    def __init__(self, tokenizer, completions_by_question):
+        self.tokenizer = tokenizer
+        self.completions_by_question = completions_by_question
+
+    def generate(self, prompt_ids, num_samples, settings):
+        batches = []
+        for ids in prompt_ids:
+            text = self.tokenizer.decode(ids)
+            (question,) = [q for q in self.completions_by_question if q in text]
+            batches.append(list(self.completions_by_question[question])[:num_samples])
+        return batches
+
+
+# Fixture questions (first words) -> completions with known correctness, gold in the comment.
+ANSWER_BOOK = {
+    "Find the remainder when": [r"\boxed{1}", r"so \boxed{1.00}", r"\boxed{2}", "it is 1"],  # 1: 2/4 (no box)
+    "How many positive divisors": [r"\boxed{24}", r"\boxed{24}", r"\boxed{24.0}", r"\boxed{\frac{48}{2}}"],  # 24: 4/4
+    "Compute $13 \\cdot 17 + 9$": [r"\boxed{230}", r"\boxed{221}", r"\boxed{239}", r"\boxed{-230}"],  # 230: 1/4
+    "A cart moves": [r"$v = \boxed{3}$ m/s"],  # 3: 1/1
+    "Compute $\\frac{1}{2}": [r"\boxed{1/6}"],  # \frac{1}{6}: 1/1
+    "A lamp uses": [r"\boxed{12 \times 10^{-2}}"],  # 0.12: 1/1
+    "Tom has 5 apples": [r"\boxed{12}"],  # 12: 1/1
+    "A shop sells 400 pens": [r"\boxed{1,200}"],  # 1200: 1/1 (thousands comma)
+    "Mia reads 9 pages": ["She reads 9 * 7 = 63 pages."],  # 63: 0/1, or 1/1 with the last-number fallback
+}
+
+
+@pytest.mark.parametrize(
+    ("fallback", "aime", "gsm8k", "average"),
+    [
+        # AIME24 Avg@4 = (2/4 + 4/4 + 1/4) / 3; Minerva Pass@1 = 3/3; GSM8K Pass@1 = 2/3; AVG = mean of the three
+        ("none", "58.3", "66.7", "75.0"),
+        # the last-number fallback adds "it is 1" (AIME 3/4 on the first problem) and "63 pages" (GSM8K 3/3)
+        ("last_number", "66.7", "100.0", "88.9"),
+    ],
+)
+def test_cli_end_to_end_table_from_known_answers(
+    tmp_path, tokenizer, monkeypatch, capsys, fallback, aime, gsm8k, average
+):
+    book = AnswerBook(tokenizer, ANSWER_BOOK)
+    monkeypatch.setattr(cli, "_load_transformers_backend", lambda args: book)
+    monkeypatch.setattr(cli, "check_model_source", lambda model: "local")
+    output = tmp_path / "results.json"
+    argv = [
+        "fake-model", "--benchmarks", "aime24,minerva_math,gsm8k", "--data-dir", str(FIXTURES), "--backend",
+        "transformers", "--samples", "aime24=4", "--output", str(output), "--label", "book",
+        "--answer-fallback", fallback,
+    ]  # fmt: skip
+    assert cli.main(argv) == 0
+    header, _, row = capsys.readouterr().out.strip().splitlines()
+    assert [c.strip() for c in header.strip("|").split("|")] == [
+        "Model",
+        "AIME24 (Avg@4)",
+        "Minerva Math",
+        "GSM8K",
+        "AVG",
+    ]
+    assert [c.strip() for c in row.strip("|").split("|")] == ["book", aime, "100.0", gsm8k, average]
+    report = json.loads(output.read_text())
+    assert report["scores"]["aime24"] == pytest.approx(float(aime), abs=0.05)
+    assert report["average"] == pytest.approx(float(average), abs=0.05)
+    assert report["settings"]["answer_fallback"] == fallback
+    first = report["benchmarks"]["aime24"]["problems"][0]
+    assert first["correct"] == ([1.0, 1.0, 0.0, 0.0] if fallback == "none" else [1.0, 1.0, 0.0, 1.0])
+    assert first["predictions"] == ["1", "1.00", "2", None if fallback == "none" else "1"]
+
+
+def test_ragged_sample_counts(tokenizer):
+    # metrics: each problem counts once, whatever its number of samples: (1/2 + 1/1 + 1/3) / 3
+    assert benchmark_score([[1, 0], [1], [0, 0, 1]]) == pytest.approx(100 * (0.5 + 1 + 1 / 3) / 3)
+    # runner: a backend that returns fewer samples than asked is an error, not a silently smaller Avg@k
+    problems = {"aime24": load_benchmark("aime24", FIXTURES / "aime24", limit=2)}
+    short = ScriptedBackend([[r"\boxed{1}"] * 4, [r"\boxed{24}"] * 3])
+    with pytest.raises(ValueError, match=r"\[aime24\] the backend returned 3 samples for problem 1, expected 4"):
+        evaluate_problems(short, tokenizer, problems, SamplingSettings(max_new_tokens=4), {"aime24": 4})
+    missing = ScriptedBackend([[r"\boxed{1}"]])
+    missing.generate = lambda prompt_ids, num_samples, settings: [[r"\boxed{1}"]]
+    with pytest.raises(ValueError, match="returned samples for 1 problems, expected 2"):
+        evaluate_problems(missing, tokenizer, problems, SamplingSettings(max_new_tokens=4), {"aime24": 1})
+    with pytest.raises(ValueError, match="fallback must be one of"):
+        evaluate_problems(short, tokenizer, problems, SamplingSettings(), fallback="last")
+
+
+def test_table_row_missing_a_benchmark():
+    table = format_table(
+        {"A": {"aime24": 10.0, "gsm8k": 21.0}, "B": {"aime24": 30.0}}, {"aime24": 32, "gsm8k": 1}
+    ).splitlines()
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")[1:]] for line in table[2:]}
+    assert rows == {"A": ["10.0", "21.0", "15.5"], "B": ["30.0", "-", "-"]}  # no AVG over fewer benchmarks
+
+
+def test_gsm8k_with_more_than_one_hash_mark_keeps_the_last():
+    rows = [{"question": "q?", "answer": "step #### not this\n#### 4,500"}]
+    assert load_benchmark("gsm8k", rows)[0].answer == "4500"

@@ -76,3 +76,15 @@ def test_callback_rejects_bad_setup():
         BenchmarkEvalCallback(["gsm8k"], data_dir=FIXTURES, every_n_steps=0)
     with pytest.raises(ValueError, match="no data source"):
         BenchmarkEvalCallback(["gsm8k"])
+
+
+def test_unattached_callback_is_refused_under_zero3(monkeypatch, tmp_path):
+    """Without the trainer there is no DeepSpeed engine to gather the weights from: refused at the start, by name."""
+    from transformers import TrainerControl, TrainerState
+
+    args = DHPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none")
+    callback = BenchmarkEvalCallback(["gsm8k"], data_dir=FIXTURES, limit=1)
+    callback.on_train_begin(args, TrainerState(), TrainerControl())  # no ZeRO-3: fine
+    monkeypatch.setattr("dhpo_trl.evaluation.callback.is_deepspeed_zero3_enabled", lambda: True)
+    with pytest.raises(ValueError, match=r"callback.attach\(trainer\)"):
+        callback.on_train_begin(args, TrainerState(), TrainerControl())

@@ -39,6 +39,8 @@ def test_recipe_is_the_paper_setup_with_its_global_batch(recipe, num_processes):
     assert per_micro_step * config.gradient_accumulation_steps == prompts_per_step * 16
     assert config.steps_per_generation // config.gradient_accumulation_steps == 512 // prompts_per_step
     assert config.steps_per_generation % config.gradient_accumulation_steps == 0
+    # VERL's dynamic batch sizes: length-sorted micro-batches within each optimizer step, one pass per micro-step
+    assert config.dynamic_batching is True and config.max_tokens_per_micro_batch is None
     # the rest of appendix D
     assert model.model_name_or_path == model_id and model.dtype == "float32"
     assert (script.dataset_name, script.dataset_config) == ("hkust-nlp/SimpleRL-Zoo-Data", "simplelr_qwen_level3to5")

@@ -1,6 +1,9 @@
 """Reward functions returning garbage fail on the first batch with a named error; None/NaN stay allowed."""
 
+import functools
 import math
+from decimal import Decimal
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -8,7 +11,7 @@ import torch
 from datasets import Dataset
 
 from dhpo_trl import DHPOConfig, DHPOTrainer
-from dhpo_trl.reward_checks import check_reward_functions, checked_reward_function
+from dhpo_trl.reward_checks import _as_reward, check_reward_functions, checked_reward_function
 
 
 def constant_reward(completions, **kwargs):
@@ -64,3 +67,85 @@ def test_trainer_fails_on_first_batch_naming_the_function(tokenizer, tiny_model,
         trainer.train()
     assert trainer.state.global_step == 0
     assert "rewards/string_reward/mean" not in str(trainer.state.log_history)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, math.nan),
+        (3, 3.0),
+        (False, 0.0),
+        (Fraction(1, 4), 0.25),
+        (np.int64(2), 2.0),
+        (np.array(0.5), 0.5),  # a 0-d array is a scalar
+        (torch.tensor([1.5]), 1.5),  # one element, whatever its shape
+        (torch.tensor(-2.0), -2.0),
+    ],
+)
+def test_single_numbers_of_every_kind_are_rewards(value, expected):
+    assert _as_reward(value) == pytest.approx(expected, nan_ok=True)
+    assert isinstance(_as_reward(value), float)
+
+
+@pytest.mark.parametrize(
+    "value", ["1.0", b"1", [1.0], (1.0,), torch.tensor([1.0, 2.0]), np.array([1.0, 2.0]), Decimal("1.0"), 1j, {}]
+)
+def test_anything_else_is_not_a_reward(value):
+    assert _as_reward(value) is None
+
+
+@pytest.mark.parametrize(
+    ("outputs", "match"),
+    [
+        ([1.0, -math.inf], r"returned -inf for completion 1"),
+        ([torch.tensor([1.0, 2.0])], r"for completion 0: each reward must be a finite number"),
+        ([Decimal("0.5")], r"Decimal\('0.5'\) for completion 0"),
+        (
+            (x for x in [1.0]),
+            r"returned generator; it must return a list with one float \(or None\) per completion \(1 here\)",
+        ),
+        (None, r"returned NoneType"),
+        (b"1", r"returned bytes"),
+    ],
+)
+def test_more_garbage_is_named(outputs, match):
+    def scorer(completions, **kwargs):
+        return outputs
+
+    with pytest.raises(ValueError, match=match):
+        checked_reward_function(scorer)(completions=["x"])
+
+
+def test_arguments_reach_the_function_and_tuples_pass():
+    seen = {}
+
+    def scorer(prompts, completions, answer, **kwargs):
+        seen.update(prompts=prompts, completions=completions, answer=answer, **kwargs)
+        return (1.0, None)
+
+    checked = checked_reward_function(scorer)
+    assert checked(["p1", "p2"], completions=["a", "b"], answer=["1", "2"], trainer_state=7) == (1.0, None)
+    assert seen == {"prompts": ["p1", "p2"], "completions": ["a", "b"], "answer": ["1", "2"], "trainer_state": 7}
+    assert checked.__wrapped__ is scorer and checked.__doc__ == scorer.__doc__
+
+
+def test_partials_keep_a_name_and_single_values_stay_single():
+    def scaled(completions, scale, **kwargs):
+        return [scale] * len(completions)
+
+    wrapped = check_reward_functions([functools.partial(scaled, scale=2.0)])
+    assert isinstance(wrapped, list) and len(wrapped) == 1
+    assert wrapped[0](completions=["a"]) == [2.0]
+    assert wrapped[0].__name__ == "scaled"  # TRL's name for a partial: its function's
+    assert check_reward_functions(None) is None
+    assert check_reward_functions("org/reward-model") == "org/reward-model"
+    single = check_reward_functions(scaled)
+    assert callable(single) and not isinstance(single, list) and single.__wrapped__ is scaled
+
+
+def test_async_reward_functions_are_left_to_trl():
+    async def async_reward(completions, **kwargs):
+        return ["garbage"] * len(completions)
+
+    assert check_reward_functions([async_reward]) == [async_reward]
+    assert check_reward_functions(async_reward) is async_reward

@@ -1,11 +1,19 @@
-r"""The math-verify reward: equivalences that must score 1, near misses that must score 0, and hard time bounds."""
+r"""The one scoring function (reward and evaluation): equivalences that must score 1, near misses that must score 0,
+SimpleRL-Zoo's no-box fallback as an option, loader/reward edge cases, and hard time bounds."""
 
 import threading
 import time
 
 import pytest
 
-from dhpo_trl.rewards import DEFAULT_TIMEOUT_S, extract_boxed_answer, math_verify_reward, score_answer
+from dhpo_trl.rewards import (
+    DEFAULT_TIMEOUT_S,
+    extract_answer,
+    extract_boxed_answer,
+    gold_text,
+    math_verify_reward,
+    score_answer,
+)
 
 # A pathological answer may take at most the per-sample deadline plus process/IPC slack.
 TIME_BOUND_S = DEFAULT_TIMEOUT_S + 2.0
@@ -23,6 +31,9 @@ TIME_BOUND_S = DEFAULT_TIMEOUT_S + 2.0
         (r"\boxed 7$ done", "7"),
         (r"\fbox{3}", "3"),
         (r"\boxed{1} and finally \boxed{", None),  # cut off: the last box is unterminated
+        (r"\boxed{\{1, 2}", r"\{1, 2"),  # an escaped brace that is never closed is text, not a group
+        (r"\boxed{x \}", None),  # the only closing brace is escaped: the box never closes
+        (r"\boxed{a \} b}", r"a \} b"),
         ("no box at all", None),
         ("", None),
         (None, None),
@@ -51,7 +62,39 @@ def test_extract_boxed_answer(text, expected):
         (r"\boxed{(1,2)}", "(1, 2)"),
         (r"\boxed{\{1, 2\}}", r"\{2,1\}"),
         (r"\boxed{1} then on reflection \boxed{2}", "2"),
-        (r"\boxed{4}", ["four", "4"]),
+        (r"\boxed{1, 2}", ["1", "", "  ", "2"]),  # a list is one answer with components; blanks dropped
+        (r"\boxed{\{2, 1\}}", ("1", "2")),  # a tuple means the same
+        (r"\boxed{4.5 \times 10^{33}}", "4.5e33"),  # e-notation gold
+        (r"\boxed{3 \cdot 10^{6}}", "3e6"),
+        (r"\boxed{4.5e33}", r"4.5 \times 10^{33}"),  # e-notation answer
+        (r"\boxed{-\frac{1}{3}}", "-1./3"),  # Python-syntax gold
+        (r"\boxed{\arcsin\left(\frac{10}{13}\right)}", "np.arcsin(10/13)"),
+        (r"\boxed{(-\infty, 0) \cup \{1\}}", r"$(-\infty, 0) \cup\{1\}$."),  # trailing full stop
+        (r"\boxed{52_8}", "52_{8}"),  # base subscripts
+        (r"\boxed{(52)_{8}}", "52_8"),
+        (r"\boxed{52}", "52_8"),  # the question fixed the base
+        (r"\boxed{\frac{2}{3}E_2 + \frac{1}{3}E_1}", r"\frac{1}{3} E_{1}+\frac{2}{3} E_{2}"),  # structure kept
+        (r"\boxed{E_2, E_1}", "E_{1},E_{2}"),
+        (r"\boxed{62.5}", r"62.5\%"),  # percentages: the number, or the fraction
+        (r"\boxed{0.625}", r"62.5\%"),
+        (r"\boxed{62.5\%}", "0.625"),
+        (r"\boxed{90°}", r"90^\circ"),  # degrees
+        (r"\boxed{90 \text{ degrees}}", "90"),
+        (r"\boxed{12 \text{ cm}^2}", "12"),  # units text
+        (r"\boxed{\$18.90}", r"\$18.90"),
+        (r"\boxed{C}", r"\text{(C)}"),  # multiple-choice letters
+        (r"\boxed{\textbf{(C)} Plane}", r"\text{(C)}"),
+        (r"\boxed{(c)}", r"\text{(C)}"),
+        (r"\boxed{\text{Evelyn}}", r"\text{evelyn}"),  # words
+        (r"\boxed{1,450,000}", "1450000"),  # thousands separators
+        (r"\boxed{x = 5}", "5"),
+        (r"\boxed{2x + 3}", "y = 2x + 3"),
+        (r"\boxed{6m}", "6m"),  # a variable m, not metres
+        (r"\boxed{\frac{37 m}{4}}", r"\frac{37}{4} m"),
+        (r"\boxed{0 = x' + \frac{r}{V} x - r c}", r"x^{\prime}+\frac{r}{V} x-r c=0"),  # c is the gold's variable
+        (r"\boxed{2 i + 1}", "1+2i"),
+        (r"\boxed{0.33333}", r"\frac{1}{3}"),  # decimals: relative 1e-4, as SimpleRL-Zoo
+        (r"\boxed{2.8800 \times 10^{-19}}", "2.88e-19"),
         (r"\boxed{3}", r"$\boxed{3}$"),
         ([{"role": "assistant", "content": r"So \boxed{6}."}], "6"),
     ],
@@ -77,10 +120,66 @@ def test_equivalent_answers_score_one(completion, truth):
         (12345, "3"),
         ("\x00\x01 }{ \\boxed{ {{ garbage", "3"),
         ([{"role": "user", "content": r"\boxed{6}"}], "6"),  # only assistant turns are the completion
+        (r"\boxed{6e3}", "3e6"),  # e-notation read as e x 3 used to match
+        (r"\boxed{52_9}", "52_8"),  # a wrong base
+        (r"\boxed{42}", "52_8"),  # 52 in base 8, written in base 10: the question asked for base 8
+        (r"\boxed{\frac{2}{3}}", r"\frac{1}{3} E_{1}+\frac{2}{3} E_{2}"),  # a coefficient is not the answer
+        (r"\boxed{E_1}", "E_{1},E_{2}"),
+        (r"\boxed{1}", ["1", "", "2"]),  # one component of a list answer is not the answer
+        (r"\boxed{6.25}", r"62.5\%"),
+        (r"\boxed{D}", r"\text{(C)}"),
+        (r"\boxed{Circle}", r"\text{(C)}"),
+        (r"\boxed{west}", r"\text{east}"),
+        (r"\boxed{1450001}", "1450000"),  # exact integers, however large
+        (r"\boxed{2.89 \times 10^{-19}}", "2.88e-19"),  # relative, not absolute, tolerance
+        (r"\boxed{0.3332}", r"\frac{1}{3}"),
+        (r"\boxed{6}", "6m"),
+        (r"\boxed{\frac{dx}{dt} = a - kx}", r"\frac{d x}{d t}=k x-a"),  # dx/dt is not the derivative of a constant
+        (r"\boxed{y' + 4y = 1}", "y'+4y=0"),
+        (r"\boxed{\frac{1}{3}}", "unreadable gold: the sum of all happy numbers"),
+        (r"\boxed{5}", r"\text{(C)} 5"),
     ],
 )
 def test_wrong_missing_or_garbage_answers_score_zero(completion, truth):
     assert score_answer(completion, truth) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("text", "fallback", "expected"),
+    [
+        (r"so \boxed{12}, or 13", "last_number", "12"),  # a box always wins
+        ("so the answer is 1,234.5 apples", "last_number", "1234.5"),  # SimpleRL's last-number fallback
+        ("x = -3 and then .5", "last_number", ".5"),
+        ("no number at all", "last_number", None),
+        (r"first 3 then \boxed{4", "last_number", None),  # a box was written but cut off: no guess
+        ("the answer is 7", "none", None),
+    ],
+)
+def test_no_box_fallback_is_an_option(text, fallback, expected):
+    assert extract_answer(text, fallback) == expected
+
+
+def test_fallback_scores_and_unknown_fallbacks_are_refused():
+    assert score_answer("The answer is 7.", "7") == 0.0
+    assert score_answer("The answer is 7.", "7", fallback="last_number") == 1.0
+    assert score_answer("The answer is 7.", "8", fallback="last_number") == 0.0
+    with pytest.raises(ValueError, match="fallback must be one of"):
+        score_answer(r"\boxed{7}", "7", fallback="last-number")
+
+
+def test_messages_without_a_role_count_as_the_completion():
+    assert score_answer([{"content": r"So \boxed{6}."}], "6") == 1.0
+    assert score_answer([{"role": "user", "content": r"\boxed{5}"}, {"content": r"\boxed{6}"}], "6") == 1.0
+    assert score_answer([{"role": "assistant", "content": [{"type": "text", "text": r"\boxed{6}"}]}], "6") == 1.0
+
+
+def test_gold_text_is_normalised_once_and_list_golds_have_one_meaning():
+    assert gold_text("4.5e33") == r"4.5 \times 10^{33}"
+    assert gold_text(["$1$", "", "$2$"]) == gold_text(("1", "2")) == "1, 2"
+    assert gold_text("He has 5 + 7 = 12 apples.\n#### 1,200") == "1200"
+    assert gold_text("a #### b\n#### 7") == "7"  # more than one ####: the last one holds the answer
+    assert gold_text(r"$\boxed{3}$") == "3"
+    assert gold_text([]) is None and gold_text(float("nan")) is None
 
 
 def test_reward_function_signature_and_broadcasting():
@@ -163,7 +262,7 @@ def test_a_stuck_worker_is_killed_at_the_deadline():
     )  # fmt: skip
     worker._process = stuck
     start = time.perf_counter()
-    assert worker.answers_match("1", ["1"], timeout_s=0.2) is False
+    assert worker.answers_match("1", "1", timeout_s=0.2) is False
     assert time.perf_counter() - start < 0.2 + 1.0 + 1.0
     assert stuck.poll() is not None  # killed
     assert worker._process is None  # the next request starts a fresh worker
@@ -173,7 +272,7 @@ def test_deadline_survives_a_swallowed_alarm(monkeypatch):
     """An alarm raised where Python swallows it (a weakref callback) must not disarm the deadline."""
     from dhpo_trl import _math_verify_core as core
 
-    def swallows_first_alarm_then_spins(answer, truths):
+    def swallows_first_alarm_then_spins(answer, gold):
         try:
             while True:
                 time.sleep(0.001)
@@ -184,5 +283,5 @@ def test_deadline_survives_a_swallowed_alarm(monkeypatch):
 
     monkeypatch.setattr(core, "answers_match", swallows_first_alarm_then_spins)
     start = time.perf_counter()
-    assert core.answers_match_with_deadline("1", ["1"], timeout_s=0.2) is False
+    assert core.answers_match_with_deadline("1", "1", timeout_s=0.2) is False
     assert time.perf_counter() - start < 1.0

@@ -2,8 +2,10 @@
 
 Each benchmark is read from a local JSONL file (or a directory holding `test.jsonl`) or from a Hub dataset id, and
 normalised to `Problem(question, answer)`: the answer is taken from wherever that benchmark keeps it (a plain field, a
-float, the last `\\boxed{}` of a worked solution, a list, or the text after `####`). A row without the field raises a
-ValueError naming the file, the line and the field, so bad data fails before any model is loaded.
+float, the last `\\boxed{}` of a worked solution, a list, or the text after `####`) and rewritten by
+`dhpo_trl.golds.normalise_gold` (with the question, and OlympiadBench's `unit`) into LaTeX the grader reads as meant,
+exactly as the training loader does. A row without the field raises a ValueError naming the file, the line and the
+field, so bad data fails before any model is loaded.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..golds import normalise_gold
 from ..rewards import extract_boxed_answer
 
 
@@ -25,15 +28,9 @@ class Problem:
     answer: str
 
 
-def _plain_answer(row: Mapping[str, Any], field: str) -> str | None:
+def _plain_answer(row: Mapping[str, Any], field: str):
     value = row.get(field)
-    if value is None:
-        return None
-    if isinstance(value, float):
-        # AMC23 stores integers as floats (27.0); "27.0" would still verify, but "27" is what a reader expects.
-        return str(int(value)) if value.is_integer() else repr(value)
-    text = str(value).strip()
-    return text or None
+    return value if isinstance(value, (int, float, str)) and not isinstance(value, bool) else None
 
 
 def _boxed_in_solution(row: Mapping[str, Any], field: str) -> str | None:
@@ -41,22 +38,14 @@ def _boxed_in_solution(row: Mapping[str, Any], field: str) -> str | None:
     return extract_boxed_answer(solution) if isinstance(solution, str) else None
 
 
-def _list_answer(row: Mapping[str, Any], field: str) -> str | None:
+def _list_answer(row: Mapping[str, Any], field: str):
     value = row.get(field)
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, (list, tuple)):
-        return None
-    parts = [str(part).strip() for part in value if str(part).strip()]
-    return ", ".join(parts) or None
+    return [value] if isinstance(value, str) else value if isinstance(value, (list, tuple)) else None
 
 
 def _after_hashes(row: Mapping[str, Any], field: str) -> str | None:
     value = row.get(field)
-    if not isinstance(value, str) or "####" not in value:
-        return None
-    # GSM8K writes thousands with commas ("70,000"); the verifier would read those as a tuple.
-    return value.rsplit("####", 1)[1].strip().replace(",", "") or None
+    return value if isinstance(value, str) and "####" in value else None  # normalise_gold keeps what follows
 
 
 @dataclass(frozen=True)
@@ -67,7 +56,7 @@ class BenchmarkSpec:
     question_fields: tuple[str, ...]  # the first one present in a row is the question
     answer_field: str
     answer_format: str  # shown in error messages: what the loader expects to find in answer_field
-    read_answer: Callable[[Mapping[str, Any], str], str | None]
+    read_answer: Callable[[Mapping[str, Any], str], Any]  # the raw gold; `normalise_gold` makes it a string
     expected_size: int  # number of problems in the official test set
 
     def metric_label(self, num_samples: int | None = None) -> str:
@@ -197,17 +186,19 @@ def load_benchmark(name: str, source: Any, *, split: str = "test", limit: int | 
                 f"{where}: benchmark '{name}' needs a question in field "
                 f"{' or '.join(repr(f) for f in spec.question_fields)}; the row has fields {sorted(row)}."
             )
-        answer = spec.read_answer(row, spec.answer_field)
+        question = str(row[question_field]).strip()
+        context = row.get("context")  # OlympiadBench physics problems put shared setup text here
+        if isinstance(context, str) and context.strip():
+            question = f"{context.strip()}\n\n{question}"
+        raw = spec.read_answer(row, spec.answer_field)
+        unit = row.get("unit") if isinstance(row.get("unit"), str) else None  # OlympiadBench: "%", "km", ...
+        answer = normalise_gold(raw, question=question, unit=unit) if raw is not None else None
         if answer is None:
             found = str(row.get(spec.answer_field))
             raise ValueError(
                 f"{where}: benchmark '{name}' needs field '{spec.answer_field}' holding {spec.answer_format}; "
                 f"the row has fields {sorted(row)} and '{spec.answer_field}' = {found[:80]!r}."
             )
-        question = str(row[question_field]).strip()
-        context = row.get("context")  # OlympiadBench physics problems put shared setup text here
-        if isinstance(context, str) and context.strip():
-            question = f"{context.strip()}\n\n{question}"
         problems.append(Problem(benchmark=name, index=len(problems), question=question, answer=answer))
     if not problems:
         raise ValueError(f"Benchmark '{name}': source {source!r} holds no problems.")

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from pathlib import Path
 
+from ..user_errors import DEBUG_FLAG, DEBUG_HELP, check_model_path, make_folder, positive_int, run_command
 from .backends import SamplingSettings, TransformersBackend, VLLMBackend, vllm_available
 from .benchmarks import BENCHMARKS, load_benchmark, resolve_benchmark_names, resolve_sources
 from .metrics import format_table
@@ -25,21 +25,16 @@ class InputError(ValueError):
     """Bad command-line input, found before any model was loaded."""
 
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-
-
 def check_model_source(model: str) -> str:
     """A local checkpoint directory with config.json, or a Hub id; anything path-like that is missing is an error."""
-    path = Path(model).expanduser()
-    if path.exists():
-        if not (path / "config.json").is_file():
-            raise ValueError(f"Model path {path} has no config.json: pass a saved model or checkpoint directory.")
-        return "local"
-    first_part = Path(model).parts[0] if Path(model).parts else ""
-    meant_local = model.startswith((".", "/", "~")) or (len(Path(model).parts) > 1 and Path(first_part).is_dir())
-    if meant_local or not _HUB_ID.match(model) or model.count("/") > 1:
-        raise ValueError(f"Checkpoint path {model} does not exist. Pass an existing directory or a Hub model id.")
-    return "hub"
+    return check_model_path(model, label="Checkpoint path")
+
+
+def _check_device(device: str | None) -> None:
+    import torch
+
+    if device is not None and device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: no CUDA GPU is visible (torch.cuda.is_available() is False); use cpu.")
 
 
 def _key_values(pairs: list[str], option: str) -> dict[str, str]:
@@ -83,11 +78,18 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME=K",
         help="samples per problem for one benchmark (default: 32 AIME, 4 AMC23, 1 others)",
     )
-    parser.add_argument("--limit", type=int, help="evaluate only the first N problems of each benchmark")
-    parser.add_argument("--max-new-tokens", type=int, default=16384)
+    parser.add_argument("--limit", type=positive_int, help="evaluate only the first N problems of each benchmark")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=16384)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--answer-fallback",
+        choices=["none", "last_number"],
+        default="none",
+        help="a completion without \\boxed{}: scored 0 (none, as the training reward), or by its last number "
+        "(last_number, as SimpleRL-Zoo's evaluation)",
+    )
     parser.add_argument(
         "--backend",
         choices=["auto", "vllm", "transformers"],
@@ -96,14 +98,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--output", default="eval_results.json", help="JSON file for scores and per-problem results")
     parser.add_argument("--label", help="row label in the table (default: the model path)")
-    parser.add_argument("--dtype", default="auto", help="model weights: auto, bfloat16, float16 or float32")
+    parser.add_argument(
+        "--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"], help="model weights"
+    )
     vllm_group = parser.add_argument_group("vLLM backend")
-    vllm_group.add_argument("--tensor-parallel-size", type=int, default=1)
+    vllm_group.add_argument("--tensor-parallel-size", type=positive_int, default=1)
     vllm_group.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    vllm_group.add_argument("--max-model-len", type=int, help="default: the model's own limit")
+    vllm_group.add_argument("--max-model-len", type=positive_int, help="default: the model's own limit")
     hf_group = parser.add_argument_group("transformers backend")
-    hf_group.add_argument("--batch-size", type=int, default=8, help="sequences per generate() call")
+    hf_group.add_argument("--batch-size", type=positive_int, default=8, help="sequences per generate() call")
     hf_group.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    parser.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)
     return parser
 
 
@@ -118,7 +123,9 @@ def _load_transformers_backend(args) -> TransformersBackend:
     return TransformersBackend(model, tokenizer, batch_size=args.batch_size)
 
 
-def run(argv: list[str] | None = None) -> dict:
+def prepare(argv: list[str] | None = None) -> dict:
+    """Parse and check every input (benchmarks, data, samples, checkpoint path, output folder), then load the
+    backend: what `main` reports as input errors. Raises InputError before any model is loaded."""
     args = build_parser().parse_args(argv)
     try:  # validate everything before touching a model
         names = resolve_benchmark_names(args.benchmarks)
@@ -132,13 +139,14 @@ def run(argv: list[str] | None = None) -> dict:
         sources = resolve_sources(names, data_dir=args.data_dir, data=_key_values(args.data, "--data"))
         problems = {name: load_benchmark(name, sources[name], split=args.split, limit=args.limit) for name in names}
         check_model_source(args.model)
+        _check_device(args.device)
     except ValueError as error:
         raise InputError(str(error)) from error
     backend_name = args.backend
     if backend_name == "auto":
         backend_name = "vllm" if vllm_available() else "transformers"
     output_path = Path(args.output)
-    output_path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(output_path.parent, "--output")
 
     started = time.time()
     if backend_name == "vllm":
@@ -157,9 +165,20 @@ def run(argv: list[str] | None = None) -> dict:
     else:
         backend = _load_transformers_backend(args)
         tokenizer = backend.tokenizer
+    return {
+        "args": args, "backend": backend, "backend_name": backend_name, "tokenizer": tokenizer, "problems": problems,
+        "settings": settings, "samples": samples, "sources": sources, "output_path": output_path, "started": started,
+    }  # fmt: skip
+
+
+def evaluate(prepared: dict) -> dict:
+    """Sample and score the prepared problems; write the JSON report and print the table."""
+    args, settings, output_path = prepared["args"], prepared["settings"], prepared["output_path"]
     results = evaluate_problems(
-        backend, tokenizer, problems, settings, samples, log=lambda message: print(message, file=sys.stderr)
-    )
+        prepared["backend"], prepared["tokenizer"], prepared["problems"], settings, prepared["samples"],
+        fallback=args.answer_fallback,
+        log=lambda message: print(message, file=sys.stderr),
+    )  # fmt: skip
     label = args.label or args.model
     scores = {name: result["score"] for name, result in results["benchmarks"].items()}
     used_samples = {name: result["samples_per_problem"] for name, result in results["benchmarks"].items()}
@@ -172,16 +191,17 @@ def run(argv: list[str] | None = None) -> dict:
         "average_over": results["average_over"],
         "table": table,
         "settings": {
-            "backend": backend_name,
+            "backend": prepared["backend_name"],
             "prompt": "simplerl",
             "max_new_tokens": settings.max_new_tokens,
             "temperature": settings.temperature,
             "top_p": settings.top_p,
             "seed": settings.seed,
+            "answer_fallback": args.answer_fallback,
             "limit": args.limit,
             "samples_per_problem": used_samples,
-            "data": {name: str(source) for name, source in sources.items()},
-            "wall_seconds": round(time.time() - started, 2),
+            "data": {name: str(source) for name, source in prepared["sources"].items()},
+            "wall_seconds": round(time.time() - prepared["started"], 2),
         },
         "benchmarks": results["benchmarks"],
     }
@@ -191,10 +211,12 @@ def run(argv: list[str] | None = None) -> dict:
     return report
 
 
+def run(argv: list[str] | None = None) -> dict:
+    """Check the input, load the model, evaluate; return the report (what `dhpo-evaluate` writes)."""
+    return evaluate(prepare(argv))
+
+
 def main(argv: list[str] | None = None) -> int:
-    try:
-        run(argv)
-    except InputError as error:
-        print(f"dhpo-evaluate: error: {error}", file=sys.stderr)
-        return 2
-    return 0
+    """`dhpo-evaluate`: 0, or 2 after a one-line error for bad input (see `dhpo_trl.user_errors`)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return run_command("dhpo-evaluate", lambda: prepare(argv), evaluate, debug=DEBUG_FLAG in argv)

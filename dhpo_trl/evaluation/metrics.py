@@ -36,15 +36,16 @@ def format_table(rows: Mapping[str, Mapping[str, float]], samples: Mapping[str, 
     """Markdown table laid out like Table 1: one row per model, benchmarks in the paper's order, then AVG.
 
     `rows` maps a row label (model) to {benchmark name: score}; `samples` gives each benchmark's samples per problem,
-    which sets its header ("AIME24 (Avg@32)", or plain "GSM8K" for one sample).
+    which sets its header ("AIME24 (Avg@32)", or plain "GSM8K" for one sample). A row without a score for one of
+    the table's benchmarks shows "-" there and in AVG: an average over fewer benchmarks is not comparable.
     """
     names = [name for name in BENCHMARKS if any(name in scores for scores in rows.values())]
     headers = ["Model"] + [BENCHMARKS[name].header(samples.get(name)) for name in names] + ["AVG"]
     body = []
     for label, scores in rows.items():
         cells = [f"{scores[name]:.1f}" if name in scores else "-" for name in names]
-        present = {name: scores[name] for name in names if name in scores}
-        body.append([label] + cells + [f"{average_score(present):.1f}"])
+        complete = all(name in scores for name in names)
+        body.append([label] + cells + [f"{average_score({n: scores[n] for n in names}):.1f}" if complete else "-"])
     widths = [max(len(row[i]) for row in [headers] + body) for i in range(len(headers))]
 
     def line(cells: list[str]) -> str:

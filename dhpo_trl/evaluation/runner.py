@@ -1,7 +1,8 @@
 """Sample, score and aggregate: the part of an evaluation shared by the CLI and the training callback.
 
 Prompts use the SimpleRL format from `dhpo_trl.data.format_prompt`; completions are scored by
-`dhpo_trl.rewards.score_answer` (math-verify against the benchmark's ground truth) whatever backend sampled them.
+`dhpo_trl.rewards.score_answer`, the function the training reward uses, against the normalised gold, whatever
+backend sampled them.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from ..data import format_prompt
-from ..rewards import extract_boxed_answer, score_answer
+from ..rewards import FALLBACKS, extract_answer, score_answer
 from .backends import SamplingSettings
 from .benchmarks import BENCHMARKS, Problem
 from .metrics import average_score, benchmark_score
@@ -36,12 +37,17 @@ def evaluate_problems(
     settings: SamplingSettings,
     samples: Mapping[str, int] | None = None,
     *,
+    fallback: str = "none",
     log=None,
 ) -> dict:
     """Scores per benchmark (percent), their mean, and per-problem completions, predictions and correctness.
 
     `samples[name]` overrides the paper's samples per problem (Avg@32 for AIME, Avg@4 for AMC23, one otherwise).
+    `fallback="last_number"` reads the last number of a completion without a `\\boxed{}`, as SimpleRL-Zoo's
+    evaluation does; the default scores such a completion 0, as the training reward does.
     """
+    if fallback not in FALLBACKS:
+        raise ValueError(f"fallback must be one of {FALLBACKS}, got {fallback!r}.")
     samples = dict(samples or {})
     results = {}
     for name, problems in problems_by_benchmark.items():
@@ -54,16 +60,25 @@ def evaluate_problems(
         completions = backend.generate(
             encode_prompts(tokenizer, [p.question for p in problems]), num_samples, settings
         )
+        if len(completions) != len(problems):
+            raise ValueError(
+                f"[{name}] the backend returned samples for {len(completions)} problems, expected {len(problems)}."
+            )
         records = []
-        for problem, texts in zip(problems, completions, strict=True):
-            correct = [float(score_answer(text, problem.answer)) for text in texts]
+        for problem, texts in zip(problems, completions):
+            if len(texts) != num_samples:  # a short count would silently turn Avg@k into an average over fewer
+                raise ValueError(
+                    f"[{name}] the backend returned {len(texts)} samples for problem {problem.index}, "
+                    f"expected {num_samples}."
+                )
+            correct = [score_answer(text, problem.answer, fallback=fallback) for text in texts]
             records.append(
                 {
                     "index": problem.index,
                     "question": problem.question,
                     "answer": problem.answer,
                     "completions": texts,
-                    "predictions": [extract_boxed_answer(text) for text in texts],
+                    "predictions": [extract_answer(text, fallback) for text in texts],
                     "correct": correct,
                     "score": sum(correct) / len(correct),
                 }

@@ -1,0 +1,102 @@
+"""What the command-line tools report as the user's mistake, and what they leave to a traceback.
+
+A user error is an exception of `USER_ERROR_TYPES` raised while a command reads its input, before its work starts:
+the arguments and config files, the data, the model and tokenizer, an optional package, the vLLM server. It is
+printed as one `<prog>: error: <message>` line on stderr with exit status 2, as argparse does. Whatever is raised
+during the work itself (training, sampling, plotting) and any other exception type (KeyError, TypeError,
+RuntimeError...) is a bug, or a failure that needs its whole stack: it keeps its traceback. `--debug` keeps the
+traceback of user errors too.
+
+Each command splits itself in two for `run_command`: `setup` (parse, validate, load) and `work`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+USER_ERROR_TYPES = (
+    ValueError,  # our checks and the libraries' on values: config fields, data columns, Hub ids
+    OSError,  # files and folders that are missing or unreadable, models not found, ConnectionError (vLLM, Hub)
+    ImportError,  # an optional package that is not installed (vllm, deepspeed), named with its install command
+)
+DEBUG_FLAG = "--debug"
+DEBUG_HELP = "show the Python traceback of an input error instead of the one-line message"
+
+
+def run_command(prog: str, setup: Callable[[], object], work: Callable[[object], object] | None = None, *,
+                debug: bool = False) -> int:  # fmt: skip
+    """`work(setup())`; a `USER_ERROR_TYPES` exception from `setup` prints `prog: error: ...` and returns 2."""
+    try:
+        prepared = setup()
+    except USER_ERROR_TYPES as error:
+        if debug:
+            raise
+        print(f"{prog}: error: {one_line(error)}", file=sys.stderr)
+        return 2
+    if work is not None:
+        work(prepared)
+    return 0
+
+
+def one_line(error: BaseException) -> str:
+    """The exception's message on one line (library messages often span several)."""
+    text = " ".join(str(error).split())
+    if isinstance(error, OSError) and error.filename is not None and error.strerror:
+        text = f"{error.filename}: {error.strerror}"  # "[Errno 2] No such file or directory: 'x'" reads worse
+    return text or type(error).__name__
+
+
+def pop_debug_flag(argv: list[str]) -> tuple[list[str], bool]:
+    """Remove a bare `--debug` from `argv`. `--debug VALUE` is left alone: it is transformers' own `debug` option."""
+    argv, debug = list(argv), False
+    index = 0
+    while index < len(argv):
+        bare = argv[index] == DEBUG_FLAG and (index + 1 == len(argv) or argv[index + 1].startswith("-"))
+        if bare:
+            del argv[index]
+            debug = True
+        else:
+            index += 1
+    return argv, debug
+
+
+def positive_int(text: str) -> int:
+    """argparse `type=` for counts: a bad value is argparse's own one-line error, naming the flag."""
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return int(text)
+
+
+def make_folder(path, flag: str) -> None:
+    """Create `path` now, so that a file in the way or a missing permission is an input error, not a late crash."""
+    try:
+        Path(path).expanduser().mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"{flag}: cannot create the folder {path} ({one_line(error)}).") from error
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def check_model_path(model: str, *, label: str = "Model path") -> str:
+    """`"local"` for a model folder (config.json, or a PEFT adapter's adapter_config.json), `"hub"` for a Hub id.
+
+    Anything meant as a local path that does not exist is a ValueError naming it, before the Hub client would
+    answer with "Repo id must use alphanumeric chars".
+    """
+    path = Path(model).expanduser()
+    if path.exists():
+        if not ((path / "config.json").is_file() or (path / "adapter_config.json").is_file()):
+            raise ValueError(
+                f"{label} {path} has no config.json: pass a saved model or checkpoint directory, or a Hub model id."
+            )
+        return "local"
+    parts = Path(model).parts
+    meant_local = model.startswith((".", "/", "~")) or (len(parts) > 1 and Path(parts[0]).is_dir())
+    if meant_local or not _HUB_ID.match(model) or model.count("/") > 1:
+        raise ValueError(f"{label} {model} does not exist. Pass an existing directory or a Hub model id.")
+    return "hub"

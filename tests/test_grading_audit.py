@@ -1,0 +1,132 @@
+"""The scorer audit (dhpo_trl.evaluation.audit) on invented golds that cover every normalisation rule: every
+generated correct rewrite scores 1, every near miss and rotated gold scores 0 -- and the audit fails a grader that
+is broken in the ways the real audit found (text comparison, a lost base, a scorer that accepts anything)."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from dhpo_trl import _math_verify_core
+from dhpo_trl.evaluation import audit
+from dhpo_trl.golds import normalise_gold
+
+FIXTURE = Path(__file__).parent / "fixtures" / "grader_golds.jsonl"
+ROWS = [json.loads(line) for line in FIXTURE.read_text().splitlines()]
+GOLDS = [normalise_gold(r["gold"], question=r["question"], unit=r["unit"]) for r in ROWS]
+RULES = {
+    "e-notation", "python-syntax", "trailing-punctuation", "value-of-assignment", "equation-kept", "base-subscript",
+    "multi-component", "unit-text", "unit-letter", "percent", "degrees", "multiple-choice", "word", "thousands",
+    "gsm8k-hashes", "greek-variable", "derivative", "prime", "complex", "interval-union", "plus-minus", "matrix",
+    "inequality", "mixed-number", "symbol", "subscript-command", "subscript-text", "number", "expression",
+}  # fmt: skip
+
+
+def squash(text):
+    return re.sub(r"\s+", "", str(text))
+
+
+def test_fixtures_cover_every_rule():
+    assert {row["rule"] for row in ROWS} == RULES
+
+
+@pytest.fixture(scope="module")
+def report():
+    return audit.audit_benchmark("fixtures", GOLDS, rotations=1)
+
+
+def test_every_gold_is_read_and_every_rewrite_scores_one(report):
+    assert report.golds == len(ROWS) == report.rewrites
+    assert report.unreadable == []
+    assert report.kinds == {"math": 46, "base": 2, "choice": 3, "text": 1}
+    assert [(f.gold, f.answer) for f in report.rejected_rewrites] == []
+    assert report.rewrites_accepted == len(ROWS)
+
+
+def test_no_near_miss_or_rotated_gold_scores_one(report):
+    assert [(f.check, f.gold, f.answer) for f in report.false_positives] == []
+    assert report.near_misses["last+1"] >= 45 and report.near_misses["sign"] >= 40
+    assert report.near_misses["base"] == 4 and report.near_misses["letter"] == 3
+    assert report.rotated == len(ROWS)
+    assert report.deadline_hits == []
+
+
+def test_rewrites_and_near_misses_never_repeat_the_gold_text():
+    for row, gold in zip(ROWS, GOLDS):
+        answers = [audit.rewrite(gold)] + [wrong for _, wrong in audit.near_misses(gold)]
+        for answer in answers:
+            assert squash(answer) not in (squash(gold), squash(row["gold"])), (gold, answer)
+
+
+@pytest.mark.parametrize(
+    ("gold", "rewrite", "misses"),
+    [
+        (
+            r"4.5 \times 10^{33}",
+            r"45 \times 10^{32}",
+            [("last+1", r"4.5 \times 10^{34}"), ("sign", r"-4.5 \times 10^{33}")],
+        ),
+        ("52_{8}", "(52)_{8}", [("base", "52_{9}"), ("base", "42"), ("last+1", "53_{8}")]),
+        (r"\text{(C)}", r"\textbf{(C)}", [("letter", "D")]),
+        ("0", "0.00", [("last+1", "1")]),  # -0 is 0: no sign near miss
+        ("1, -2", "-2.00, 1.00", [("last+1", "1, -3"), ("sign", "1, 2")]),
+        (r"\frac{3}{2}", "1.5", [("last+1", r"\frac{3}{3}"), ("sign", r"-\frac{3}{2}")]),
+        ("y = 2x + 3", "2x + 3 = y", [("last+1", "y = 2x + 4"), ("sign", r"y = -\left(2x + 3\right)")]),
+    ],
+)
+def test_rewrites_and_near_misses_are_what_the_docs_say(gold, rewrite, misses):
+    assert audit.rewrite(gold) == rewrite
+    assert audit.near_misses(gold) == misses
+
+
+def test_exact_numbers_are_read_without_the_grader():
+    from fractions import Fraction
+
+    assert audit.exact_number(r"1\frac{4}{5}") == Fraction(9, 5)
+    assert audit.exact_number(r"-\frac43") == Fraction(-4, 3)
+    assert audit.exact_number(r"2.5 \times 10^{-3}") == Fraction(1, 400)
+    assert audit.exact_number(".125") == Fraction(1, 8)
+    assert audit.exact_number("x + 1") is None
+
+
+def _audit_with(monkeypatch, scorer):
+    monkeypatch.setattr(audit, "score_answer", scorer)
+    return audit.audit_benchmark("broken", GOLDS, rotations=1)
+
+
+def test_the_audit_fails_a_grader_that_compares_text(monkeypatch):
+    def text_equality(completion, gold, **kwargs):
+        boxed = re.search(r"\\boxed\{(.*)\}\$\.$", completion)[1]
+        return float(squash(boxed) == squash(gold))
+
+    broken = _audit_with(monkeypatch, text_equality)
+    assert broken.rewrites_accepted == 0 and len(broken.rejected_rewrites) == len(ROWS)
+
+
+def test_the_audit_fails_a_grader_that_accepts_anything(monkeypatch):
+    broken = _audit_with(monkeypatch, lambda completion, gold, **kwargs: 1.0)
+    assert len(broken.false_positives) == broken.near_miss_tries + broken.rotated > len(ROWS)
+
+
+def test_the_audit_fails_a_grader_that_reads_a_base_subscript_as_a_number(monkeypatch):
+    """The bug the real audit found: 52_8 read as 52, so 52_9 scored 1."""
+    monkeypatch.setattr(_math_verify_core, "_base_number", lambda text: None)
+    _math_verify_core.gold_form.cache_clear()
+    try:
+        broken = audit.audit_benchmark(
+            "broken", [g for g, r in zip(GOLDS, ROWS) if r["rule"] == "base-subscript"], rotations=0
+        )
+    finally:
+        _math_verify_core.gold_form.cache_clear()
+    accepted = [f.answer for f in broken.false_positives]  # the last number of 61_{7} is its base: 61_{8}
+    assert "61_{8}" in accepted and "1011_{3}" in accepted
+
+
+def test_table_reports_counts_rates_and_timings(report):
+    table = audit.format_table([report]).splitlines()
+    cells = [cell.strip() for cell in table[2].strip("|").split("|")]
+    assert cells[:7] == ["fixtures", str(len(ROWS)), "46/46", "1", "3", "2", "0"]
+    assert cells[7] == f"{len(ROWS)}/{len(ROWS)} (100.0%)"
+    assert cells[8] == f"0/{report.near_miss_tries}" and cells[9] == f"0/{report.rotated}"
+    assert float(cells[10]) > 0 and int(cells[11]) < 1000 * audit.DEFAULT_TIMEOUT_S and cells[12] == "0"

@@ -1,0 +1,137 @@
+"""Every logged `dhpo/` and `gmpo/` metric, `entropy` and `kl` against a hand computation on a fixed batch.
+
+The batch (tests/metric_batch.py) has chosen ratios, both advantage signs, ragged lengths and an all-padding row;
+the expected values are computed token by token on Python floats. Two processes: tests/test_metrics_distributed.py.
+"""
+
+import math
+
+import pytest
+from datasets import Dataset
+from metric_batch import (
+    epsilons_for,
+    GMPO_EPSILONS,
+    LOG_RATIOS,
+    WIDTH,
+    build_policy,
+    expected_metrics,
+    full_batch_entropies,
+    inputs_for,
+)
+from transformers import Qwen3ForCausalLM
+
+from dhpo_trl import DHPOConfig, DHPOTrainer
+from dhpo_trl.tiny import build_char_tokenizer
+
+CASES = {  # name: (config overrides, expected_metrics arguments)
+    "dhpo_e": (dict(), dict()),
+    "dhpo_e_sequence_scope": (dict(entropy_norm_scope="sequence"), dict(scope="sequence")),
+    "dhpo_e_unified": (dict(clipping="unified"), dict(clipping="unified")),
+    "dhpo_a_plain_kl": (dict(mixing="averaged", token_weight=0.3, use_bias_correction_kl=False),
+                        dict(mixing="averaged", token_weight=0.3, bias_corrected_kl=False)),
+    "gmpo": (dict(algorithm="gmpo", **GMPO_EPSILONS), dict(algorithm="gmpo")),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory):
+    """The tiny policy, saved and reloaded so that TRL can build the reference model (beta > 0) from its path."""
+    path = tmp_path_factory.mktemp("metric_policy")
+    build_policy(build_char_tokenizer()).save_pretrained(path)
+    return Qwen3ForCausalLM.from_pretrained(path)
+
+
+def make_trainer(policy, output_dir, **overrides):
+    args = DHPOConfig(
+        output_dir=str(output_dir), use_cpu=True, bf16=False, report_to="none", save_strategy="no",
+        per_device_train_batch_size=5, num_generations=5, max_completion_length=WIDTH, beta=0.04,
+        **{**epsilons_for(overrides), **overrides},
+    )  # fmt: skip
+    tokenizer = build_char_tokenizer()
+    return DHPOTrainer(
+        policy, lambda completions, **kw: [0.0] * len(completions), args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["1+1="] * 5}), processing_class=tokenizer,
+    )  # fmt: skip
+
+
+def logged(trainer, mode):
+    return {key: values[-1] for key, values in trainer._metrics[mode].items()}
+
+
+def assert_metrics(actual, expected):
+    prefix = "gmpo/" if any(key.startswith("gmpo/") for key in expected) else "dhpo/"
+    ours = {key for key in actual if key.startswith(prefix)}
+    assert ours == {key for key in expected if key.startswith(prefix)}, ours  # no metric missing or unexplained
+    for key, value in expected.items():
+        assert actual[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_logged_metrics_match_the_hand_computation(case, policy, tmp_path):
+    overrides, expectation = CASES[case]
+    trainer = make_trainer(policy, tmp_path, **overrides)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    trainer.compute_loss(trainer.model, inputs_for(trainer.model))
+    expected = expected_metrics(full_batch_entropies(trainer.model), **expectation)
+    assert_metrics(logged(trainer, "train"), expected)
+    assert "eval" not in trainer._metrics or not trainer._metrics["eval"]
+
+
+def test_the_batch_exercises_every_metric(policy):
+    """Guards the fixture: each clip fraction is strictly between 0 and 1, and the weight spread tells std from
+    variance; the sequence ratio's mean (over sequences) differs from a token-weighted one."""
+    entropies = full_batch_entropies(policy)
+    branch = expected_metrics(entropies)
+    for key in ("token_low", "token_high", "sequence_low", "sequence_high"):
+        assert 0 < branch[f"dhpo/clip_fraction/{key}"] < 1, key
+    assert 0 < branch["dhpo/clipped_term_fraction"] < 1
+    unified = expected_metrics(entropies, clipping="unified")
+    assert 0 < unified["dhpo/clip_fraction/token_high"] < 1 and 0 < unified["dhpo/clipped_term_fraction"] < 1
+    std = branch["dhpo/mixing_weight/std"]
+    assert 0.1 < std < 0.9 and abs(std - std**2) > 0.05
+    rows = [row for row in LOG_RATIOS if row]
+    ratios = [math.exp(sum(row) / len(row)) for row in rows]
+    token_weighted = sum(r * len(row) for r, row in zip(ratios, rows)) / sum(len(row) for row in rows)
+    assert abs(branch["dhpo/sequence_ratio/mean"] - token_weighted) > 0.01
+    gmpo = expected_metrics(entropies, algorithm="gmpo")
+    assert 0 < gmpo["gmpo/clip_fraction"] < 1
+    # GMPO logs the clipped geometric mean: the clip moved it away from the plain one
+    assert gmpo["gmpo/sequence_ratio/min"] > branch["dhpo/sequence_ratio/min"] + 0.01
+
+
+def test_eval_mode_logs_under_eval(policy, tmp_path):
+    trainer = make_trainer(policy, tmp_path)
+    trainer.model.eval()
+    trainer.compute_loss(trainer.model, inputs_for(trainer.model))
+    assert not trainer._metrics["train"]
+    assert_metrics(logged(trainer, "eval"), expected_metrics(full_batch_entropies(trainer.model)))
+
+
+@pytest.mark.parametrize("algorithm", ["dhpo", "gmpo"])
+def test_all_padding_batch_logs_nan_not_zero(algorithm, policy, tmp_path):
+    """Nothing to measure: NaN (which TRL's log skips) for every ratio metric, never 0 or +-inf."""
+    trainer = make_trainer(policy, tmp_path, algorithm=algorithm, **(GMPO_EPSILONS if algorithm == "gmpo" else {}))
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    loss = trainer.compute_loss(trainer.model, inputs_for(trainer.model, all_padding=True))
+    assert loss.item() == 0.0
+    metrics = logged(trainer, "train")
+    ours = {k: v for k, v in metrics.items() if k.startswith(f"{algorithm}/") or k in ("entropy", "kl")}
+    assert len(ours) >= (15 if algorithm == "dhpo" else 9)
+    assert all(math.isnan(v) for v in ours.values()), ours
+
+
+def test_metrics_reduce_over_the_whole_micro_batch_not_the_last_row(policy, tmp_path):
+    """Two calls log two entries; the second (a sub-batch) has its own hand-computed values."""
+    trainer = make_trainer(policy, tmp_path, mixing="averaged", token_weight=0.3)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    trainer.compute_loss(trainer.model, inputs_for(trainer.model))
+    trainer.compute_loss(trainer.model, inputs_for(trainer.model, rows=[1]))
+    series = trainer._metrics["train"]["dhpo/token_ratio/mean"]
+    assert len(series) == 2
+    row1 = [math.exp(x) for x in (-0.40, -0.10, 0.20, -0.30)]
+    assert series[1] == pytest.approx(sum(row1) / 4, rel=1e-5)
+    assert trainer._metrics["train"]["dhpo/token_ratio/min"][1] == pytest.approx(min(row1), rel=1e-5)
+    assert trainer._metrics["train"]["dhpo/sequence_ratio/mean"][1] == pytest.approx(math.exp(-0.15), rel=1e-5)

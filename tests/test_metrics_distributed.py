@@ -1,0 +1,45 @@
+"""The `dhpo/` and `gmpo/` metrics, `entropy` and `kl` reduced over 2 processes (torchrun, gloo) equal the hand
+computation on the whole batch, also when one process holds only padding.
+
+tests/dist_scripts/metrics_distributed.py gives each rank a slice of tests/metric_batch.py's batch.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from metric_batch import build_policy, expected_metrics, full_batch_entropies
+
+from dhpo_trl.tiny import build_char_tokenizer
+
+SCRIPT = Path(__file__).parent / "dist_scripts" / "metrics_distributed.py"
+EXPECTATIONS = {"dhpo_split": {}, "dhpo_padding_rank": {}, "gmpo_split": {"algorithm": "gmpo"}}
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory):
+    out = tmp_path_factory.mktemp("metrics_two_ranks")
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPT)]
+    result = subprocess.run([*command, str(out)], env=env, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return [json.loads((out / f"metrics_rank{rank}.json").read_text()) for rank in (0, 1)]
+
+
+@pytest.fixture(scope="module")
+def entropies():
+    return full_batch_entropies(build_policy(build_char_tokenizer()))
+
+
+@pytest.mark.parametrize("scenario", list(EXPECTATIONS))
+def test_metrics_of_the_whole_batch_on_every_rank(dumps, entropies, scenario):
+    expected = expected_metrics(entropies, **EXPECTATIONS[scenario])
+    prefix = "gmpo/" if "algorithm" in EXPECTATIONS[scenario] else "dhpo/"
+    for rank, dump in enumerate(dumps):
+        logged = dump[scenario]
+        assert {k for k in logged if k.startswith(prefix)} == {k for k in expected if k.startswith(prefix)}, rank
+        for key, value in expected.items():
+            assert logged[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (rank, key)

@@ -1,0 +1,67 @@
+"""The tiny local models and the character tokenizer: sizes as documented, deterministic in the seed, and a
+tokenizer that maps every printable ASCII character to one token."""
+
+import string
+
+import pytest
+import torch
+
+from dhpo_trl.tiny import SPECIAL_TOKENS, build_char_tokenizer, build_tiny_qwen3
+
+
+def test_char_tokenizer_ids_and_round_trip():
+    tokenizer = build_char_tokenizer()
+    assert len(tokenizer) == 3 + len(set(string.printable)) == 103
+    assert [tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS] == [0, 1, 2]
+    assert (tokenizer.pad_token, tokenizer.eos_token, tokenizer.unk_token) == tuple(SPECIAL_TOKENS)
+    assert (tokenizer.pad_token_id, tokenizer.eos_token_id) == (0, 1)
+    assert tokenizer.padding_side == "left"
+    text = "Q: 12+30=\\boxed{42}\n\tx"
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) == len(text) and 2 not in ids  # one known token per character
+    assert tokenizer.decode(ids) == text
+    assert tokenizer("é", add_special_tokens=False)["input_ids"] == [2]  # outside ASCII: unknown
+    assert tokenizer.convert_ids_to_tokens(3) == string.printable[0]
+    assert build_char_tokenizer()("abc")["input_ids"] == tokenizer("abc")["input_ids"]  # same ids every time
+    batch = tokenizer(["a", "abc"], padding=True, add_special_tokens=False)
+    assert batch["input_ids"][0][:2] == [0, 0] and batch["attention_mask"][0] == [0, 0, 1]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return build_char_tokenizer()
+
+
+def test_dense_model_shape(tokenizer):
+    model = build_tiny_qwen3(tokenizer, hidden_size=24, num_layers=3, num_heads=6)
+    config = model.config
+    assert type(model).__name__ == "Qwen3ForCausalLM"
+    assert (config.vocab_size, config.hidden_size, config.intermediate_size) == (103, 24, 48)
+    assert (config.num_hidden_layers, config.num_attention_heads, config.num_key_value_heads) == (3, 6, 3)
+    assert config.head_dim == 4 and config.max_position_embeddings == 512
+    assert (config.pad_token_id, config.eos_token_id, config.bos_token_id) == (0, 1, 1)
+    assert config.tie_word_embeddings and model.lm_head.weight is model.get_input_embeddings().weight
+    assert (model.generation_config.pad_token_id, model.generation_config.eos_token_id) == (0, 1)
+    assert build_tiny_qwen3(tokenizer, num_heads=1).config.num_key_value_heads == 1  # at least one kv head
+    default = build_tiny_qwen3(tokenizer).config
+    assert (default.hidden_size, default.num_hidden_layers, default.num_attention_heads) == (64, 2, 4)
+
+
+def test_moe_model_shape(tokenizer):
+    model = build_tiny_qwen3(tokenizer, hidden_size=16, num_heads=2, moe=True)
+    config = model.config
+    assert type(model).__name__ == "Qwen3MoeForCausalLM"
+    assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size) == (4, 2, 16)
+    assert config.decoder_sparse_step == 1 and config.router_aux_loss_coef == 0.01
+    assert config.output_router_logits is False  # True breaks cached generate() in transformers 5.17
+    assert config.intermediate_size == 32 and config.max_position_embeddings == 512
+    assert model.generation_config.pad_token_id == 0
+
+
+def test_seed_and_dtype(tokenizer):
+    a, b = build_tiny_qwen3(tokenizer, seed=3), build_tiny_qwen3(tokenizer, seed=3)
+    c = build_tiny_qwen3(tokenizer, seed=4)
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
+    assert not all(torch.equal(p, q) for p, q in zip(a.parameters(), c.parameters(), strict=True))
+    assert build_tiny_qwen3(tokenizer).dtype == torch.float32
+    assert build_tiny_qwen3(tokenizer, dtype=torch.bfloat16).dtype == torch.bfloat16
