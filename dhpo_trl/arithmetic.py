@@ -37,25 +37,12 @@ class Problem:
         return f" \\boxed{{{self.answer}}}"
 
 
-# Held-out problems are the first `num_heldout` of a fixed pool of this many (or half the problem space, if smaller),
-# and training problems avoid the whole pool: the train split, and so the warm start, do not depend on num_heldout.
-HELDOUT_POOL = 1000
-
-
-def problem_space(digits: tuple[int, int]) -> int:
-    """How many distinct problems have operands of between `digits[0]` and `digits[1]` digits."""
+def generate_problems(count: int, *, digits: tuple[int, int], seed: int, exclude: set | None = None) -> list[Problem]:
+    """`count` distinct addition problems whose operands have between `digits[0]` and `digits[1]` digits."""
     low_digits, high_digits = digits
     if not 1 <= low_digits <= high_digits:
         raise ValueError(f"digits={digits} must satisfy 1 <= min <= max, e.g. (2, 3).")
-    return sum(9 * 10 ** (d - 1) for d in range(low_digits, high_digits + 1)) ** 2
-
-
-def generate_problems(count: int, *, digits: tuple[int, int], seed: int, exclude: set | None = None) -> list[Problem]:
-    """`count` distinct addition problems whose operands have between `digits[0]` and `digits[1]` digits.
-
-    Drawn one by one from a seeded stream, so the first n problems are the same whatever `count` >= n is asked."""
-    low_digits, high_digits = digits
-    space = problem_space(digits)
+    space = sum(9 * 10 ** (d - 1) for d in range(low_digits, high_digits + 1)) ** 2
     exclude = exclude or set()
     if count > space - len(exclude):
         raise ValueError(f"count={count} exceeds the {space - len(exclude)} distinct problems with digits={digits}.")
@@ -78,11 +65,10 @@ def generate_problems(count: int, *, digits: tuple[int, int], seed: int, exclude
 def make_splits(
     num_train: int, num_heldout: int, *, digits: tuple[int, int], seed: int
 ) -> tuple[list[Problem], list[Problem]]:
-    """Disjoint train and held-out problem lists, deterministic in `seed`; train does not depend on `num_heldout`."""
-    pool = generate_problems(max(num_heldout, min(HELDOUT_POOL, problem_space(digits) // 2)), digits=digits,
-                             seed=seed + 1)  # fmt: skip
-    train = generate_problems(num_train, digits=digits, seed=seed, exclude=set(pool))
-    return train, pool[:num_heldout]
+    """Disjoint train and held-out problem lists, deterministic in `seed`."""
+    heldout = generate_problems(num_heldout, digits=digits, seed=seed + 1)
+    train = generate_problems(num_train, digits=digits, seed=seed, exclude=set(heldout))
+    return train, heldout
 
 
 def to_dataset(problems: list[Problem]) -> Dataset:

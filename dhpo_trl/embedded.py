@@ -169,8 +169,8 @@ def _plot(log_history: list[dict], path: Path, title: str) -> None:
 def load_task(settings: EmbeddedSettings, num_heldout: int | None = None, *, cache_dir=None, use_cache=True):
     """`(train problems, held-out problems, (model, tokenizer, from_cache))`: the task and its (cached) warm start.
 
-    Both depend on the task settings only, not on the RL seed, the held-out size or the RL settings: every
-    algorithm, seed and staleness of a study starts from the same policy.
+    Both depend on the task settings and `num_heldout` only (training problems avoid the held-out ones), not on the
+    RL seed or the RL settings: every algorithm, seed and staleness of a study starts from the same policy.
     """
     num_heldout = settings.num_heldout if num_heldout is None else num_heldout
     train_problems, heldout_problems = make_splits(settings.num_train, num_heldout, digits=settings.digits, seed=0)
@@ -306,6 +306,7 @@ def _run(algorithm, seed, max_steps, output_dir, eval_every, num_heldout, cache_
         "reward": _series(trainer.state.log_history, "reward"),
         "entropy": _series(trainer.state.log_history, "entropy"),
         "optimizer_steps": trainer.state.global_step,
+        "parameters": sum(p.numel() for p in model.parameters()),
         "num_heldout": num_heldout,
         "warm_start_from_cache": from_cache,
         "warm_start_seconds": round(warm_seconds, 2),

@@ -134,6 +134,8 @@ def expected_metrics(
         return sum(values) / len(values)
 
     metrics = {"entropy": mean([entropies[k] for k in tokens])}
+    # How far pi_theta is from pi_old, for every objective: the token mean of |log r|.
+    metrics["off_policy/abs_log_ratio"] = mean([abs(LOG_RATIOS[r][t]) for r, t in tokens])
     if algorithm == "gmpo":
         low, high = -GMPO_EPSILONS["gmpo_epsilon_low"], GMPO_EPSILONS["gmpo_epsilon_high"]
         clipped, sequence_ratio = set(), {}

@@ -10,7 +10,7 @@ from dhpo_trl.embedded import EmbeddedSettings, main, run_embedded
 from dhpo_trl.rewards import math_verify_reward
 
 # A few seconds of everything: 20 warm-start steps, 4 RL steps (two generation batches), 16 held-out problems.
-SHORT = EmbeddedSettings(num_train=64, num_heldout=16, warmup_steps=20, max_steps=4, prompts_per_step=4,
+SHORT = EmbeddedSettings(num_train=64, num_heldout=16, warmup_steps=20, max_steps=4, prompts_per_generation=8,
                          num_generations=4, eval_every=2)  # fmt: skip
 
 

@@ -1,0 +1,317 @@
+"""Staleness study: how each objective copes as the policy drifts further from the one that sampled.
+
+    python benchmarks/staleness.py --ks 2 4 8 16 --seeds 0 1 2 --generation-batches 24 --workers 2
+
+Every cell (objective, k, seed) is `dhpo_trl.embedded.run_embedded` on the warm-started tiny Qwen3 and synthetic
+addition. One generation batch (32 prompts x 8 completions) is split into k optimizer steps (TRL's
+`steps_per_generation = k`, each completion used once), so step j of a batch updates a policy j - 1 steps away
+from pi_old: k is the staleness. Every cell has the same prompts (the sampler's seed), the same first sampled
+batch, the same learning rate and the same number of generation batches; k only changes how finely each batch is
+cut, and so how far pi_theta drifts before the next batch is sampled. Held-out accuracy is measured every
+`--eval-every` generation batches.
+
+Finished cells are kept in `--out-dir/k<k>/<objective>-seed<seed>/summary.json` and reused, so an interrupted sweep
+resumes; a cell saved with other settings is run again. Writes `--docs-dir/staleness.md` (tables and the verdict),
+`staleness.json` (every cell and the aggregates) and two plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import math
+import multiprocessing
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from dhpo_trl.embedded import EmbeddedSettings, load_task, run_embedded
+from dhpo_trl.presets import PAPER_ALGORITHMS
+
+OBJECTIVES = ["GRPO", "GSPO", "GMPO", "CISPO", "DHPO-A", "DHPO-E"]
+# Per-branch clip fractions: the first of these metrics that the row logs (DHPO's per-branch ones before TRL's
+# `clip_ratio/*`, which DHPO also logs for its mixed ratio), averaged over all optimizer steps of the cell.
+CLIP_METRICS = {
+    "token low": ("dhpo/clip_fraction/token_low", "clip_ratio/low_mean"),
+    "token high": ("dhpo/clip_fraction/token_high", "clip_ratio/high_mean", "cispo_clip_ratio"),
+    "sequence low": ("dhpo/clip_fraction/sequence_low",),
+    "sequence high": ("dhpo/clip_fraction/sequence_high",),
+}
+COLLAPSE_FRACTION = 0.25  # entropy "collapsed": the last tenth of steps below this share of the first step's
+
+
+def cell_settings(k: int, generation_batches: int, eval_every: int, learning_rate: float) -> dict:
+    """The `run_embedded` arguments of one cell: `k` optimizer steps per generation batch."""
+    settings = dataclasses.replace(EmbeddedSettings(), steps_per_generation=k, learning_rate=learning_rate)
+    settings.per_device_train_batch_size()  # early error if k does not divide the generation batch
+    return {"settings": settings, "max_steps": generation_batches * k, "eval_every": eval_every * k}
+
+
+def _run_cell(job: tuple) -> tuple[tuple, dict, bool]:
+    objective, k, seed, out_dir, generation_batches, eval_every, learning_rate = job
+    run_dir = Path(out_dir) / f"k{k}" / f"{objective}-seed{seed}"
+    spec = cell_settings(k, generation_batches, eval_every, learning_rate)
+    expected = {**dataclasses.asdict(spec["settings"]), "max_steps": spec["max_steps"], "eval_every": spec["eval_every"]}
+    summary_path = run_dir / "summary.json"
+    if summary_path.exists():
+        summary = json.loads(summary_path.read_text())
+        if {**summary["settings"], "digits": tuple(summary["settings"]["digits"])} == expected:
+            return (objective, k, seed), summary, True
+    summary = run_embedded(objective, seed=seed, output_dir=run_dir, disable_tqdm=True, **spec)
+    return (objective, k, seed), summary, False
+
+
+def cell_metrics(log_history: list[dict], k: int) -> dict:
+    """The study's measures of one cell, from its trainer log history (one entry per optimizer step, plus evals)."""
+    steps = [e for e in log_history if "loss" in e]
+    evals = [(e["step"], e["eval/heldout_accuracy"]) for e in log_history if "eval/heldout_accuracy" in e]
+    accuracies = [a for _, a in evals]
+    # Area under the accuracy curve, over generation batches, divided by their number: the mean accuracy of the run
+    # (trapezoids between evaluations), so 1.0 means perfect from the first batch on.
+    area = sum((s1 - s0) * (a0 + a1) / 2 for (s0, a0), (s1, a1) in itertools.pairwise(evals))
+    entropy = [e["entropy"] for e in steps]
+    tail = entropy[-max(1, len(entropy) // 10) :]
+
+    def mean_of(*keys):
+        key = next((key for key in keys if any(key in e for e in steps)), None)
+        values = [e[key] for e in steps if key in e and math.isfinite(e[key])]
+        return statistics.fmean(values) if values else None
+
+    return {
+        "final_accuracy": accuracies[-1],
+        "peak_accuracy": max(accuracies),
+        "auc": area / (evals[-1][0] - evals[0][0]),
+        "end_entropy": statistics.fmean(tail),
+        "collapsed": statistics.fmean(tail) < COLLAPSE_FRACTION * entropy[0],
+        # How off-policy the updates really were: pi_theta vs pi_old on the last step of each generation batch.
+        "last_step_abs_log_ratio": statistics.fmean(e["off_policy/abs_log_ratio"] for e in steps if e["step"] % k == 0),
+        "clip": {branch: mean_of(*keys) for branch, keys in CLIP_METRICS.items()},
+        "mixing_weight_mean": mean_of("dhpo/mixing_weight/mean"),
+        "mixing_weight_std": mean_of("dhpo/mixing_weight/std"),
+        "curve": evals,
+    }
+
+
+def _mean_std(values: list[float]) -> list[float]:
+    return [statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0]
+
+
+def aggregate(cells: dict[tuple, dict]) -> dict[str, dict[int, dict]]:
+    """objective -> k -> mean and std over seeds of every scalar measure (None where the row has none)."""
+    table: dict[str, dict[int, dict]] = {}
+    for (objective, k), group in itertools.groupby(sorted(cells), key=lambda key: key[:2]):
+        runs = [cells[key] for key in group]
+        row = {"seeds": len(runs), "collapsed": sum(r["collapsed"] for r in runs)}
+        for name in ("final_accuracy", "peak_accuracy", "auc", "end_entropy", "last_step_abs_log_ratio",
+                     "mixing_weight_mean", "mixing_weight_std"):  # fmt: skip
+            values = [r[name] for r in runs if r[name] is not None]
+            row[name] = _mean_std(values) if values else None
+        row["clip"] = {b: (_mean_std(v) if (v := [r["clip"][b] for r in runs if r["clip"][b] is not None]) else None)
+                       for b in CLIP_METRICS}  # fmt: skip
+        table.setdefault(objective, {})[k] = row
+    return table
+
+
+def separations(table: dict[str, dict[int, dict]], measure: str = "final_accuracy") -> dict[int, list[tuple]]:
+    """Per k, every pair (better, worse, gap, threshold) whose mean gap exceeds twice the larger seed std."""
+    found = {}
+    for k in sorted({k for rows in table.values() for k in rows}):
+        pairs = []
+        for a, b in itertools.permutations(table, 2):
+            (ma, sa), (mb, sb) = table[a][k][measure], table[b][k][measure]
+            threshold = 2 * max(sa, sb)
+            if ma - mb > threshold:
+                pairs.append((a, b, ma - mb, threshold))
+        found[k] = pairs
+    return found
+
+
+def _fmt(cell, percent=True, digits=3):
+    if cell is None:
+        return "—"
+    mean, std = cell
+    return f"{mean:.1%} ± {std:.1%}" if percent else f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+def markdown(table, meta: dict) -> str:
+    ks = sorted({k for rows in table.values() for k in rows})
+    head = "| objective | " + " | ".join(f"k = {k}" for k in ks) + " |"
+    rule = "|---|" + "---|" * len(ks)
+
+    def grid(title, render):
+        return [f"**{title}**", "", head, rule] + [
+            f"| {o} | " + " | ".join(render(table[o][k]) if k in table[o] else "—" for k in ks) + " |" for o in table
+        ] + [""]  # fmt: skip
+
+    lines = [
+        "# Staleness study: which objective holds as updates go off-policy",
+        "",
+        "**Small-scale study on the embedded CPU task, not the paper's experiment**: the warm-started tiny Qwen3",
+        f"(dhpo_trl.tiny, {meta['parameters']:,} parameters) on synthetic two-digit addition, completions of at most",
+        f"{meta['max_completion_length']} tokens, reward 1/0 from math-verify. Each generation batch (32 prompts x 8",
+        "completions) is split into k optimizer steps, every completion used once, so the last step of a batch updates a",
+        "policy k - 1 steps away from the one that sampled. Same prompts, same first batch, same learning rate",
+        f"({meta['learning_rate']:g}, Adam, constant) and {meta['generation_batches']} generation batches in every cell; held-out",
+        f"accuracy (greedy, {meta['num_heldout']} problems) every {meta['eval_every']} generation batches. Mean ± sample std",
+        f"over {meta['seeds']} seeds; dynamic batching on. Produced on {meta['machine']} in {meta['wall_minutes']:.0f} min by:",
+        "",
+        "```bash",
+        meta["command"],
+        "```",
+        "",
+    ]
+    lines += grid("Final held-out accuracy", lambda c: _fmt(c["final_accuracy"]))
+    lines += grid("Peak held-out accuracy", lambda c: _fmt(c["peak_accuracy"]))
+    lines += grid("Area under the accuracy curve (mean accuracy over the run)", lambda c: _fmt(c["auc"]))
+    lines += grid("Mean |log π_θ/π_old| on the last step of each generation batch (how stale the updates were)",
+                  lambda c: _fmt(c["last_step_abs_log_ratio"], percent=False))  # fmt: skip
+    lines += grid("Entropy at the end (mean of the last tenth of steps); runs collapsed below "
+                  f"{COLLAPSE_FRACTION:.0%} of the first step's entropy",
+                  lambda c: f"{_fmt(c['end_entropy'], percent=False)} ({c['collapsed']}/{c['seeds']})")  # fmt: skip
+    lines += grid("Clip fractions per branch, token low / token high / sequence low / sequence high (CISPO: capped "
+                  "share of A > 0 tokens, as token high)",
+                  lambda c: " / ".join("—" if v is None else f"{v[0]:.3f}" for v in c["clip"].values()))  # fmt: skip
+    dhpo = {o: rows for o, rows in table.items() if o.startswith("DHPO")}
+    lines += ["**DHPO mixing weight w (token mean, and its std within a step)**", "", head, rule]
+    for o, rows in dhpo.items():
+        cells = [f"{_fmt(rows[k]['mixing_weight_mean'], False)}; std {_fmt(rows[k]['mixing_weight_std'], False)}"
+                 if k in rows else "—" for k in ks]  # fmt: skip
+        lines.append(f"| {o} | " + " | ".join(cells) + " |")
+    lines += ["", "![final accuracy against k](staleness_accuracy.png) "
+              f"![held-out accuracy curves at k = {ks[-1]}](staleness_curves.png)", ""]  # fmt: skip
+    lines += ["## What separates", "", verdict(table), ""]
+    return "\n".join(lines)
+
+
+def verdict(table) -> str:
+    """The plain-language reading of the final-accuracy table against twice the seed noise."""
+    found = separations(table)
+    noise = statistics.fmean(row["final_accuracy"][1] for rows in table.values() for row in rows.values())
+    parts = []
+    for k, pairs in found.items():
+        means = {o: table[o][k]["final_accuracy"][0] for o in table if k in table[o]}
+        spread = max(means.values()) - min(means.values())
+        if pairs:
+            listed = "; ".join(f"{a} > {b} by {gap:.1%} (2 std = {t:.1%})" for a, b, gap, t in pairs)
+            parts.append(f"at k = {k} the final accuracies span {spread:.1%}, and these pairs separate: {listed}")
+        else:
+            parts.append(f"at k = {k} they span {spread:.1%} and no pair differs by more than twice its seed noise")
+    return (
+        "Final held-out accuracy, pair by pair, counting a difference only where the gap between two objectives' "
+        f"means exceeds twice the larger of their seed standard deviations (typical std {noise:.1%}): "
+        + "; ".join(parts) + "."
+    )
+
+
+def plot(table, out_dir: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ks = sorted({k for rows in table.values() for k in rows})
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for objective, rows in table.items():
+        present = [k for k in ks if k in rows]
+        axis.errorbar(present, [rows[k]["final_accuracy"][0] for k in present],
+                      yerr=[rows[k]["final_accuracy"][1] for k in present], marker="o", capsize=3, label=objective)  # fmt: skip
+    axis.set(xscale="log", xlabel="optimizer steps per generation batch (k)", ylabel="final held-out accuracy")
+    axis.set_xticks(ks, [str(k) for k in ks])
+    axis.legend()
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(out_dir / "staleness_accuracy.png", dpi=100)
+    plt.close(figure)
+
+
+def plot_curves(cells: dict[tuple, dict], k: int, out_dir: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for objective in OBJECTIVES:
+        curves = [c["curve"] for (o, kk, _), c in cells.items() if o == objective and kk == k]
+        if curves:
+            steps = [s / k for s, _ in curves[0]]
+            axis.plot(steps, [statistics.fmean(c[i][1] for c in curves) for i in range(len(steps))], label=objective)
+    axis.set(xlabel="generation batch", ylabel="held-out accuracy (mean over seeds)", title=f"k = {k}")
+    axis.legend()
+    axis.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(out_dir / "staleness_curves.png", dpi=100)
+    plt.close(figure)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--objectives", nargs="+", default=OBJECTIVES, choices=list(PAPER_ALGORITHMS))
+    parser.add_argument("--ks", nargs="+", type=int, default=[2, 4, 8, 16], help="optimizer steps per generation batch")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--generation-batches", type=int, default=24, help="generation batches per cell")
+    parser.add_argument("--eval-every", type=int, default=4, help="held-out evaluation every this many generation batches")
+    parser.add_argument("--learning-rate", type=float, default=EmbeddedSettings.learning_rate)
+    parser.add_argument("--workers", type=int, default=2, help="cells in parallel (one torch thread each)")
+    parser.add_argument("--out-dir", type=Path, default=Path("outputs/staleness"))
+    parser.add_argument("--docs-dir", type=Path, default=Path("docs/study"))
+    args = parser.parse_args(argv)
+    for name in ("generation_batches", "eval_every", "workers"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    for k in args.ks:  # every k must split the generation batch before anything runs
+        try:
+            cell_settings(k, args.generation_batches, args.eval_every, args.learning_rate)
+        except ValueError as error:
+            parser.error(f"--ks {k}: {error}")
+
+    started = time.perf_counter()
+    # Warm start once, before the workers, so they load it from the cache instead of racing to train it.
+    load_task(EmbeddedSettings())
+    jobs = [(o, k, s, str(args.out_dir), args.generation_batches, args.eval_every, args.learning_rate)
+            for s in args.seeds for k in args.ks for o in args.objectives]  # fmt: skip
+    summaries, ran, fresh_seconds = {}, 0, 0.0
+    with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
+        for done, (key, summary, reused) in enumerate(pool.imap_unordered(_run_cell, jobs), start=1):
+            summaries[key] = summary
+            elapsed = time.perf_counter() - started
+            if not reused:
+                ran += 1
+            left = len(jobs) - done
+            eta = f"{elapsed / ran * left / 60:.0f} min left" if ran else "resumed"
+            print(f"[staleness] {done}/{len(jobs)} {key[0]} k={key[1]} seed {key[2]}: "
+                  f"{summary['heldout_accuracy_before']:.1%} -> {summary['heldout_accuracy_after']:.1%}"
+                  f"{' (saved)' if reused else ' in %.0fs' % summary['train_seconds']}; {eta}", flush=True)  # fmt: skip
+    cells = {key: cell_metrics(json.loads(Path(s["log_history_path"]).read_text())["log_history"], key[1])
+             for key, s in summaries.items()}  # fmt: skip
+    table = {o: rows for o, rows in aggregate(cells).items()}
+    table = {o: table[o] for o in args.objectives if o in table}
+    any_summary = next(iter(summaries.values()))
+    meta = {
+        "command": "python benchmarks/staleness.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": f"{platform.machine()} CPU, {multiprocessing.cpu_count()} cores, {args.workers} workers",
+        "wall_minutes": (time.perf_counter() - started) / 60,
+        "seeds": len(args.seeds),
+        "generation_batches": args.generation_batches,
+        "eval_every": args.eval_every,
+        "learning_rate": args.learning_rate,
+        "num_heldout": any_summary["num_heldout"],
+        "max_completion_length": any_summary["settings"]["max_completion_length"],
+        "parameters": any_summary.get("parameters", 0),
+    }
+    args.docs_dir.mkdir(parents=True, exist_ok=True)
+    plot(table, args.docs_dir)
+    plot_curves(cells, max(args.ks), args.docs_dir)
+    (args.docs_dir / "staleness.md").write_text(markdown(table, meta))
+    cell_rows = [{"objective": o, "k": k, "seed": s, **{n: v for n, v in c.items()}} for (o, k, s), c in cells.items()]
+    (args.docs_dir / "staleness.json").write_text(json.dumps({"meta": meta, "aggregate": table, "cells": cell_rows}, indent=1))
+    print((args.docs_dir / "staleness.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

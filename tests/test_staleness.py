@@ -1,0 +1,148 @@
+"""The staleness study's measures, aggregation, verdict and resume (benchmarks/staleness.py), on hand-made logs."""
+
+import dataclasses
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from dhpo_trl.embedded import EmbeddedSettings, memoized_reward
+
+SPEC = importlib.util.spec_from_file_location("staleness", Path(__file__).parents[1] / "benchmarks" / "staleness.py")
+staleness = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(staleness)
+
+
+def step(n, entropy, log_ratio, **extra):
+    return {"step": n, "loss": 0.1, "entropy": entropy, "off_policy/abs_log_ratio": log_ratio, **extra}
+
+
+def history(k=2):
+    """Four optimizer steps (two generation batches of k = 2) and evaluations at steps 0, 2 and 4."""
+    return [
+        {"step": 0, "eval/heldout_accuracy": 0.2},
+        step(1, 1.0, 0.01, **{"dhpo/clip_fraction/token_low": 0.1, "clip_ratio/low_mean": 0.9,
+                              "dhpo/mixing_weight/mean": 0.4, "dhpo/mixing_weight/std": 0.2}),  # fmt: skip
+        step(2, 0.8, 0.05, **{"dhpo/clip_fraction/token_low": 0.3, "clip_ratio/low_mean": 0.9,
+                              "dhpo/mixing_weight/mean": 0.6, "dhpo/mixing_weight/std": 0.1}),  # fmt: skip
+        {"step": 2, "eval/heldout_accuracy": 0.6},
+        step(3, 0.4, 0.02, **{"dhpo/clip_fraction/token_low": math.nan}),
+        step(4, 0.2, 0.09),
+        {"step": 4, "eval/heldout_accuracy": 0.4},
+    ]
+
+
+def test_cell_metrics_follow_their_definitions():
+    cell = staleness.cell_metrics(history(), k=2)
+    assert cell["final_accuracy"] == 0.4 and cell["peak_accuracy"] == 0.6
+    # trapezoids: (0.2 + 0.6) / 2 * 2 + (0.6 + 0.4) / 2 * 2 = 1.8 over 4 steps
+    assert cell["auc"] == pytest.approx(0.45)
+    assert cell["end_entropy"] == 0.2  # last tenth of 4 steps = the last step
+    assert cell["collapsed"] is True  # 0.2 < 25% of the first step's 1.0
+    # only the last step of each generation batch (steps 2 and 4), not the fresher steps 1 and 3
+    assert cell["last_step_abs_log_ratio"] == pytest.approx((0.05 + 0.09) / 2)
+    # DHPO's per-branch metric wins over TRL's clip_ratio; NaN (no valid token) is skipped
+    assert cell["clip"]["token low"] == pytest.approx(0.2)
+    assert cell["clip"]["sequence high"] is None
+    assert cell["mixing_weight_mean"] == pytest.approx(0.5) and cell["mixing_weight_std"] == pytest.approx(0.15)
+    assert cell["curve"] == [(0, 0.2), (2, 0.6), (4, 0.4)]
+
+
+def test_entropy_that_holds_is_not_collapse_and_rows_without_dhpo_metrics_report_none():
+    log = [e if "loss" not in e else {**e, "entropy": 1.0} for e in history()]
+    log = [{k: v for k, v in e.items() if not k.startswith("dhpo/")} for e in log]
+    cell = staleness.cell_metrics(log, k=2)
+    assert cell["collapsed"] is False
+    assert cell["clip"]["token low"] == pytest.approx(0.9)  # GRPO-style rows: TRL's clip_ratio
+    assert cell["mixing_weight_mean"] is None
+
+
+def cells_for(finals):
+    """{(objective, k, seed): cell} with the given final accuracies per (objective, k)."""
+    cells = {}
+    for (objective, k), values in finals.items():
+        for seed, value in enumerate(values):
+            cell = staleness.cell_metrics(history(), k=2)
+            cells[objective, k, seed] = {**cell, "final_accuracy": value, "collapsed": seed == 0}
+    return cells
+
+
+def test_aggregate_gives_mean_and_sample_std_over_seeds():
+    table = staleness.aggregate(cells_for({("GRPO", 2): [0.2, 0.4, 0.6], ("DHPO-A", 2): [0.5, 0.5, 0.5]}))
+    assert table["GRPO"][2]["final_accuracy"] == pytest.approx([0.4, 0.2])
+    assert table["DHPO-A"][2]["final_accuracy"] == pytest.approx([0.5, 0.0])
+    assert table["GRPO"][2]["seeds"] == 3 and table["GRPO"][2]["collapsed"] == 1
+    assert table["GRPO"][2]["mixing_weight_mean"] == pytest.approx([0.5, 0.0])
+
+
+def test_separation_needs_a_gap_above_twice_the_larger_seed_std():
+    finals = {("GRPO", 2): [0.30, 0.32, 0.34], ("GSPO", 2): [0.40, 0.42, 0.44],  # gap 0.10 > 2 x 0.02
+              ("GRPO", 16): [0.30, 0.40, 0.50], ("GSPO", 16): [0.40, 0.42, 0.44]}  # gap 0.02 < 2 x 0.10  # fmt: skip
+    table = staleness.aggregate(cells_for(finals))
+    found = staleness.separations(table)
+    assert [(a, b) for a, b, _, _ in found[2]] == [("GSPO", "GRPO")]
+    assert found[2][0][2] == pytest.approx(0.10) and found[2][0][3] == pytest.approx(0.04)
+    assert found[16] == []
+    text = staleness.verdict(table)
+    assert "GSPO > GRPO by 10.0% (2 std = 4.0%)" in text
+    assert "at k = 16 they span 2.0% and no pair differs" in text
+    page = staleness.markdown(table, dict(parameters=1, max_completion_length=12, learning_rate=2e-4,
+                                          generation_batches=24, num_heldout=200, eval_every=4, seeds=3,
+                                          machine="test", wall_minutes=1.0, command="python x"))  # fmt: skip
+    assert "| GSPO | 42.0% ± 2.0% | 42.0% ± 2.0% |" in page
+
+
+def test_cell_settings_scale_steps_and_evaluations_with_k():
+    spec = staleness.cell_settings(8, generation_batches=24, eval_every=4, learning_rate=1e-3)
+    assert spec["max_steps"] == 192 and spec["eval_every"] == 32
+    assert spec["settings"].steps_per_generation == 8 and spec["settings"].learning_rate == 1e-3
+    assert spec["settings"].per_device_train_batch_size() == 32  # 32 prompts x 8 completions / 8 steps
+    with pytest.raises(ValueError, match="steps_per_generation x gradient_accumulation_steps = 3"):
+        staleness.cell_settings(3, generation_batches=24, eval_every=4, learning_rate=1e-3)
+
+
+def test_bad_k_is_refused_before_anything_runs(monkeypatch, capsys):
+    monkeypatch.setattr(staleness, "load_task", lambda *a, **k: pytest.fail("ran before checking --ks"))
+    with pytest.raises(SystemExit):
+        staleness.main(["--ks", "2", "5"])
+    assert "--ks 5" in capsys.readouterr().err
+
+
+def test_saved_cells_are_reused_only_when_their_settings_match(monkeypatch, tmp_path):
+    calls = []
+
+    def fake_run(objective, seed, output_dir, disable_tqdm, settings, max_steps, eval_every):
+        calls.append((objective, seed, settings.steps_per_generation))
+        summary = {"settings": {**dataclasses.asdict(settings), "max_steps": max_steps, "eval_every": eval_every}}
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        (Path(output_dir) / "summary.json").write_text(json.dumps(summary))
+        return summary
+
+    monkeypatch.setattr(staleness, "run_embedded", fake_run)
+    job = ("GRPO", 4, 1, str(tmp_path), 24, 4, 2e-4)
+    assert staleness._run_cell(job)[2] is False and calls == [("GRPO", 1, 4)]
+    assert staleness._run_cell(job)[2] is True and len(calls) == 1  # resumed from summary.json
+    changed = ("GRPO", 4, 1, str(tmp_path), 12, 4, 2e-4)  # other number of generation batches: stale, rerun
+    assert staleness._run_cell(changed)[2] is False and len(calls) == 2
+
+
+def test_memoized_reward_scores_like_the_reward_and_calls_it_once_per_pair():
+    seen = []
+
+    def reward(completions, answer, **kwargs):
+        seen.extend(zip(completions, answer))
+        return [float(c.strip() == f"\\boxed{{{a}}}") for c, a in zip(completions, answer)]
+
+    memo = memoized_reward(reward)
+    completions = [" \\boxed{5}", " \\boxed{6}", " \\boxed{5}", " \\boxed{5}"]
+    assert memo(completions, ["5", "5", "5", "6"]) == [1.0, 0.0, 1.0, 0.0]
+    assert len(seen) == 3  # (" \\boxed{5}", "5") once, the other two pairs once each
+    assert memo(completions[:2], ["5", "5"]) == [1.0, 0.0] and len(seen) == 3
+    assert memo.__name__ == "reward"  # TRL logs rewards/<name>/mean
+
+
+def test_embedded_batch_must_split_into_k_steps():
+    with pytest.raises(ValueError, match="prompts_per_generation x num_generations = 256"):
+        EmbeddedSettings(steps_per_generation=3).per_device_train_batch_size()
