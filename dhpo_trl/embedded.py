@@ -191,8 +191,12 @@ def run_embedded(
     settings: EmbeddedSettings | None = None,
     disable_tqdm: bool = False,
     num_threads: int = 1,
+    config_overrides: dict | None = None,
 ) -> dict:
     """Warm-start (or load), train `algorithm` on the synthetic task, evaluate, save; return the summary dict.
+
+    `config_overrides`: `DHPOConfig` fields set on top of the row's preset (e.g. `{"delta": 3.0}`), recorded in the
+    summary; the run's own batch, schedule and logging fields are not overridable.
 
     `num_threads` torch threads for the run (restored afterwards): one thread is barely slower than two on an idle
     2-core machine for a model this small, and many times faster when other processes share the cores.
@@ -201,12 +205,13 @@ def run_embedded(
     torch.set_num_threads(num_threads)
     try:
         return _run(algorithm, seed, max_steps, output_dir, eval_every, num_heldout, cache_dir, use_cache, settings,
-                    disable_tqdm)  # fmt: skip
+                    disable_tqdm, config_overrides or {})  # fmt: skip
     finally:
         torch.set_num_threads(previous_threads)
 
 
-def _run(algorithm, seed, max_steps, output_dir, eval_every, num_heldout, cache_dir, use_cache, settings, disable_tqdm):
+def _run(algorithm, seed, max_steps, output_dir, eval_every, num_heldout, cache_dir, use_cache, settings, disable_tqdm,
+         config_overrides):  # fmt: skip
     from . import DHPOTrainer  # heavy import, deferred so that `--help` answers at once
 
     if algorithm not in PAPER_ALGORITHMS:
@@ -222,19 +227,7 @@ def _run(algorithm, seed, max_steps, output_dir, eval_every, num_heldout, cache_
     output_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
 
-    train_problems, heldout_problems, (model, tokenizer, from_cache) = load_task(
-        settings, num_heldout, cache_dir=cache_dir, use_cache=use_cache
-    )
-    warm_seconds = time.perf_counter() - started
-    reward = memoized_reward(math_verify_reward)  # one memo for training and evaluation: same scores, less time
-    before = greedy_accuracy(model, tokenizer, heldout_problems, max_new_tokens=settings.max_completion_length,
-                             reward=reward)  # fmt: skip
-    baseline_seconds = time.perf_counter() - started - warm_seconds
-    print(f"Warm start {'loaded from cache' if from_cache else 'trained'} in {warm_seconds:.1f}s; "
-          f"held-out accuracy before RL: {before:.1%}", flush=True)  # fmt: skip
-
-    args = config_for(
-        algorithm,
+    run_fields = dict(
         output_dir=str(output_dir),
         # Off-policy as in the paper: one generation batch feeds k = settings.steps_per_generation optimizer steps
         # (TRL's steps_per_generation counts micro-batches: k x gradient_accumulation_steps).
@@ -260,6 +253,23 @@ def _run(algorithm, seed, max_steps, output_dir, eval_every, num_heldout, cache_
         data_seed=seed,
         disable_tqdm=disable_tqdm,
     )
+    fixed = sorted(set(config_overrides) & set(run_fields))
+    if fixed:
+        raise ValueError(f"config_overrides={fixed} are set by the embedded run itself: change EmbeddedSettings instead.")
+    # Built before the warm start, so that a bad override fails at once.
+    args = config_for(algorithm, **run_fields, **config_overrides)
+
+    train_problems, heldout_problems, (model, tokenizer, from_cache) = load_task(
+        settings, num_heldout, cache_dir=cache_dir, use_cache=use_cache
+    )
+    warm_seconds = time.perf_counter() - started
+    reward = memoized_reward(math_verify_reward)  # one memo for training and evaluation: same scores, less time
+    before = greedy_accuracy(model, tokenizer, heldout_problems, max_new_tokens=settings.max_completion_length,
+                             reward=reward)  # fmt: skip
+    baseline_seconds = time.perf_counter() - started - warm_seconds
+    print(f"Warm start {'loaded from cache' if from_cache else 'trained'} in {warm_seconds:.1f}s; "
+          f"held-out accuracy before RL: {before:.1%}", flush=True)  # fmt: skip
+
     callback = HeldoutAccuracyCallback(
         tokenizer, heldout_problems, every=eval_every, max_new_tokens=settings.max_completion_length, initial=before,
         reward=reward,
@@ -318,6 +328,7 @@ def _run(algorithm, seed, max_steps, output_dir, eval_every, num_heldout, cache_
         "log_history_path": str(log_history_path),
         "summary_path": str(output_dir / "summary.json"),
         "settings": {**asdict(settings), "max_steps": max_steps, "eval_every": eval_every},
+        "config_overrides": config_overrides,
     }
     Path(summary["summary_path"]).write_text(json.dumps(summary, indent=2))
     return summary
@@ -325,16 +336,21 @@ def _run(algorithm, seed, max_steps, output_dir, eval_every, num_heldout, cache_
 
 def _print_summary(summary: dict) -> None:
     gain = summary["heldout_accuracy_after"] - summary["heldout_accuracy_before"]
+    phases = summary["phase_seconds"]
     print(
         f"\n{summary['algorithm']} done: held-out accuracy {summary['heldout_accuracy_before']:.1%} -> "
         f"{summary['heldout_accuracy_after']:.1%} ({gain * 100:+.1f} points) on {summary['num_heldout']} problems\n"
         f"  optimizer steps : {summary['optimizer_steps']}\n"
-        f"  wall time       : {summary['wall_seconds']:.0f}s (warm start {summary['warm_start_seconds']:.0f}s"
-        f"{', cached' if summary['warm_start_from_cache'] else ''}; RL {summary['train_seconds']:.0f}s)\n"
+        f"  wall time       : {summary['wall_seconds']:.0f}s = warm start {phases['warm_start']:.0f}s"
+        f"{' (cached)' if summary['warm_start_from_cache'] else ''} + accuracy before RL "
+        f"{phases['baseline_evaluation']:.0f}s + RL {phases['rl']:.0f}s (of which held-out evaluations "
+        f"{phases['rl_evaluation']:.0f}s) + saving {phases['save']:.0f}s\n"
         f"  checkpoint      : {summary['checkpoint_dir']}\n"
         f"  plot            : {summary['plot_path']}\n"
         f"  log history     : {summary['log_history_path']}\n"
-        f"  summary         : {summary['summary_path']}"
+        f"  summary         : {summary['summary_path']}\n"
+        "Next: how the objectives compare as updates go off-policy, docs/study/staleness.md; the Python API on this "
+        "task, examples/notebooks/dhpo_quickstart.ipynb"
     )
 
 

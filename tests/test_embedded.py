@@ -78,3 +78,21 @@ def test_short_run_writes_outputs_reuses_cache_and_is_deterministic(tmp_path):
 def test_cli_rejects_unknown_algorithm():
     with pytest.raises(SystemExit):
         main(["--algorithm", "PPO"])
+
+
+def test_summary_prints_each_phase_and_where_to_go_next(capsys):
+    from dhpo_trl.embedded import _print_summary
+
+    summary = {
+        "algorithm": "DHPO-E", "heldout_accuracy_before": 0.25, "heldout_accuracy_after": 0.5, "num_heldout": 200,
+        "optimizer_steps": 96, "wall_seconds": 171.4, "warm_start_from_cache": True,
+        "phase_seconds": {"warm_start": 0.4, "baseline_evaluation": 2.2, "rl": 160.6, "rl_evaluation": 12.3,
+                          "save": 8.2},
+        "checkpoint_dir": "c", "plot_path": "p", "log_history_path": "l", "summary_path": "s",
+    }  # fmt: skip
+    _print_summary(summary)
+    out = capsys.readouterr().out
+    assert "25.0% -> 50.0% (+25.0 points) on 200 problems" in out
+    assert "171s = warm start 0s (cached) + accuracy before RL 2s + RL 161s (of which held-out evaluations 12s)" in out
+    assert "saving 8s" in out
+    assert "docs/study/staleness.md" in out and "examples/notebooks/dhpo_quickstart.ipynb" in out

@@ -113,19 +113,24 @@ def test_bad_k_is_refused_before_anything_runs(monkeypatch, capsys):
 def test_saved_cells_are_reused_only_when_their_settings_match(monkeypatch, tmp_path):
     calls = []
 
-    def fake_run(objective, seed, output_dir, disable_tqdm, settings, max_steps, eval_every):
-        calls.append((objective, seed, settings.steps_per_generation))
-        summary = {"settings": {**dataclasses.asdict(settings), "max_steps": max_steps, "eval_every": eval_every}}
+    def fake_run(objective, seed, output_dir, disable_tqdm, settings, max_steps, eval_every, config_overrides):
+        calls.append((objective, seed, settings.steps_per_generation, config_overrides))
+        summary = {"settings": {**dataclasses.asdict(settings), "max_steps": max_steps, "eval_every": eval_every},
+                   "config_overrides": config_overrides}  # fmt: skip
         Path(output_dir).mkdir(parents=True, exist_ok=True)
         (Path(output_dir) / "summary.json").write_text(json.dumps(summary))
         return summary
 
     monkeypatch.setattr(staleness, "run_embedded", fake_run)
     job = ("GRPO", 4, 1, str(tmp_path), 24, 4, 2e-4)
-    assert staleness._run_cell(job)[2] is False and calls == [("GRPO", 1, 4)]
+    assert staleness._run_cell(job)[2] is False and calls == [("GRPO", 1, 4, {})]
     assert staleness._run_cell(job)[2] is True and len(calls) == 1  # resumed from summary.json
     changed = ("GRPO", 4, 1, str(tmp_path), 12, 4, 2e-4)  # other number of generation batches: stale, rerun
     assert staleness._run_cell(changed)[2] is False and len(calls) == 2
+    variant = ("DHPO-E+dual-clip", 4, 1, str(tmp_path), 24, 4, 2e-4)  # the DHPO-E preset with delta = 3
+    assert staleness._run_cell(variant)[0] == ("DHPO-E+dual-clip", 4, 1)
+    assert calls[-1] == ("DHPO-E", 1, 4, {"delta": 3.0})
+    assert (tmp_path / "k4" / "DHPO-E+dual-clip-seed1" / "summary.json").is_file()
 
 
 def test_memoized_reward_scores_like_the_reward_and_calls_it_once_per_pair():
@@ -146,3 +151,13 @@ def test_memoized_reward_scores_like_the_reward_and_calls_it_once_per_pair():
 def test_embedded_batch_must_split_into_k_steps():
     with pytest.raises(ValueError, match="prompts_per_generation x num_generations = 256"):
         EmbeddedSettings(steps_per_generation=3).per_device_train_batch_size()
+
+
+def test_config_overrides_reach_the_config_before_the_warm_start(monkeypatch, tmp_path):
+    from dhpo_trl import embedded
+
+    monkeypatch.setattr(embedded, "load_task", lambda *a, **k: pytest.fail("warm start before checking the config"))
+    with pytest.raises(ValueError, match="delta"):  # DHPOConfig refuses delta <= 1: the override reached it
+        embedded.run_embedded("DHPO-E", output_dir=tmp_path, config_overrides={"delta": 0.5})
+    with pytest.raises(ValueError, match=r"config_overrides=\['learning_rate'\] are set by the embedded run"):
+        embedded.run_embedded("DHPO-E", output_dir=tmp_path, config_overrides={"learning_rate": 1.0})
