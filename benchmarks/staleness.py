@@ -188,7 +188,7 @@ def markdown(table, meta: dict) -> str:
         lines.append(f"| {o} | " + " | ".join(cells) + " |")
     lines += ["", "![final accuracy against k](staleness_accuracy.png) "
               f"![held-out accuracy curves at k = {ks[-1]}](staleness_curves.png)", ""]  # fmt: skip
-    lines += ["## What separates", "", verdict(table), ""]
+    lines += ["## What separates", "", summary(table), "", verdict(table), ""]
     lines += AT_SCALE.splitlines()
     return "\n".join(lines)
 
@@ -219,24 +219,55 @@ take their overlay from `examples/recipes/algorithms/` (DHPO-E is the recipe its
 """
 
 
+def first_fall(table, measure: str = "final_accuracy") -> dict[str, int | None]:
+    """Per objective, the smallest k at which another objective beats it by more than twice the seed noise."""
+    fallen: dict[str, int | None] = {objective: None for objective in table}
+    for k, pairs in separations(table, measure).items():
+        for _, worse, _, _ in pairs:
+            if fallen[worse] is None:
+                fallen[worse] = k
+    return fallen
+
+
+def summary(table) -> str:
+    """One plain paragraph: which objectives hold at every k, and from which k the others fall behind."""
+    sentences = []
+    for measure, name in (("final_accuracy", "final accuracy"), ("auc", "area under the accuracy curve")):
+        fallen = first_fall(table, measure)
+        hold = [o for o, k in fallen.items() if k is None]
+        behind = [f"{o} from k = {k}" for o, k in sorted(fallen.items(), key=lambda item: item[1] or 0) if k]
+        quiet = [k for k, pairs in separations(table, measure).items() if not pairs]
+        sentences.append(
+            f"On {name}, no objective is behind another by more than twice the seed noise at "
+            + (f"k = {', '.join(map(str, quiet))}" if quiet else "any k")
+            + (f"; {', '.join(hold)} {'stays' if len(hold) == 1 else 'stay'} within it of the best at every k"
+               if hold else "")  # fmt: skip
+            + (f"; falling behind: {', '.join(behind)}" if behind else "")
+            + "."
+        )
+    return " ".join(sentences)
+
+
 def verdict(table) -> str:
-    """The plain-language reading of the final-accuracy table against twice the seed noise."""
-    found = separations(table)
-    noise = statistics.fmean(row["final_accuracy"][1] for rows in table.values() for row in rows.values())
-    parts = []
-    for k, pairs in found.items():
-        means = {o: table[o][k]["final_accuracy"][0] for o in table if k in table[o]}
-        spread = max(means.values()) - min(means.values())
-        if pairs:
-            listed = "; ".join(f"{a} > {b} by {gap:.1%} (2 std = {t:.1%})" for a, b, gap, t in pairs)
-            parts.append(f"at k = {k} the final accuracies span {spread:.1%}, and these pairs separate: {listed}")
-        else:
-            parts.append(f"at k = {k} they span {spread:.1%} and no pair differs by more than twice its seed noise")
-    return (
-        "Final held-out accuracy, pair by pair, counting a difference only where the gap between two objectives' "
-        f"means exceeds twice the larger of their seed standard deviations (typical std {noise:.1%}): "
-        + "; ".join(parts) + "."
-    )
+    """The plain-language reading of the final-accuracy and area tables against twice the seed noise."""
+    sentences = []
+    for measure, name in (("final_accuracy", "Final held-out accuracy"), ("auc", "Area under the accuracy curve")):
+        found = separations(table, measure)
+        noise = statistics.fmean(row[measure][1] for rows in table.values() for row in rows.values())
+        parts = []
+        for k, pairs in found.items():
+            means = {o: table[o][k][measure][0] for o in table if k in table[o]}
+            spread = max(means.values()) - min(means.values())
+            if pairs:
+                listed = "; ".join(f"{a} > {b} by {gap:.1%} (2 std = {t:.1%})" for a, b, gap, t in pairs)
+                parts.append(f"at k = {k} the means span {spread:.1%}, and these pairs separate: {listed}")
+            else:
+                parts.append(f"at k = {k} they span {spread:.1%} and no pair differs by more than twice its seed noise")
+        sentences.append(
+            f"{name}, pair by pair, counting a difference only where the gap between two objectives' means exceeds "
+            f"twice the larger of their seed standard deviations (typical std {noise:.1%}): " + "; ".join(parts) + "."
+        )
+    return "\n\n".join(sentences)
 
 
 def plot(table, out_dir: Path) -> None:

@@ -1,6 +1,6 @@
 """The embedded CPU default: DHPO-E on a warm-started tiny Qwen3 and synthetic addition, offline, in minutes.
 
-    python -m dhpo_trl                      # DHPO-E, the paper's off-policy setting, about 5 minutes on 2 cores (4 once the warm start is cached)
+    python -m dhpo_trl                      # DHPO-E, the paper's off-policy setting, a few minutes on 2 cores
     python -m dhpo_trl --algorithm GRPO     # any row of dhpo_trl.presets.PAPER_ALGORITHMS
 
 Steps: build the synthetic task (train / held-out splits from the seed), load or create the cached warm start
@@ -40,7 +40,7 @@ class EmbeddedSettings:
     num_train: int = 2000
     num_heldout: int = 200
     warmup_steps: int = 350  # supervised warm-start steps: stopped early, so the policy is right ~30% of the time
-    max_steps: int = 300  # optimizer steps of RL
+    max_steps: int = 120  # optimizer steps of RL: 60 generation batches of k = 2 steps
     learning_rate: float = 2e-4
     prompts_per_generation: int = 32  # prompts per generation batch; x num_generations completions
     num_generations: int = 8
@@ -50,7 +50,7 @@ class EmbeddedSettings:
     # Micro-batches per optimizer step: dynamic batching regroups sequences by length within these windows.
     gradient_accumulation_steps: int = 1
     max_completion_length: int = 12
-    eval_every: int = 30
+    eval_every: int = 10
 
     def per_device_train_batch_size(self) -> int:
         """Sequences per micro-batch: the generation batch split into k optimizer steps of GA micro-batches."""

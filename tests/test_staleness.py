@@ -88,6 +88,12 @@ def test_separation_needs_a_gap_above_twice_the_larger_seed_std():
     text = staleness.verdict(table)
     assert "GSPO > GRPO by 10.0% (2 std = 4.0%)" in text
     assert "at k = 16 they span 2.0% and no pair differs" in text
+    assert text.count("pair by pair") == 2  # final accuracy, then the area under the curve
+    assert staleness.first_fall(table) == {"GRPO": 2, "GSPO": None}
+    assert staleness.summary(table).startswith(
+        "On final accuracy, no objective is behind another by more than twice the seed noise at k = 16; GSPO stays"
+    )
+    assert "falling behind: GRPO from k = 2." in staleness.summary(table)
     page = staleness.markdown(table, dict(parameters=1, max_completion_length=12, learning_rate=2e-4,
                                           generation_batches=24, num_heldout=200, eval_every=4, seeds=3,
                                           machine="test", wall_minutes=1.0, command="python x"))  # fmt: skip
