@@ -100,6 +100,17 @@ def test_separation_needs_a_gap_above_twice_the_larger_seed_std():
     assert "| GSPO | 42.0% ± 2.0% | 42.0% ± 2.0% |" in page
 
 
+def test_drift_ranks_the_largest_k_and_reads_dhpo_e_weight():
+    cells = cells_for({("GRPO", 16): [0.4, 0.4], ("DHPO-E", 16): [0.4, 0.4], ("GRPO", 2): [0.4, 0.4]})
+    for (objective, k, seed), cell in cells.items():
+        cell["last_step_abs_log_ratio"] = 0.1 if objective == "DHPO-E" else 0.04
+        cell["clip"] = {**cell["clip"], "sequence low": 0.02, "sequence high": 0.005}
+    text = staleness.drift(staleness.aggregate(cells))
+    assert text.startswith("At k = 16, the mean |log r| on the last step of each generation batch ranks GRPO 0.040, DHPO-E 0.100.")
+    assert "mean w = 0.50 on the token ratio, so 50% of its mixed ratio is the sequence ratio" in text
+    assert "binds on 2.5% of tokens there; its drift is 2.5x GRPO's" in text
+
+
 def test_cell_settings_scale_steps_and_evaluations_with_k():
     spec = staleness.cell_settings(8, generation_batches=24, eval_every=4, learning_rate=1e-3)
     assert spec["max_steps"] == 192 and spec["eval_every"] == 32
