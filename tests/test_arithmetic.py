@@ -24,6 +24,11 @@ def test_operands_span_exactly_the_digit_range(digits, low, high):
     assert len(set(problems)) == len(problems)
 
 
+def test_every_two_digit_operand_can_occur():
+    problems = generate_problems(8100, digits=(2, 2), seed=0)  # all 90 x 90 pairs
+    assert {p.left for p in problems} == {p.right for p in problems} == set(range(10, 100))
+
+
 def test_the_whole_problem_space_can_be_drawn_and_no_more():
     everything = generate_problems(81, digits=(1, 1), seed=0)  # 9 x 9 one-digit pairs
     assert {(p.left, p.right) for p in everything} == {(a, b) for a in range(1, 10) for b in range(1, 10)}

@@ -313,3 +313,13 @@ def test_bad_input_messages(function, overrides, message):
     with pytest.raises(ValueError) as error:
         call(function, **overrides)
     assert str(error.value) == message
+
+
+def test_an_explicit_entropy_range_overrides_the_batch_range():
+    """The trainer's "global" scope passes the range of all processes: it, not this batch's, normalises w."""
+    logps, old, adv, mask = batch([[1.0, 1.0, 1.0]], [1.0])
+    entropies = torch.tensor([[1.0, 2.0, 3.0]], dtype=torch.float64)
+    _, local = dhpo_per_token_loss(logps, old, adv, mask, entropies)
+    _, wider = dhpo_per_token_loss(logps, old, adv, mask, entropies, entropy_range=(0.0, 4.0))
+    assert local["mixing_weight"].tolist() == [[0.0, 0.5, 1.0]]
+    assert wider["mixing_weight"].tolist() == [[0.25, 0.5, 0.75]]

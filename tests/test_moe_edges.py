@@ -133,7 +133,11 @@ def test_leaf_modules_from_a_json_plugin_and_the_warning_names_them(leaf_spy, ca
     assert leaf_spy == [(model, [BlockWithExperts, OtherBlockWithExperts])]
     (record,) = caplog.records
     assert record.levelno == logging.WARNING
-    assert "BlockWithExperts, OtherBlockWithExperts set as ZeRO-3 leaf modules" in record.getMessage()
+    assert record.getMessage() == (
+        "DeepSpeed ZeRO-3 with a mixture-of-experts model: BlockWithExperts, OtherBlockWithExperts set as ZeRO-3 "
+        "leaf modules (all expert weights of a block are gathered when it runs), so that ranks routing tokens to "
+        "different experts do not hang."
+    )
 
 
 def test_no_leaf_modules_and_no_warning_for_a_dense_model_under_zero3(leaf_spy, caplog):

@@ -134,3 +134,36 @@ def test_plot_runs_without_labels_and_into_a_new_folder(tmp_path, capsys):
     assert sorted(p.name for p in (tmp_path / "out" / "nested").iterdir()) == ["entropy.png", "entropy.svg"]
     err = capsys.readouterr().err
     assert "note: skipped response_length: no run logged 'completions/mean_length'" in err
+
+
+def test_figure_sizes_grids_and_integer_steps():
+    run = Run("A", None, [{"step": 1, "entropy": 1.0, **{f"dhpo/clip_fraction/{b}": 0.1 for b in
+                                                        plotting.CLIP_BRANCHES[:3]}}])  # fmt: skip
+    figures, _ = build_figures([run])
+    assert tuple(figures["entropy"].get_size_inches()) == (6.0, 4.0)
+    assert tuple(figures["clip_fraction"].get_size_inches()) == (13.5, 4.0)  # 4.5 inches per panel
+    for axis in (figures["entropy"].axes[0], *figures["clip_fraction"].axes):
+        gridlines = axis.xaxis.get_gridlines()
+        assert gridlines[0].get_visible() and gridlines[0].get_alpha() == 0.3
+        assert all(t == int(t) for t in axis.xaxis.get_major_locator().tick_values(1, 2))
+
+
+def test_files_are_written_at_120_dpi_into_an_existing_folder(tmp_path):
+    write_state(tmp_path / "a", [{"step": 1, "entropy": 1.0}])
+    (tmp_path / "out").mkdir()
+    plotting.plot_runs([tmp_path / "a"], ["A"], tmp_path / "out")
+    plotting.plot_runs([tmp_path / "a"], ["A"], tmp_path / "out")  # a second time into the same folder
+    png = (tmp_path / "out" / "entropy.png").read_bytes()
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    assert (width, height) == (720, 480)  # 6 x 4 inches at 120 dpi
+
+
+def test_a_folder_without_any_state_names_the_fix(tmp_path):
+    with pytest.raises(ValueError) as error:
+        find_trainer_state(tmp_path)
+    assert str(error.value) == (
+        f"Run {tmp_path} has no trainer_state.json, neither at the top level nor in a checkpoint-N/ folder. "
+        "Save a checkpoint (save_strategy) or call trainer.save_state()."
+    )
+    with pytest.raises(ValueError, match=f"Run {tmp_path / 'missing'} does not exist: pass a trainer_state.json"):
+        find_trainer_state(tmp_path / "missing")

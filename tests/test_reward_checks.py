@@ -94,6 +94,14 @@ def test_anything_else_is_not_a_reward(value):
     assert _as_reward(value) is None
 
 
+def test_an_object_with_item_but_no_shape_is_not_a_reward():
+    class Boxed:
+        def item(self):
+            return 1.0
+
+    assert _as_reward(Boxed()) is None
+
+
 @pytest.mark.parametrize(
     ("outputs", "match"),
     [

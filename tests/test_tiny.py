@@ -63,5 +63,8 @@ def test_seed_and_dtype(tokenizer):
     c = build_tiny_qwen3(tokenizer, seed=4)
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
     assert not all(torch.equal(p, q) for p, q in zip(a.parameters(), c.parameters(), strict=True))
+    default = build_tiny_qwen3(tokenizer)  # seed 0 unless told otherwise
+    seed_zero = build_tiny_qwen3(tokenizer, seed=0)
+    assert all(torch.equal(p, q) for p, q in zip(default.parameters(), seed_zero.parameters(), strict=True))
     assert build_tiny_qwen3(tokenizer).dtype == torch.float32
     assert build_tiny_qwen3(tokenizer, dtype=torch.bfloat16).dtype == torch.bfloat16

@@ -1,6 +1,7 @@
 """The warm start of the embedded tiny model: its teacher-forced batches, its training procedure (against a plain
 loop written here), and its on-disk cache. Tiny settings: one layer of width 16, three steps."""
 
+import hashlib
 import json
 import random
 
@@ -74,8 +75,19 @@ def test_batch_size_above_the_problem_count_uses_every_problem_and_seed_matters(
 
 
 def test_no_problems_is_an_error():
-    with pytest.raises(ValueError, match="WarmStartSettings.problems is empty"):
+    with pytest.raises(ValueError) as error:
         warm_start(WarmStartSettings(**TINY))
+    assert str(error.value) == "WarmStartSettings.problems is empty: pass the synthetic problems to pre-train on."
+
+
+def test_cache_key_format_is_stable():
+    """The key is the first 16 hex digits of the SHA-256 of the settings as sorted JSON, problems as pairs: an
+    existing cache entry is found again by a later version as long as the settings are the same."""
+    described = (
+        '{"batch_size": 3, "hidden_size": 16, "learning_rate": 0.01, "num_heads": 2, "num_layers": 1, '
+        '"problems": [[12, 34], [5, 678], [90, 1], [23, 45], [7, 7]], "seed": 4, "steps": 3}'
+    )
+    assert settings().cache_key() == hashlib.sha256(described.encode()).hexdigest()[:16]
 
 
 def test_cache_key_covers_every_setting_and_the_problems():
@@ -124,3 +136,22 @@ def test_an_incomplete_cache_entry_is_replaced(tmp_path):
     assert from_cache is False
     assert (entry / "config.json").is_file() and not (entry / "stale.txt").exists()
     assert [p.name for p in tmp_path.iterdir()] == [entry.name]
+
+
+def test_an_entry_written_meanwhile_by_another_process_is_kept(tmp_path, monkeypatch):
+    """Two runs warm-starting at once: the one that finishes second keeps the first one's entry and removes its
+    own partial copy."""
+    entry = tmp_path / f"warmstart-{settings().cache_key()}"
+    real_warm_start = warm_start
+
+    def racing_warm_start(s):
+        model, tokenizer = real_warm_start(s)
+        model.save_pretrained(entry)  # the other process's entry lands while this one trains
+        (entry / "written_first.txt").write_text("kept")
+        return model, tokenizer
+
+    monkeypatch.setattr(warmstart, "warm_start", racing_warm_start)
+    _, _, from_cache = load_or_warm_start(settings(), cache_dir=tmp_path)
+    assert from_cache is False
+    assert (entry / "written_first.txt").read_text() == "kept"
+    assert [p.name for p in tmp_path.iterdir()] == [entry.name]  # no partial folder left
