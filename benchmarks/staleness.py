@@ -171,7 +171,8 @@ def markdown(table, meta: dict) -> str:
         "policy k - 1 steps away from the one that sampled. Same prompts, same first batch, same learning rate",
         f"({meta['learning_rate']:g}, Adam, constant) and {meta['generation_batches']} generation batches in every cell; held-out",
         f"accuracy (greedy, {meta['num_heldout']} problems) every {meta['eval_every']} generation batches. Mean ± sample std",
-        f"over {meta['seeds']} seeds; dynamic batching on. Produced on {meta['machine']} in {meta['wall_minutes']:.0f} min by:",
+        f"over {meta['seeds']} seeds; dynamic batching on. Produced on {meta['machine']} ({meta['cell_minutes']:.0f} min summed "
+        "over the cells, which the command resumes from `outputs/staleness/` when run again) by:",
         "",
         "```bash",
         meta["command"],
@@ -251,8 +252,9 @@ def summary(table) -> str:
         behind = [f"{o} from k = {k}" for o, k in sorted(fallen.items(), key=lambda item: item[1] or 0) if k]
         quiet = [k for k, pairs in separations(table, measure).items() if not pairs]
         sentences.append(
-            f"On {name}, no objective is behind another by more than twice the seed noise at "
-            + (f"k = {', '.join(map(str, quiet))}" if quiet else "any k")
+            f"On {name}, "
+            + (f"no objective is behind another by more than twice the seed noise at k = {', '.join(map(str, quiet))}"
+               if quiet else "some objective is behind another by more than twice the seed noise at every k")
             + (f"; {', '.join(hold)} {'stays' if len(hold) == 1 else 'stay'} within it of the best at every k"
                if hold else "")  # fmt: skip
             + (f"; falling behind: {', '.join(behind)}" if behind else "")
@@ -314,6 +316,7 @@ def plot(table, out_dir: Path) -> None:
                       yerr=[rows[k]["final_accuracy"][1] for k in present], marker="o", capsize=3, label=objective)  # fmt: skip
     axis.set(xscale="log", xlabel="optimizer steps per generation batch (k)", ylabel="final held-out accuracy")
     axis.set_xticks(ks, [str(k) for k in ks])
+    axis.minorticks_off()  # the log axis would label 3, 6, ... too
     axis.legend()
     axis.grid(alpha=0.3)
     figure.tight_layout()
@@ -387,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {
         "command": "python benchmarks/staleness.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": f"{platform.machine()} CPU, {multiprocessing.cpu_count()} cores, {args.workers} workers",
-        "wall_minutes": (time.perf_counter() - started) / 60,
+        "cell_minutes": sum(s["wall_seconds"] for s in summaries.values()) / 60,
         "seeds": len(args.seeds),
         "generation_batches": args.generation_batches,
         "eval_every": args.eval_every,

@@ -94,9 +94,13 @@ def test_separation_needs_a_gap_above_twice_the_larger_seed_std():
         "On final accuracy, no objective is behind another by more than twice the seed noise at k = 16; GSPO stays"
     )
     assert "falling behind: GRPO from k = 2." in staleness.summary(table)
+    everywhere = staleness.aggregate(cells_for({("GRPO", 2): [0.3, 0.32, 0.34], ("GSPO", 2): [0.4, 0.42, 0.44]}))
+    assert staleness.summary(everywhere).startswith(
+        "On final accuracy, some objective is behind another by more than twice the seed noise at every k; GSPO stays"
+    )
     page = staleness.markdown(table, dict(parameters=1, max_completion_length=12, learning_rate=2e-4,
                                           generation_batches=24, num_heldout=200, eval_every=4, seeds=3,
-                                          machine="test", wall_minutes=1.0, command="python x"))  # fmt: skip
+                                          machine="test", cell_minutes=1.0, command="python x"))  # fmt: skip
     assert "| GSPO | 42.0% ± 2.0% | 42.0% ± 2.0% |" in page
 
 
