@@ -111,12 +111,9 @@ def entropy_mixing_weight(
         if not valid.any():
             return torch.full_like(entropies, 0.5)
         low, high = entropies[valid].min(), entropies[valid].max()
-    else:  # per sequence; rows without valid tokens get an empty range and fall back to 0.5
+    else:  # per sequence; a row without valid tokens gets (inf, -inf), a negative spread, so w = 0.5
         low = torch.where(valid, entropies, torch.full_like(entropies, float("inf"))).amin(-1, keepdim=True)
         high = torch.where(valid, entropies, torch.full_like(entropies, float("-inf"))).amax(-1, keepdim=True)
-        empty = ~valid.any(-1, keepdim=True)
-        low = torch.where(empty, torch.zeros_like(low), low)
-        high = torch.where(empty, torch.zeros_like(high), high)
     spread = high - low
     degenerate = spread <= ENTROPY_RANGE_EPS
     weight = ((entropies - low) / torch.where(degenerate, torch.ones_like(spread), spread)).clamp(0.0, 1.0)

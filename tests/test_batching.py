@@ -193,3 +193,17 @@ def test_concat_restores_row_tensors_and_shares_scalars():
     assert joined["prompt_ids"].shape == (3, 3)
     assert torch.equal(joined["advantages"], torch.cat([a["advantages"], b["advantages"]]))
     assert joined["num_items_in_batch"] is a["num_items_in_batch"]
+
+
+def test_unsupported_reason_names_the_value_type():
+    assert batching.unsupported_reason({"extra": [1]}) == "the batch holds a non-tensor value `extra` (list)"
+
+
+def test_forward_plan_rounds_widths_to_the_multiple_but_never_past_the_batch():
+    # prompt spans 3 and 5 of a 6-column prompt, completion spans 2 and 7 of a 9-column completion
+    prompt = torch.tensor([[0, 0, 0, 1, 1, 1], [0, 1, 1, 1, 1, 1]])
+    completion = torch.tensor([[1, 1, 0, 0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1, 0, 0]])
+    plan = batching.forward_plan(torch.cat([prompt, completion], dim=1), logits_to_keep=9, pad_to_multiple_of=4)
+    assert plan.widths(0, 1) == (4, 4)  # 3 -> 4 and 2 -> 4
+    assert plan.widths(0, 2) == (6, 8)  # 5 -> 8 capped at the prompt's 6 columns; 7 -> 8 within the 9
+    assert batching.forward_plan(torch.cat([prompt, completion], dim=1), logits_to_keep=9).widths(0, 2) == (5, 7)

@@ -246,6 +246,27 @@ def test_entropy_weight_explicit_range_and_clamp():
     assert (weight[valid & (entropies < 0.5)] == 0).all() and (weight[valid & (entropies > 1.5)] == 1).all()
 
 
+def test_entropy_weight_of_an_all_padding_row_is_one_half_in_sequence_scope():
+    _, _, _, mask, entropies = make_batch(seed=5)
+    mask = mask.clone()
+    mask[1] = 0  # a row with no valid token next to rows with a spread
+    weight = entropy_mixing_weight(entropies, mask, scope="sequence")
+    assert torch.equal(weight[1], torch.full((T,), 0.5))
+    expected = torch.tensor(reference_entropy_weights(entropies, mask, scope="sequence"), dtype=weight.dtype)
+    torch.testing.assert_close(weight, expected, atol=1e-6, rtol=0)
+
+
+def test_entropy_weight_keeps_float32_whatever_the_range_dtype():
+    # The trainer's global scope passes the range as reduced tensors, possibly float64: the weight (and so the
+    # mixed ratio) must stay in the entropies' float32, not be promoted.
+    _, _, _, mask, entropies = make_batch(seed=6)
+    range64 = (torch.tensor(0.5, dtype=torch.float64), torch.tensor(1.5, dtype=torch.float64))
+    weight = entropy_mixing_weight(entropies, mask, entropy_range=range64)
+    assert weight.dtype == torch.float32
+    expected = torch.tensor(reference_entropy_weights(entropies, mask, entropy_range=(0.5, 1.5)), dtype=torch.float32)
+    torch.testing.assert_close(weight, expected, atol=1e-6, rtol=0)
+
+
 @pytest.mark.parametrize("scope", ["batch", "sequence"])
 def test_constant_entropies_give_one_half(scope):
     _, _, _, mask, _ = make_batch()

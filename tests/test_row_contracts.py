@@ -1,0 +1,108 @@
+"""Contracts of the baseline rows' pure losses and their wiring in the objective registry: defaults, bad input,
+dtypes, the cap boundary and the clip indicators, each checked on hand-chosen numbers."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from dhpo_trl.losses import cispo_per_token_loss, gmpo_per_token_loss, grpo_per_token_loss, gspo_per_token_loss
+from dhpo_trl.objectives import get_objective
+
+# One sequence of two tokens with log-ratios 0.5 and -0.5 (r = e^0.5, e^-0.5), plus a padded third position.
+LOG_R = [[0.5, -0.5, 0.0]]
+MASK = torch.tensor([[1, 1, 0]])
+
+
+def batch(log_r=LOG_R, advantage=1.0, dtype=torch.float32):
+    logps = torch.tensor([[-1.0, -2.0, -3.0]], dtype=dtype, requires_grad=True)
+    old = logps.detach() - torch.tensor(log_r, dtype=dtype)
+    return logps, old, torch.tensor([advantage], dtype=torch.float64), MASK
+
+
+@pytest.mark.parametrize(
+    "loss, defaults",
+    [
+        (grpo_per_token_loss, dict(epsilon_low=0.2, epsilon_high=0.2)),
+        (gspo_per_token_loss, dict(epsilon_low=3e-4, epsilon_high=4e-4)),
+        (cispo_per_token_loss, dict(cap=1.2)),
+    ],
+)
+def test_defaults_are_the_papers_and_advantages_take_the_log_probs_dtype(loss, defaults):
+    # float64 advantages, float32 log-probs; ratios above 1 for A > 0 and below 1 for A < 0, so both bounds bind
+    for log_r, advantage in (([[0.01, 0.5, 0.0]], 1.0), ([[-0.01, -0.5, 0.0]], -1.0)):
+        logps, old, advantages, mask = batch(log_r=log_r, advantage=advantage)
+        default_loss, _ = loss(logps, old, advantages, mask)
+        explicit, _ = loss(logps, old, advantages, mask, **defaults)
+        assert default_loss.dtype == torch.float32
+        torch.testing.assert_close(default_loss, explicit, rtol=0, atol=0)
+        for name, value in defaults.items():  # and each default acts on one of the two batches
+            looser = loss(logps, old, advantages, mask, **{**defaults, name: value * 2})[0]
+            if not torch.allclose(looser, default_loss):
+                defaults = {k: v for k, v in defaults.items() if k != name}
+    assert defaults == {}, f"defaults without effect on either batch: {defaults}"
+
+
+def test_grpo_default_clip_values_by_hand():
+    logps, old, advantages, mask = batch()
+    loss, info = grpo_per_token_loss(logps, old, advantages, mask)
+    # A > 0: min(r, clip(r, 0.8, 1.2)) -> token 1 clipped at 1.2, token 2 keeps e^-0.5
+    assert loss[0, :2].tolist() == pytest.approx([-1.2, -math.exp(-0.5)], rel=1e-6)
+    assert info["clipped_high"][0].tolist() == [True, False, False]
+
+
+@pytest.mark.parametrize("loss", [grpo_per_token_loss, gspo_per_token_loss])
+@pytest.mark.parametrize("name", ["epsilon_low", "epsilon_high"])
+def test_negative_epsilons_are_refused_by_name(loss, name):
+    logps, old, advantages, mask = batch()
+    with pytest.raises(ValueError, match=f"`{name}` must be a non-negative number, got -0.1"):
+        loss(logps, old, advantages, mask, **{name: -0.1})
+
+
+@pytest.mark.parametrize("loss", [grpo_per_token_loss, gspo_per_token_loss, cispo_per_token_loss, gmpo_per_token_loss])
+def test_old_log_probs_of_another_shape_are_refused_by_name(loss):
+    logps, old, advantages, mask = batch()
+    with pytest.raises(ValueError, match="old_per_token_logps"):
+        loss(logps, old[:, :2], advantages, mask)
+
+
+def test_cispo_weight_at_exactly_the_cap_is_not_counted_as_capped():
+    cap = math.exp(0.25)  # r equal to the cap: min(r, cap) leaves it unchanged, so it is not clipped
+    logps, old, advantages, mask = batch(log_r=[[0.25, 0.26, 0.0]])
+    loss, info = cispo_per_token_loss(logps, old, advantages, mask, cap=cap)
+    assert info["weight_capped"][0].tolist() == [False, True, False]
+    assert info["clipped_high"][0].tolist() == [False, True, False]
+    assert loss[0, :2].tolist() == pytest.approx([cap * 1.0, cap * 2.0], rel=1e-5)  # -cap * A * log pi
+
+
+@pytest.mark.parametrize("advantage, low, high", [(1.0, [False, False], [True, False]), (-1.0, [False, True], [False, False])])
+def test_gmpo_clip_indicators_split_by_the_sign_of_the_advantage(advantage, low, high):
+    # log-ratios 0.5 and -0.5 against a clip of [-0.4, 0.4]: for A > 0 only the upper clip binds (token 1),
+    # for A < 0 only the lower one (token 2); the padded position never counts.
+    logps, old, advantages, mask = batch(advantage=advantage)
+    _, info = gmpo_per_token_loss(logps, old, advantages, mask)
+    assert info["token_clipped"][0].tolist() == [a or b for a, b in zip(low, high)] + [False]
+    assert info["clipped_low"][0].tolist() == low + [False]
+    assert info["clipped_high"][0].tolist() == high + [False]
+
+
+def args(**overrides):
+    fields = dict(epsilon=0.2, epsilon_high=None, delta=None, importance_sampling_level="sequence")
+    return SimpleNamespace(**{**fields, **overrides})
+
+
+def test_grpo_row_passes_epsilon_as_the_lower_clip():
+    logps, old, advantages, mask = batch(advantage=-1.0)
+    # A < 0: the lower clip binds on token 2 (r = e^-0.5 = 0.61) at 1 - 0.3, not at the default 1 - 0.2
+    loss, _, _ = get_objective("grpo").compute(logps, old, advantages, mask, None, args(epsilon=0.3), None)
+    assert loss[0, 1].item() == pytest.approx(0.7, rel=1e-6)
+
+
+def test_gspo_row_passes_epsilon_high_and_delta():
+    logps, old, advantages, mask = batch(log_r=[[1.5, 1.5, 0.0]], advantage=1.0)  # s = e^1.5 = 4.48
+    loss, _, _ = get_objective("gspo").compute(logps, old, advantages, mask, None, args(epsilon_high=0.5), None)
+    assert loss[0, 0].item() == pytest.approx(-1.5, rel=1e-6)  # clipped at 1 + 0.5
+    negative = batch(log_r=[[1.5, 1.5, 0.0]], advantage=-1.0)
+    loss, _, _ = get_objective("gspo").compute(*negative, None, args(delta=3.0), None)
+    assert loss[0, 0].item() == pytest.approx(3.0, rel=1e-6)  # the dual clip caps s at delta for A < 0
