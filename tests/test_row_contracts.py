@@ -155,3 +155,25 @@ def test_dhpo_row_passes_the_global_entropy_range():
     _, info = dhpo_per_token_loss(logps, old, advantages, mask, entropies, entropy_range=span)
     torch.testing.assert_close(row[2]["mixing_weight"], info["mixing_weight"])
     assert row[2]["mixing_weight"][0, :2].tolist() == pytest.approx([0.15, 0.55])  # (H - 0) / 2
+
+
+@pytest.mark.parametrize("advantage", [0.0, 0.5, -0.5])
+def test_gmpo_counts_no_clip_for_a_zero_advantage_and_splits_fractional_ones_by_sign(advantage):
+    # A = 0: no gradient, nothing clipped (the sign-0 pessimistic log-ratio is not a clip); |A| < 1 still counts.
+    logps, old, advantages, mask = batch(advantage=advantage)
+    _, info = gmpo_per_token_loss(logps, old, advantages, mask)
+    expected_low = [False, advantage < 0, False]
+    expected_high = [advantage > 0, False, False]
+    assert info["clipped_low"][0].tolist() == expected_low
+    assert info["clipped_high"][0].tolist() == expected_high
+    assert info["token_clipped"][0].tolist() == [a or b for a, b in zip(expected_low, expected_high)]
+
+
+@pytest.mark.parametrize("side", ["low", "high"])
+def test_grpo_ratio_exactly_at_a_clip_bound_is_not_counted_as_clipped(side):
+    log_r = -0.25 if side == "low" else 0.25
+    logps, old, advantages, mask = batch(log_r=[[log_r, 0.0, 0.0]], advantage=-1.0 if side == "low" else 1.0)
+    ratio = float(torch.exp(logps.detach() - old)[0, 0])  # the float32 ratio the loss sees
+    epsilon = {"epsilon_low": 1.0 - ratio} if side == "low" else {"epsilon_high": ratio - 1.0}
+    _, info = grpo_per_token_loss(logps, old, advantages, mask, **epsilon)
+    assert info[f"clipped_{side}"][0, 0].item() is False  # min(r, clip(r)) leaves r unchanged at the bound
