@@ -177,3 +177,14 @@ def test_grpo_ratio_exactly_at_a_clip_bound_is_not_counted_as_clipped(side):
     epsilon = {"epsilon_low": 1.0 - ratio} if side == "low" else {"epsilon_high": ratio - 1.0}
     _, info = grpo_per_token_loss(logps, old, advantages, mask, **epsilon)
     assert info[f"clipped_{side}"][0, 0].item() is False  # min(r, clip(r)) leaves r unchanged at the bound
+
+
+def test_dhpo_ratio_exactly_at_delta_is_not_counted_as_dual_clipped():
+    from dhpo_trl.losses import dhpo_per_token_loss
+
+    logps, old, advantages, mask = batch(log_r=[[1.5, 0.0, 0.0]], advantage=-1.0)
+    ratio = float(torch.exp(logps.detach() - old)[0, 0])  # 4.48 in float32; w = 1, so m = r
+    settings = dict(mixing="averaged", token_weight=1.0)
+    _, at = dhpo_per_token_loss(logps, old, advantages, mask, delta=ratio, **settings)
+    _, below = dhpo_per_token_loss(logps, old, advantages, mask, delta=ratio - 0.01, **settings)
+    assert at["dual_clipped"][0, 0].item() is False and below["dual_clipped"][0, 0].item() is True
