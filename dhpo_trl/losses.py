@@ -294,7 +294,8 @@ def gmpo_per_token_loss(
         info = {
             "token_ratio": torch.exp(log_ratio),
             "sequence_ratio": geometric_ratio.squeeze(1).detach(),
-            "token_clipped": (pessimistic_log_ratio != log_ratio) & mask.bool(),
+            # A = 0 gives sign 0 and a zero log-ratio, which is no clip: the sequence has no gradient to clip.
+            "token_clipped": (pessimistic_log_ratio != log_ratio) & mask.bool() & (advantages != 0),
         }
         info["clipped_low"] = info["token_clipped"] & (advantages < 0)
         info["clipped_high"] = info["token_clipped"] & (advantages > 0)

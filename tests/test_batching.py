@@ -207,3 +207,17 @@ def test_forward_plan_rounds_widths_to_the_multiple_but_never_past_the_batch():
     assert plan.widths(0, 1) == (4, 4)  # 3 -> 4 and 2 -> 4
     assert plan.widths(0, 2) == (6, 8)  # 5 -> 8 capped at the prompt's 6 columns; 7 -> 8 within the 9
     assert batching.forward_plan(torch.cat([prompt, completion], dim=1), logits_to_keep=9).widths(0, 2) == (5, 7)
+
+
+def test_plan_for_rounds_widths_to_the_multiple_within_the_batch():
+    batch = {"prompt_mask": torch.tensor([[0, 0, 0, 1, 1, 1], [0, 1, 1, 1, 1, 1]]),
+             "completion_mask": torch.tensor([[1, 1, 0, 0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1, 0, 0]])}  # fmt: skip
+    assert batching.plan_for(batch, pad_to_multiple_of=4).widths(0, 2) == (6, 8)
+    assert batching.plan_for(batch).widths(0, 2) == (5, 7)
+
+
+def test_loss_mask_multiplies_the_tool_mask_in():
+    mask = torch.tensor([[1, 1, 1, 0]])
+    tool = torch.tensor([[1, 0, 1, 0]])  # tool-output tokens (0) do not count, as in TRL
+    assert batching.loss_mask({"completion_mask": mask, "tool_mask": tool}).tolist() == [[1, 0, 1, 0]]
+    assert batching.loss_mask({"completion_mask": mask, "tool_mask": None}).tolist() == [[1, 1, 1, 0]]

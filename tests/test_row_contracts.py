@@ -106,3 +106,85 @@ def test_gspo_row_passes_epsilon_high_and_delta():
     negative = batch(log_r=[[1.5, 1.5, 0.0]], advantage=-1.0)
     loss, _, _ = get_objective("gspo").compute(*negative, None, args(delta=3.0), None)
     assert loss[0, 0].item() == pytest.approx(3.0, rel=1e-6)  # the dual clip caps s at delta for A < 0
+
+
+def test_grpo_row_uses_epsilon_for_the_upper_clip_when_epsilon_high_is_unset():
+    logps, old, advantages, mask = batch(advantage=1.0)  # token 1: r = e^0.5 = 1.65, clipped at 1 + 0.3
+    loss, _, _ = get_objective("grpo").compute(logps, old, advantages, mask, None, args(epsilon=0.3), None)
+    assert loss[0, 0].item() == pytest.approx(-1.3, rel=1e-6)
+
+
+def dhpo_args(**overrides):
+    fields = dict(mixing="entropy", token_weight=0.5, clipping="branch", epsilon_low_token=0.2,
+                  epsilon_high_token=0.28, epsilon_low_seq=0.2, epsilon_high_seq=0.28, entropy_norm_scope="batch",
+                  delta=None)  # fmt: skip
+    return SimpleNamespace(**{**fields, **overrides})
+
+
+@pytest.mark.parametrize(
+    "setting, value, log_r, advantage",
+    [
+        ("epsilon_low_token", 0.05, [-0.3, -0.2], -1.0),  # r = 0.74, 0.82 below 1 - 0.05 (and 0.74 below 0.8)
+        ("epsilon_high_token", 0.05, [0.6, 0.1], 1.0),  # r = 1.82 above 1.28 and 1.05
+        ("epsilon_low_seq", 0.05, [-0.3, -0.2], -1.0),  # s = e^-0.25 = 0.78 below 0.8 and 0.95
+        ("epsilon_high_seq", 0.05, [0.6, 0.1], 1.0),  # s = e^0.35 = 1.42 above 1.28 and 1.05
+        ("delta", 1.5, [1.5, 1.2], -1.0),  # ratios far above 1 for A < 0: the dual clip caps them
+    ],
+)
+def test_dhpo_row_passes_each_clip_setting_to_the_loss(setting, value, log_r, advantage):
+    from dhpo_trl.losses import dhpo_per_token_loss
+
+    logps, old, advantages, mask = batch(log_r=[[*log_r, 0.0]], advantage=advantage)
+    averaged = dict(mixing="averaged", token_weight=0.5)  # both branches weigh on every token
+    row = get_objective("dhpo").compute(
+        logps, old, advantages, mask, None, dhpo_args(**averaged, **{setting: value}), None
+    )[0]
+    expected = dhpo_per_token_loss(logps, old, advantages, mask, **averaged, **{setting: value})[0]
+    default = dhpo_per_token_loss(logps, old, advantages, mask, **averaged)[0]
+    torch.testing.assert_close(row, expected)
+    assert not torch.allclose(row, default)  # the setting changes this batch's loss
+
+
+def test_dhpo_row_passes_the_global_entropy_range():
+    from dhpo_trl.losses import dhpo_per_token_loss
+
+    logps, old, advantages, mask = batch(log_r=[[0.6, -0.5, 0.0]], advantage=1.0)
+    entropies = torch.tensor([[0.3, 1.1, 9.0]])
+    span = (torch.tensor(0.0), torch.tensor(2.0))  # the range reduced across processes, wider than this batch's
+    row = get_objective("dhpo").compute(logps, old, advantages, mask, entropies, dhpo_args(), span)
+    _, info = dhpo_per_token_loss(logps, old, advantages, mask, entropies, entropy_range=span)
+    torch.testing.assert_close(row[2]["mixing_weight"], info["mixing_weight"])
+    assert row[2]["mixing_weight"][0, :2].tolist() == pytest.approx([0.15, 0.55])  # (H - 0) / 2
+
+
+@pytest.mark.parametrize("advantage", [0.0, 0.5, -0.5])
+def test_gmpo_counts_no_clip_for_a_zero_advantage_and_splits_fractional_ones_by_sign(advantage):
+    # A = 0: no gradient, nothing clipped (the sign-0 pessimistic log-ratio is not a clip); |A| < 1 still counts.
+    logps, old, advantages, mask = batch(advantage=advantage)
+    _, info = gmpo_per_token_loss(logps, old, advantages, mask)
+    expected_low = [False, advantage < 0, False]
+    expected_high = [advantage > 0, False, False]
+    assert info["clipped_low"][0].tolist() == expected_low
+    assert info["clipped_high"][0].tolist() == expected_high
+    assert info["token_clipped"][0].tolist() == [a or b for a, b in zip(expected_low, expected_high)]
+
+
+@pytest.mark.parametrize("side", ["low", "high"])
+def test_grpo_ratio_exactly_at_a_clip_bound_is_not_counted_as_clipped(side):
+    log_r = -0.25 if side == "low" else 0.25
+    logps, old, advantages, mask = batch(log_r=[[log_r, 0.0, 0.0]], advantage=-1.0 if side == "low" else 1.0)
+    ratio = float(torch.exp(logps.detach() - old)[0, 0])  # the float32 ratio the loss sees
+    epsilon = {"epsilon_low": 1.0 - ratio} if side == "low" else {"epsilon_high": ratio - 1.0}
+    _, info = grpo_per_token_loss(logps, old, advantages, mask, **epsilon)
+    assert info[f"clipped_{side}"][0, 0].item() is False  # min(r, clip(r)) leaves r unchanged at the bound
+
+
+def test_dhpo_ratio_exactly_at_delta_is_not_counted_as_dual_clipped():
+    from dhpo_trl.losses import dhpo_per_token_loss
+
+    logps, old, advantages, mask = batch(log_r=[[1.5, 0.0, 0.0]], advantage=-1.0)
+    ratio = float(torch.exp(logps.detach() - old)[0, 0])  # 4.48 in float32; w = 1, so m = r
+    settings = dict(mixing="averaged", token_weight=1.0)
+    _, at = dhpo_per_token_loss(logps, old, advantages, mask, delta=ratio, **settings)
+    _, below = dhpo_per_token_loss(logps, old, advantages, mask, delta=ratio - 0.01, **settings)
+    assert at["dual_clipped"][0, 0].item() is False and below["dual_clipped"][0, 0].item() is True
