@@ -221,3 +221,21 @@ def test_loss_mask_multiplies_the_tool_mask_in():
     tool = torch.tensor([[1, 0, 1, 0]])  # tool-output tokens (0) do not count, as in TRL
     assert batching.loss_mask({"completion_mask": mask, "tool_mask": tool}).tolist() == [[1, 0, 1, 0]]
     assert batching.loss_mask({"completion_mask": mask, "tool_mask": None}).tolist() == [[1, 1, 1, 0]]
+
+
+def test_split_window_pads_each_micro_batch_to_the_multiple():
+    batch = {"prompt_mask": torch.tensor([[0, 0, 0, 1, 1, 1], [0, 1, 1, 1, 1, 1]]),
+             "prompt_ids": torch.arange(12).reshape(2, 6),
+             "completion_mask": torch.tensor([[1, 1, 0, 0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 1, 1, 1, 0, 0]]),
+             "completion_ids": torch.arange(18).reshape(2, 9)}  # fmt: skip
+    short, long = batching.split_window(batch, micro_steps=2, pad_to_multiple_of=4)
+    assert short["prompt_ids"].shape == (1, 4) and short["completion_ids"].shape == (1, 4)  # 3 -> 4, 2 -> 4
+    assert long["prompt_ids"].shape == (1, 6) and long["completion_ids"].shape == (1, 8)  # 5 -> 8 capped at 6; 7 -> 8
+    assert short["prompt_ids"].tolist() == [[2, 3, 4, 5]]  # left-trimmed prompt keeps its last columns
+
+
+def test_spans_of_an_empty_prompt_and_an_empty_selection():
+    assert batching.prompt_spans(torch.zeros(2, 0, dtype=torch.long)).tolist() == [0, 0]
+    batch = {"prompt_mask": torch.ones(2, 3, dtype=torch.long), "completion_mask": torch.ones(2, 4, dtype=torch.long)}
+    empty = batching.take(batch, [], 3, 4)
+    assert empty["prompt_mask"].shape == (0, 3) and empty["completion_mask"].shape == (0, 4)
