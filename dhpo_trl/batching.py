@@ -62,7 +62,7 @@ def completion_spans(completion_mask: torch.Tensor) -> torch.Tensor:
     """Columns each right-padded completion needs: up to its last real token (0 if it has none). Shape (B,)."""
     width = completion_mask.size(1)
     position = torch.arange(1, width + 1, device=completion_mask.device)
-    return (completion_mask.bool() * position).amax(-1) if width else completion_mask.new_zeros(0)
+    return (completion_mask.bool() * position).amax(-1) if width else completion_mask.new_zeros(completion_mask.size(0))
 
 
 def _round_up(width: int, multiple: int | None, limit: int) -> int:

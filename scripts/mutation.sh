@@ -3,7 +3,7 @@
 #
 #   scripts/mutation.sh                    # every module of dhpo_trl/
 #   scripts/mutation.sh losses moe         # only these modules (names under dhpo_trl/, with or without .py)
-#   scripts/mutation.sh evaluation/report  # a module of a subpackage
+#   scripts/mutation.sh evaluation/metrics  # a module of a subpackage
 #
 # Each mutant runs, in one worker process, only the tests that call the mutated function (mutmut's per-function
 # selection). mutmut keeps its results in mutants/ and only retests functions whose code changed since the last
@@ -29,7 +29,7 @@ for module in "$@"; do
   module="${module#dhpo_trl/}"
   module="${module%.py}"
   if [ ! -f "dhpo_trl/$module.py" ]; then
-    echo "scripts/mutation.sh: no module dhpo_trl/$module.py (pass names like 'losses' or 'evaluation/report')" >&2
+    echo "scripts/mutation.sh: no module dhpo_trl/$module.py (pass names like 'losses' or 'evaluation/metrics')" >&2
     exit 2
   fi
   patterns+=("dhpo_trl.${module//\//.}.*")

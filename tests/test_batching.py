@@ -236,6 +236,8 @@ def test_split_window_pads_each_micro_batch_to_the_multiple():
 
 def test_spans_of_an_empty_prompt_and_an_empty_selection():
     assert batching.prompt_spans(torch.zeros(2, 0, dtype=torch.long)).tolist() == [0, 0]
+    assert batching.completion_spans(torch.zeros(2, 0, dtype=torch.long)).tolist() == [0, 0]  # one span per row
+    assert LengthPlan([], []).greedy(10) == []  # no rows, no group (not one empty group)
     batch = {"prompt_mask": torch.ones(2, 3, dtype=torch.long), "completion_mask": torch.ones(2, 4, dtype=torch.long)}
     empty = batching.take(batch, [], 3, 4)
     assert empty["prompt_mask"].shape == (0, 3) and empty["completion_mask"].shape == (0, 4)

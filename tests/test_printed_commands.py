@@ -278,6 +278,10 @@ def check(where, block, monkeypatch):
                 _parse_with_main(
                     _load_main("scripts/gpu_zero3_moe_smoke.py"), ["--output_dir", "x", *extra], monkeypatch
                 )
+            elif path == "scripts/mutation.sh":  # its arguments are modules of dhpo_trl/, as the script checks
+                for module in extra:
+                    name = module.removeprefix("dhpo_trl/").removesuffix(".py")
+                    assert (ROOT / "dhpo_trl" / f"{name}.py").is_file(), f"{where}: no module dhpo_trl/{name}.py"
             else:
                 assert path == "scripts/test.sh", f"{where}: unknown script {path}"
         elif program == "pip":

@@ -188,3 +188,22 @@ def test_dhpo_ratio_exactly_at_delta_is_not_counted_as_dual_clipped():
     _, at = dhpo_per_token_loss(logps, old, advantages, mask, delta=ratio, **settings)
     _, below = dhpo_per_token_loss(logps, old, advantages, mask, delta=ratio - 0.01, **settings)
     assert at["dual_clipped"][0, 0].item() is False and below["dual_clipped"][0, 0].item() is True
+
+
+ROWS = [grpo_per_token_loss, gspo_per_token_loss, cispo_per_token_loss, gmpo_per_token_loss]
+
+
+@pytest.mark.parametrize("loss", ROWS)
+def test_bad_shapes_are_refused_with_the_field_and_the_expected_shape(loss):
+    logps, old, advantages, mask = batch()
+    with pytest.raises(ValueError, match=r"^`per_token_logps` must have shape \(batch, seq\), got \(3,\)\.$"):
+        loss(logps[0], old[0], advantages, mask[0])
+    with pytest.raises(ValueError, match=r"^`mask` must have the same shape as `per_token_logps` \(1, 3\), got \(1, 2\)"):
+        loss(logps, old, advantages, mask[:, :2])
+    with pytest.raises(ValueError, match=r"^`advantages` must have shape \(1,\), \(1, 1\) or \(1, 3\), got \(1, 2\)\.$"):
+        loss(logps, old, torch.ones(1, 2), mask)
+
+
+def test_unknown_algorithm_names_the_supported_ones():
+    with pytest.raises(ValueError, match=r"^algorithm='ppo' is not supported: use one of \['dhpo', 'gmpo', 'grpo', "):
+        get_objective("ppo")
