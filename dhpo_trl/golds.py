@@ -146,7 +146,7 @@ def _keep_value(text: str, question: str | None) -> str:
         return match[2]
     if question is None or _ASKS_EQUATION.search(question):
         return text
-    parts = _top_level_split(text)
+    parts = split_top_level(text)
     sides = [_assignment(part) for part in parts]
     if all(sides):
         return ", ".join(value for value in sides)
@@ -163,14 +163,15 @@ def _assignment(part: str) -> str | None:
     return sides[1].strip()
 
 
-def _top_level_split(text: str) -> list[str]:
+def split_top_level(text: str, separator: str = ",") -> list[str]:
+    """`text` split at each `separator` outside brackets and not escaped (`\\,` is LaTeX spacing), parts stripped."""
     parts, depth, start = [], 0, 0
     for index, char in enumerate(text):
         if char in "([{":
             depth += 1
         elif char in ")]}":
             depth -= 1
-        elif char == "," and depth == 0 and text[index - 1 : index] != "\\":
+        elif char == separator and depth == 0 and text[index - 1 : index] != "\\":
             parts.append(text[start:index].strip())
             start = index + 1
     return [*parts, text[start:].strip()]

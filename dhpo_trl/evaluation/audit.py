@@ -23,6 +23,7 @@ from fractions import Fraction
 import sympy
 
 from .._math_verify_core import gold_form, to_sympy
+from ..golds import split_top_level
 from ..rewards import DEFAULT_TIMEOUT_S, score_answer
 
 
@@ -103,19 +104,6 @@ def _number_rewrite(text: str, value: Fraction, in_list: bool = False) -> str:
 
 
 # ------------------------------------------------------------------ structure
-def split_top_level(text: str, separator: str = ",") -> list[str]:
-    parts, depth, start = [], 0, 0
-    for index, char in enumerate(text):
-        if char in "([{":
-            depth += 1
-        elif char in ")]}":
-            depth -= 1
-        elif char == separator and depth == 0 and text[index - 1 : index] != "\\":
-            parts.append(text[start:index].strip())
-            start = index + 1
-    return [*parts, text[start:].strip()]
-
-
 def _bracketed(text: str) -> tuple[str, str, str] | None:
     r"""(open, inside, close) for `(a, b)`, `[a, b)`, `\left( a \right]` or `\{a, b\}` whose brackets match."""
     text = re.sub(r"\\left\s*|\\right\s*", "", text).strip()
