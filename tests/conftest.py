@@ -1,6 +1,8 @@
 """Shared fixtures: everything offline, tiny models built locally, CPU only."""
 
 import os
+import sys
+from types import ModuleType
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -31,3 +33,16 @@ def tiny_model(tokenizer):
 @pytest.fixture
 def tiny_moe_model(tokenizer):
     return build_tiny_qwen3(tokenizer, moe=True)
+
+
+@pytest.fixture
+def leaf_spy(monkeypatch):
+    """Replace `deepspeed.utils.set_z3_leaf_modules` (whether or not deepspeed is installed) and record calls."""
+    calls = []
+    fake_utils = ModuleType("deepspeed.utils")
+    fake_utils.set_z3_leaf_modules = lambda model, classes: calls.append((model, list(classes)))
+    fake_deepspeed = ModuleType("deepspeed")
+    fake_deepspeed.utils = fake_utils
+    monkeypatch.setitem(sys.modules, "deepspeed", fake_deepspeed)
+    monkeypatch.setitem(sys.modules, "deepspeed.utils", fake_utils)
+    return calls

@@ -1,8 +1,7 @@
 """MoE: a tiny Qwen3-MoE trains with DHPO and its router aux loss; ZeRO-3 leaf modules are set exactly when needed."""
 
 import math
-import sys
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 
 import pytest
 from datasets import Dataset
@@ -82,19 +81,6 @@ def test_aux_loss_is_added_to_the_dhpo_loss(tmp_path, moe_model, tokenizer):
 def _accelerator(stage):
     plugin = None if stage is None else SimpleNamespace(zero_stage=stage)
     return SimpleNamespace(state=SimpleNamespace(deepspeed_plugin=plugin), deepspeed_plugin=plugin)
-
-
-@pytest.fixture
-def leaf_spy(monkeypatch):
-    """Replace `deepspeed.utils.set_z3_leaf_modules` (whether or not deepspeed is installed) and record calls."""
-    calls = []
-    fake_utils = ModuleType("deepspeed.utils")
-    fake_utils.set_z3_leaf_modules = lambda model, classes: calls.append((model, list(classes)))
-    fake_deepspeed = ModuleType("deepspeed")
-    fake_deepspeed.utils = fake_utils
-    monkeypatch.setitem(sys.modules, "deepspeed", fake_deepspeed)
-    monkeypatch.setitem(sys.modules, "deepspeed.utils", fake_utils)
-    return calls
 
 
 def test_moe_block_classes(tiny_model, tiny_moe_model):

@@ -2,8 +2,7 @@
 ZeRO stage is read from, and what is logged. No DeepSpeed needed (its leaf-module setter is replaced by a spy)."""
 
 import logging
-import sys
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -110,18 +109,6 @@ def plugin(**fields):
 )
 def test_zero_stage_sources(holder, stage):
     assert _zero_stage(holder) == stage
-
-
-@pytest.fixture
-def leaf_spy(monkeypatch):
-    calls = []
-    fake_utils = ModuleType("deepspeed.utils")
-    fake_utils.set_z3_leaf_modules = lambda model, classes: calls.append((model, list(classes)))
-    fake_deepspeed = ModuleType("deepspeed")
-    fake_deepspeed.utils = fake_utils
-    monkeypatch.setitem(sys.modules, "deepspeed", fake_deepspeed)
-    monkeypatch.setitem(sys.modules, "deepspeed.utils", fake_utils)
-    return calls
 
 
 def test_leaf_modules_from_a_json_plugin_and_the_warning_names_them(leaf_spy, caplog):
