@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -116,11 +117,23 @@ def test_multi_node_values_come_from_the_command_line():
 
 
 # ------------------------------------------------------------------ prepare a dense and an MoE model on CPU
-def _cpu_adam_is_built() -> bool:
-    """CPU optimizer offload runs DeepSpeedCPUAdam, a C++ op that DeepSpeed compiles on first use (~8 min here)."""
+def _build_directory(op: str) -> Path:
     from torch.utils.cpp_extension import _get_build_directory
 
-    return (Path(_get_build_directory("cpu_adam", verbose=False)) / "cpu_adam.so").exists()
+    return Path(_get_build_directory(op, verbose=False))
+
+
+def _cpu_adam_is_built() -> bool:
+    """CPU optimizer offload runs DeepSpeedCPUAdam, a C++ op that DeepSpeed compiles on first use (~8 min here)."""
+    return (_build_directory("cpu_adam") / "cpu_adam.so").exists()
+
+
+def stale_extension_locks(ops=("deepspeed_shm_comm", "cpu_adam"), older_than_s=1800) -> list:
+    """torch loads a JIT-built op under a `lock` file in its build directory and waits on that file forever. A process
+    killed while loading leaves it behind, and every later load hangs (CI once spent 600 s waiting on one). No build
+    of these ops takes 30 minutes here, so an older lock is stale."""
+    locks = [_build_directory(op) / "lock" for op in ops]
+    return [lock for lock in locks if lock.exists() and time.time() - lock.stat().st_mtime > older_than_s]
 
 
 def _prepare(names) -> dict:
@@ -134,7 +147,7 @@ def _prepare(names) -> dict:
                      MASTER_ADDR="127.0.0.1", MASTER_PORT="29514", DS_ACCELERATOR="cpu", CUDA_VISIBLE_DEVICES="",
                      OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))  # fmt: skip
     command = [sys.executable, str(ROOT / "tests/dist_scripts/accelerate_prepare.py"), json.dumps(cases)]
-    result = subprocess.run(command, env=child_env, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    result = subprocess.run(command, env=child_env, capture_output=True, text=True, timeout=600, cwd=ROOT, check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [json.loads(line[len("RESULT ") :]) for line in result.stdout.splitlines() if line.startswith("RESULT ")]
     return {(line["config"], line["moe"]): line for line in lines}
@@ -143,6 +156,11 @@ def _prepare(names) -> dict:
 @pytest.fixture(scope="module")
 def prepared():
     pytest.importorskip("deepspeed")
+    stale = stale_extension_locks()
+    if stale:
+        pytest.fail(
+            f"stale torch-extension lock left by a killed process; DeepSpeed would wait on it forever: rm {stale[0]}"
+        )
     names = [name for name in EXPECTED if name != "zero3_offload.yaml" or _cpu_adam_is_built()]
     return _prepare(sorted(names))
 
@@ -195,3 +213,14 @@ def test_offload_config_prepares_dense_and_moe_models_with_the_optimizer_on_cpu(
         assert (result["wrapped"], result["zero_stage"], result["offload_optimizer"]) == ("DeepSpeedEngine", 3, "cpu")
         assert result["leaves"] == (2 if moe else 0) and 3.0 < result["loss"] < 6.0
         assert result["base_optimizer"] == "DeepSpeedCPUAdam"  # accelerate swaps AdamW for DeepSpeed's CPU Adam
+
+
+def test_a_stale_extension_lock_is_found_and_a_fresh_one_is_not(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    assert stale_extension_locks() == []
+    for op, age_s in (("deepspeed_shm_comm", 3600), ("cpu_adam", 60)):  # killed an hour ago; building now
+        lock = _build_directory(op) / "lock"
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        lock.touch()
+        os.utime(lock, (time.time() - age_s, time.time() - age_s))
+    assert stale_extension_locks() == [tmp_path / "deepspeed_shm_comm" / "lock"]
