@@ -91,6 +91,23 @@ def test_area_counts_widths_with_floor_of_one_and_rounding():
     assert no_multiple.area(0, 2) == 2 * (5 + 6)
 
 
+def test_a_one_token_prompt_or_completion_keeps_one_column():
+    # a BOS-only prompt and a one-token completion: the floor of one column never widens them
+    plan = LengthPlan([1, 3], [1, 5])
+    assert plan.widths(0, 1) == (1, 1) and plan.area(0, 1) == 2
+    # nor does rounding to a multiple past a one-column batch
+    assert LengthPlan([1, 1], [1, 1], pad_to_multiple_of=8, widths=(1, 1)).widths(0, 2) == (1, 1)
+
+
+def test_partition_halves_the_group_with_most_rows_when_the_cheapest_cut_falls_short():
+    # sorted (completion, prompt): (0, 4), (1, 2), (2, 1), (2, 2), (2, 2). Caps up to 7 cut them into 5 groups and
+    # cap 8 into 3, so 4 groups come from halving a 2-row group of cap 8's cut, never from splitting a lone row.
+    plan = LengthPlan([2, 1, 4, 2, 2], [2, 2, 0, 2, 1])
+    assert plan.greedy(7) == [(0, 1), (1, 2), (2, 3), (3, 4), (4, 5)]
+    assert plan.greedy(8) == [(0, 1), (1, 3), (3, 5)]
+    assert plan.partition(4) == [(0, 1), (1, 2), (2, 3), (3, 5)]
+
+
 def test_groups_needed_under_a_budget_and_rows_longer_than_it():
     # four rows of area 10 each (prompt 2 + completion 8) and one of 102: budget 25 holds two short rows per pass
     plan = LengthPlan([2, 2, 2, 2, 2], [8, 8, 8, 8, 100])
@@ -171,6 +188,7 @@ def test_split_window_keeps_every_row_once_and_carries_window_normalisers(passes
         # trimmed to its own longest prompt and completion (at least one column each)
         assert part["prompt_mask"][:, 0].any()
         assert part["completion_mask"][:, -1].any() or part["completion_mask"].size(1) == 1
+    assert batching.padded_fraction([trl_batch([2, 3], [1, 4], prompt_width=3, completion_width=4)]) == (10, 14)
     real, forwarded = batching.padded_fraction(flat)
     real_trl, forwarded_trl = batching.padded_fraction([window])
     assert real == real_trl and forwarded < forwarded_trl

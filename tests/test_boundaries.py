@@ -11,7 +11,13 @@ import math
 import pytest
 import torch
 
-from dhpo_trl.losses import dhpo_per_token_loss, entropy_mixing_weight, gmpo_per_token_loss
+from dhpo_trl.losses import (
+    cispo_per_token_loss,
+    dhpo_per_token_loss,
+    entropy_mixing_weight,
+    gmpo_per_token_loss,
+    gspo_per_token_loss,
+)
 
 
 def batch(ratios, advantages, mask=None):
@@ -307,6 +313,10 @@ def call(function, **overrides):
          "`per_token_logps` must have shape (batch, seq), got (6,)."),
         (gmpo_per_token_loss, dict(advantages=torch.zeros(2, 3)),
          "`advantages` must be one value per sequence for GMPO, got a (B, T) tensor."),
+        (gspo_per_token_loss, dict(advantages=torch.zeros(2, 3)),
+         "`advantages` must be one value per sequence for GSPO, got a (B, T) tensor."),
+        (cispo_per_token_loss, dict(cap=0),
+         "`cap` must be a positive number (the largest importance weight), got 0."),
     ],
 )  # fmt: skip
 def test_bad_input_messages(function, overrides, message):

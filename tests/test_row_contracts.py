@@ -76,6 +76,23 @@ def test_cispo_weight_at_exactly_the_cap_is_not_counted_as_capped():
     assert loss[0, :2].tolist() == pytest.approx([cap * 1.0, cap * 2.0], rel=1e-5)  # -cap * A * log pi
 
 
+def test_cispo_counts_a_capped_weight_as_clipped_only_for_a_positive_advantage():
+    # TRL's cispo_clip_ratio: the cap binds the gradient only where A > 0; at A = 0 the token has no gradient at all
+    logps, old, _, mask = batch(log_r=[[0.5, 0.5, 0.0]])
+    for advantage, clipped in ((1.0, True), (0.0, False), (-1.0, False)):
+        _, info = cispo_per_token_loss(logps, old, torch.tensor([advantage]), mask)
+        assert info["weight_capped"][0].tolist() == [True, True, False]
+        assert info["clipped_high"][0].tolist() == [clipped, clipped, False]
+
+
+def test_cispo_accepts_a_cap_below_one():
+    # any positive cap is an importance-weight bound; 0.5 scales every weight above it down to 0.5
+    logps, old, advantages, mask = batch(log_r=[[0.5, -1.0, 0.0]])  # r = 1.65 (capped), 0.37 (kept)
+    loss, info = cispo_per_token_loss(logps, old, advantages, mask, cap=0.5)
+    assert info["weight_capped"][0].tolist() == [True, False, False]
+    assert loss[0, :2].tolist() == pytest.approx([0.5 * 1.0, math.exp(-1.0) * 2.0], rel=1e-5)  # -w * A * log pi
+
+
 @pytest.mark.parametrize("advantage, low, high", [(1.0, [False, False], [True, False]), (-1.0, [False, True], [False, False])])
 def test_gmpo_clip_indicators_split_by_the_sign_of_the_advantage(advantage, low, high):
     # log-ratios 0.5 and -0.5 against a clip of [-0.4, 0.4]: for A > 0 only the upper clip binds (token 1),
