@@ -1,0 +1,350 @@
+"""Trainer paths that the training runs reach only in rare setups, checked on fixed inputs in one process:
+the entropy bonus (static and adaptive), the cross-process reductions (with a fake second process), the backward
+of a token-budget pass under DeepSpeed / DDP (with a fake accelerator), the batching warning, and the model card
+copied into every checkpoint. Expected values are written out by hand.
+"""
+
+import math
+import os
+import warnings
+from collections import defaultdict
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.distributed as torch_dist
+from accelerate.utils import DistributedType
+from datasets import Dataset
+
+from dhpo_trl import DHPOConfig, DHPOTrainer, batching
+from dhpo_trl import trainer as trainer_module
+from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
+
+# Two rows of three completion columns; padding entropies are huge, so any leak into a mean shows.
+ENTROPIES = torch.tensor([[1.0, 2.0, 100.0], [4.0, 100.0, 100.0]])
+MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])  # valid entropies 1, 2, 4: sum 7 over 3 tokens
+
+
+def metrics():
+    return defaultdict(lambda: defaultdict(list))
+
+
+class FakeAccelerator:
+    """The parts of accelerate.Accelerator the entropy bonus touches, in one process."""
+
+    def __init__(self, sync_gradients=True):
+        self.sync_gradients = sync_gradients
+
+    def gather(self, tensor):
+        return tensor.reshape(-1)
+
+    def reduce(self, tensor, reduction):
+        assert reduction == "sum"
+        return tensor
+
+
+def bonus_host(adaptive=False, coef=0.1, accumulation=2, last_world_entropy=math.inf, **args):
+    settings = dict(entropy_target=2.5, entropy_coef_delta=0.05, entropy_coef_max=0.2, entropy_coef_min=0.0)
+    return SimpleNamespace(
+        current_gradient_accumulation_steps=accumulation, use_adaptive_entropy=adaptive, entropy_coef=coef,
+        _last_world_entropy=last_world_entropy, _entropy_window_stats=None, _metrics=metrics(),
+        accelerator=FakeAccelerator(), args=SimpleNamespace(**{**settings, **args}),
+    )  # fmt: skip
+
+
+def add_bonus(host, mode="train", entropy_mask=None, inputs=None, loss=1.0, policy_loss=(0.5, float("nan"), 1.5)):
+    out = DHPOTrainer._add_entropy_bonus(
+        host, torch.tensor(loss), ENTROPIES, MASK, entropy_mask, torch.tensor(policy_loss), mode, inputs or {}
+    )
+    return out.item()
+
+
+# ------------------------------------------------------------------ entropy bonus
+def test_static_bonus_is_the_masked_mean_entropy_divided_by_accumulation_in_train():
+    host = bonus_host(coef=0.1, accumulation=2)
+    assert add_bonus(host) == pytest.approx(1.0 - 0.1 * (7 / 3) / 2)
+    assert host._metrics["train"]["policy_loss"] == [pytest.approx(1.0)]  # nan-mean of (0.5, nan, 1.5)
+    assert host._metrics["train"]["entropy_coef"] == [0.1]  # logged at the optimizer step
+
+
+def test_static_bonus_in_eval_is_not_divided_and_logs_no_coefficient():
+    host = bonus_host(coef=0.1, accumulation=2)
+    assert add_bonus(host, mode="eval") == pytest.approx(1.0 - 0.1 * 7 / 3)
+    assert "entropy_coef" not in host._metrics["eval"]
+    assert host._metrics["eval"]["policy_loss"] == [pytest.approx(1.0)]
+
+
+def test_entropy_mask_restricts_the_bonus_to_its_tokens():
+    entropy_mask = torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]])  # with MASK: entropies 1 and 4
+    host = bonus_host(coef=0.2, accumulation=1)
+    assert add_bonus(host, entropy_mask=entropy_mask) == pytest.approx(1.0 - 0.2 * 2.5)
+
+
+def test_dynamic_batching_divides_by_the_window_token_count_not_the_micro_batch():
+    host = bonus_host(coef=0.1, accumulation=4)  # the window count replaces both the mean and the accumulation
+    inputs = {batching.WINDOW_TOKENS: torch.tensor(10.0)}
+    assert add_bonus(host, inputs=inputs) == pytest.approx(1.0 - 0.1 * 7 / 10)
+    inputs = {batching.WINDOW_TOKENS: torch.tensor(0.0)}  # an empty window divides by 1, not 0
+    assert add_bonus(bonus_host(coef=0.1), inputs=inputs) == pytest.approx(1.0 - 0.1 * 7)
+
+
+def test_a_micro_batch_without_valid_tokens_adds_no_bonus():
+    host = bonus_host(coef=0.1, accumulation=1)
+    out = DHPOTrainer._add_entropy_bonus(
+        host, torch.tensor(1.0), ENTROPIES, torch.zeros_like(MASK), None, torch.tensor([0.0]), "train", {}
+    )
+    assert out.item() == 1.0
+
+
+def test_adaptive_coefficient_applies_only_below_the_target_and_moves_once_per_optimizer_step():
+    # First window: no world entropy yet (inf > target), so no bonus; its entropy 7/3 <= 2.5 raises the coefficient.
+    host = bonus_host(adaptive=True, coef=0.1, accumulation=1)
+    host.accelerator.sync_gradients = False  # first micro-batch of a window of two: accumulate only
+    assert add_bonus(host) == 1.0
+    assert host.entropy_coef == 0.1 and host._last_world_entropy == math.inf
+    assert host._entropy_window_stats.tolist() == [7.0, 3.0]
+    assert "entropy_coef" not in host._metrics["train"]
+    host.accelerator.sync_gradients = True  # the step's last micro-batch: the window is both, 14 over 6 tokens
+    assert add_bonus(host) == 1.0
+    assert host._last_world_entropy == pytest.approx(14 / 6)
+    assert host.entropy_coef == pytest.approx(0.15) and host._entropy_window_stats is None
+    assert host._metrics["train"]["entropy_coef"] == [pytest.approx(0.15)]
+    # Next step: the world entropy is below the target, so the raised coefficient applies.
+    assert add_bonus(host) == pytest.approx(1.0 - 0.15 * 7 / 3)
+    assert host.entropy_coef == pytest.approx(0.2)  # 0.15 + 0.05, at the cap
+    add_bonus(host)
+    assert host.entropy_coef == pytest.approx(0.2)  # capped at entropy_coef_max
+
+
+def test_adaptive_coefficient_falls_above_the_target_and_stops_at_the_floor():
+    host = bonus_host(adaptive=True, coef=0.08, accumulation=1, entropy_target=2.0, entropy_coef_min=0.01)
+    assert add_bonus(host) == 1.0  # world entropy still unknown
+    assert host._last_world_entropy == pytest.approx(7 / 3)  # above 2.0: lower the coefficient
+    assert host.entropy_coef == pytest.approx(0.03)
+    assert add_bonus(host) == 1.0  # above the target: no bonus at all
+    assert host.entropy_coef == pytest.approx(0.01)  # 0.03 - 0.05, floored at entropy_coef_min
+
+
+def test_adaptive_coefficient_at_exactly_the_target_counts_as_below():
+    entropy_mask = torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]])  # with MASK: entropies 1 and 4, mean 2.5
+    host = bonus_host(adaptive=True, coef=0.1, accumulation=1, last_world_entropy=2.5, entropy_target=2.5)
+    assert add_bonus(host, entropy_mask=entropy_mask) == pytest.approx(1.0 - 0.1 * 2.5)  # applied at the target
+    assert host._last_world_entropy == 2.5
+    assert host.entropy_coef == pytest.approx(0.15)  # and raised: a world entropy at the target is not above it
+
+
+def test_adaptive_coefficient_does_not_move_in_eval():
+    host = bonus_host(adaptive=True, coef=0.1, accumulation=1, last_world_entropy=1.0)
+    assert add_bonus(host, mode="eval") == pytest.approx(1.0 - 0.1 * 7 / 3)
+    assert host.entropy_coef == 0.1 and host._entropy_window_stats is None and host._last_world_entropy == 1.0
+
+
+# ------------------------------------------------------------------ cross-process reductions
+class OtherProcess:
+    """torch.distributed with one other process holding `other`: all_reduce(MAX) takes the element-wise max."""
+
+    ReduceOp = torch_dist.ReduceOp
+
+    def __init__(self, other, initialized=True):
+        self.other, self.initialized, self.calls = other, initialized, 0
+
+    def is_available(self):
+        return True
+
+    def is_initialized(self):
+        return self.initialized
+
+    def all_reduce(self, tensor, op):
+        assert op == torch_dist.ReduceOp.MAX, op
+        self.calls += 1
+        tensor.copy_(torch.maximum(tensor, torch.as_tensor(self.other, dtype=tensor.dtype)))
+
+
+def process_host(num_processes):
+    return SimpleNamespace(accelerator=SimpleNamespace(num_processes=num_processes, device=torch.device("cpu")))
+
+
+def test_pass_counts_are_the_maximum_over_processes(monkeypatch):
+    fake = OtherProcess([3, 1, 5])
+    monkeypatch.setattr(trainer_module, "dist", fake)
+    assert DHPOTrainer._max_over_processes(process_host(2), [2, 2, 5]) == [3, 2, 5]
+    assert fake.calls == 1
+    assert DHPOTrainer._max_over_processes(process_host(1), [2, 2, 5]) == [2, 2, 5]  # alone: no collective
+    assert fake.calls == 1
+
+
+def test_global_entropy_range_spans_every_process(monkeypatch):
+    # This process: valid entropies 1, 2, 4. The other: 0.5 .. 3 (sent as (-min, max)).
+    fake = OtherProcess([-0.5, 3.0])
+    monkeypatch.setattr(trainer_module, "dist", fake)
+    low, high = DHPOTrainer._global_entropy_range(process_host(2), ENTROPIES, MASK)
+    assert (float(low), float(high)) == (0.5, 4.0) and fake.calls == 1
+
+
+def test_an_all_padding_process_does_not_drag_the_global_range(monkeypatch):
+    fake = OtherProcess([-0.5, 3.0])
+    monkeypatch.setattr(trainer_module, "dist", fake)
+    low, high = DHPOTrainer._global_entropy_range(process_host(2), ENTROPIES, torch.zeros_like(MASK))
+    assert (float(low), float(high)) == (0.5, 3.0)
+
+
+def test_global_entropy_range_of_one_process_is_its_own_and_never_reduces(monkeypatch):
+    fake = OtherProcess([-0.0, 50.0])
+    monkeypatch.setattr(trainer_module, "dist", fake)
+    low, high = DHPOTrainer._global_entropy_range(process_host(1), ENTROPIES, MASK)
+    assert (float(low), float(high)) == (1.0, 4.0) and fake.calls == 0
+    # accelerate reports two processes but torch.distributed is not set up (no collective is possible)
+    monkeypatch.setattr(trainer_module, "dist", OtherProcess([-0.0, 50.0], initialized=False))
+    low, high = DHPOTrainer._global_entropy_range(process_host(2), ENTROPIES, MASK)
+    assert (float(low), float(high)) == (1.0, 4.0)
+
+
+def test_global_entropy_range_without_any_valid_token_is_finite():
+    low, high = DHPOTrainer._global_entropy_range(process_host(1), ENTROPIES, torch.zeros_like(MASK))
+    assert math.isfinite(low) and math.isfinite(high)
+
+
+# ------------------------------------------------------------------ backward of a token-budget pass
+class RecordingAccelerator:
+    def __init__(self, distributed_type, fail=False):
+        self.distributed_type, self.sync_gradients, self.fail = distributed_type, True, fail
+        self.seen = []
+
+    def no_sync(self, model):
+        accelerator = self
+
+        class Context:
+            def __enter__(self):
+                accelerator.seen.append(("no_sync", model))
+
+            def __exit__(self, *exc):
+                accelerator.seen.append(("synced", model))
+                return False
+
+        return Context()
+
+    def backward(self, loss, **kwargs):
+        self.seen.append(("backward", loss, kwargs, self.sync_gradients))
+        if self.fail:
+            raise RuntimeError("out of memory")
+
+
+@pytest.mark.parametrize(
+    "distributed_type, kwargs",
+    [(DistributedType.DEEPSPEED, {"scale_wrt_gas": False}), (DistributedType.MULTI_GPU, {}), (DistributedType.NO, {})],
+)
+def test_a_budget_pass_backpropagates_without_sync_or_step(distributed_type, kwargs):
+    """DeepSpeed: no gradient-accumulation rescaling (the loss is already normalised) and no engine step (not the
+    accumulation boundary); DDP: no all-reduce until the step's last pass; then the accelerator is as it was."""
+    accelerator = RecordingAccelerator(distributed_type)
+    model, loss = object(), torch.tensor(2.0)
+    DHPOTrainer._backward_without_sync(SimpleNamespace(accelerator=accelerator), model, loss)
+    assert accelerator.seen == [("no_sync", model), ("backward", loss, kwargs, False), ("synced", model)]
+    assert accelerator.sync_gradients is True
+
+
+def test_a_failed_budget_pass_restores_gradient_sync():
+    accelerator = RecordingAccelerator(DistributedType.DEEPSPEED, fail=True)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        DHPOTrainer._backward_without_sync(SimpleNamespace(accelerator=accelerator), object(), torch.tensor(1.0))
+    assert accelerator.sync_gradients is True
+
+
+# ------------------------------------------------------------------ batching warning
+def micro_batch(rows=2, extra=None):
+    batch = {
+        "prompt_ids": torch.ones(rows, 2, dtype=torch.long), "prompt_mask": torch.ones(rows, 2, dtype=torch.long),
+        "completion_ids": torch.ones(rows, 3, dtype=torch.long),
+        "completion_mask": torch.tensor([[1, 1, 1], [1, 0, 0]] * (rows // 2)),
+        "advantages": torch.zeros(rows),
+    }  # fmt: skip
+    return {**batch, **(extra or {})}
+
+
+def planning_host(dynamic_batching=True, steps=1):
+    logged = []
+    host = SimpleNamespace(
+        args=SimpleNamespace(dynamic_batching=dynamic_batching, gradient_accumulation_steps=steps,
+                             max_tokens_per_micro_batch=None),
+        pad_to_multiple_of=None, _batching_warned=False, _log_padding=logged.append,
+    )  # fmt: skip
+    return host, logged
+
+
+def plan(host, buffered):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        planned = DHPOTrainer._plan_micro_batches(host, buffered)
+    return planned, [str(w.message) for w in caught]
+
+
+def test_dynamic_batching_off_keeps_trl_batches_without_a_warning():
+    host, logged = planning_host(dynamic_batching=False)
+    buffered = [micro_batch(), micro_batch()]
+    planned, messages = plan(host, buffered)
+    assert planned is buffered and messages == [] and logged == [buffered]
+
+
+def test_an_unsupported_batch_warns_once_and_keeps_trl_batches():
+    host, logged = planning_host()
+    buffered = [micro_batch(extra={"pixel_values": torch.zeros(2, 1)})]
+    planned, messages = plan(host, buffered)
+    assert planned is buffered and logged == [buffered]
+    assert messages == ["dynamic_batching keeps TRL's micro-batches for this run: the batch holds multimodal input "
+                        "`pixel_values`."]  # fmt: skip
+    planned, messages = plan(host, buffered)  # the next generation batch: no second warning
+    assert planned is buffered and messages == []
+
+
+def test_a_single_micro_batch_window_is_planned():
+    """One micro-batch per generation batch (no accumulation): it is re-cut to its own widths."""
+    host, logged = planning_host(steps=1)
+    planned, messages = plan(host, [micro_batch()])
+    assert messages == [] and len(planned) == 1
+    assert planned[0]["completion_ids"].shape == (2, 3)  # the long row needs all three columns
+    assert len(logged) == 1 and len(logged[0]) == 1
+
+
+# ------------------------------------------------------------------ model card
+@pytest.fixture(scope="module")
+def card_trainer(tmp_path_factory):
+    tokenizer = build_char_tokenizer()
+    output_dir = tmp_path_factory.mktemp("card")
+    args = DHPOConfig(
+        output_dir=str(output_dir), use_cpu=True, bf16=False, report_to="none", save_strategy="no",
+        per_device_train_batch_size=2, num_generations=2, max_completion_length=4, steps_per_generation=2,
+        algorithm="gmpo", learning_rate=3e-6,
+    )  # fmt: skip
+    return DHPOTrainer(
+        build_tiny_qwen3(tokenizer, hidden_size=32), lambda completions, **kw: [0.0] * len(completions), args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["1+1="] * 2}), processing_class=tokenizer,
+    )  # fmt: skip
+
+
+def test_model_card_records_the_objective_and_its_settings(card_trainer):
+    card_trainer.create_model_card()
+    card = open(os.path.join(card_trainer.args.output_dir, "README.md"), encoding="utf-8").read()
+    section = card[card.index("## DHPO settings") :]
+    assert "objective `algorithm=gmpo`" in section
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    assert rows[:3] == ["| `algorithm` | `gmpo` |", "| `gmpo_epsilon_low` | `0.4` |", "| `gmpo_epsilon_high` | `0.4` |"]
+    assert "| `learning_rate` | `3e-06` |" in rows and "| `steps_per_generation` | `2` |" in rows
+    assert "| `max_completion_length` | `4` |" in rows
+    assert not any("epsilon_low_token" in row for row in rows)  # DHPO's settings are not GMPO's
+    assert card.count("## DHPO settings") == 1
+
+
+def test_every_checkpoint_carries_the_model_card(card_trainer, monkeypatch):
+    output_dir = card_trainer.args.output_dir
+    with open(os.path.join(output_dir, "README.md"), "w", encoding="utf-8") as handle:
+        handle.write("the card\n")
+    checkpoint = os.path.join(output_dir, "checkpoint-7")
+    os.makedirs(checkpoint, exist_ok=True)
+    monkeypatch.setattr(trainer_module.GRPOTrainer, "_save_checkpoint", lambda self, model, trial: None)
+    monkeypatch.setattr(card_trainer.state, "global_step", 7)
+    card_trainer._save_checkpoint(card_trainer.model, trial=None)
+    assert open(os.path.join(checkpoint, "README.md"), encoding="utf-8").read() == "the card\n"
+    os.remove(os.path.join(checkpoint, "README.md"))
+    monkeypatch.setattr(type(card_trainer.args), "should_save", property(lambda self: False))
+    card_trainer._save_checkpoint(card_trainer.model, trial=None)  # not the saving process: nothing copied
+    assert not os.path.exists(os.path.join(checkpoint, "README.md"))
