@@ -261,12 +261,12 @@ def micro_batch(rows=2, extra=None):
     return {**batch, **(extra or {})}
 
 
-def planning_host(dynamic_batching=True, steps=1):
+def planning_host(dynamic_batching=True, steps=1, pad_to_multiple_of=None):
     logged = []
     host = SimpleNamespace(
         args=SimpleNamespace(dynamic_batching=dynamic_batching, gradient_accumulation_steps=steps,
                              max_tokens_per_micro_batch=None),
-        pad_to_multiple_of=None, _batching_warned=False, _log_padding=logged.append,
+        pad_to_multiple_of=pad_to_multiple_of, _batching_warned=False, _log_padding=logged.append,
     )  # fmt: skip
     return host, logged
 
@@ -303,6 +303,40 @@ def test_a_single_micro_batch_window_is_planned():
     assert messages == [] and len(planned) == 1
     assert planned[0]["completion_ids"].shape == (2, 3)  # the long row needs all three columns
     assert len(logged) == 1 and len(logged[0]) == 1
+
+
+@pytest.mark.parametrize("multiple, width", [(None, 3), (2, 4), (8, 5)])
+def test_planned_widths_honour_pad_to_multiple_of(multiple, width):
+    """The longest completion needs 3 of the 5 columns: rounded up to the multiple, never past the batch width."""
+    batch = micro_batch()
+    batch["completion_ids"] = torch.ones(2, 5, dtype=torch.long)
+    batch["completion_mask"] = torch.tensor([[1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
+    host, _ = planning_host(pad_to_multiple_of=multiple)
+    planned, _ = plan(host, [batch])
+    assert planned[0]["completion_ids"].shape == (2, width)
+
+
+class GatheringAccelerator:
+    """accelerate's gather with another process holding `other` rows."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, other):
+        self.other = other
+
+    def gather(self, tensor):
+        return torch.cat([tensor, torch.tensor(self.other, dtype=tensor.dtype)])
+
+
+def test_padding_fraction_counts_every_process_tokens():
+    # Here: prompts 2 x 2 all real, completions 3 + 1 real of 2 x 3: 8 real of 10 forwarded tokens.
+    # The other process: 5 real of 10. Logged: 1 - 13 / 20.
+    host = SimpleNamespace(accelerator=GatheringAccelerator([[5, 10]]), _metrics=metrics())
+    DHPOTrainer._log_padding(host, [micro_batch()])
+    assert host._metrics["train"]["batching/padding_fraction"] == [pytest.approx(0.35)]
+    host = SimpleNamespace(accelerator=GatheringAccelerator([[0, 0]]), _metrics=metrics())
+    DHPOTrainer._log_padding(host, [micro_batch(), micro_batch()])
+    assert host._metrics["train"]["batching/padding_fraction"] == [pytest.approx(0.2)]
 
 
 # ------------------------------------------------------------------ model card
@@ -348,3 +382,14 @@ def test_every_checkpoint_carries_the_model_card(card_trainer, monkeypatch):
     monkeypatch.setattr(type(card_trainer.args), "should_save", property(lambda self: False))
     card_trainer._save_checkpoint(card_trainer.model, trial=None)  # not the saving process: nothing copied
     assert not os.path.exists(os.path.join(checkpoint, "README.md"))
+
+
+def test_evaluation_runs_through_the_trainer(card_trainer):
+    """Eval batches take TRL's path (no re-planning) and log under `eval_`."""
+    card_trainer.eval_dataset = Dataset.from_dict({"prompt": ["2+2=", "3+1="]})
+    card_trainer.args.per_device_eval_batch_size = 2
+    results = card_trainer.evaluate()
+    # equal rewards: zero advantages and loss; eval is on-policy, so every ratio is 1 and nothing clips
+    assert results["eval_loss"] == 0.0 and results["eval_reward"] == 0.0
+    assert results["eval_gmpo/token_ratio/mean"] == 1.0 and results["eval_gmpo/clip_fraction"] == 0.0
+    assert results["eval_entropy"] > 0.0 and 0 < results["eval_completions/mean_length"] <= 4
