@@ -417,6 +417,8 @@ def test_verifier_arguments_errors_and_timeouts_on_the_main_thread(monkeypatch):
     assert math_verify_reward([r"\boxed{9}"], answer=["#### 9"]) == [1.0]
     assert calls == [(r"\frac{1}{2}", "0.5", 2.0), ("3", r"4.5 \times 10^{33}", 0.7), ("9", "9", 2.0)]
     assert score_answer(r"\boxed{3}", None) == 0.0 and len(calls) == 3  # no gold: the verifier is not asked
+    assert score_answer(r"\boxed{ }", "0") == 0.0 and len(calls) == 3  # nor for a blank answer
+    assert score_answer("no box", "0") == 0.0 and len(calls) == 3
 
     def broken(answer, gold, timeout_s):
         raise RuntimeError("parser crashed")
@@ -497,6 +499,8 @@ if mode == "exit-after-ready":
 for line in sys.stdin:
     request = json.loads(line)
     log.write(line); log.flush()
+    if mode == "slow-reply":
+        time.sleep(request["timeout_s"] + 0.3)  # past its deadline, as a worker whose alarm fires at the end
     reply = {"padded": " 1 ", "ten": "10"}.get(mode, "1" if request["answer"] == request["gold"] else "0")
     print(reply, flush=True)
     if mode == "one-reply":
@@ -555,6 +559,16 @@ def test_worker_protocol_and_reuse(fake_worker):
 def test_worker_reply_is_read_stripped(fake_worker, mode, matched):
     make, _ = fake_worker
     assert make(mode).answers_match("1", "2", 1.0) is matched
+
+
+def test_a_reply_just_after_the_deadline_is_still_read(fake_worker):
+    """The worker's own alarm fires at timeout_s and its "0" arrives just after: the caller waits a second more
+    before it kills the worker, instead of restarting it for every slow answer."""
+    make, log = fake_worker
+    worker = make("slow-reply")
+    assert worker.answers_match("1", "1", 0.1) is True
+    assert worker.answers_match("1", "1", 0.1) is True
+    assert log().count("start") == 1
 
 
 def test_a_dead_worker_is_restarted(fake_worker):

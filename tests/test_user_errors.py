@@ -106,6 +106,7 @@ def test_one_line(error, line):
         (["--debug"], [], True),
         (["run.yaml", "--debug"], ["run.yaml"], True),  # last: bare
         (["--debug", "--lr", "1"], ["--lr", "1"], True),  # followed by a flag: bare
+        (["--debug", "-v"], ["-v"], True),  # a short flag too
         (["--debug", "underflow_overflow"], ["--debug", "underflow_overflow"], False),  # transformers' --debug VALUE
         (["--debug", "--debug"], [], True),  # every bare one goes
         (["--debug=1", "--debugging"], ["--debug=1", "--debugging"], False),  # other spellings are not ours
