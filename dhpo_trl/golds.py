@@ -5,12 +5,13 @@ training, `dhpo_trl.evaluation.benchmarks.load_benchmark` for evaluation), and a
 reward (`dhpo_trl.rewards.score_answer`), which is a no-op on a gold that was already normalised. The rules, in order:
 
 1. A list or tuple is one answer with several components (OlympiadBench's `final_answer`): blank entries are
-   dropped and the rest joined with ", ". Numbers become text (27.0 -> "27").
+   dropped and the rest joined with ", ". Numbers become text (27.0 -> "27"; a float from 1e16 on keeps its
+   e-notation, 1e23 -> `1 \times 10^{23}`, as `int(1e23)` is 99999999999999991611392).
 2. A gold in `HAND_FIXES` (keyed by a fingerprint of its text) is replaced by its fix.
 3. GSM8K's format: the text after the last `####` is the answer (thousands commas removed).
 4. `$...$`, `\(...\)`, `\quad`, `\displaystyle` and spacing commands are dropped; so is trailing punctuation.
 5. Python syntax becomes LaTeX: `-1./3` -> `-\frac{1}{3}`, `np.arcsin(10/13)` -> `\arcsin(10/13)`,
-   `\exp{a*t}` -> `e^{a \cdot t}`, `x**2` -> `x^2`.
+   `np.sqrt(2)` -> `\sqrt{2}`, `\exp{a*t}` -> `e^{a \cdot t}`, `x**2` -> `x^2`.
 6. E-notation becomes a power of ten: `4.5e33` -> `4.5 \times 10^{33}`.
 7. Currency signs and thousands separators go: `\$32,\!348` -> `32348`.
 8. A trailing unit in text goes: `864 \mbox{ inches}^2` -> `864`. A trailing unit letter (`6 m`) goes only when
@@ -103,7 +104,8 @@ def _as_text(raw) -> str | None:
         if isinstance(raw, float):
             if not math.isfinite(raw):
                 return None
-            return str(int(raw)) if raw.is_integer() else repr(raw)
+            # 27.0 -> "27"; from 1e16 on, repr's e-notation: str(int(1e23)) is 99999999999999991611392
+            return str(int(raw)) if raw.is_integer() and abs(raw) < 1e16 else repr(raw)
         return str(raw)
     if isinstance(raw, str):
         return raw.strip() or None
@@ -124,6 +126,7 @@ def _python_to_latex(text: str) -> str:
     text = re.sub(
         r"\b(?:np|numpy|math)\.(arcsin|arccos|arctan|sinh|cosh|tanh|sin|cos|tan|exp|log|sqrt|pi)\b", r"\\\1", text
     )
+    text = re.sub(r"\\sqrt\(([^()]*)\)", r"\\sqrt{\1}", text)  # np.sqrt(2) -> \sqrt{2}: \sqrt(2) does not parse
     text = re.sub(r"(?<![\d.])(\d+)\.(?![\d])", r"\1", text)  # 1./3 -> 1/3
     text = re.sub(r"\\exp\{([^{}]*)\}", r"e^{\1}", text)
     text = text.replace("**", "^").replace("*", " \\cdot ")

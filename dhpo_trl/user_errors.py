@@ -66,7 +66,7 @@ def pop_debug_flag(argv: list[str]) -> tuple[list[str], bool]:
 
 def positive_int(text: str) -> int:
     """argparse `type=` for counts: a bad value is argparse's own one-line error, naming the flag."""
-    if not text.strip().isdigit() or int(text) < 1:
+    if not text.strip().isdecimal() or int(text) < 1:  # isdecimal: "²" is a digit that int() refuses
         raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
     return int(text)
 
@@ -79,7 +79,8 @@ def make_folder(path, flag: str) -> None:
         raise ValueError(f"{flag}: cannot create the folder {path} ({one_line(error)}).") from error
 
 
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+# Used with fullmatch ("$" would accept a trailing "\n"); ASCII, as the Hub's own check (\w would take "ä").
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?", re.ASCII)
 
 
 def check_model_path(model: str, *, label: str = "Model path") -> str:
@@ -95,8 +96,10 @@ def check_model_path(model: str, *, label: str = "Model path") -> str:
                 f"{label} {path} has no config.json: pass a saved model or checkpoint directory, or a Hub model id."
             )
         return "local"
+    if model != model.strip():  # "Qwen/Qwen3\n" from a config file or a shell variable
+        raise ValueError(f"{label} {model!r} has leading or trailing whitespace: pass {model.strip()!r}.")
     parts = Path(model).parts
     meant_local = model.startswith((".", "/", "~")) or (len(parts) > 1 and Path(parts[0]).is_dir())
-    if meant_local or not _HUB_ID.match(model) or model.count("/") > 1:
+    if meant_local or not _HUB_ID.fullmatch(model) or model.count("/") > 1:
         raise ValueError(f"{label} {model} does not exist. Pass an existing directory or a Hub model id.")
     return "hub"

@@ -259,3 +259,246 @@ def test_presets_cover_seven_rows_and_accept_overrides(tmp_path):
     assert (config.mixing, config.token_weight) == ("averaged", 0.8)
     with pytest.raises(ValueError, match="DAPO"):
         config_for("DAPO", output_dir=str(tmp_path), **CPU)
+
+
+# ------------------------------------------------------------------ every message, word for word
+MESSAGES = [
+    (dict(algorithm="ppo"),
+     "DHPOConfig.algorithm='ppo' is not supported: use one of ['dhpo', 'gmpo', 'grpo', 'gspo', 'cispo']."),
+    (dict(mixing="geometric"), "DHPOConfig.mixing='geometric' is not supported: use one of ['averaged', 'entropy']."),
+    (dict(clipping="none"), "DHPOConfig.clipping='none' is not supported: use one of ['branch', 'unified']."),
+    (dict(entropy_norm_scope="token"),
+     "DHPOConfig.entropy_norm_scope='token' is not supported: use one of ['batch', 'sequence', 'global']."),
+    (dict(importance_sampling_level="tokens"),
+     "DHPOConfig.importance_sampling_level='tokens' is not supported: use one of ['token', 'sequence']."),
+    (dict(token_weight="0.5"), "DHPOConfig.token_weight='0.5' must be a number (str given)."),
+    (dict(token_weight=None), "DHPOConfig.token_weight=None must be a number (NoneType given)."),
+    (dict(epsilon_low_seq=float("inf")), "DHPOConfig.epsilon_low_seq=inf must be a number (float given)."),
+    (dict(delta="3"), "DHPOConfig.delta='3' must be a number (str given) or None."),
+    (dict(algorithm="grpo", epsilon_high=True), "DHPOConfig.epsilon_high=True must be a number (bool given) or None."),
+    (dict(loss_type="sapo"),
+     ("DHPOConfig.loss_type='sapo' is not an aggregation DHPOTrainer applies: use one of ['grpo', 'bnpo', 'dr_grpo', "
+     "'dapo'] ('grpo' is the paper's per-response mean, eq. 7). The objective is chosen by `algorithm` (CISPO: "
+     "algorithm='cispo').")),
+    (dict(algorithm="gmpo", loss_type="dapo"),
+     ("DHPOConfig.loss_type='dapo' with algorithm='gmpo': GMPO's objective is a mean over sequences (VERL's geo_mean, "
+     "whatever its aggregation mode); a token-weighted aggregation would weight each sequence by its length. Use "
+     "loss_type='grpo'.")),
+    (dict(epsilon_high_token=-0.1), "DHPOConfig.epsilon_high_token=-0.1 is negative: clip epsilons must be >= 0."),
+    (dict(algorithm="gmpo", gmpo_epsilon_low=-1),
+     "DHPOConfig.gmpo_epsilon_low=-1 is negative: clip epsilons must be >= 0."),
+    (dict(algorithm="grpo", epsilon_high=-0.1), "DHPOConfig.epsilon_high=-0.1 is negative: clip epsilons must be >= 0."),
+    (dict(mixing="averaged", token_weight=1.5),
+     ("DHPOConfig.token_weight=1.5 is outside [0, 1]: it is the weight w of the token ratio in m = w r + (1 - w) s "
+     "(1.0 = GRPO's ratio, 0.0 = GSPO's).")),
+    (dict(epsilon_low_token=1.0),
+     ("DHPOConfig.epsilon_low_token=1.0 puts the lower clip 1 - epsilon_low_token at or below 0, which removes it: use "
+     "a value below 1.")),
+    (dict(algorithm="gspo", epsilon=2),
+     "DHPOConfig.epsilon=2 puts the lower clip 1 - epsilon at or below 0, which removes it: use a value below 1."),
+    (dict(delta=1.0),
+     ("DHPOConfig.delta=1.0 must be > 1: it caps the ratio of A < 0 tokens (the dual clip; VERL's clip_ratio_c, "
+     "default 3).")),
+    (dict(algorithm="cispo", epsilon_high=0.0),
+     ("DHPOConfig.epsilon_high=0.0 with algorithm='cispo' is the cap of the importance weight and must be > 0 (the "
+     "paper: 1.2).")),
+    (dict(dynamic_batching=1), "DHPOConfig.dynamic_batching=1 must be True or False."),
+    (dict(max_tokens_per_micro_batch=0),
+     "DHPOConfig.max_tokens_per_micro_batch=0 must be a positive integer or None."),
+    (dict(max_tokens_per_micro_batch=True),
+     "DHPOConfig.max_tokens_per_micro_batch=True must be a positive integer or None."),
+    (dict(max_tokens_per_micro_batch=512.0),
+     "DHPOConfig.max_tokens_per_micro_batch=512.0 must be a positive integer or None."),
+    (dict(dynamic_batching=False, max_tokens_per_micro_batch=5),
+     ("DHPOConfig.max_tokens_per_micro_batch=5 acts only with dynamic_batching=True: set dynamic_batching=True, or "
+     "drop max_tokens_per_micro_batch.")),
+    (dict(loss_type="bnpo"),
+     ("DHPOConfig.loss_type='bnpo' normalises by the tokens of each micro-batch, which dynamic_batching regroups: use "
+     "loss_type='dapo' (token mean over the whole accumulation window, all processes), or dynamic_batching=False for "
+     "TRL's per-micro-batch bnpo.")),
+    (dict(gradient_accumulation_steps=2, steps_per_generation=3),
+     ("DHPOConfig.dynamic_batching regroups sequences within each optimizer step's accumulation window, so "
+     "steps_per_generation (3) must be a multiple of gradient_accumulation_steps (2): change one of them, or set "
+     "dynamic_batching=False.")),
+    (dict(algorithm="grpo", token_weight=0.7),
+     ("DHPOConfig.token_weight=0.7 has no effect with algorithm='grpo': it acts with algorithm='dhpo' with "
+     "mixing='averaged'. Leave it at its default (0.5).")),
+    (dict(clipping="unified", epsilon_low_seq=0.1),
+     ("DHPOConfig.epsilon_low_seq=0.1 has no effect with algorithm='dhpo', mixing='entropy', clipping='unified': it "
+     "acts with algorithm='dhpo' with clipping='branch'. Leave it at its default (0.2).")),
+    (dict(algorithm="cispo", delta=3.0),
+     ("DHPOConfig.delta=3.0 has no effect with algorithm='cispo': it acts with algorithm='grpo', 'gspo' or 'dhpo'. "
+     "Leave it at its default (None).")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("settings", "message"), MESSAGES, ids=[f"message{i}" for i in range(len(MESSAGES))])
+def test_every_refusal_message(tmp_path, settings, message):
+    with pytest.raises(ValueError) as error:
+        make_config(tmp_path, **settings)
+    assert str(error.value) == message
+
+
+ACCEPTED_AT_THE_LIMIT = [
+    dict(epsilon_low_token=0.0, epsilon_high_token=0.0, epsilon_low_seq=0.0, epsilon_high_seq=0.0),  # epsilon 0
+    dict(epsilon_low_token=0.999, epsilon_low_seq=0.999),  # just below 1: a lower clip at 0.001 remains
+    dict(mixing="averaged", token_weight=0),  # w = 0: GSPO's ratio
+    dict(mixing="averaged", token_weight=1.0),  # w = 1: GRPO's ratio
+    dict(delta=1.000001),
+    dict(algorithm="grpo", epsilon=0.0, epsilon_high=0.0, delta=3),
+    dict(algorithm="gmpo", gmpo_epsilon_low=0.0, gmpo_epsilon_high=0.0),
+    dict(algorithm="cispo", epsilon_high=1e-9),
+    dict(max_tokens_per_micro_batch=1),
+    dict(dynamic_batching=False, loss_type="bnpo", gradient_accumulation_steps=2, steps_per_generation=3),
+]
+REFUSED_PAST_THE_LIMIT = [
+    (dict(epsilon_low_token=-1e-9), "epsilon_low_token=-1e-09 is negative"),
+    (dict(epsilon_low_seq=1.0), "epsilon_low_seq=1.0 puts the lower clip"),
+    (dict(mixing="averaged", token_weight=-1e-9), "token_weight=-1e-09 is outside [0, 1]"),
+    (dict(mixing="averaged", token_weight=1.000001), "token_weight=1.000001 is outside [0, 1]"),
+    (dict(delta=1), "delta=1 must be > 1"),
+    (dict(algorithm="grpo", epsilon=1.0), "epsilon=1.0 puts the lower clip"),
+    (dict(algorithm="cispo", epsilon_high=0), "epsilon_high=0 with algorithm='cispo'"),
+    (dict(max_tokens_per_micro_batch=0), "max_tokens_per_micro_batch=0 must be"),
+    (dict(max_tokens_per_micro_batch=-5), "max_tokens_per_micro_batch=-5 must be"),
+]
+
+
+@pytest.mark.parametrize(
+    "settings", ACCEPTED_AT_THE_LIMIT, ids=[f"limit{i}" for i in range(len(ACCEPTED_AT_THE_LIMIT))]
+)
+def test_values_exactly_at_a_limit_are_accepted(tmp_path, settings):
+    config = make_config(tmp_path, **settings)
+    assert {name: getattr(config, name) for name in settings} == settings
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"), REFUSED_PAST_THE_LIMIT, ids=[f"past{i}" for i in range(len(REFUSED_PAST_THE_LIMIT))]
+)
+def test_values_just_past_a_limit_are_refused(tmp_path, settings, message):
+    with pytest.raises(ValueError) as error:
+        make_config(tmp_path, **settings)
+    assert str(error.value).startswith(f"DHPOConfig.{message}")
+
+
+def test_validate_checks_the_batching_again(tmp_path):
+    config = make_config(tmp_path)
+    config.loss_type = "bnpo"
+    with pytest.raises(ValueError, match=r"^DHPOConfig\.loss_type='bnpo' normalises by the tokens"):
+        config.validate()
+    config = make_config(tmp_path)
+    config.max_tokens_per_micro_batch = 0
+    with pytest.raises(ValueError, match=r"^DHPOConfig\.max_tokens_per_micro_batch=0 must be"):
+        config.validate()
+    config = make_config(tmp_path)
+    config.algorithm = "gspo"  # what the algorithm implies is applied again
+    config.validate()
+    assert config.importance_sampling_level == "sequence"
+
+
+def test_on_policy_warning_text_and_where_it_points(tmp_path):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        DHPOConfig(output_dir=str(tmp_path), **CPU, gradient_accumulation_steps=2, steps_per_generation=2)
+    (warning,) = [w for w in caught if issubclass(w.category, UserWarning)]
+    assert warning.filename == __file__  # the line that built the config, not a line inside dhpo_trl
+    assert str(warning.message) == (
+        "DHPOConfig: algorithm='dhpo' runs on-policy (gradient_accumulation_steps=2 is a multiple of "
+        "steps_per_generation=2 x num_iterations=1): every batch is used once by the policy that generated it, every "
+        "ratio is 1 and the update is exactly GRPO's. Set steps_per_generation to k x gradient_accumulation_steps with "
+        "k >= 2 (the paper: 2) or num_iterations > 1. vLLM alone does not change this: TRL recomputes pi_old with the "
+        "training model."
+    )
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "gspo", "cispo"])
+def test_baselines_do_not_warn_on_policy(tmp_path, algorithm):
+    on_policy = dict(gradient_accumulation_steps=1, steps_per_generation=1)
+    assert warnings_of(lambda: DHPOConfig(output_dir=str(tmp_path), algorithm=algorithm, **CPU, **on_policy)) == []
+
+
+# ------------------------------------------------------------------ presets, written out
+def test_preset_table_as_written_in_the_paper():
+    assert PAPER_ALGORITHMS == {
+        "GRPO": {"algorithm": "grpo", "epsilon": 0.2, "epsilon_high": 0.2, "delta": 3.0},
+        "GSPO": {"algorithm": "gspo", "epsilon": 0.0003, "epsilon_high": 0.0004},
+        "GMPO": {"algorithm": "gmpo", "gmpo_epsilon_low": 0.4, "gmpo_epsilon_high": 0.4},
+        "CISPO": {"algorithm": "cispo", "epsilon_high": 1.2},
+        "DHPO-A": {
+            "algorithm": "dhpo", "mixing": "averaged", "token_weight": 0.5, "clipping": "branch",
+            "epsilon_low_token": 0.2, "epsilon_high_token": 0.28, "epsilon_low_seq": 0.2, "epsilon_high_seq": 0.28,
+        },
+        "DHPO-E": {
+            "algorithm": "dhpo", "mixing": "entropy", "clipping": "branch",
+            "epsilon_low_token": 0.2, "epsilon_high_token": 0.28, "epsilon_low_seq": 0.2, "epsilon_high_seq": 0.28,
+        },
+        "DHPO-E-unified": {
+            "algorithm": "dhpo", "mixing": "entropy", "clipping": "unified",
+            "epsilon_low_token": 0.2, "epsilon_high_token": 0.28,
+        },
+    }  # fmt: skip
+
+
+def test_config_for_overrides_without_editing_the_table(tmp_path):
+    config = config_for("GRPO", output_dir=str(tmp_path), delta=2.0, epsilon_high=0.3, **OFF_POLICY, **CPU)
+    assert (config.algorithm, config.epsilon, config.epsilon_high, config.delta) == ("grpo", 0.2, 0.3, 2.0)
+    assert PAPER_ALGORITHMS["GRPO"] == {"algorithm": "grpo", "epsilon": 0.2, "epsilon_high": 0.2, "delta": 3.0}
+    with pytest.raises(ValueError) as error:
+        config_for("grpo", output_dir=str(tmp_path))  # the row names, not the algorithm names
+    assert str(error.value) == (
+        "Unknown algorithm 'grpo': choose one of ['GRPO', 'GSPO', 'GMPO', 'CISPO', 'DHPO-A', 'DHPO-E', "
+        "'DHPO-E-unified']."
+    )
+
+
+# ------------------------------------------------------------------ no knob is a silent no-op
+def _loss_and_gradient(config):
+    """The objective's per-token loss and its gradient on a fixed batch whose ratios lie on both sides of every
+    clip: row 0 has A > 0, rows 1 and 2 A < 0 (row 2 with ratios far above 1, where a dual clip acts)."""
+    import torch
+
+    log_ratio = torch.tensor([[0.5, -0.5, 0.1, 0.3], [-0.5, 0.4, -0.1, -0.6], [0.8, 0.6, 1.0, 0.2]])
+    per_token_logps = (log_ratio - 1.0).requires_grad_(True)
+    old = torch.full_like(log_ratio, -1.0)
+    advantages = torch.tensor([1.0, -1.0, -1.0])
+    mask = torch.ones_like(log_ratio)
+    entropies = torch.tensor([[0.1, 2.0, 0.5, 1.0], [1.5, 0.2, 0.9, 0.3], [0.4, 1.2, 0.05, 2.5]])
+    objective = OBJECTIVES[config.algorithm]
+    loss, _, _ = objective.compute(per_token_logps, old, advantages, mask, entropies, config, None)
+    (gradient,) = torch.autograd.grad(loss.sum(), per_token_logps)
+    return torch.cat([loss.detach().flatten(), gradient.flatten()])
+
+
+# (preset row, knob, a value other than the row's): each changes the loss or its gradient
+KNOBS = [
+    ("DHPO-E", "mixing", "averaged"),
+    ("DHPO-E", "clipping", "unified"),
+    ("DHPO-E", "epsilon_low_token", 0.05),
+    ("DHPO-E", "epsilon_high_token", 0.05),
+    ("DHPO-E", "epsilon_low_seq", 0.01),
+    ("DHPO-E", "epsilon_high_seq", 0.01),
+    ("DHPO-E", "entropy_norm_scope", "sequence"),  # "global" differs from "batch" across processes only
+    ("DHPO-E", "delta", 1.5),
+    ("DHPO-A", "token_weight", 0.9),
+    ("DHPO-E-unified", "epsilon_low_token", 0.05),
+    ("DHPO-E-unified", "epsilon_high_token", 0.05),
+    ("GRPO", "epsilon", 0.05),
+    ("GRPO", "epsilon_high", 0.05),
+    ("GRPO", "delta", 1.5),
+    ("GSPO", "epsilon", 0.5),
+    ("GSPO", "epsilon_high", 0.5),
+    ("GSPO", "delta", 1.2),
+    ("GMPO", "gmpo_epsilon_low", 0.05),
+    ("GMPO", "gmpo_epsilon_high", 0.05),
+    ("CISPO", "epsilon_high", 1.05),
+]
+
+
+@pytest.mark.parametrize(("row", "knob", "value"), KNOBS, ids=[f"{row}-{knob}" for row, knob, _ in KNOBS])
+def test_every_objective_knob_changes_the_update(tmp_path, row, knob, value):
+    import torch
+
+    base = config_for(row, output_dir=str(tmp_path), **OFF_POLICY, **CPU)
+    changed = config_for(row, output_dir=str(tmp_path), **{knob: value}, **OFF_POLICY, **CPU)
+    assert getattr(changed, knob) == value != getattr(base, knob)
+    assert not torch.allclose(_loss_and_gradient(base), _loss_and_gradient(changed))

@@ -83,3 +83,166 @@ def test_unreadable_golds_are_reported():
     listed = unreadable_golds([normalise_gold(prose), "3", normalise_gold(r"\frac{1}{2}")])
     assert listed == [normalise_gold(prose)]
     assert golds.unreadable_golds([]) == []
+
+
+# (raw gold, normalised) per rule, without a question; ids are printable ASCII (see IDS above).
+RULES = [
+    ("gsm8k", "#### 72", "72"),
+    ("gsm8k-solution", "Natalia sold 48/2 = 24 clips in May.\n#### 72", "72"),
+    ("gsm8k-last-of-several", "a #### 1 #### 2", "2"),
+    ("gsm8k-thousands", "#### 1,234,567", "1234567"),
+    ("gsm8k-decimal", "#### 1,000.5", "1000.5"),
+    ("gsm8k-math", "#### $-3$", "-3"),
+    ("gsm8k-empty", "####", None),
+    ("gsm8k-nothing-after", "72 ####", None),
+    ("e-notation", "4.5e33", r"4.5 \times 10^{33}"),
+    ("e-notation-negative", "1e-5", r"1 \times 10^{-5}"),
+    ("e-notation-plus-zeros", "2E+05", r"2 \times 10^{5}"),
+    ("e-notation-decimal", "3.0e-07", r"3.0 \times 10^{-7}"),
+    ("e-notation-not-a-number", "1.5e10x", "1.5e10x"),
+    ("python-sqrt", "np.sqrt(2)", r"\sqrt{2}"),
+    ("python-sqrt-expression", "math.sqrt(x**2+1)", r"\sqrt{x^2+1}"),
+    ("python-log", "numpy.log(2)", r"\log(2)"),
+    ("python-product", "2*3", r"2 \cdot 3"),
+    ("python-float", "-1./3", r"-\frac{1}{3}"),
+    ("python-trailing-point", "3.", "3"),
+    ("python-exp", r"\exp{a*t}", r"e^{a \cdot t}"),
+    ("delimiters-quad", r"\quad 5 \quad", "5"),
+    ("delimiters-parens", r"\(3\)", "3"),
+    ("delimiters-displaystyle", r"$\displaystyle \frac12$", r"\frac12"),
+    ("delimiters-semicolon", "5;", "5"),
+    ("delimiters-full-stop", r"$\frac{1}{2}$.", r"\frac{1}{2}"),
+    ("delimiters-list", "$69$,$84$", "69, 84"),
+    ("currency", r"\$32,\!348", "32348"),
+    ("thousands-decimal", "$1,000.50$", "1000.50"),
+    ("thousands-negative", "-12,345", "-12345"),
+    ("not-thousands", "12,34", "12,34"),
+    ("unit-mbox", r"864 \mbox{ inches}^2", "864"),
+    ("unit-text", r"5 \text{ cm}", "5"),
+    ("unit-alone", r"\text{cm}", r"\text{cm}"),
+    ("in-set", r"x \in (0,1)", "(0,1)"),
+    ("in-set-of-a-number", r"3 \in S", r"3 \in S"),
+    ("equation-kept", "y = 2x + 3", "y = 2x + 3"),
+    ("choice-parens", "(A)", r"\text{(A)}"),
+    ("choice-mathrm", r"\mathrm{(D)}", r"\text{(D)}"),
+    ("choice-bare-letter", "C", "C"),
+    ("base-parens", "(52)_8", "52_{8}"),
+    ("base-hex", "1A_{16}", "1A_{16}"),
+    ("base-bad-digit", "19_2", "19_2"),
+    ("base-one", "12_1", "12_1"),
+    ("base-37", "12_{37}", "12_{37}"),
+    ("base-2", "10_2", "10_{2}"),
+    ("base-36", "Z_36", "Z_{36}"),
+]
+
+
+@pytest.mark.parametrize(("raw", "expected"), [row[1:] for row in RULES], ids=[row[0] for row in RULES])
+def test_rules_without_a_question(raw, expected):
+    assert normalise_gold(raw) == expected
+
+
+# (gold, question, normalised): decisions that need the question
+WITH_QUESTION = [
+    ("choice-letter", "C", "Pick one: (A) 1 (B) 2 (C) 3", r"\text{(C)}"),
+    ("choice-one-option", "C", "Is it (C)?", "C"),
+    ("choice-letter-F", "F", "Pick one: (A) 1 (B) 2", "F"),
+    ("assignment-list", "k = 3, 4", "Find k.", "3, 4"),
+    ("assignment-functions", "f(n)=n, g(n)=1", "Find f and g.", "n, 1"),
+    ("assignment-first", "x = 1, y", "Find x.", "1, y"),
+    ("assignment-angle", r"\angle ABC = 30", "Find the angle.", "30"),
+    ("assignment-subscript", r"m_{\max} = 4", "Find the largest m.", "4"),
+    ("asks-an-equation", "x=1, y=2", "Find the equation of the line.", "x=1, y=2"),
+    ("asks-a-relation", "y = 2x", "What is the relationship between x and y?", "y = 2x"),
+    ("asks-in-the-form", "y = 2x + 3", "Write it in the form y = mx + b.", "y = 2x + 3"),
+    ("unit-letter", "7 m", r"A rope is $3 \mathrm{~m}$ long. How long is the other?", "7"),
+    ("unit-letter-is-a-variable", "7 m", "Express it in terms of $m$.", "7 m"),
+    ("unit-letter-unknown-unit", "7 q", "A rope is 3 q long.", "7 q"),
+]
+
+
+@pytest.mark.parametrize(
+    ("raw", "question", "expected"), [row[1:] for row in WITH_QUESTION], ids=[row[0] for row in WITH_QUESTION]
+)
+def test_rules_that_read_the_question(raw, question, expected):
+    assert normalise_gold(raw, question=question) == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "unit", "expected"),
+    [
+        ("50", "%", r"50\%"),
+        ("50.5", r" \% ", r"50.5\%"),
+        ("-2", "%", r"-2\%"),
+        ("1/2", "%", "1/2"),  # only a plain number takes the sign
+        ("x", "%", "x"),
+        ("50", "cm", "50"),
+        ("50", None, "50"),
+        ("50", "", "50"),
+    ],
+    ids=["int", "latex-percent", "negative", "fraction", "letter", "other-unit", "no-unit", "empty-unit"],
+)
+def test_percentage_unit(raw, unit, expected):
+    assert normalise_gold(raw, unit=unit) == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (1.5e-07, r"1.5 \times 10^{-7}"),
+        (9e15, "9000000000000000"),  # below 1e16: the exact integer
+        (1e16, r"1 \times 10^{16}"),  # from 1e16 on: the float's own e-notation
+        (1e23, r"1 \times 10^{23}"),  # not str(int(1e23)) = 99999999999999991611392
+        (-1e20, r"-1 \times 10^{20}"),
+        (123456789012345678.0, r"1.2345678901234568 \times 10^{17}"),
+        (-0.0, "0"),
+        (10**30, "1000000000000000000000000000000"),  # an int is exact at any size
+        ([1.0, 2.5], "1, 2.5"),
+        ([["1", "2"], "3"], "1, 2, 3"),  # nested lists flatten
+        ([" ", "\t"], None),
+        (("a",), "a"),
+        ([None, 0], "0"),  # 0 is an answer, None is not
+        ([False, 1], "1"),  # a bool is not a number
+    ],
+    ids=[f"number-or-list{i}" for i in range(14)],
+)
+def test_numbers_in_scientific_notation_and_nested_lists(raw, expected):
+    assert normalise_gold(raw) == expected
+
+
+def test_huge_float_golds_score_the_value_they_hold():
+    from dhpo_trl.rewards import score_answer
+
+    assert score_answer(r"\boxed{10^{23}}", 1e23) == 1.0
+    assert score_answer(r"\boxed{100000000000000000000000}", 1e23) == 1.0
+    assert score_answer(r"\boxed{123456789012345678}", 123456789012345678.0) == 1.0
+    assert score_answer(r"\boxed{2 \times 10^{23}}", 1e23) == 0.0
+
+
+def test_python_sqrt_gold_scores():
+    from dhpo_trl.rewards import score_answer
+
+    assert score_answer(r"\boxed{\sqrt{2}}", "np.sqrt(2)") == 1.0
+    assert score_answer(r"\boxed{\frac{\sqrt{2}}{2}}", "np.sqrt(2)/2") == 1.0
+    assert score_answer(r"\boxed{\sqrt{3}}", "np.sqrt(2)") == 0.0
+
+
+def test_fingerprint_is_sha256_of_the_stripped_text():
+    assert fingerprint("abc") == "ba7816bf8f01cfea"  # SHA-256("abc") = ba7816bf8f01cfea414140de...
+    assert fingerprint("  abc\n") == "ba7816bf8f01cfea"
+    assert fingerprint("") == "e3b0c44298fc1c14"
+
+
+@pytest.mark.parametrize(
+    ("text", "separator", "parts"),
+    [
+        ("a, (b, c), \\{d, e\\}, f", ",", ["a", "(b, c)", "\\{d, e\\}", "f"]),
+        ("[1,2),(3,4]", ",", ["[1,2)", "(3,4]"]),
+        ("a\\,b", ",", ["a\\,b"]),  # LaTeX spacing, not a separator
+        (",a,", ",", ["", "a", ""]),
+        ("a;b, c", ";", ["a", "b, c"]),
+        ("", ",", [""]),
+    ],
+    ids=["brackets", "intervals", "spacing", "empty-parts", "semicolon", "empty"],
+)
+def test_split_top_level(text, separator, parts):
+    assert golds.split_top_level(text, separator) == parts

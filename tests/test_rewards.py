@@ -8,6 +8,7 @@ import pytest
 
 from dhpo_trl.rewards import (
     DEFAULT_TIMEOUT_S,
+    completion_text,
     extract_answer,
     extract_boxed_answer,
     gold_text,
@@ -285,3 +286,317 @@ def test_deadline_survives_a_swallowed_alarm(monkeypatch):
     start = time.perf_counter()
     assert core.answers_match_with_deadline("1", "1", timeout_s=0.2) is False
     assert time.perf_counter() - start < 1.0
+
+
+# ------------------------------------------------------------------ extraction boundaries and forms
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (r"\boxed{" + "1" * 1000 + "}", "1" * 1000),  # MAX_ANSWER_CHARS exactly: read
+        (r"\boxed{" + "1" * 1001 + "}", None),  # one past: not parsed
+        (r"\boxed " + "1" * 1000, "1" * 1000),
+        (r"\boxed " + "1" * 1001, None),
+        ("\\boxed" + " " * 8 + "{3}", "3"),  # spacing before the brace
+        ("\\boxed\t{3}", "3"),
+        (r"\boxed{a\\}", r"a\\"),  # \\ is an escaped backslash: the brace after it closes
+        (r"\boxed{\}}", r"\}"),
+        (r"\boxed{\{}", r"\{"),
+        (r"\boxed{}", ""),
+        (r"\boxed{a}{b}", "a"),
+        (r"\fbox{1} then \boxed{2}", "2"),  # whichever command comes last
+        (r"\boxed{1} then \fbox{2}", "2"),
+        (r"\boxed{\fbox{3}}", "3"),
+        (r"\boxed 7 and more", "7"),
+        (r"\boxed $", None),
+        (r"\boxed", None),
+        (r"\boxed{1} and \boxed", None),  # the last box has no answer: no earlier one instead
+    ],
+    ids=[f"box{i}" for i in range(18)],
+)
+def test_extract_boxed_answer_bounds_and_forms(text, expected):
+    assert extract_boxed_answer(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("completion", "text"),
+    [
+        ("plain", "plain"),
+        ({"content": "one message"}, "one message"),
+        ([{"role": "assistant", "content": "a"}, {"role": "assistant", "content": "b"}], "a\nb"),
+        ([{"role": "user", "content": "q"}, {"content": "a"}, {"role": "system", "content": "s"}], "a"),
+        ([{"role": "assistant", "content": None}], ""),
+        ([{"role": "assistant"}], ""),
+        (["not a message", {"content": "kept"}], "kept"),
+        (({"content": "a tuple"},), "a tuple"),
+        (
+            [{"content": [{"type": "text", "text": "a"}, {"type": "image"}, "s", {"text": 5}, {"text": "b"}]}],
+            "a\nb",
+        ),
+        ([], ""),
+        (None, None),
+        (42, None),
+    ],
+    ids=[f"completion{i}" for i in range(12)],
+)
+def test_completion_text(completion, text):
+    assert completion_text(completion) == text
+
+
+def test_last_number_fallback_reads_the_last_ten_thousand_characters():
+    assert extract_answer("12 " + "x" * 9997, "last_number") == "12"  # 10,000 characters: all read
+    assert extract_answer("12 " + "x" * 9998, "last_number") == "2"  # 10,001: the first one is not
+    assert extract_answer("a -3.5 b", "last_number") == "-3.5"
+    assert extract_answer(r"a 3 \fbox{", "last_number") is None
+    assert extract_answer(None, "last_number") is None
+    with pytest.raises(ValueError) as error:
+        extract_answer("7", "first_number")
+    assert str(error.value) == "fallback must be one of ('none', 'last_number'), got 'first_number'."
+
+
+def test_gold_text_bounds():
+    assert gold_text("1" * 1000) == "1" * 1000
+    assert gold_text("1" * 1001) is None  # an answer, not a derivation
+    assert gold_text(["1", ["2", ""]]) == "1, 2"  # unhashable components: normalised without the cache
+    assert gold_text([{"a": 1}]) is None
+    assert gold_text(r"\fbox{7}") == "7"
+    assert gold_text(" ") is None
+
+
+# ------------------------------------------------------------------ equal values in other forms, near misses
+@pytest.mark.parametrize(
+    ("completion", "truth", "reward"),
+    [
+        (r"\boxed{\dfrac{1}{2}}", "0.5", 1.0),
+        (r"\boxed{\tfrac{1}{2}}", "1/2", 1.0),
+        (r"\boxed{\frac{1}{2}}", "0.50", 1.0),
+        (r"\boxed{\left(\frac{1}{2}\right)}", "0.5", 1.0),
+        (r"\boxed{{{7}}}", "7", 1.0),  # nested braces
+        (r"\boxed{1,000}", "1000", 1.0),
+        (r"\boxed{1000}", "1,000", 1.0),
+        (r"\boxed{1{,}000}", "1000", 1.0),
+        (r"\boxed{1000}", "1000.0", 1.0),
+        (r"\boxed{10^3}", "1000", 1.0),
+        (r"\boxed{[1, 2)}", "[1,2)", 1.0),  # intervals
+        (r"\boxed{(1, 2]}", "[1,2)", 0.0),
+        (r"\boxed{[0,1]}", "(0,1)", 0.0),
+        (r"\boxed{x \in [0,1]}", "[0,1]", 1.0),
+        (r"\boxed{(0, \infty)}", r"(0,\infty)", 1.0),
+        (r"\boxed{1, 2, 3}", "3, 2, 1", 1.0),  # an unordered collection
+        (r"\boxed{(1,2,3)}", "(1,2,3)", 1.0),  # a tuple is ordered
+        (r"\boxed{(1,2,3)}", "(1,3,2)", 0.0),
+        (r"\boxed{(1,2)}", "(2,1)", 0.0),
+        (r"\boxed{-5}", "5", 0.0),
+        (r"\boxed{0.5}", "1/3", 0.0),
+        (r"\boxed{ }", "0", 0.0),  # a blank answer
+        ("", "0", 0.0),
+        ([], "0", 0.0),
+        ({"content": r"\boxed{6}"}, "6", 1.0),
+        ([{"role": "assistant", "content": None}], "6", 0.0),
+    ],
+    ids=[f"form{i}" for i in range(26)],
+)
+def test_equal_values_in_other_forms_and_near_misses(completion, truth, reward):
+    score = score_answer(completion, truth)
+    assert type(score) is float and score == reward
+
+
+# ------------------------------------------------------------------ the verifier is called with what and how long
+def test_verifier_arguments_errors_and_timeouts_on_the_main_thread(monkeypatch):
+    from dhpo_trl import rewards
+
+    calls = []
+
+    def verifier(answer, gold, timeout_s):
+        calls.append((answer, gold, timeout_s))
+        return True
+
+    monkeypatch.setattr(rewards._math_verify_core, "answers_match_with_deadline", verifier)
+    assert DEFAULT_TIMEOUT_S == 2.0
+    assert score_answer(r"so \boxed{\frac{1}{2}}.", "$0.5$.") == 1.0
+    assert score_answer(r"\boxed{3}", "4.5e33", timeout_s=0.7) == 1.0
+    assert math_verify_reward([r"\boxed{9}"], answer=["#### 9"]) == [1.0]
+    assert calls == [(r"\frac{1}{2}", "0.5", 2.0), ("3", r"4.5 \times 10^{33}", 0.7), ("9", "9", 2.0)]
+    assert score_answer(r"\boxed{3}", None) == 0.0 and len(calls) == 3  # no gold: the verifier is not asked
+    assert score_answer(r"\boxed{ }", "0") == 0.0 and len(calls) == 3  # nor for a blank answer
+    assert score_answer("no box", "0") == 0.0 and len(calls) == 3
+
+    def broken(answer, gold, timeout_s):
+        raise RuntimeError("parser crashed")
+
+    monkeypatch.setattr(rewards._math_verify_core, "answers_match_with_deadline", broken)
+    assert score_answer(r"\boxed{3}", "3") == 0.0  # a crash scores 0 instead of taking the step down
+    assert math_verify_reward([r"\boxed{3}", r"\boxed{4}"], answer=["3", "4"]) == [0.0, 0.0]
+    monkeypatch.setattr(rewards._math_verify_core, "answers_match_with_deadline", lambda a, g, t: False)
+    assert score_answer(r"\boxed{3}", "3") == 0.0  # a deadline overrun reads as no match
+
+
+def test_off_the_main_thread_the_worker_is_asked(monkeypatch):
+    from dhpo_trl import rewards
+
+    class FakeWorker:
+        def __init__(self, result):
+            self.result, self.calls = result, []
+
+        def answers_match(self, answer, gold, timeout_s):
+            self.calls.append((answer, gold, timeout_s))
+            if isinstance(self.result, Exception):
+                raise self.result
+            return self.result
+
+    def in_thread(*args, **kwargs):
+        out = []
+        thread = threading.Thread(target=lambda: out.append(score_answer(*args, **kwargs)))
+        thread.start()
+        thread.join(10)
+        return out[0]
+
+    def main_thread_verifier(*args):
+        raise AssertionError("SIGALRM deadline used off the main thread")
+
+    monkeypatch.setattr(rewards._math_verify_core, "answers_match_with_deadline", main_thread_verifier)
+    worker = FakeWorker(True)
+    monkeypatch.setattr(rewards, "_WORKER", worker)
+    assert in_thread(r"\boxed{\frac{2}{4}}", "0.5", timeout_s=0.3) == 1.0
+    assert in_thread(r"\boxed{2}", "#### 2") == 1.0
+    assert worker.calls == [(r"\frac{2}{4}", "0.5", 0.3), ("2", "2", 2.0)]
+    monkeypatch.setattr(rewards, "_WORKER", FakeWorker(False))
+    assert in_thread(r"\boxed{2}", "2") == 0.0
+    monkeypatch.setattr(rewards, "_WORKER", FakeWorker(OSError("worker died")))
+    assert in_thread(r"\boxed{2}", "2") == 0.0
+
+
+def test_reward_answers_broadcast_pad_and_truncate(caplog):
+    import logging
+
+    completions = [r"\boxed{1}", r"\boxed{2}"]
+    assert math_verify_reward(completions, answer="2") == [0.0, 1.0]  # one gold for every completion
+    assert math_verify_reward(completions, answer=("1", "2")) == [1.0, 1.0]  # a tuple column, one gold each
+    assert math_verify_reward(iter(completions), answer=["1", "2"]) == [1.0, 1.0]  # read once
+    assert math_verify_reward([], answer=[]) == []
+    with caplog.at_level(logging.WARNING, logger="dhpo_trl.rewards"):
+        assert math_verify_reward(completions, answer=["1", "2", "3"]) == [1.0, 1.0]
+        assert math_verify_reward(completions, answer=["2"]) == [0.0, 0.0]
+        assert math_verify_reward(5, answer=["1"]) == []
+    advice = "unmatched completions score 0. Check that the dataset's answer column is named 'answer'."
+    assert [record.getMessage() for record in caplog.records] == [
+        f"math_verify_reward got 3 answers for 2 completions: {advice}",
+        f"math_verify_reward got 1 answers for 2 completions: {advice}",
+        "math_verify_reward: completions is not iterable; scoring nothing.",
+    ]
+
+
+# ------------------------------------------------------------------ the worker process, with fake workers
+FAKE_WORKER = r"""
+import json, sys, time
+log = open(sys.argv[0] + ".log", "a")
+log.write("start\n"); log.flush()
+mode = open(sys.argv[0] + ".mode").read()
+if mode == "slow-start":
+    time.sleep(30)
+print("hello" if mode == "wrong-greeting" else "ready", flush=True)
+if mode == "exit-after-ready":
+    sys.exit(0)
+for line in sys.stdin:
+    request = json.loads(line)
+    log.write(line); log.flush()
+    if mode == "slow-reply":
+        time.sleep(request["timeout_s"] + 0.3)  # past its deadline, as a worker whose alarm fires at the end
+    reply = {"padded": " 1 ", "ten": "10"}.get(mode, "1" if request["answer"] == request["gold"] else "0")
+    print(reply, flush=True)
+    if mode == "one-reply":
+        sys.exit(0)
+"""
+
+
+@pytest.fixture
+def fake_worker(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from dhpo_trl import rewards
+
+    script = tmp_path / "fake_core.py"
+    script.write_text(FAKE_WORKER)
+    monkeypatch.setattr(rewards, "_math_verify_core", SimpleNamespace(__file__=str(script)))
+    workers = []
+
+    def make(mode):
+        (tmp_path / "fake_core.py.mode").write_text(mode)
+        worker = rewards._VerifyWorker()
+        workers.append(worker)
+        return worker
+
+    def log():
+        path = tmp_path / "fake_core.py.log"
+        return path.read_text().splitlines() if path.exists() else []
+
+    yield make, log
+    for worker in workers:
+        worker.close()
+
+
+def test_worker_protocol_and_reuse(fake_worker):
+    import json
+
+    make, log = fake_worker
+    worker = make("compare")
+    assert worker.answers_match("1", "1", 0.5) is True
+    assert worker.answers_match("1", "2", 0.25) is False
+    assert worker.answers_match("x", "x", 2.0) is True
+    lines = log()
+    assert lines[0] == "start" and lines.count("start") == 1  # one process for every request
+    assert [json.loads(line) for line in lines[1:]] == [
+        {"answer": "1", "gold": "1", "timeout_s": 0.5},
+        {"answer": "1", "gold": "2", "timeout_s": 0.25},
+        {"answer": "x", "gold": "x", "timeout_s": 2.0},
+    ]
+    process = worker._process
+    worker.close()
+    assert process.poll() is not None and worker._process is None
+    worker.close()  # twice is fine
+
+
+@pytest.mark.parametrize(("mode", "matched"), [("padded", True), ("ten", False)])
+def test_worker_reply_is_read_stripped(fake_worker, mode, matched):
+    make, _ = fake_worker
+    assert make(mode).answers_match("1", "2", 1.0) is matched
+
+
+def test_a_reply_just_after_the_deadline_is_still_read(fake_worker):
+    """The worker's own alarm fires at timeout_s and its "0" arrives just after: the caller waits a second more
+    before it kills the worker, instead of restarting it for every slow answer."""
+    make, _ = fake_worker
+    worker = make("slow-reply")
+    assert worker.answers_match("1", "1", 0.1) is True
+    assert worker._process is not None and worker._process.poll() is None  # kept for the next request
+
+
+def test_a_dead_worker_is_restarted(fake_worker):
+    make, log = fake_worker
+    worker = make("one-reply")
+    assert worker.answers_match("1", "1", 1.0) is True
+    worker._process.wait(10)  # it exits after its one reply
+    assert worker.answers_match("2", "2", 1.0) is True  # a fresh one answers
+    assert log().count("start") == 2
+
+
+@pytest.mark.parametrize("mode", ["wrong-greeting", "exit-after-ready"])
+def test_a_worker_that_does_not_serve_scores_no_match(fake_worker, mode):
+    make, _ = fake_worker
+    worker = make(mode)
+    assert worker.answers_match("1", "1", 1.0) is False
+    assert worker._process is None
+
+
+def test_a_worker_that_does_not_start_in_time_is_killed(fake_worker, monkeypatch):
+    from dhpo_trl import rewards
+
+    make, log = fake_worker
+    monkeypatch.setattr(rewards, "_WORKER_START_TIMEOUT_S", 0.2)
+    worker = make("slow-start")
+    start = time.perf_counter()
+    with pytest.raises(OSError, match="math-verify worker process did not start"):
+        worker._ensure_started()
+    assert time.perf_counter() - start < 5.0  # not the worker's 30 s
+    assert worker._process is None
+    assert worker.answers_match("1", "1", 1.0) is False
+    assert log().count("start") == 2

@@ -1,6 +1,7 @@
 """One line and exit status 2 for input errors, tracebacks for bugs: the shared rule and every command that uses it
 (dhpo-train's cases are in test_cli.py)."""
 
+import argparse
 import json
 
 import pytest
@@ -8,7 +9,15 @@ from benchmark_fixtures import FIXTURES
 
 from dhpo_trl import embedded, plotting
 from dhpo_trl.evaluation import cli as evaluate_cli
-from dhpo_trl.user_errors import check_model_path, one_line, run_command
+from dhpo_trl.user_errors import (
+    DEBUG_FLAG,
+    check_model_path,
+    make_folder,
+    one_line,
+    pop_debug_flag,
+    positive_int,
+    run_command,
+)
 
 
 def _fail(error):
@@ -56,6 +65,136 @@ def test_model_paths(tmp_path, monkeypatch):
             check_model_path(missing, label="--model_name_or_path")
     with pytest.raises(ValueError, match="outputs has no config.json"):
         check_model_path("outputs")
+
+
+def test_run_command_passes_the_setup_result_to_the_work_and_reports_success(capsys):
+    seen = []
+    assert run_command("tool", lambda: {"rows": 3}, seen.append) == 0
+    assert seen == [{"rows": 3}]
+    assert run_command("tool", lambda: seen.append("setup only")) == 0  # no work: setup still runs
+    assert seen == [{"rows": 3}, "setup only"]
+    assert capsys.readouterr().err == ""
+    error = OSError("plain message, no file name")
+    with pytest.raises(OSError) as raised:
+        run_command("tool", _fail(error), debug=True)
+    assert raised.value is error  # --debug re-raises the very exception, traceback and all
+    assert run_command("dhpo-x", _fail(error)) == 2
+    assert capsys.readouterr().err == "dhpo-x: error: plain message, no file name\n"
+
+
+@pytest.mark.parametrize(
+    ("error", "line"),
+    [
+        (ValueError("a\n  b\tc "), "a b c"),
+        (FileNotFoundError(2, "No such file or directory", "data/x.jsonl"), "data/x.jsonl: No such file or directory"),
+        (PermissionError(13, "Permission denied", "/root/out"), "/root/out: Permission denied"),
+        (OSError(2, "No such file or directory"), "[Errno 2] No such file or directory"),  # no file name
+        (FileNotFoundError(2, "", "f.txt"), "[Errno 2] : 'f.txt'"),  # a file name but no reason: the full text
+        (OSError("connection refused"), "connection refused"),
+        (ImportError(), "ImportError"),
+        (ValueError("   \n "), "ValueError"),
+    ],
+)
+def test_one_line(error, line):
+    assert one_line(error) == line
+
+
+@pytest.mark.parametrize(
+    ("argv", "rest", "debug"),
+    [
+        ([], [], False),
+        (["--debug"], [], True),
+        (["run.yaml", "--debug"], ["run.yaml"], True),  # last: bare
+        (["--debug", "--lr", "1"], ["--lr", "1"], True),  # followed by a flag: bare
+        (["--debug", "-v"], ["-v"], True),  # a short flag too
+        (["--debug", "underflow_overflow"], ["--debug", "underflow_overflow"], False),  # transformers' --debug VALUE
+        (["--debug", "--debug"], [], True),  # every bare one goes
+        (["--debug=1", "--debugging"], ["--debug=1", "--debugging"], False),  # other spellings are not ours
+        (["a", "--debug", "b", "--debug"], ["a", "--debug", "b"], True),
+    ],
+)
+def test_pop_debug_flag(argv, rest, debug):
+    original = list(argv)
+    assert pop_debug_flag(argv) == (rest, debug)
+    assert argv == original  # the caller's list is not edited
+    assert DEBUG_FLAG == "--debug"
+
+
+@pytest.mark.parametrize(("text", "value"), [("1", 1), ("2", 2), ("007", 7), (" 12 ", 12), ("16384", 16384)])
+def test_positive_int_accepts_whole_numbers_from_one(text, value):
+    assert positive_int(text) == value
+
+
+REFUSED_COUNTS = ["0", "00", "-1", "+3", "", " ", "1.0", "1e3", "abc", "2x", "\u00b2", "\u2460"]  # ² and ① are digits
+
+
+@pytest.mark.parametrize("text", REFUSED_COUNTS, ids=[f"refused{i}" for i in range(len(REFUSED_COUNTS))])
+def test_positive_int_refuses_the_rest_in_argparse_terms(text):
+    with pytest.raises(argparse.ArgumentTypeError) as error:  # not a ValueError: argparse names the flag itself
+        positive_int(text)
+    assert str(error.value) == f"expected a positive whole number, got {text!r}"
+
+
+def test_make_folder_creates_parents_or_names_the_flag_and_the_folder(tmp_path, monkeypatch):
+    make_folder(tmp_path / "a" / "b" / "c", "--output")
+    assert (tmp_path / "a" / "b" / "c").is_dir()
+    make_folder(tmp_path / "a", "--output")  # an existing folder is fine
+    monkeypatch.setenv("HOME", str(tmp_path))
+    make_folder("~/from-home", "--cache-dir")  # "~" is the user's home, not a folder named "~"
+    assert (tmp_path / "from-home").is_dir()
+    (tmp_path / "file").write_text("")
+    target = tmp_path / "file" / "run"
+    with pytest.raises(ValueError) as error:
+        make_folder(target, "--output-dir")
+    assert str(error.value) == f"--output-dir: cannot create the folder {target} ({target}: Not a directory)."
+    assert isinstance(error.value.__cause__, NotADirectoryError)
+
+
+def test_model_path_boundaries(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "config.json").mkdir()  # a folder named config.json is not a config file
+    (tmp_path / "weights.bin").write_text("")
+    for name, path in (("odd", tmp_path / "odd"), ("weights.bin", tmp_path / "weights.bin")):
+        with pytest.raises(ValueError) as error:
+            check_model_path(name)
+        assert str(error.value) == (
+            f"Model path {name} has no config.json: pass a saved model or checkpoint directory, or a Hub model id."
+        )
+    for hub_id in ("a", "9", "Qwen/Q", "a-b_c.d/e-f_g.h", "A1/_x"):
+        assert check_model_path(hub_id) == "hub", hub_id
+    for bad in ("-model", "_model", ".model", "org/", "/model", "org//m", "a/b/c", "org/m+1", "b\u00e4d/\u00fc"):
+        with pytest.raises(ValueError) as error:
+            check_model_path(bad, label="Checkpoint path")
+        assert (
+            str(error.value) == f"Checkpoint path {bad} does not exist. Pass an existing directory or a Hub model id."
+        )
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ("Qwen/Qwen3-8B\n", r"'Qwen/Qwen3-8B\n' has leading or trailing whitespace: pass 'Qwen/Qwen3-8B'."),
+        ("gpt2 ", "'gpt2 ' has leading or trailing whitespace: pass 'gpt2'."),
+        ("\tgpt2", r"'\tgpt2' has leading or trailing whitespace: pass 'gpt2'."),
+        ("./out/ckpt\r\n", r"'./out/ckpt\r\n' has leading or trailing whitespace: pass './out/ckpt'."),
+    ],
+    ids=["newline", "space", "tab", "crlf"],
+)
+def test_model_path_with_stray_whitespace_is_refused_in_one_line(tmp_path, monkeypatch, model, message):
+    """A trailing newline from a config file or `$(cat ...)` is not a Hub id ("$" of a regex would accept it)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError) as error:
+        check_model_path(model, label="--model_name_or_path")
+    assert str(error.value) == f"--model_name_or_path {message}"
+    assert "\n" not in str(error.value)
+
+
+def test_an_existing_folder_whose_name_ends_in_a_space_is_still_local(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run ").mkdir()
+    (tmp_path / "run " / "config.json").write_text("{}")
+    assert check_model_path("run ") == "local"
 
 
 # ------------------------------------------------------------------ dhpo-evaluate

@@ -152,3 +152,45 @@ def test_when_the_checks_run(monkeypatch):
     monkeypatch.setattr(vllm_utils, "is_vllm_available", lambda: False)
     with pytest.raises(ImportError, match=r"use_vllm=True but vllm is not installed.*or set use_vllm=False"):
         vllm_utils.check_vllm_setup(args(vllm_mode="colocate"), "m")
+
+
+def test_the_whole_connection_error_message(monkeypatch, clock):
+    probes(monkeypatch, clock)
+    with pytest.raises(ConnectionError) as error:
+        vllm_utils.wait_for_vllm_server(args(vllm_server_timeout=240), "Qwen/Qwen3-1.7B-Base")
+    assert str(error.value) == (
+        "No vLLM server answered at http://10.0.0.7:8123/health (host '10.0.0.7', port 8123) within "
+        "vllm_server_timeout=240s. Start it first, on the GPUs not used for training, with:\n"
+        "    trl vllm-serve --model Qwen/Qwen3-1.7B-Base --port 8123\n"
+        "or point vllm_server_host/vllm_server_port (or vllm_server_base_url) at the running server."
+    )
+    assert clock.sleeps == [2.0] * 120 and clock.now - 100.0 == 240.0  # the last probe at the deadline itself
+
+
+def test_an_empty_base_url_means_host_and_port():
+    assert vllm_utils.vllm_server_url(args(vllm_server_base_url="")) == "http://10.0.0.7:8123"
+    assert vllm_utils.vllm_server_url(args(vllm_server_host="localhost", vllm_server_port=8000)) == (
+        "http://localhost:8000"
+    )
+
+
+def test_the_missing_vllm_message_names_the_install_command(monkeypatch):
+    monkeypatch.setattr(vllm_utils, "is_vllm_available", lambda: False)
+    with pytest.raises(ImportError) as error:
+        vllm_utils.check_vllm_setup(args(), "m")
+    assert str(error.value) == (
+        'DHPOConfig.use_vllm=True but vllm is not installed. Install it with `pip install -e ".[vllm]"` in a clone '
+        "of the dhpo-trl repository (needs a CUDA GPU), or set use_vllm=False to generate with transformers."
+    )
+
+
+def test_a_server_that_comes_up_at_the_last_probe_is_used(monkeypatch, clock):
+    seen = probes(monkeypatch, clock, up_from=4.0)
+    vllm_utils.wait_for_vllm_server(args(vllm_server_timeout=4.0), "m", retry_interval_s=2.0)  # no error
+    assert [t for t, _, _ in seen] == [0.0, 2.0, 4.0] and clock.sleeps == [2.0, 2.0]
+
+
+def test_a_server_that_is_up_is_probed_once_without_waiting(monkeypatch, clock):
+    seen = probes(monkeypatch, clock, up_from=0.0)
+    vllm_utils.wait_for_vllm_server(args(vllm_server_timeout=0), "m")
+    assert len(seen) == 1 and clock.sleeps == []
