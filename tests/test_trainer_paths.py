@@ -88,6 +88,14 @@ def test_dynamic_batching_divides_by_the_window_token_count_not_the_micro_batch(
     assert add_bonus(bonus_host(coef=0.1), inputs=inputs) == pytest.approx(1.0 - 0.1 * 7)
 
 
+def test_a_micro_batch_with_one_valid_token_takes_its_entropy():
+    one = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])  # only the entropy 2.0
+    host = bonus_host(adaptive=True, coef=0.1, accumulation=1, last_world_entropy=0.0)
+    out = DHPOTrainer._add_entropy_bonus(host, torch.tensor(1.0), ENTROPIES, one, None, torch.tensor([0.0]), "train", {})
+    assert out.item() == pytest.approx(1.0 - 0.1 * 2.0)
+    assert host._last_world_entropy == 2.0  # the window's world entropy is that one token's too
+
+
 def test_a_micro_batch_without_valid_tokens_adds_no_bonus():
     host = bonus_host(coef=0.1, accumulation=1)
     out = DHPOTrainer._add_entropy_bonus(
@@ -104,9 +112,9 @@ def test_adaptive_coefficient_applies_only_below_the_target_and_moves_once_per_o
     assert host.entropy_coef == 0.1 and host._last_world_entropy == math.inf
     assert host._entropy_window_stats.tolist() == [7.0, 3.0]
     assert "entropy_coef" not in host._metrics["train"]
-    host.accelerator.sync_gradients = True  # the step's last micro-batch: the window is both, 14 over 6 tokens
-    assert add_bonus(host) == 1.0
-    assert host._last_world_entropy == pytest.approx(14 / 6)
+    host.accelerator.sync_gradients = True  # the step's last micro-batch (entropies 1 and 4): 12 over 5 tokens
+    assert add_bonus(host, entropy_mask=torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]])) == 1.0
+    assert host._last_world_entropy == pytest.approx(12 / 5)  # the whole window, not its last micro-batch (2.5)
     assert host.entropy_coef == pytest.approx(0.15) and host._entropy_window_stats is None
     assert host._metrics["train"]["entropy_coef"] == [pytest.approx(0.15)]
     # Next step: the world entropy is below the target, so the raised coefficient applies.
@@ -250,6 +258,29 @@ def test_a_failed_budget_pass_restores_gradient_sync():
     assert accelerator.sync_gradients is True
 
 
+def test_a_micro_step_of_several_passes_backpropagates_each_and_reports_their_sum(card_trainer, monkeypatch):
+    """Passes before the last go through `_backward_without_sync`; the Trainer backpropagates the last one, and the
+    loss it logs is the sum over the passes (each pass is already normalised by the window)."""
+    seen, backward = [], []
+
+    def parent_compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        seen.append((model, inputs["name"], return_outputs, num_items_in_batch))
+        return torch.tensor(inputs["loss"], requires_grad=True)
+
+    monkeypatch.setattr(trainer_module.GRPOTrainer, "compute_loss", parent_compute_loss)
+    monkeypatch.setattr(card_trainer, "_backward_without_sync", lambda model, loss: backward.append((model, loss.item())))
+    model = object()
+    passes = batching.Passes([{"name": "a", "loss": 0.5}, {"name": "b", "loss": 0.25}, {"name": "c", "loss": 2.0}])
+    total = card_trainer.compute_loss(model, passes, False, 7)
+    assert total.item() == pytest.approx(2.75) and total.requires_grad
+    assert seen == [(model, "a", False, 7), (model, "b", False, 7), (model, "c", False, 7)]
+    assert backward == [(model, 0.5), (model, 0.25)]
+    # one pass (a plain dict): TRL's compute_loss, untouched
+    seen.clear()
+    assert card_trainer.compute_loss(model, {"name": "d", "loss": 1.5}, False, 3).item() == 1.5
+    assert seen == [(model, "d", False, 3)] and len(backward) == 2
+
+
 # ------------------------------------------------------------------ batching warning
 def micro_batch(rows=2, extra=None):
     batch = {
@@ -356,9 +387,11 @@ def card_trainer(tmp_path_factory):
 
 
 def test_model_card_records_the_objective_and_its_settings(card_trainer):
-    card_trainer.create_model_card()
+    card_trainer.create_model_card(model_name="my-run", dataset_name="my-data", tags=["my-tag"])
     card = open(os.path.join(card_trainer.args.output_dir, "README.md"), encoding="utf-8").read()
-    section = card[card.index("## DHPO settings") :]
+    assert "model_name: my-run" in card and "datasets: my-data" in card  # TRL's card gets the caller's arguments
+    assert "- my-tag\n" in card and "- dhpo\n" in card and "- gmpo\n" in card
+    section = card[card.index("\n\n## DHPO settings\n\nTrained with `dhpo_trl.DHPOTrainer`") :]
     assert "objective `algorithm=gmpo`" in section
     rows = [line for line in section.splitlines() if line.startswith("| `")]
     assert rows[:3] == ["| `algorithm` | `gmpo` |", "| `gmpo_epsilon_low` | `0.4` |", "| `gmpo_epsilon_high` | `0.4` |"]
@@ -374,10 +407,19 @@ def test_every_checkpoint_carries_the_model_card(card_trainer, monkeypatch):
         handle.write("the card\n")
     checkpoint = os.path.join(output_dir, "checkpoint-7")
     os.makedirs(checkpoint, exist_ok=True)
-    monkeypatch.setattr(trainer_module.GRPOTrainer, "_save_checkpoint", lambda self, model, trial: None)
+    saved = []
+    monkeypatch.setattr(trainer_module.GRPOTrainer, "_save_checkpoint", lambda self, model, trial: saved.append((model, trial)))
     monkeypatch.setattr(card_trainer.state, "global_step", 7)
     card_trainer._save_checkpoint(card_trainer.model, trial=None)
+    assert saved == [(card_trainer.model, None)]
     assert open(os.path.join(checkpoint, "README.md"), encoding="utf-8").read() == "the card\n"
+    # a hyperparameter-search trial saves under its own run folder: the card goes to that checkpoint
+    trial_checkpoint = os.path.join(output_dir, "run-t1", "checkpoint-7")
+    os.makedirs(trial_checkpoint)
+    monkeypatch.setattr(card_trainer, "_get_output_dir", lambda trial: os.path.join(output_dir, f"run-{trial}"))
+    card_trainer._save_checkpoint(card_trainer.model, trial="t1")
+    assert saved[-1] == (card_trainer.model, "t1")
+    assert open(os.path.join(trial_checkpoint, "README.md"), encoding="utf-8").read() == "the card\n"
     os.remove(os.path.join(checkpoint, "README.md"))
     monkeypatch.setattr(type(card_trainer.args), "should_save", property(lambda self: False))
     card_trainer._save_checkpoint(card_trainer.model, trial=None)  # not the saving process: nothing copied
@@ -393,3 +435,21 @@ def test_evaluation_runs_through_the_trainer(card_trainer):
     assert results["eval_loss"] == 0.0 and results["eval_reward"] == 0.0
     assert results["eval_gmpo/token_ratio/mean"] == 1.0 and results["eval_gmpo/clip_fraction"] == 0.0
     assert results["eval_entropy"] > 0.0 and 0 < results["eval_completions/mean_length"] <= 4
+
+
+def test_dhpo_model_card_lists_only_the_settings_its_clipping_reads(tmp_path):
+    tokenizer = build_char_tokenizer()
+    args = DHPOConfig(
+        output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", save_strategy="no",
+        per_device_train_batch_size=2, num_generations=2, max_completion_length=4, steps_per_generation=2,
+        clipping="unified", mixing="averaged", token_weight=0.3,
+    )  # fmt: skip
+    trainer = DHPOTrainer(
+        build_tiny_qwen3(tokenizer, hidden_size=32), lambda completions, **kw: [0.0] * len(completions), args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["1+1="] * 2}), processing_class=tokenizer,
+    )  # fmt: skip
+    trainer.create_model_card()
+    card = (tmp_path / "README.md").read_text(encoding="utf-8")
+    assert "| `clipping` | `unified` |" in card and "| `token_weight` | `0.3` |" in card
+    assert "| `epsilon_low_token` | `0.2` |" in card
+    assert "epsilon_low_seq" not in card  # unified clipping has no sequence branch
