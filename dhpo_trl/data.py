@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 
 import datasets
-from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
+from datasets import Dataset, DatasetDict, get_dataset_config_names, load_dataset, load_from_disk
 
 from .golds import normalise_gold
 
@@ -181,14 +181,55 @@ def _load_with_subset(path: str, *, split: str, subset: str | None) -> Dataset:
     try:
         return _as_split(load_dataset(path, subset, split=split), split)
     except ValueError as error:
-        # Repositories without configs keep subsets in folders: retry the subset as a data directory.
         about_config = "BuilderConfig" in str(error) or "config" in str(error).lower()
-        if subset is None or not about_config:
-            raise _split_error(path, split, error) from error
+        if not about_config:
+            raise _split_error(path, split, error, subset) from error
+        if subset is None:  # several configs and none picked: datasets' own message spans four lines
+            raise _subset_error(path, subset) from error
+    # Repositories without configs keep subsets in folders: retry the subset as a data directory.
     try:
         return _as_split(load_dataset(path, data_dir=subset, split=split), split)
+    except FileNotFoundError as error:  # no such folder either (datasets' EmptyDatasetError): a mistyped subset
+        raise _subset_error(path, subset) from error
     except ValueError as error:
         raise _split_error(path, split, error, subset) from error
+
+
+def _subset_error(path: str, subset: str | None) -> ValueError:
+    what = (
+        f"--dataset_config={subset!r} is not a config or a data folder of {path!r}"
+        if subset
+        else f"{path!r} has several configs and none was picked"
+    )
+    choices = _subsets(path)
+    fix = (
+        f"set --dataset_config to one of {choices}"
+        if choices
+        else "check --dataset_config against its configs and data folders"
+    )
+    return ValueError(f"{what}: {fix}.")
+
+
+def _subsets(path: str) -> list[str]:
+    """Config names and top-level folders of a local folder or Hub dataset, best effort: only for messages."""
+    try:
+        configs = [name for name in get_dataset_config_names(path) if name != "default"]
+    except Exception:  # noqa: BLE001
+        configs = []
+    return configs + [name for name in _top_folders(path) if name not in configs]
+
+
+def _top_folders(path: str) -> list[str]:
+    if Path(path).is_dir():
+        return sorted(p.name for p in Path(path).iterdir() if p.is_dir() and not p.name.startswith("."))
+    try:
+        from huggingface_hub import HfApi
+        from huggingface_hub.hf_api import RepoFolder
+
+        tree = HfApi().list_repo_tree(path, repo_type="dataset")
+        return sorted(entry.path for entry in tree if isinstance(entry, RepoFolder))
+    except Exception:  # noqa: BLE001  (offline, gated: the message goes without the list)
+        return []
 
 
 def _as_split(loaded, split: str) -> Dataset:
@@ -198,9 +239,10 @@ def _as_split(loaded, split: str) -> Dataset:
 
 
 def _split_error(path: str, split: str, error: Exception, subset: str | None = None) -> ValueError:
+    where = f"{path!r}" + (f" (subset {subset!r})" if subset else "")
+    reason = str(error).rstrip(".")  # datasets' messages end with a full stop of their own
     return ValueError(
-        f"Could not load split {split!r} of {path!r}" + (f" (subset {subset!r})" if subset else "") + f": {error}. "
-        "Check --dataset_train_split and --dataset_config."
+        f"Could not load split {split!r} of {where}: {reason}. Check --dataset_train_split and --dataset_config."
     )
 
 

@@ -158,6 +158,72 @@ def test_save_to_disk_folders(tmp_path):
     assert message == "Split 'dev' is not in the DatasetDict (splits: ['train', 'test']): set --dataset_train_split."
 
 
+def test_data_folder_with_split_files(tmp_path):
+    _write(tmp_path / "train.jsonl", {"question": ["Train?"], "answer": ["1"]})
+    _write(tmp_path / "test.jsonl", {"question": ["Test?"], "answer": ["2"]})
+    assert load_math_dataset(tmp_path)["answer"] == ["1"]
+    assert load_math_dataset(tmp_path, split="test")["answer"] == ["2"]
+    with pytest.raises(ValueError) as error:
+        load_math_dataset(tmp_path, split="validation")
+    assert str(error.value) == (
+        f"Could not load split 'validation' of '{tmp_path}': Unknown split \"validation\". Should be one of "
+        "['train', 'test']. Check --dataset_train_split and --dataset_config."
+    )
+    with pytest.raises(
+        ValueError, match=r"^Could not load split None of '.*': Expected one split None, got DatasetDict\. Check"
+    ):
+        load_math_dataset(tmp_path, split=None)
+
+
+def test_subset_folders_as_in_simplerl_zoo_data(tmp_path):
+    """SimpleRL-Zoo-Data keeps subsets in folders (no configs): `subset` falls back to a data_dir."""
+    root = _subset_folders(tmp_path)
+    dataset = load_math_dataset(root, subset=SUBSET)
+    assert dataset["answer"] == ["11"] and dataset["prompt"] == [PLAIN.format(f"Subset {SUBSET}?")]
+    assert load_math_dataset(root, subset="simplelr_qwen_level1to4")["answer"] == ["10"]
+    with pytest.raises(ValueError) as error:
+        load_math_dataset(root, subset=SUBSET, split="test")
+    assert str(error.value) == (
+        f"Could not load split 'test' of '{root}' (subset '{SUBSET}'): Unknown split \"test\". Should be one of "
+        "['train']. Check --dataset_train_split and --dataset_config."
+    )
+
+
+def test_a_mistyped_subset_folder_lists_the_subsets(tmp_path):
+    """It used to raise datasets' EmptyDatasetError ("The directory at ... doesn't contain any data files")."""
+    root = _subset_folders(tmp_path)
+    with pytest.raises(ValueError) as error:
+        load_math_dataset(root, subset="simplelr_qwen_level3to6")
+    assert str(error.value) == (
+        f"--dataset_config='simplelr_qwen_level3to6' is not a config or a data folder of '{root}': "
+        "set --dataset_config to one of ['simplelr_qwen_level1to4', 'simplelr_qwen_level3to5']."
+    )
+
+
+def test_named_configs(tmp_path):
+    root = _config_folder(tmp_path)
+    assert load_math_dataset(root, subset="second")["prompt"] == [PLAIN.format("From data_b?")]
+    assert load_math_dataset(root, subset="first")["answer"] == ["1"]
+    with pytest.raises(ValueError) as error:
+        load_math_dataset(root, subset="thrid")
+    assert str(error.value) == (
+        f"--dataset_config='thrid' is not a config or a data folder of '{root}': "
+        "set --dataset_config to one of ['first', 'second', 'data_a', 'data_b']."
+    )
+    with pytest.raises(ValueError) as error:
+        load_math_dataset(root)
+    assert str(error.value) == (
+        f"'{root}' has several configs and none was picked: "
+        "set --dataset_config to one of ['first', 'second', 'data_a', 'data_b']."
+    )
+    with pytest.raises(ValueError) as error:
+        load_math_dataset(root, subset="second", split="test")
+    assert str(error.value) == (
+        f"Could not load split 'test' of '{root}' (subset 'second'): Unknown split \"test\". Should be one of "
+        "['train']. Check --dataset_train_split and --dataset_config."
+    )
+
+
 # ------------------------------------------------------------------ the Hub
 @pytest.fixture
 def hub_offline(monkeypatch):
@@ -209,6 +275,35 @@ def hub_as_local_folder(tmp_path, monkeypatch):
 
     monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_tree", list_repo_tree)
     return listed
+
+
+def test_a_mistyped_hub_subset_lists_the_subsets_not_the_connection(hub_as_local_folder):
+    assert load_math_dataset(HUB_ID, subset=SUBSET)["answer"] == ["11"]
+    assert _hub_error("simplelr_qwen_level3to6") == (
+        "--dataset_config='simplelr_qwen_level3to6' is not a config or a data folder of 'hkust-nlp/SimpleRL-Zoo-Data': "
+        "set --dataset_config to one of ['simplelr_qwen_level1to4', 'simplelr_qwen_level3to5']."
+    )
+    assert hub_as_local_folder == [(HUB_ID, {"repo_type": "dataset"})]
+
+
+def test_a_mistyped_hub_subset_when_the_listing_fails(hub_as_local_folder, monkeypatch):
+    def gated(self, repo_id, **kwargs):
+        raise huggingface_hub.errors.GatedRepoError("gated")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_tree", gated)
+    assert _hub_error("level3to5") == (
+        "--dataset_config='level3to5' is not a config or a data folder of 'hkust-nlp/SimpleRL-Zoo-Data': "
+        "check --dataset_config against its configs and data folders."
+    )
+
+
+def test_a_bad_split_on_the_hub_is_a_split_error_not_a_connection_error(hub_as_local_folder):
+    with pytest.raises(ValueError) as error:
+        load_math_dataset(HUB_ID, subset=SUBSET, split="test")
+    assert str(error.value) == (
+        "Could not load split 'test' of 'hkust-nlp/SimpleRL-Zoo-Data' (subset 'simplelr_qwen_level3to5'): "
+        "Unknown split \"test\". Should be one of ['train']. Check --dataset_train_split and --dataset_config."
+    )
 
 
 # ------------------------------------------------------------------ bad sources
