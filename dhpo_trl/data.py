@@ -22,6 +22,7 @@ from pathlib import Path
 
 import datasets
 from datasets import Dataset, DatasetDict, get_dataset_config_names, load_dataset, load_from_disk
+from huggingface_hub.constants import ENV_VARS_TRUE_VALUES
 
 from .golds import normalise_gold
 
@@ -162,11 +163,9 @@ def _load_hub(dataset_id: str, *, split: str, subset: str | None) -> Dataset:
     except ValueError:
         raise
     except Exception as error:  # offline, unreachable, unknown or gated repository
-        offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes") or os.environ.get(
-            "HF_DATASETS_OFFLINE", "0"
-        ).lower() in ("1", "true", "yes")
+        offline = _offline_setting()
         hint = (
-            "HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set: unset it to download, or use a local copy"
+            f"{offline} is set: unset it to download, or use a local copy"
             if offline
             else "check the id and your connection (and `hf auth login` for gated data), or use a local copy"
         )
@@ -175,6 +174,18 @@ def _load_hub(dataset_id: str, *, split: str, subset: str | None) -> Dataset:
             f"{type(error).__name__}: {error}. {hint}: pass {DATASET_FLAG} /path/to/train.parquet (or .jsonl), "
             f"e.g. after `hf download {dataset_id} --repo-type dataset --local-dir data/`."
         ) from error
+
+
+def _offline_setting() -> str | None:
+    """The variable that puts the Hub in offline mode, as `NAME=value`, read the way huggingface_hub reads it."""
+    # huggingface_hub falls back on TRANSFORMERS_OFFLINE only when HF_HUB_OFFLINE is unset or empty;
+    # any of "1", "ON", "YES", "TRUE" in any case is true (so HF_HUB_OFFLINE=on is offline too).
+    hub = "HF_HUB_OFFLINE" if os.environ.get("HF_HUB_OFFLINE") else "TRANSFORMERS_OFFLINE"
+    for name in (hub, "HF_DATASETS_OFFLINE"):
+        value = os.environ.get(name)
+        if value is not None and value.upper() in ENV_VARS_TRUE_VALUES:
+            return f"{name}={value}"
+    return None
 
 
 def _load_with_subset(path: str, *, split: str, subset: str | None) -> Dataset:

@@ -250,6 +250,28 @@ LOCAL_COPY = (
 )
 
 
+@pytest.mark.parametrize("value", ["1", "on", "ON", "yes", "YES", "true", "True"])
+def test_every_spelling_of_offline_that_huggingface_hub_accepts(hub_offline, value):
+    hub_offline.setenv("HF_HUB_OFFLINE", value)
+    message = _hub_error()
+    assert message.startswith(HUB_PREFIX)
+    assert message.endswith(f". HF_HUB_OFFLINE={value} is set: unset it to download, or use a local copy{LOCAL_COPY}")
+
+
+@pytest.mark.parametrize(
+    "variables, named",
+    [
+        ({"HF_DATASETS_OFFLINE": "Yes", "HF_HUB_OFFLINE": "0"}, "HF_DATASETS_OFFLINE=Yes"),
+        ({"TRANSFORMERS_OFFLINE": "1"}, "TRANSFORMERS_OFFLINE=1"),  # huggingface_hub's fallback
+        ({"TRANSFORMERS_OFFLINE": "on", "HF_HUB_OFFLINE": ""}, "TRANSFORMERS_OFFLINE=on"),  # empty counts as unset
+    ],
+)
+def test_offline_variables_beside_hf_hub_offline(hub_offline, variables, named):
+    for name, value in variables.items():
+        hub_offline.setenv(name, value)
+    assert _hub_error().endswith(f". {named} is set: unset it to download, or use a local copy{LOCAL_COPY}")
+
+
 ONLINE = [
     {},
     {"HF_HUB_OFFLINE": "0"},
@@ -257,6 +279,17 @@ ONLINE = [
     {"HF_HUB_OFFLINE": "off", "HF_DATASETS_OFFLINE": "no"},
     {"HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "1"},  # a set HF_HUB_OFFLINE wins over TRANSFORMERS_OFFLINE
 ]
+
+
+@pytest.mark.parametrize("variables", ONLINE)
+def test_online_failures_point_at_the_connection(hub_offline, variables):
+    for name, value in variables.items():
+        hub_offline.setenv(name, value)
+    message = _hub_error()
+    assert message.startswith(HUB_PREFIX)
+    assert message.endswith(
+        ". check the id and your connection (and `hf auth login` for gated data), or use a local copy" + LOCAL_COPY
+    )
 
 
 @pytest.fixture
