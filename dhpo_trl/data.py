@@ -78,8 +78,9 @@ def load_math_dataset(
         _check_column(raw, column, flag, source)
 
     questions = [_field(row, question_column) for row in raw]
+    _check_text(questions, question_column, source)
     answers = [
-        normalise_gold(_field(row, answer_column), question=str(question) if _present(question) else None)
+        normalise_gold(_field(row, answer_column), question=question if _present(question) else None)
         for row, question in zip(raw, questions)
     ]
     keep = [i for i, (q, a) in enumerate(zip(questions, answers)) if _present(q) and a is not None]
@@ -273,6 +274,16 @@ def _check_column(raw: Dataset, column: str, flag: str, source) -> None:
         )
 
 
+def _check_text(questions: list, column: str, source) -> None:
+    # A number or a list would be rendered as "42" or "['a', 'b']" in the prompt: a wrong column, not a problem.
+    for row, question in enumerate(questions):
+        if question is not None and not isinstance(question, str):
+            raise ValueError(
+                f"Column {column!r} of {_describe(source)} holds {type(question).__name__} values, not text "
+                f"(row {row}: {question!r}): set {QUESTION_FLAG} to the column with the problem statements."
+            )
+
+
 def _column_names(features, prefix: str = "") -> list[str]:
     names = []
     for name, feature in features.items():
@@ -289,14 +300,8 @@ def _field(row: dict, column: str):
     return value
 
 
-def _present(value) -> bool:
-    if value is None:
-        return False
-    if isinstance(value, str):
-        return bool(value.strip())
-    if isinstance(value, (list, tuple)):
-        return any(_present(v) for v in value)
-    return True
+def _present(question: str | None) -> bool:
+    return question is not None and bool(question.strip())
 
 
 def _looks_like_path(source: str) -> bool:

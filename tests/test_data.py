@@ -453,6 +453,20 @@ def test_missing_nested_columns_list_the_nested_names(question_column, answer_co
     )
 
 
+@pytest.mark.parametrize(
+    "questions, shown",
+    [([None, 7], "int values, not text (row 1: 7)"), ([["a", "b"]], "list values, not text (row 0: ['a', 'b'])")],
+)
+def test_a_question_column_that_is_not_text_is_refused(questions, shown):
+    """It used to be rendered into the prompt as "7" or "['a', 'b']" and trained on."""
+    rows = Dataset.from_dict({"id": questions, "answer": ["1"] * len(questions)})
+    with pytest.raises(ValueError) as error:
+        load_math_dataset(rows, question_column="id")
+    assert str(error.value) == (
+        f"Column 'id' of Dataset holds {shown}: set --question_column to the column with the problem statements."
+    )
+
+
 # ------------------------------------------------------------------ rows and answers
 def test_rows_without_question_or_answer_are_dropped_with_a_warning(caplog):
     rows = {
