@@ -130,13 +130,14 @@ def _load_file(path: Path) -> Dataset:
         raise ValueError(
             f"{DATASET_FLAG}={str(path)!r}: unsupported file type {path.suffix!r}; use one of {sorted(_FILE_BUILDERS)}."
         )
+    empty = ValueError(f"The dataset file {path} is empty: point {DATASET_FLAG} at a file with at least one problem.")
     if _file_has_no_rows(path, builder):  # datasets fails on these with an Arrow error, not "empty"
-        raise ValueError(
-            f"The dataset file {path} is empty: point {DATASET_FLAG} at a file with at least one problem."
-        )
+        raise empty
     try:
         return load_dataset(builder, data_files=str(path), split="train")
     except Exception as error:
+        if "corresponds to no data" in str(error):  # a CSV header or a JSON `[]`: read, but no rows
+            raise empty from error
         raise ValueError(f"Could not read {path} as {builder}: {error}") from error
 
 
@@ -154,7 +155,14 @@ def _file_has_no_rows(path: Path, builder: str) -> bool:
 
 def _load_folder(path: Path, *, split: str, subset: str | None) -> Dataset:
     if (path / "state.json").exists() or (path / "dataset_dict.json").exists():  # Dataset.save_to_disk output
-        return _load_raw(load_from_disk(str(path)), split=split, subset=None)
+        try:
+            saved = load_from_disk(str(path))
+        except IndexError as error:  # datasets cannot load a saved dataset (or split) of zero rows
+            raise ValueError(
+                f"The saved dataset {path} is empty (or one of its splits is, which datasets cannot load): save it "
+                f"again with at least one problem in every split, or point {DATASET_FLAG} at another dataset."
+            ) from error
+        return _load_raw(saved, split=split, subset=None)
     return _load_with_subset(str(path), split=split, subset=subset)
 
 

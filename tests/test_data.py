@@ -158,6 +158,17 @@ def test_save_to_disk_folders(tmp_path):
     assert message == "Split 'dev' is not in the DatasetDict (splits: ['train', 'test']): set --dataset_train_split."
 
 
+def test_an_empty_save_to_disk_folder_names_the_path(tmp_path):
+    """datasets fails on it with `IndexError: list index out of range`, which names nothing."""
+    Dataset.from_dict({"question": [], "answer": []}).save_to_disk(tmp_path / "empty")
+    with pytest.raises(ValueError) as error:
+        load_math_dataset(tmp_path / "empty")
+    assert str(error.value) == (
+        f"The saved dataset {tmp_path / 'empty'} is empty (or one of its splits is, which datasets cannot load): "
+        "save it again with at least one problem in every split, or point --dataset_name at another dataset."
+    )
+
+
 def test_data_folder_with_split_files(tmp_path):
     _write(tmp_path / "train.jsonl", {"question": ["Train?"], "answer": ["1"]})
     _write(tmp_path / "test.jsonl", {"question": ["Test?"], "answer": ["2"]})
@@ -380,6 +391,8 @@ def test_unsupported_and_unreadable_files(tmp_path):
         ("e.json", ""),
         ("e.csv", "\n"),
         ("e.parquet", None),
+        ("h.csv", "question,answer\n"),
+        ("l.json", "[]"),
     ],
 )
 def test_empty_files(tmp_path, name, content):
