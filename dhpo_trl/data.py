@@ -21,7 +21,8 @@ import os
 from pathlib import Path
 
 import datasets
-from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
+from datasets import Dataset, DatasetDict, get_dataset_config_names, load_dataset, load_from_disk
+from huggingface_hub.constants import ENV_VARS_TRUE_VALUES
 
 from .golds import normalise_gold
 
@@ -77,8 +78,9 @@ def load_math_dataset(
         _check_column(raw, column, flag, source)
 
     questions = [_field(row, question_column) for row in raw]
+    _check_text(questions, question_column, source)
     answers = [
-        normalise_gold(_field(row, answer_column), question=str(question) if _present(question) else None)
+        normalise_gold(_field(row, answer_column), question=question if _present(question) else None)
         for row, question in zip(raw, questions)
     ]
     keep = [i for i, (q, a) in enumerate(zip(questions, answers)) if _present(q) and a is not None]
@@ -128,13 +130,14 @@ def _load_file(path: Path) -> Dataset:
         raise ValueError(
             f"{DATASET_FLAG}={str(path)!r}: unsupported file type {path.suffix!r}; use one of {sorted(_FILE_BUILDERS)}."
         )
+    empty = ValueError(f"The dataset file {path} is empty: point {DATASET_FLAG} at a file with at least one problem.")
     if _file_has_no_rows(path, builder):  # datasets fails on these with an Arrow error, not "empty"
-        raise ValueError(
-            f"The dataset file {path} is empty: point {DATASET_FLAG} at a file with at least one problem."
-        )
+        raise empty
     try:
         return load_dataset(builder, data_files=str(path), split="train")
     except Exception as error:
+        if "corresponds to no data" in str(error):  # a CSV header or a JSON `[]`: read, but no rows
+            raise empty from error
         raise ValueError(f"Could not read {path} as {builder}: {error}") from error
 
 
@@ -152,7 +155,14 @@ def _file_has_no_rows(path: Path, builder: str) -> bool:
 
 def _load_folder(path: Path, *, split: str, subset: str | None) -> Dataset:
     if (path / "state.json").exists() or (path / "dataset_dict.json").exists():  # Dataset.save_to_disk output
-        return _load_raw(load_from_disk(str(path)), split=split, subset=None)
+        try:
+            saved = load_from_disk(str(path))
+        except IndexError as error:  # datasets cannot load a saved dataset (or split) of zero rows
+            raise ValueError(
+                f"The saved dataset {path} is empty (or one of its splits is, which datasets cannot load): save it "
+                f"again with at least one problem in every split, or point {DATASET_FLAG} at another dataset."
+            ) from error
+        return _load_raw(saved, split=split, subset=None)
     return _load_with_subset(str(path), split=split, subset=subset)
 
 
@@ -162,11 +172,9 @@ def _load_hub(dataset_id: str, *, split: str, subset: str | None) -> Dataset:
     except ValueError:
         raise
     except Exception as error:  # offline, unreachable, unknown or gated repository
-        offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes") or os.environ.get(
-            "HF_DATASETS_OFFLINE", "0"
-        ).lower() in ("1", "true", "yes")
+        offline = _offline_setting()
         hint = (
-            "HF_HUB_OFFLINE/HF_DATASETS_OFFLINE is set: unset it to download, or use a local copy"
+            f"{offline} is set: unset it to download, or use a local copy"
             if offline
             else "check the id and your connection (and `hf auth login` for gated data), or use a local copy"
         )
@@ -177,18 +185,71 @@ def _load_hub(dataset_id: str, *, split: str, subset: str | None) -> Dataset:
         ) from error
 
 
+def _offline_setting() -> str | None:
+    """The variable that puts the Hub in offline mode, as `NAME=value`, read the way huggingface_hub reads it."""
+    # huggingface_hub falls back on TRANSFORMERS_OFFLINE only when HF_HUB_OFFLINE is unset or empty;
+    # any of "1", "ON", "YES", "TRUE" in any case is true (so HF_HUB_OFFLINE=on is offline too).
+    hub = "HF_HUB_OFFLINE" if os.environ.get("HF_HUB_OFFLINE") else "TRANSFORMERS_OFFLINE"
+    for name in (hub, "HF_DATASETS_OFFLINE"):
+        value = os.environ.get(name)
+        if value is not None and value.upper() in ENV_VARS_TRUE_VALUES:
+            return f"{name}={value}"
+    return None
+
+
 def _load_with_subset(path: str, *, split: str, subset: str | None) -> Dataset:
     try:
         return _as_split(load_dataset(path, subset, split=split), split)
     except ValueError as error:
-        # Repositories without configs keep subsets in folders: retry the subset as a data directory.
         about_config = "BuilderConfig" in str(error) or "config" in str(error).lower()
-        if subset is None or not about_config:
-            raise _split_error(path, split, error) from error
+        if not about_config:
+            raise _split_error(path, split, error, subset) from error
+        if subset is None:  # several configs and none picked: datasets' own message spans four lines
+            raise _subset_error(path, subset) from error
+    # Repositories without configs keep subsets in folders: retry the subset as a data directory.
     try:
         return _as_split(load_dataset(path, data_dir=subset, split=split), split)
+    except FileNotFoundError as error:  # no such folder either (datasets' EmptyDatasetError): a mistyped subset
+        raise _subset_error(path, subset) from error
     except ValueError as error:
         raise _split_error(path, split, error, subset) from error
+
+
+def _subset_error(path: str, subset: str | None) -> ValueError:
+    what = (
+        f"--dataset_config={subset!r} is not a config or a data folder of {path!r}"
+        if subset
+        else f"{path!r} has several configs and none was picked"
+    )
+    choices = _subsets(path)
+    fix = (
+        f"set --dataset_config to one of {choices}"
+        if choices
+        else "check --dataset_config against its configs and data folders"
+    )
+    return ValueError(f"{what}: {fix}.")
+
+
+def _subsets(path: str) -> list[str]:
+    """Config names and top-level folders of a local folder or Hub dataset, best effort: only for messages."""
+    try:
+        configs = [name for name in get_dataset_config_names(path) if name != "default"]
+    except Exception:  # noqa: BLE001
+        configs = []
+    return configs + [name for name in _top_folders(path) if name not in configs]
+
+
+def _top_folders(path: str) -> list[str]:
+    if Path(path).is_dir():
+        return sorted(p.name for p in Path(path).iterdir() if p.is_dir() and not p.name.startswith("."))
+    try:
+        from huggingface_hub import HfApi
+        from huggingface_hub.hf_api import RepoFolder
+
+        tree = HfApi().list_repo_tree(path, repo_type="dataset")
+        return sorted(entry.path for entry in tree if isinstance(entry, RepoFolder))
+    except Exception:  # noqa: BLE001  (offline, gated: the message goes without the list)
+        return []
 
 
 def _as_split(loaded, split: str) -> Dataset:
@@ -198,9 +259,10 @@ def _as_split(loaded, split: str) -> Dataset:
 
 
 def _split_error(path: str, split: str, error: Exception, subset: str | None = None) -> ValueError:
+    where = f"{path!r}" + (f" (subset {subset!r})" if subset else "")
+    reason = str(error).rstrip(".")  # datasets' messages end with a full stop of their own
     return ValueError(
-        f"Could not load split {split!r} of {path!r}" + (f" (subset {subset!r})" if subset else "") + f": {error}. "
-        "Check --dataset_train_split and --dataset_config."
+        f"Could not load split {split!r} of {where}: {reason}. Check --dataset_train_split and --dataset_config."
     )
 
 
@@ -220,6 +282,16 @@ def _check_column(raw: Dataset, column: str, flag: str, source) -> None:
         )
 
 
+def _check_text(questions: list, column: str, source) -> None:
+    # A number or a list would be rendered as "42" or "['a', 'b']" in the prompt: a wrong column, not a problem.
+    for row, question in enumerate(questions):
+        if question is not None and not isinstance(question, str):
+            raise ValueError(
+                f"Column {column!r} of {_describe(source)} holds {type(question).__name__} values, not text "
+                f"(row {row}: {question!r}): set {QUESTION_FLAG} to the column with the problem statements."
+            )
+
+
 def _column_names(features, prefix: str = "") -> list[str]:
     names = []
     for name, feature in features.items():
@@ -236,14 +308,8 @@ def _field(row: dict, column: str):
     return value
 
 
-def _present(value) -> bool:
-    if value is None:
-        return False
-    if isinstance(value, str):
-        return bool(value.strip())
-    if isinstance(value, (list, tuple)):
-        return any(_present(v) for v in value)
-    return True
+def _present(question: str | None) -> bool:
+    return question is not None and bool(question.strip())
 
 
 def _looks_like_path(source: str) -> bool:

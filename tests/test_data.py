@@ -1,152 +1,526 @@
-"""Math data: SimpleRL prompts for plain and chat tokenizers, every source kind, and errors that name the fix."""
+"""Math data: SimpleRL prompts for plain and chat tokenizers, every source kind, and errors that name the fix.
+
+Expected prompts, answers and messages are written out in full: a test that recomputed them with the loader
+would pass on the loader's own bugs.
+"""
 
 import json
+import logging
+import re
 
+import datasets
+import huggingface_hub
 import pandas as pd
 import pytest
 from datasets import Dataset, DatasetDict
+from huggingface_hub.hf_api import RepoFile, RepoFolder
 
+from dhpo_trl import data
 from dhpo_trl.data import SIMPLERL_INSTRUCTION, SIMPLERL_SYSTEM_PROMPT, format_prompt, load_math_dataset
 from dhpo_trl.tiny import build_char_tokenizer
 
 ROWS = {"question": ["What is 1+1?", "Compute $3^2$.", "Solve x+1=3."], "gt_answer": ["2", "9", "2"]}
+PLAIN = (
+    "You are a helpful assistant.\n\n{}\n"
+    "Please reason step by step, and put your final answer within \\boxed{{}}.\n\nAnswer:"
+)
+HUB_ID = "hkust-nlp/SimpleRL-Zoo-Data"
+SUBSET = "simplelr_qwen_level3to5"
 
 
 @pytest.fixture(scope="module")
 def chat_tokenizer():
     tokenizer = build_char_tokenizer()
-    tokenizer.chat_template = (
-        "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
-        "{% if add_generation_prompt %}<assistant>{% endif %}"
-    )
+    tokenizer.chat_template = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
     return tokenizer
 
 
-def test_plain_prompt_for_tokenizers_without_chat_template(tokenizer):
-    prompt = format_prompt("  What is 1+1? ", tokenizer)
-    assert prompt == f"{SIMPLERL_SYSTEM_PROMPT}\n\nWhat is 1+1?\n{SIMPLERL_INSTRUCTION}\n\nAnswer:"
-    assert format_prompt("What is 1+1?") == prompt
-    assert SIMPLERL_INSTRUCTION == "Please reason step by step, and put your final answer within \\boxed{}."
-
-
-def test_chat_prompt_for_tokenizers_with_chat_template(chat_tokenizer):
-    messages = format_prompt("What is 1+1?", chat_tokenizer)
-    assert messages == [
-        {"role": "system", "content": SIMPLERL_SYSTEM_PROMPT},
-        {"role": "user", "content": f"What is 1+1?\n{SIMPLERL_INSTRUCTION}"},
-    ]
-    rendered = chat_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    assert rendered.endswith("\\boxed{}.\n<assistant>")
-
-
-def _write(tmp_path, kind):
-    frame = pd.DataFrame(ROWS)
-    path = tmp_path / f"train.{kind}"
-    if kind == "parquet":
+def _write(path, rows):
+    """Write `rows` (a dict of columns) as the file type of `path`'s suffix, in any case."""
+    frame = pd.DataFrame(rows)
+    kind = path.suffix.lower()
+    if kind == ".parquet":
         frame.to_parquet(path)
-    elif kind == "jsonl":
-        path.write_text("\n".join(json.dumps(r) for r in frame.to_dict("records")))
+    elif kind == ".csv":
+        frame.to_csv(path, index=False)
+    elif kind == ".jsonl":
+        path.write_text("\n".join(json.dumps(row) for row in frame.to_dict("records")))
     else:
         path.write_text(json.dumps(frame.to_dict("records")))
     return path
 
 
-@pytest.mark.parametrize("kind", ["parquet", "jsonl", "json"])
-def test_local_files(tmp_path, tokenizer, kind):
-    dataset = load_math_dataset(_write(tmp_path, kind), answer_column="gt_answer", tokenizer=tokenizer)
+def _subset_folders(root, names=("simplelr_qwen_level1to4", SUBSET)):
+    """A SimpleRL-Zoo-Data style folder: one data folder per subset, no configs."""
+    for number, name in enumerate(names):
+        (root / name).mkdir(parents=True)
+        _write(root / name / "train.parquet", {"question": [f"Subset {name}?"], "answer": [f"{number + 10}"]})
+    (root / ".cache").mkdir()  # hidden folders are no subsets
+    return root
+
+
+def _config_folder(root):
+    """A folder whose README declares two named configs, as Hub datasets with configs do."""
+    for name, answer in (("data_a", "1"), ("data_b", "2")):
+        (root / name).mkdir(parents=True)
+        _write(root / name / "train.parquet", {"question": [f"From {name}?"], "answer": [answer]})
+    (root / "README.md").write_text(
+        "---\nconfigs:\n"
+        "- config_name: first\n  data_files:\n  - split: train\n    path: data_a/train.parquet\n"
+        "- config_name: second\n  data_files:\n  - split: train\n    path: data_b/train.parquet\n---\n"
+    )
+    return root
+
+
+# ------------------------------------------------------------------ prompts
+def test_plain_prompt_without_tokenizer_or_chat_template(tokenizer):
+    expected = (
+        "You are a helpful assistant.\n\nWhat is 1+1?\n"
+        "Please reason step by step, and put your final answer within \\boxed{}.\n\nAnswer:"
+    )
+    assert format_prompt("  What is 1+1? \n", tokenizer) == expected  # the question is stripped
+    assert format_prompt("What is 1+1?") == expected
+    tokenizer.chat_template = ""  # an empty template is no template
+    assert format_prompt("What is 1+1?", tokenizer) == expected
+    assert format_prompt("What is 1+1?", object()) == expected  # a tokenizer without the attribute at all
+
+
+def test_chat_prompt_for_tokenizers_with_a_chat_template(chat_tokenizer):
+    assert format_prompt(" What is 1+1?", chat_tokenizer) == [
+        {"role": "system", "content": "You are a helpful assistant."},
+        {
+            "role": "user",
+            "content": "What is 1+1?\nPlease reason step by step, and put your final answer within \\boxed{}.",
+        },
+    ]
+    assert SIMPLERL_SYSTEM_PROMPT == "You are a helpful assistant."
+    assert SIMPLERL_INSTRUCTION == "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+def test_loaded_prompts_follow_the_tokenizer(chat_tokenizer):
+    rows = Dataset.from_dict({"question": ["What is 2+2?"], "answer": ["4"]})
+    assert load_math_dataset(rows)["prompt"] == [PLAIN.format("What is 2+2?")]
+    chat = load_math_dataset(rows, tokenizer=chat_tokenizer)["prompt"][0]
+    assert chat[1] == {
+        "role": "user",
+        "content": "What is 2+2?\nPlease reason step by step, and put your final answer within \\boxed{}.",
+    }
+
+
+# ------------------------------------------------------------------ sources
+@pytest.mark.parametrize("name", ["train.parquet", "train.jsonl", "train.json", "train.csv", "TRAIN.JSONL"])
+def test_every_file_type_loads_the_same_problems(tmp_path, name):
+    path = _write(tmp_path / name, ROWS)
+    dataset = load_math_dataset(str(path), answer_column="gt_answer", split="ignored for files")
     assert dataset.column_names == ["prompt", "answer"]
+    assert dataset["answer"] == ["2", "9", "2"]  # a CSV reads them back as numbers: they are text again
+    assert dataset["prompt"] == [
+        PLAIN.format("What is 1+1?"),
+        PLAIN.format("Compute $3^2$."),
+        PLAIN.format("Solve x+1=3."),
+    ]
+
+
+def test_home_relative_paths_are_expanded(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    _write(tmp_path / "train.jsonl", {"question": ["q?"], "answer": [7]})
+    assert load_math_dataset("~/train.jsonl")["answer"] == ["7"]
+
+
+def test_in_memory_dataset_and_dataset_dict_split():
+    dataset = load_math_dataset(Dataset.from_dict(ROWS), answer_column="gt_answer", split="ignored for a Dataset")
     assert dataset["answer"] == ["2", "9", "2"]
-    assert dataset[1]["prompt"] == format_prompt("Compute $3^2$.", tokenizer)
+    splits = DatasetDict(
+        {"train": Dataset.from_dict(ROWS), "test": Dataset.from_dict({"question": ["Test?"], "gt_answer": ["5"]})}
+    )
+    assert load_math_dataset(splits, answer_column="gt_answer")["answer"] == ["2", "9", "2"]  # "train" by default
+    assert load_math_dataset(splits, split="test", answer_column="gt_answer")["prompt"] == [PLAIN.format("Test?")]
+    with pytest.raises(ValueError) as error:
+        load_math_dataset(splits, split="validation", answer_column="gt_answer")
+    assert str(error.value) == (
+        "Split 'validation' is not in the DatasetDict (splits: ['train', 'test']): set --dataset_train_split."
+    )
 
 
-def test_in_memory_datasets_and_nested_columns(chat_tokenizer):
-    rows = {"extra_info": [{"question": "What is 2+2?", "answer": 4}, {"question": "What is 0+0?", "answer": 0}]}
+def test_save_to_disk_folders(tmp_path):
+    Dataset.from_dict({"question": ["Saved?"], "answer": [3]}).save_to_disk(tmp_path / "one")
+    assert load_math_dataset(tmp_path / "one", split="ignored", subset="ignored")["answer"] == ["3"]
+    DatasetDict(
+        {
+            "train": Dataset.from_dict({"question": ["A?"], "answer": ["1"]}),
+            "test": Dataset.from_dict({"question": ["B?"], "answer": ["2"]}),
+        }
+    ).save_to_disk(tmp_path / "splits")
+    assert load_math_dataset(tmp_path / "splits", split="test")["answer"] == ["2"]
+    with pytest.raises(ValueError) as error:
+        load_math_dataset(tmp_path / "splits", split="dev")
+    message = str(error.value)
+    assert message == "Split 'dev' is not in the DatasetDict (splits: ['train', 'test']): set --dataset_train_split."
+
+
+def test_an_empty_save_to_disk_folder_names_the_path(tmp_path):
+    """datasets fails on it with `IndexError: list index out of range`, which names nothing."""
+    Dataset.from_dict({"question": [], "answer": []}).save_to_disk(tmp_path / "empty")
+    with pytest.raises(ValueError) as error:
+        load_math_dataset(tmp_path / "empty")
+    assert str(error.value) == (
+        f"The saved dataset {tmp_path / 'empty'} is empty (or one of its splits is, which datasets cannot load): "
+        "save it again with at least one problem in every split, or point --dataset_name at another dataset."
+    )
+
+
+def test_data_folder_with_split_files(tmp_path):
+    _write(tmp_path / "train.jsonl", {"question": ["Train?"], "answer": ["1"]})
+    _write(tmp_path / "test.jsonl", {"question": ["Test?"], "answer": ["2"]})
+    assert load_math_dataset(tmp_path)["answer"] == ["1"]
+    assert load_math_dataset(tmp_path, split="test")["answer"] == ["2"]
+    with pytest.raises(ValueError) as error:
+        load_math_dataset(tmp_path, split="validation")
+    assert str(error.value) == (
+        f"Could not load split 'validation' of '{tmp_path}': Unknown split \"validation\". Should be one of "
+        "['train', 'test']. Check --dataset_train_split and --dataset_config."
+    )
+    with pytest.raises(
+        ValueError, match=r"^Could not load split None of '.*': Expected one split None, got DatasetDict\. Check"
+    ):
+        load_math_dataset(tmp_path, split=None)
+
+
+def test_subset_folders_as_in_simplerl_zoo_data(tmp_path):
+    """SimpleRL-Zoo-Data keeps subsets in folders (no configs): `subset` falls back to a data_dir."""
+    root = _subset_folders(tmp_path)
+    dataset = load_math_dataset(root, subset=SUBSET)
+    assert dataset["answer"] == ["11"] and dataset["prompt"] == [PLAIN.format(f"Subset {SUBSET}?")]
+    assert load_math_dataset(root, subset="simplelr_qwen_level1to4")["answer"] == ["10"]
+    with pytest.raises(ValueError) as error:
+        load_math_dataset(root, subset=SUBSET, split="test")
+    assert str(error.value) == (
+        f"Could not load split 'test' of '{root}' (subset '{SUBSET}'): Unknown split \"test\". Should be one of "
+        "['train']. Check --dataset_train_split and --dataset_config."
+    )
+
+
+def test_a_mistyped_subset_folder_lists_the_subsets(tmp_path):
+    """It used to raise datasets' EmptyDatasetError ("The directory at ... doesn't contain any data files")."""
+    root = _subset_folders(tmp_path)
+    with pytest.raises(ValueError) as error:
+        load_math_dataset(root, subset="simplelr_qwen_level3to6")
+    assert str(error.value) == (
+        f"--dataset_config='simplelr_qwen_level3to6' is not a config or a data folder of '{root}': "
+        "set --dataset_config to one of ['simplelr_qwen_level1to4', 'simplelr_qwen_level3to5']."
+    )
+
+
+def test_named_configs(tmp_path):
+    root = _config_folder(tmp_path)
+    assert load_math_dataset(root, subset="second")["prompt"] == [PLAIN.format("From data_b?")]
+    assert load_math_dataset(root, subset="first")["answer"] == ["1"]
+    with pytest.raises(ValueError) as error:
+        load_math_dataset(root, subset="thrid")
+    assert str(error.value) == (
+        f"--dataset_config='thrid' is not a config or a data folder of '{root}': "
+        "set --dataset_config to one of ['first', 'second', 'data_a', 'data_b']."
+    )
+    with pytest.raises(ValueError) as error:
+        load_math_dataset(root)
+    assert str(error.value) == (
+        f"'{root}' has several configs and none was picked: "
+        "set --dataset_config to one of ['first', 'second', 'data_a', 'data_b']."
+    )
+    with pytest.raises(ValueError) as error:
+        load_math_dataset(root, subset="second", split="test")
+    assert str(error.value) == (
+        f"Could not load split 'test' of '{root}' (subset 'second'): Unknown split \"test\". Should be one of "
+        "['train']. Check --dataset_train_split and --dataset_config."
+    )
+
+
+# ------------------------------------------------------------------ the Hub
+@pytest.fixture
+def hub_offline(monkeypatch):
+    """No test touches the network: datasets refuses the Hub whatever the variables below say."""
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def _hub_error(subset=SUBSET):
+    with pytest.raises(ValueError) as error:
+        load_math_dataset(HUB_ID, subset=subset)
+    return str(error.value)
+
+
+HUB_PREFIX = (
+    "Could not load the Hub dataset 'hkust-nlp/SimpleRL-Zoo-Data' (subset 'simplelr_qwen_level3to5', split 'train'): "
+    "ConnectionError: "
+)
+LOCAL_COPY = (
+    ": pass --dataset_name /path/to/train.parquet (or .jsonl), e.g. after "
+    "`hf download hkust-nlp/SimpleRL-Zoo-Data --repo-type dataset --local-dir data/`."
+)
+
+
+@pytest.mark.parametrize("value", ["1", "on", "ON", "yes", "YES", "true", "True"])
+def test_every_spelling_of_offline_that_huggingface_hub_accepts(hub_offline, value):
+    hub_offline.setenv("HF_HUB_OFFLINE", value)
+    message = _hub_error()
+    assert message.startswith(HUB_PREFIX)
+    assert message.endswith(f". HF_HUB_OFFLINE={value} is set: unset it to download, or use a local copy{LOCAL_COPY}")
+
+
+@pytest.mark.parametrize(
+    "variables, named",
+    [
+        ({"HF_DATASETS_OFFLINE": "Yes", "HF_HUB_OFFLINE": "0"}, "HF_DATASETS_OFFLINE=Yes"),
+        ({"TRANSFORMERS_OFFLINE": "1"}, "TRANSFORMERS_OFFLINE=1"),  # huggingface_hub's fallback
+        ({"TRANSFORMERS_OFFLINE": "on", "HF_HUB_OFFLINE": ""}, "TRANSFORMERS_OFFLINE=on"),  # empty counts as unset
+    ],
+)
+def test_offline_variables_beside_hf_hub_offline(hub_offline, variables, named):
+    for name, value in variables.items():
+        hub_offline.setenv(name, value)
+    assert _hub_error().endswith(f". {named} is set: unset it to download, or use a local copy{LOCAL_COPY}")
+
+
+ONLINE = [
+    {},
+    {"HF_HUB_OFFLINE": "0"},
+    {"HF_HUB_OFFLINE": "false"},
+    {"HF_HUB_OFFLINE": "off", "HF_DATASETS_OFFLINE": "no"},
+    {"HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "1"},  # a set HF_HUB_OFFLINE wins over TRANSFORMERS_OFFLINE
+]
+
+
+@pytest.mark.parametrize("variables", ONLINE)
+def test_online_failures_point_at_the_connection(hub_offline, variables):
+    for name, value in variables.items():
+        hub_offline.setenv(name, value)
+    message = _hub_error()
+    assert message.startswith(HUB_PREFIX)
+    assert message.endswith(
+        ". check the id and your connection (and `hf auth login` for gated data), or use a local copy" + LOCAL_COPY
+    )
+
+
+@pytest.fixture
+def hub_as_local_folder(tmp_path, monkeypatch):
+    """The Hub id answered by a local copy with subset folders, and the Hub's listing of its top-level entries."""
+    root = _subset_folders(tmp_path)
+    real_load = datasets.load_dataset
+    monkeypatch.setattr(data, "load_dataset", lambda path, *args, **kwargs: real_load(str(root), *args, **kwargs))
+    monkeypatch.setattr(data, "get_dataset_config_names", lambda path: ["default"])
+    listed = []
+
+    def list_repo_tree(self, repo_id, **kwargs):
+        listed.append((repo_id, kwargs))
+        folders = [RepoFolder(path=name, oid="0") for name in (SUBSET, "simplelr_qwen_level1to4")]
+        return iter([RepoFile(path="README.md", size=1, oid="0"), *folders])
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_tree", list_repo_tree)
+    return listed
+
+
+def test_a_mistyped_hub_subset_lists_the_subsets_not_the_connection(hub_as_local_folder):
+    assert load_math_dataset(HUB_ID, subset=SUBSET)["answer"] == ["11"]
+    assert _hub_error("simplelr_qwen_level3to6") == (
+        "--dataset_config='simplelr_qwen_level3to6' is not a config or a data folder of 'hkust-nlp/SimpleRL-Zoo-Data': "
+        "set --dataset_config to one of ['simplelr_qwen_level1to4', 'simplelr_qwen_level3to5']."
+    )
+    assert hub_as_local_folder == [(HUB_ID, {"repo_type": "dataset"})]
+
+
+def test_a_mistyped_hub_subset_when_the_listing_fails(hub_as_local_folder, monkeypatch):
+    def gated(self, repo_id, **kwargs):
+        raise huggingface_hub.errors.GatedRepoError("gated")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_tree", gated)
+    assert _hub_error("level3to5") == (
+        "--dataset_config='level3to5' is not a config or a data folder of 'hkust-nlp/SimpleRL-Zoo-Data': "
+        "check --dataset_config against its configs and data folders."
+    )
+
+
+def test_a_bad_split_on_the_hub_is_a_split_error_not_a_connection_error(hub_as_local_folder):
+    with pytest.raises(ValueError) as error:
+        load_math_dataset(HUB_ID, subset=SUBSET, split="test")
+    assert str(error.value) == (
+        "Could not load split 'test' of 'hkust-nlp/SimpleRL-Zoo-Data' (subset 'simplelr_qwen_level3to5'): "
+        "Unknown split \"test\". Should be one of ['train']. Check --dataset_train_split and --dataset_config."
+    )
+
+
+# ------------------------------------------------------------------ bad sources
+@pytest.mark.parametrize(
+    "source", ["./missing", "/no/such/dir", "~/no/such/file", "missing.parquet", "data/train.CSV"]
+)
+def test_missing_local_paths_are_not_taken_for_hub_ids(tmp_path, monkeypatch, source):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    with pytest.raises(ValueError) as error:
+        load_math_dataset(source)
+    assert str(error.value) == f"--dataset_name={source!r}: no such file or folder."
+
+
+@pytest.mark.parametrize("source", [42, None, "", "   ", ["train.parquet"]])
+def test_sources_of_the_wrong_kind(source):
+    with pytest.raises(ValueError) as error:
+        load_math_dataset(source)
+    assert str(error.value) == (
+        f"--dataset_name must be a Hub dataset id, a local file or folder, or a Dataset; got {source!r}."
+    )
+
+
+def test_unsupported_and_unreadable_files(tmp_path):
+    (tmp_path / "train.txt").write_text("What is 1+1?")
+    with pytest.raises(ValueError) as error:
+        load_math_dataset(tmp_path / "train.txt")
+    assert str(error.value) == (
+        f"--dataset_name='{tmp_path / 'train.txt'}': unsupported file type '.txt'; "
+        "use one of ['.csv', '.json', '.jsonl', '.parquet']."
+    )
+    (tmp_path / "broken.parquet").write_text("not parquet")
+    with pytest.raises(ValueError, match=rf"^Could not read {re.escape(str(tmp_path))}/broken\.parquet as parquet: "):
+        load_math_dataset(tmp_path / "broken.parquet")
+
+
+@pytest.mark.parametrize(
+    "name, content",
+    [
+        ("e.jsonl", " \n\n "),
+        ("e.json", ""),
+        ("e.csv", "\n"),
+        ("e.parquet", None),
+        ("h.csv", "question,answer\n"),
+        ("l.json", "[]"),
+    ],
+)
+def test_empty_files(tmp_path, name, content):
+    path = tmp_path / name
+    if content is None:
+        _write(path, {"question": [], "answer": []})
+    else:
+        path.write_text(content)
+    with pytest.raises(ValueError) as error:
+        load_math_dataset(path)
+    message = str(error.value)
+    assert message == f"The dataset file {path} is empty: point --dataset_name at a file with at least one problem."
+
+
+def test_an_empty_in_memory_dataset():
+    with pytest.raises(ValueError) as error:
+        load_math_dataset(Dataset.from_dict({"question": [], "answer": []}), split="dev")
+    assert str(error.value) == (
+        "The dataset Dataset (split 'dev') is empty: point --dataset_name at a dataset with at least one problem, "
+        "or pick another split with --dataset_train_split."
+    )
+
+
+# ------------------------------------------------------------------ columns
+def test_missing_columns_list_what_is_there_and_name_the_flag(tmp_path):
+    path = _write(tmp_path / "train.parquet", ROWS)
+    with pytest.raises(ValueError) as error:
+        load_math_dataset(path)  # the default answer column "answer" is absent
+    assert str(error.value) == (
+        f"Column 'answer' is not in the dataset '{path}'; available columns: ['question', 'gt_answer']. "
+        "Set --answer_column to the right one."
+    )
+    with pytest.raises(ValueError) as error:
+        load_math_dataset(Dataset.from_dict(ROWS), question_column="problem", answer_column="gt_answer")
+    assert str(error.value) == (
+        "Column 'problem' is not in the dataset Dataset; available columns: ['question', 'gt_answer']. "
+        "Set --question_column to the right one."
+    )
+
+
+NESTED = {"extra_info": [{"question": "What is 2+2?", "answer": 4}, {"question": "What is 0+0?", "answer": 0}]}
+
+
+def test_nested_columns():
     dataset = load_math_dataset(
-        Dataset.from_dict(rows),
+        Dataset.from_dict({"id": [1, 2], **NESTED}),
         question_column="extra_info.question",
         answer_column="extra_info.answer",
-        tokenizer=chat_tokenizer,
     )
     assert dataset["answer"] == ["4", "0"]  # numbers become text for math-verify; 0 is an answer, not a blank
-    assert dataset[0]["prompt"][1]["content"].startswith("What is 2+2?\n")
-    splits = DatasetDict({"train": Dataset.from_dict(ROWS), "test": Dataset.from_dict(ROWS).select([0])})
-    assert len(load_math_dataset(splits, split="test", answer_column="gt_answer")) == 1
+    assert dataset["prompt"] == [PLAIN.format("What is 2+2?"), PLAIN.format("What is 0+0?")]
 
 
-def test_hub_style_folder_with_subset_folders(tmp_path):
-    """SimpleRL-Zoo-Data keeps subsets in folders (no configs): `subset` falls back to a data_dir."""
-    (tmp_path / "simplelr_qwen_level3to5").mkdir()
-    pd.DataFrame(ROWS).to_parquet(tmp_path / "simplelr_qwen_level3to5" / "train.parquet")
-    (tmp_path / "simplelr_qwen_level1to4").mkdir()
-    pd.DataFrame({"question": ["q"], "gt_answer": ["1"]}).to_parquet(
-        tmp_path / "simplelr_qwen_level1to4" / "train.parquet"
+@pytest.mark.parametrize(
+    "question_column, answer_column, missing, flag",
+    [
+        ("extra_info.problem", "extra_info.answer", "extra_info.problem", "--question_column"),
+        ("extra_info.question", "extra_info.answer.value", "extra_info.answer.value", "--answer_column"),
+        ("id.question", "extra_info.answer", "id.question", "--question_column"),  # `id` holds numbers, not fields
+        ("question", "extra_info.answer", "question", "--question_column"),
+    ],
+)
+def test_missing_nested_columns_list_the_nested_names(question_column, answer_column, missing, flag):
+    with pytest.raises(ValueError) as error:
+        load_math_dataset(
+            Dataset.from_dict({"id": [1, 2], **NESTED}), question_column=question_column, answer_column=answer_column
+        )
+    assert str(error.value) == (
+        f"Column {missing!r} is not in the dataset Dataset; available columns: "
+        f"['id', 'extra_info', 'extra_info.question', 'extra_info.answer']. Set {flag} to the right one."
     )
-    dataset = load_math_dataset(tmp_path, subset="simplelr_qwen_level3to5", answer_column="gt_answer")
-    assert dataset["answer"] == ["2", "9", "2"]
 
 
-def test_rows_without_answer_are_dropped(tmp_path):
-    rows = {"question": ["a", "b", "c", ""], "gt_answer": ["1", "", None, "4"]}
-    dataset = load_math_dataset(Dataset.from_dict(rows), answer_column="gt_answer")
-    assert dataset["answer"] == ["1"]
-
-
-def test_missing_column_names_it_lists_the_columns_and_the_flag(tmp_path):
+@pytest.mark.parametrize(
+    "questions, shown",
+    [([None, 7], "int values, not text (row 1: 7)"), ([["a", "b"]], "list values, not text (row 0: ['a', 'b'])")],
+)
+def test_a_question_column_that_is_not_text_is_refused(questions, shown):
+    """It used to be rendered into the prompt as "7" or "['a', 'b']" and trained on."""
+    rows = Dataset.from_dict({"id": questions, "answer": ["1"] * len(questions)})
     with pytest.raises(ValueError) as error:
-        load_math_dataset(_write(tmp_path, "parquet"))  # default answer column "answer" is absent
-    message = str(error.value)
-    assert "'answer'" in message and "['question', 'gt_answer']" in message and "--answer_column" in message
-    with pytest.raises(ValueError, match=r"'problem'.*--question_column"):
-        load_math_dataset(_write(tmp_path, "jsonl"), question_column="problem", answer_column="gt_answer")
+        load_math_dataset(rows, question_column="id")
+    assert str(error.value) == (
+        f"Column 'id' of Dataset holds {shown}: set --question_column to the column with the problem statements."
+    )
 
 
-def test_empty_dataset_and_all_blank_answers(tmp_path):
-    empty = tmp_path / "empty.jsonl"
-    pd.DataFrame({"question": [], "answer": []}).to_parquet(tmp_path / "empty.parquet")
-    with pytest.raises(ValueError, match="is empty"):
-        load_math_dataset(tmp_path / "empty.parquet")
-    (tmp_path / "blank.jsonl").write_text("\n")
-    with pytest.raises(ValueError, match="is empty"):
-        load_math_dataset(tmp_path / "blank.jsonl")
-    with pytest.raises(ValueError, match="is empty"):
-        load_math_dataset(Dataset.from_dict({"question": [], "answer": []}))
-    empty.write_text(json.dumps({"question": "q", "answer": ""}))
-    with pytest.raises(ValueError, match="empty 'question' or 'answer'"):
-        load_math_dataset(empty)
+# ------------------------------------------------------------------ rows and answers
+def test_rows_without_question_or_answer_are_dropped_with_a_warning(caplog):
+    rows = {
+        "question": ["a?", "b?", "c?", "", None, "  \n", "g?"],
+        "answer": ["1", "", None, "4", "5", "6", "  "],
+    }
+    with caplog.at_level(logging.WARNING, logger="dhpo_trl.data"):
+        dataset = load_math_dataset(Dataset.from_dict(rows))
+    assert dataset["answer"] == ["1"] and dataset["prompt"] == [PLAIN.format("a?")]
+    assert caplog.messages == ["Dropped 6 of 7 rows with an empty question or answer."]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="dhpo_trl.data"):
+        load_math_dataset(Dataset.from_dict({"question": ["x?"], "answer": ["3"]}))
+    assert caplog.messages == []  # nothing dropped, nothing said
 
 
-def test_offline_hub_gives_a_clear_error(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+def test_every_row_blank_is_an_error_naming_both_flags(tmp_path):
+    path = tmp_path / "blank.jsonl"
+    path.write_text('{"problem": "q?", "solution": ""}\n{"problem": " ", "solution": "2"}')
     with pytest.raises(ValueError) as error:
-        load_math_dataset("hkust-nlp/SimpleRL-Zoo-Data", subset="simplelr_qwen_level3to5")
-    message = str(error.value)
-    assert "hkust-nlp/SimpleRL-Zoo-Data" in message
-    assert "HF_HUB_OFFLINE" in message and "--dataset_name /path/to/train.parquet" in message
+        load_math_dataset(path, question_column="problem", answer_column="solution")
+    assert str(error.value) == (
+        f"Every row of '{path}' has an empty 'problem' or 'solution': check --question_column / --answer_column."
+    )
 
 
-def test_bad_paths_and_types(tmp_path):
-    with pytest.raises(ValueError, match="no such file or folder"):
-        load_math_dataset(str(tmp_path / "missing.parquet"))
-    (tmp_path / "data.txt").write_text("x")
-    with pytest.raises(ValueError, match="unsupported file type '.txt'"):
-        load_math_dataset(tmp_path / "data.txt")
-    with pytest.raises(ValueError, match="--dataset_name must be"):
-        load_math_dataset(42)
-
-
-def test_gsm8k_format_keeps_the_text_after_the_last_hash_marks(tmp_path):
+def test_gsm8k_answers_keep_the_text_after_the_last_hash_marks(tmp_path):
     """load_math_dataset(gsm8k, answer_column="answer") used to keep the whole solution: every reward was 0."""
-    rows = [
-        {"question": "Tom has 5 apples and buys 7 more. How many?", "answer": "5 + 7 = <<5+7=12>>12\n#### 12"},
-        {"question": "How many pens in 3 days at 400 a day?", "answer": "400 * 3 = 1200\n#### 1,200"},
-        {"question": "A tricky one?", "answer": "a first #### inside the working\n#### 7"},  # more than one ####
-        {"question": "Nothing after the marks?", "answer": "work\n####   "},
-    ]
-    path = tmp_path / "gsm8k.jsonl"
-    path.write_text("\n".join(json.dumps(row) for row in rows))
-    dataset = load_math_dataset(path, answer_column="answer")
-    assert dataset["answer"] == ["12", "1200", "7"]  # the row without an answer is dropped, not scored 0
+    rows = {
+        "question": ["Tom has 5 apples and buys 7 more. How many?", "Pens in 3 days at 400 a day?", "A tricky one?"],
+        "answer": ["5 + 7 = <<5+7=12>>12\n#### 12", "400 * 3 = 1200\n#### 1,200", "a first #### 3 inside\n#### 7"],
+    }
+    dataset = load_math_dataset(_write(tmp_path / "gsm8k.jsonl", rows))
+    assert dataset["answer"] == ["12", "1200", "7"]
+
+
+def test_list_and_tuple_answers_are_one_answer_with_components():
+    rows = {"question": ["Find all n.", "Find all m.", "Find k."], "answer": [["$3$", "", "$5$"], ["", " "], ["4"]]}
+    assert load_math_dataset(Dataset.from_dict(rows))["answer"] == ["3, 5", "4"]  # the all-blank row is dropped
+    pairs = {"question": ["Find the pair.", "Find the triple."], "answer": [(1, 2), (7, 0, -1)]}
+    assert load_math_dataset(Dataset.from_dict(pairs))["answer"] == ["1, 2", "7, 0, -1"]
 
 
 def test_answers_are_normalised_with_their_question():
@@ -161,9 +535,3 @@ def test_answers_are_normalised_with_their_question():
     }
     dataset = load_math_dataset(Dataset.from_dict(rows))
     assert dataset["answer"] == ["3x-2", "y = 3x - 1", r"3.9 \times 10^{33}", "61_{7}"]
-
-
-def test_list_answers_are_one_answer_with_components_and_blanks_are_dropped():
-    rows = {"question": ["Find all n.", "Find all m.", "Find k."], "answer": [["$3$", "", "$5$"], ["", " "], ["4"]]}
-    dataset = load_math_dataset(Dataset.from_dict(rows))
-    assert dataset["answer"] == ["3, 5", "4"]  # the all-blank row is dropped
