@@ -62,7 +62,7 @@ def load_math_dataset(
     Args:
         source: Hub dataset id, path to a .parquet/.jsonl/.json/.csv file or a dataset folder, or a
             `datasets.Dataset` / `DatasetDict`.
-        split: split to read (ignored for a `Dataset` and for single files, which hold one split).
+        split: split to read. A `Dataset` or a single file holds one split: any split but "train" is refused.
         subset: Hub config name, or a sub-folder of the repository (SimpleRL-Zoo-Data keeps its subsets in
             folders such as `simplelr_qwen_level3to5`, which are tried as `data_dir` when no config matches).
         question_column, answer_column: column names; a dotted name (`extra_info.question`) reads a nested field.
@@ -103,12 +103,14 @@ def load_math_dataset(
 # ------------------------------------------------------------------ loading
 def _load_raw(source, *, split: str, subset: str | None) -> Dataset:
     if isinstance(source, DatasetDict):
+        _refuse_setting("a DatasetDict", subset=subset)
         if split not in source:
             raise ValueError(
                 f"Split {split!r} is not in the DatasetDict (splits: {list(source)}): set --dataset_train_split."
             )
         return source[split]
     if isinstance(source, Dataset):
+        _refuse_setting("a Dataset", subset=subset, split=split)
         return source
     if not isinstance(source, (str, os.PathLike)) or not str(source).strip():
         raise ValueError(
@@ -116,6 +118,7 @@ def _load_raw(source, *, split: str, subset: str | None) -> Dataset:
         )
     path = Path(source).expanduser()
     if path.is_file():
+        _refuse_setting(f"the single file {path}", subset=subset, split=split)
         return _load_file(path)
     if path.is_dir():
         return _load_folder(path, split=split, subset=subset)
@@ -162,8 +165,20 @@ def _load_folder(path: Path, *, split: str, subset: str | None) -> Dataset:
                 f"The saved dataset {path} is empty (or one of its splits is, which datasets cannot load): save it "
                 f"again with at least one problem in every split, or point {DATASET_FLAG} at another dataset."
             ) from error
-        return _load_raw(saved, split=split, subset=None)
+        return _load_raw(saved, split=split, subset=subset)
     return _load_with_subset(str(path), split=split, subset=subset)
+
+
+def _refuse_setting(what: str, *, subset: str | None, split: str = "train") -> None:
+    """A file or an in-memory / saved dataset has no configs, and a file or a Dataset holds one split: a subset or a
+    split other than the default would be silently ignored, so it is refused."""
+    if subset:
+        raise ValueError(f"--dataset_config={subset!r} does not apply to {what}, which has no configs: drop it.")
+    if split != "train":
+        raise ValueError(
+            f"--dataset_train_split={split!r} does not apply to {what}, which holds one split: drop it, or point "
+            f"{DATASET_FLAG} at a folder of split files or a DatasetDict."
+        )
 
 
 def _load_hub(dataset_id: str, *, split: str, subset: str | None) -> Dataset:

@@ -111,7 +111,7 @@ def test_loaded_prompts_follow_the_tokenizer(chat_tokenizer):
 @pytest.mark.parametrize("name", ["train.parquet", "train.jsonl", "train.json", "train.csv", "TRAIN.JSONL"])
 def test_every_file_type_loads_the_same_problems(tmp_path, name):
     path = _write(tmp_path / name, ROWS)
-    dataset = load_math_dataset(str(path), answer_column="gt_answer", split="ignored for files")
+    dataset = load_math_dataset(str(path), answer_column="gt_answer")
     assert dataset.column_names == ["prompt", "answer"]
     assert dataset["answer"] == ["2", "9", "2"]  # a CSV reads them back as numbers: they are text again
     assert dataset["prompt"] == [
@@ -128,7 +128,7 @@ def test_home_relative_paths_are_expanded(tmp_path, monkeypatch):
 
 
 def test_in_memory_dataset_and_dataset_dict_split():
-    dataset = load_math_dataset(Dataset.from_dict(ROWS), answer_column="gt_answer", split="ignored for a Dataset")
+    dataset = load_math_dataset(Dataset.from_dict(ROWS), answer_column="gt_answer")
     assert dataset["answer"] == ["2", "9", "2"]
     splits = DatasetDict(
         {"train": Dataset.from_dict(ROWS), "test": Dataset.from_dict({"question": ["Test?"], "gt_answer": ["5"]})}
@@ -142,9 +142,35 @@ def test_in_memory_dataset_and_dataset_dict_split():
     )
 
 
+def test_a_split_or_subset_that_cannot_act_is_refused(tmp_path):
+    """A single file or a Dataset holds one split and no configs; a DatasetDict has splits but no configs."""
+    _write(tmp_path / "train.jsonl", {"question": ["q?"], "answer": [7]})
+    Dataset.from_dict({"question": ["Saved?"], "answer": [3]}).save_to_disk(tmp_path / "saved")
+    DatasetDict({"train": Dataset.from_dict({"question": ["A?"], "answer": ["1"]})}).save_to_disk(tmp_path / "dict")
+    file, saved = tmp_path / "train.jsonl", tmp_path / "saved"
+    cases = [
+        (file, dict(split="test"), f"--dataset_train_split='test' does not apply to the single file {file}, which "
+         "holds one split: drop it, or point --dataset_name at a folder of split files or a DatasetDict."),
+        (file, dict(subset="level3"), f"--dataset_config='level3' does not apply to the single file {file}, which "
+         "has no configs: drop it."),
+        (Dataset.from_dict(ROWS), dict(split="test"), "--dataset_train_split='test' does not apply to a Dataset, "
+         "which holds one split: drop it, or point --dataset_name at a folder of split files or a DatasetDict."),
+        (Dataset.from_dict(ROWS), dict(subset="x"), "--dataset_config='x' does not apply to a Dataset, which has "
+         "no configs: drop it."),
+        (saved, dict(split="test"), "--dataset_train_split='test' does not apply to a Dataset, which holds one "
+         "split: drop it, or point --dataset_name at a folder of split files or a DatasetDict."),
+        (tmp_path / "dict", dict(subset="x"), "--dataset_config='x' does not apply to a DatasetDict, which has no "
+         "configs: drop it."),
+    ]  # fmt: skip
+    for source, settings, message in cases:
+        with pytest.raises(ValueError) as error:
+            load_math_dataset(source, answer_column="gt_answer" if isinstance(source, Dataset) else "answer", **settings)
+        assert str(error.value) == message
+
+
 def test_save_to_disk_folders(tmp_path):
     Dataset.from_dict({"question": ["Saved?"], "answer": [3]}).save_to_disk(tmp_path / "one")
-    assert load_math_dataset(tmp_path / "one", split="ignored", subset="ignored")["answer"] == ["3"]
+    assert load_math_dataset(tmp_path / "one")["answer"] == ["3"]
     DatasetDict(
         {
             "train": Dataset.from_dict({"question": ["A?"], "answer": ["1"]}),
@@ -409,9 +435,9 @@ def test_empty_files(tmp_path, name, content):
 
 def test_an_empty_in_memory_dataset():
     with pytest.raises(ValueError) as error:
-        load_math_dataset(Dataset.from_dict({"question": [], "answer": []}), split="dev")
+        load_math_dataset(Dataset.from_dict({"question": [], "answer": []}))
     assert str(error.value) == (
-        "The dataset Dataset (split 'dev') is empty: point --dataset_name at a dataset with at least one problem, "
+        "The dataset Dataset (split 'train') is empty: point --dataset_name at a dataset with at least one problem, "
         "or pick another split with --dataset_train_split."
     )
 
