@@ -546,6 +546,22 @@ def test_bad_settings_are_refused_by_name(setting, message):
 KNOWN = "['aime24', 'aime25', 'amc23', 'olympiadbench', 'math500', 'minerva_math', 'gsm8k']"
 
 
+@pytest.mark.parametrize(
+    ("samples", "message"),
+    [
+        (0, "samples must be >= 1, got 0."),
+        (-2, "samples must be >= 1, got -2."),
+        ({"gsm8k": 0}, "samples['gsm8k'] must be a whole number >= 1, got 0."),
+        ({"aime24": 4, "gsm8k": 2.5}, "samples['gsm8k'] must be a whole number >= 1, got 2.5."),
+        ({"gsm8k": 2, "gsm9k": 4}, f"samples names unknown benchmark(s) ['gsm9k']: choose from {KNOWN}."),
+    ],
+)
+def test_bad_samples_are_refused_when_built(samples, message):
+    """Not at the first evaluation, steps into training (a 0 used to stop the run there with a ZeroDivisionError, and
+    a misspelt name silently got the paper's 32 samples)."""
+    assert error_of(BenchmarkEvalCallback, {"gsm8k": GSM8K_ROWS}, samples=samples) == message
+
+
 def test_smallest_settings_are_accepted(book, tokenizer):
     callback = BenchmarkEvalCallback(
         {"gsm8k": GSM8K_ROWS}, every_n_steps=1, batch_size=1, limit=1, temperature=0, samples={"gsm8k": 1, "aime24": 8}
