@@ -186,6 +186,15 @@ def test_olympiadbench_lists_context_and_unit(tmp_path):
     ]
 
 
+def test_olympiadbench_answers_built_in_memory():
+    rows = [  # rows a training script builds: a tuple of components, a list, a bare string
+        {"question": "Pair?", "final_answer": ("8", "9")},
+        {"question": "List?", "final_answer": ["$\\frac{1}{2}$"]},
+        {"question": "Text?", "final_answer": "10"},
+    ]
+    assert answers(load_benchmark("olympiadbench", rows)) == ["8, 9", "\\frac{1}{2}", "10"]
+
+
 def test_olympiadbench_question_field_comes_before_problem(tmp_path):
     rows = [{"question": "the question", "problem": "the problem", "final_answer": ["1"]}]
     assert load_benchmark("olympiadbench", rows)[0].question == "the question"
@@ -340,6 +349,7 @@ def test_bad_json_lines_name_the_file_and_line(tmp_path):
         ("minerva_math", {"problem": "p", "solution": ["\\boxed{1}"]}, "['problem', 'solution']", "\"['\\\\\\\\boxed{1}']\""),
         ("gsm8k", {"question": "q", "answer": "12"}, "['answer', 'question']", "'12'"),
         ("gsm8k", {"question": "q", "answer": 12}, "['answer', 'question']", "'12'"),
+        ("gsm8k", {"question": "q", "answer": "so ### 12"}, "['answer', 'question']", "'so ### 12'"),  # three marks
     ],
 )
 def test_missing_answer_names_field_format_and_value(name, row, fields, shown):
