@@ -220,7 +220,7 @@ def test_file_order_blank_lines_duplicates_and_limits(tmp_path):
     path.write_text(
         '{"problem": "third", "answer": "3"}\n'
         "\n"
-        '   \n'
+        "   \n"
         '{"problem": "first", "answer": "1"}\n'
         '{"problem": "first", "answer": "1"}\n'  # duplicates are kept: the file is the test set
         '{"problem": "second", "answer": "2"}',  # no final newline
@@ -346,7 +346,12 @@ def test_bad_json_lines_name_the_file_and_line(tmp_path):
         ("olympiadbench", {"question": "q", "final_answer": 5}, "['final_answer', 'question']", "'5'"),
         ("olympiadbench", {"question": "q", "final_answer": []}, "['final_answer', 'question']", "'[]'"),
         ("minerva_math", {"problem": "p", "solution": "no box"}, "['problem', 'solution']", "'no box'"),
-        ("minerva_math", {"problem": "p", "solution": ["\\boxed{1}"]}, "['problem', 'solution']", "\"['\\\\\\\\boxed{1}']\""),
+        (
+            "minerva_math",
+            {"problem": "p", "solution": ["\\boxed{1}"]},
+            "['problem', 'solution']",
+            "\"['\\\\\\\\boxed{1}']\"",
+        ),
         ("gsm8k", {"question": "q", "answer": "12"}, "['answer', 'question']", "'12'"),
         ("gsm8k", {"question": "q", "answer": 12}, "['answer', 'question']", "'12'"),
         ("gsm8k", {"question": "q", "answer": "so ### 12"}, "['answer', 'question']", "'so ### 12'"),  # three marks

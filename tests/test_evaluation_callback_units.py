@@ -87,7 +87,8 @@ class FakeProcessGroup:
     def run(self, function):
         """function() on every rank; the results in rank order. The backend's calls are those of the second runs."""
         self.collecting = True
-        for self.rank in range(self.world):
+        for rank in range(self.world):
+            self.rank = rank
             try:
                 function()
             except _AtGather:
@@ -95,7 +96,8 @@ class FakeProcessGroup:
         self.backend.calls.clear()
         self.collecting = False
         results = []
-        for self.rank in range(self.world):
+        for rank in range(self.world):
+            self.rank = rank
             results.append(function())
         return results
 
@@ -297,7 +299,7 @@ def test_other_hooks_do_not_evaluate(book, tokenizer):
     callback.on_log(args_like(), state, control, logs={"loss": 1.0}, **hooks)
     callback.on_epoch_end(args_like(), state, control, **hooks)
     callback.on_substep_end(args_like(), state, control, **hooks)
-    callback.on_train_end(args_like(), state, control, **hooks)  # no final evaluation off the N-step grid
+    callback.on_train_end(args_like(), state, control, **hooks)  # no extra evaluation at the end: only on_step_end
     assert book.calls == [] and callback.history == [] and state.log_history == []
 
 
@@ -315,8 +317,10 @@ def test_unattached_writes_the_log_history_and_warns_once(book, tokenizer, caplo
     assert state.log_history == [{**scores, "step": 2}, {**scores, "step": 4}]
     assert callback.history == [{"step": 2, **scores}, {"step": 4, **scores}]
     assert [record.getMessage() for record in caplog.records] == [
-        "BenchmarkEvalCallback is not attached to a trainer: eval/* metrics go to trainer.state.log_history only. "
-        "Use callback.attach(trainer) to reach the trackers."
+        (
+            "BenchmarkEvalCallback is not attached to a trainer: eval/* metrics go to trainer.state.log_history only. "
+            "Use callback.attach(trainer) to reach the trackers."
+        )
     ]
     assert control.should_log is True
 
@@ -412,7 +416,9 @@ def test_attached_keeps_a_false_log_flag_and_gathers_by_default(book, tokenizer,
     callback.on_step_end(args_like(), state, control, model=MODEL, processing_class=tokenizer)
     assert control.should_log is False
     assert events[0] == ("unwrap", "wrapped engine", "accelerator", True, None, None)  # ds3 gather unless told
-    assert state.log_history == [{"eval/aime25": AIME_PASS1, "eval/gsm8k": GSM8K_4, "eval/avg": 62.5, "epoch": 1.0, "step": 2}]
+    assert state.log_history == [
+        {"eval/aime25": AIME_PASS1, "eval/gsm8k": GSM8K_4, "eval/avg": 62.5, "epoch": 1.0, "step": 2}
+    ]
     assert trainer.added == []
 
 
@@ -471,7 +477,10 @@ def test_two_processes_split_units_and_log_one_process_scores(group_of, tokenize
 def test_three_processes_one_without_work(group_of, tokenizer):
     group, backend = group_of(3)
     callback = BenchmarkEvalCallback({"aime25": AIME_ROWS}, samples=4, batch_size=4)
-    assert group.run(lambda: callback.evaluate(MODEL, tokenizer)) == [{"eval/aime25": AIME_AVG4, "eval/avg": AIME_AVG4}] * 3
+    assert (
+        group.run(lambda: callback.evaluate(MODEL, tokenizer))
+        == [{"eval/aime25": AIME_AVG4, "eval/avg": AIME_AVG4}] * 3
+    )
     assert [(rank, q, s.seed) for rank, q, _, s in backend.calls] == [
         (0, ["Find $6 \\cdot 7$"], 0), (1, ["Find $2^{10}$"], 1),
     ]  # fmt: skip
@@ -601,7 +610,10 @@ def test_sharded_training_needs_the_trainer(book, tokenizer, monkeypatch, trl_he
     callback = callback_for()
     hooks = {"model": MODEL, "processing_class": tokenizer}
     callback.on_train_begin(args_like(), TrainerState(), TrainerControl(), **hooks)  # neither: fine
-    assert error_of(callback.on_train_begin, args_like(fsdp="full_shard"), TrainerState(), TrainerControl(), **hooks) == message
+    assert (
+        error_of(callback.on_train_begin, args_like(fsdp="full_shard"), TrainerState(), TrainerControl(), **hooks)
+        == message
+    )
     monkeypatch.setattr(callback_module, "is_deepspeed_zero3_enabled", lambda: True)
     assert error_of(callback.on_train_begin, args_like(), TrainerState(), TrainerControl(), **hooks) == message
     events, _ = trl_helpers
