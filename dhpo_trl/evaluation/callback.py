@@ -70,6 +70,18 @@ class BenchmarkEvalCallback(TrainerCallback):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
         names = resolve_benchmark_names(list(benchmarks))
+        # Checked here, as the CLI checks --samples: at the first evaluation, steps into training, a 0 would stop the
+        # run with a ZeroDivisionError and a misspelt name would silently get the paper's default (32 for AIME).
+        if isinstance(samples, int):
+            if samples < 1:
+                raise ValueError(f"samples must be >= 1, got {samples}.")
+        else:
+            unknown = [name for name in samples if name not in BENCHMARKS]
+            if unknown:
+                raise ValueError(f"samples names unknown benchmark(s) {unknown}: choose from {list(BENCHMARKS)}.")
+            for name, k in samples.items():
+                if not isinstance(k, int) or k < 1:
+                    raise ValueError(f"samples['{name}'] must be a whole number >= 1, got {k!r}.")
         sources = (
             resolve_sources(names, data=benchmarks)
             if isinstance(benchmarks, Mapping)
