@@ -107,7 +107,9 @@ def test_transformers_pads_left_batches_jobs_and_trims_the_prompt(char_tokenizer
 
 def test_transformers_greedy_at_temperature_zero(char_tokenizer):
     model = ScriptedLM([[[X]]])
-    out = TransformersBackend(model, char_tokenizer).generate([[A]], 1, SamplingSettings(max_new_tokens=3, temperature=0))
+    out = TransformersBackend(model, char_tokenizer).generate(
+        [[A]], 1, SamplingSettings(max_new_tokens=3, temperature=0)
+    )
     assert out == [["x"]]
     assert model.calls[0]["kwargs"] == {
         "input_ids": [[A]],
