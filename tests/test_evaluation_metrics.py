@@ -71,3 +71,13 @@ def test_table_marks_missing_scores_and_withholds_their_average():
         "| first  | 20.0           | -     | -    |",
         "| second | 10.0           | 30.0  | 20.0 |",
     ]
+
+
+def test_table_average_covers_only_the_columns_shown():
+    # a score outside the seven benchmarks (here "mmlu") gets no column and does not enter AVG
+    table = format_table({"m": {"gsm8k": 10.0, "mmlu": 90.0, "math500": 20.0}}, {})
+    assert table.splitlines() == [
+        "| Model | MATH 500 | GSM8K | AVG  |",
+        "|-------|----------|-------|------|",
+        "| m     | 20.0     | 10.0  | 15.0 |",
+    ]
