@@ -155,10 +155,11 @@ def test_transformers_refuses_a_batch_size_below_one(batch_size):
 def test_transformers_seeds_a_private_stream_without_grad(char_tokenizer):
     model = ScriptedLM([[[X]], [[X]], [[X]]])
     backend = TransformersBackend(model, char_tokenizer)
-    torch.manual_seed(99)
-    state = torch.get_rng_state()
-    backend.generate([[A]], 1, SamplingSettings(max_new_tokens=1, seed=1234))
-    assert torch.equal(torch.get_rng_state(), state)  # the caller's RNG is untouched
+    with torch.random.fork_rng():  # this test's own seed does not leak into later tests
+        torch.manual_seed(99)
+        state = torch.get_rng_state()
+        backend.generate([[A]], 1, SamplingSettings(max_new_tokens=1, seed=1234))
+        assert torch.equal(torch.get_rng_state(), state)  # the caller's RNG is untouched
     backend.generate([[A]], 1, SamplingSettings(max_new_tokens=1, seed=1234))
     backend.generate([[A]], 1, SamplingSettings(max_new_tokens=1, seed=7))
     assert [call["seed"] for call in model.calls] == [1234, 1234, 7]
