@@ -29,18 +29,22 @@ from .data import load_math_dataset
 from .rewards import math_verify_reward
 from .user_errors import check_model_path, make_folder, pop_debug_flag, run_command
 
+# The paper's training data and its subset (a folder of the repository); the subset is the default only for it.
+PAPER_DATASET, PAPER_SUBSET = "hkust-nlp/SimpleRL-Zoo-Data", "simplelr_qwen_level3to5"
+
 
 @dataclass
 class DHPOScriptArguments(ScriptArguments):
     """Dataset and batch options of the training script. Defaults are the paper's data (SimpleRL-Zoo, level 3-5)."""
 
     dataset_name: str | None = field(
-        default="hkust-nlp/SimpleRL-Zoo-Data",
+        default=PAPER_DATASET,
         metadata={"help": "Hub dataset id, or a local .parquet/.jsonl/.json/.csv file or dataset folder."},
     )
     dataset_config: str | None = field(
-        default="simplelr_qwen_level3to5",
-        metadata={"help": "Hub config, or sub-folder of the dataset repository (SimpleRL-Zoo-Data uses folders)."},
+        default=None,
+        metadata={"help": "Hub config, or sub-folder of the dataset repository (SimpleRL-Zoo-Data uses folders; for "
+                  f"{PAPER_DATASET} it defaults to {PAPER_SUBSET}). A single file or a saved dataset has none."},
     )
     question_column: str = field(
         default="question", metadata={"help": "Column holding the problem text (dotted for nested fields)."}
@@ -333,7 +337,7 @@ def load_training_data(script_args: DHPOScriptArguments, tokenizer=None, *, quie
         return load_math_dataset(
             script_args.dataset_name,
             split=script_args.dataset_train_split,
-            subset=script_args.dataset_config,
+            subset=script_args.dataset_config or (PAPER_SUBSET if script_args.dataset_name == PAPER_DATASET else None),
             question_column=script_args.question_column,
             answer_column=script_args.answer_column,
             tokenizer=tokenizer,

@@ -411,3 +411,22 @@ def test_max_prompt_length_drops_longer_prompts(chat):
     assert kept["answer"] == ["1"] and kept.column_names == ["prompt", "answer"]
     with pytest.raises(ValueError, match="max_prompt_length=10"):
         drop_long_prompts(dataset, tokenizer, max_tokens=10)
+
+
+@pytest.mark.parametrize(
+    "settings, subset",
+    [
+        (dict(), "simplelr_qwen_level3to5"),  # the paper's data: its subset by default
+        (dict(dataset_config="simplelr_qwen_level1to4"), "simplelr_qwen_level1to4"),
+        (dict(dataset_name="data/train.parquet"), None),  # other data: no subset unless asked for
+        (dict(dataset_name="org/other", dataset_config="main"), "main"),
+    ],
+)
+def test_the_paper_subset_is_the_default_only_for_the_paper_dataset(monkeypatch, settings, subset):
+    seen = {}
+    monkeypatch.setattr("dhpo_trl.cli.load_math_dataset", lambda name, **kwargs: seen.update(name=name, **kwargs))
+    from dhpo_trl.cli import DHPOScriptArguments, load_training_data
+
+    load_training_data(DHPOScriptArguments(**settings))
+    assert seen["subset"] == subset
+    assert seen["name"] == settings.get("dataset_name", "hkust-nlp/SimpleRL-Zoo-Data")
