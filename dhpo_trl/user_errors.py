@@ -98,8 +98,10 @@ def check_model_path(model: str, *, label: str = "Model path") -> str:
         return "local"
     if model != model.strip():  # "Qwen/Qwen3\n" from a config file or a shell variable
         raise ValueError(f"{label} {model!r} has leading or trailing whitespace: pass {model.strip()!r}.")
+    # A Hub id is "name" or "org/name" starting with a letter or digit, so "./x", "/x", "~/x" and "a/b/c" are refused
+    # by the pattern; "outputs/run1" fits it but names a folder that exists: a local path with a typo.
     parts = Path(model).parts
-    meant_local = model.startswith((".", "/", "~")) or (len(parts) > 1 and Path(parts[0]).is_dir())
-    if meant_local or not _HUB_ID.fullmatch(model) or model.count("/") > 1:
+    meant_local = len(parts) > 1 and Path(parts[0]).is_dir()
+    if meant_local or not _HUB_ID.fullmatch(model):
         raise ValueError(f"{label} {model} does not exist. Pass an existing directory or a Hub model id.")
     return "hub"

@@ -152,6 +152,7 @@ WITH_QUESTION = [
     ("assignment-angle", r"\angle ABC = 30", "Find the angle.", "30"),
     ("assignment-subscript", r"m_{\max} = 4", "Find the largest m.", "4"),
     ("asks-an-equation", "x=1, y=2", "Find the equation of the line.", "x=1, y=2"),
+    ("not-an-assignment", "2x + 1 = 5", "Solve for x.", "2x + 1 = 5"),  # the left side is not a name
     ("asks-a-relation", "y = 2x", "What is the relationship between x and y?", "y = 2x"),
     ("asks-in-the-form", "y = 2x + 3", "Write it in the form y = mx + b.", "y = 2x + 3"),
     ("unit-letter", "7 m", r"A rope is $3 \mathrm{~m}$ long. How long is the other?", "7"),
@@ -241,8 +242,9 @@ def test_fingerprint_is_sha256_of_the_stripped_text():
         (",a,", ",", ["", "a", ""]),
         ("a;b, c", ";", ["a", "b, c"]),
         ("", ",", [""]),
+        ("AX, B, X", ",", ["AX", "B", "X"]),  # letters are not brackets
     ],
-    ids=["brackets", "intervals", "spacing", "empty-parts", "semicolon", "empty"],
+    ids=["brackets", "intervals", "spacing", "empty-parts", "semicolon", "empty", "capital-letters"],
 )
 def test_split_top_level(text, separator, parts):
     assert golds.split_top_level(text, separator) == parts

@@ -19,6 +19,7 @@ def test_server_url():
     assert vllm_utils.vllm_server_url(args()) == "http://10.0.0.7:8123"
     assert vllm_utils.vllm_server_url(args(vllm_server_base_url="http://gpu-7:9000/")) == "http://gpu-7:9000"
     assert vllm_utils.vllm_server_url(args(vllm_server_base_url="https://h/v1//")) == "https://h/v1"
+    assert vllm_utils.vllm_server_url(args(vllm_server_base_url="http://GPU-BOX/")) == "http://GPU-BOX"  # only "/"
 
 
 class FakeResponse:
