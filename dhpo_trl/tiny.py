@@ -19,8 +19,7 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     """One token per ASCII character, plus pad / end-of-text / unknown. Deterministic: same ids every time."""
     vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS + list(dict.fromkeys(CHARACTERS)))}
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|unk|>"))
-    # Every character on its own: "." would leave runs of newlines ("\n\n") as one unknown piece.
-    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("[\\s\\S]"), behavior="isolated")
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tokenizer.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
