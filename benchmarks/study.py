@@ -107,7 +107,7 @@ def markdown(table: dict[str, dict], target: float, command: str, steps: int, tr
         command,
         "```",
         "",
-        f"Held-out accuracy is greedy exact match on 200 problems (math-verify `\\boxed{{}}` reward), measured every 30",
+        "Held-out accuracy is greedy exact match on 200 problems (math-verify `\\boxed{}` reward), measured every 30",
         f"of {steps} optimizer steps; mean ± sample std over seeds. *Steps to {target:.0%}*: first evaluated step at",
         "which held-out accuracy reached the target, per seed (— never). *Late entropy*: mean policy entropy over the",
         "last 20% of steps.",

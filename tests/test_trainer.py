@@ -604,7 +604,9 @@ def test_row_loss_and_gradient_are_verls(row, feature_model, tok, tmp_path):
     reference.backward()
     assert loss.item() == pytest.approx(reference.item(), abs=1e-5)
     for name, param in feature_model.named_parameters():
-        message = lambda m, name=name: f"{name}: {m}"
+        def message(m, name=name):
+            return f"{name}: {m}"
+
         torch.testing.assert_close(grads[name], param.grad, atol=2e-6, rtol=1e-4, msg=message)
     feature_model.zero_grad()
 
