@@ -11,8 +11,10 @@ from dataclasses import dataclass
 
 from datasets import Dataset
 
-# The SimpleRL prompt, shortened for a character-level model: the instruction, the question, the answer cue.
-PROMPT_TEMPLATE = "Put the final answer in \\boxed{{}}.\nQ: {question}\nA:"
+# The question and the answer cue only. A real model needs the instruction to box its answer; the tiny character
+# model learns the format from the warm start and reads every character as a token, so the instruction would only
+# triple the tokens of every training sequence (and the time of every step) without telling it anything.
+PROMPT_TEMPLATE = "Q: {question}\nA:"
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,10 @@ class EmbeddedSettings:
     digits: tuple[int, int] = (2, 2)  # operand widths of the synthetic additions
     num_train: int = 2000
     num_heldout: int = 200
-    warmup_steps: int = 350  # supervised warm-start steps: stopped early, so the policy is right ~30% of the time
+    # Supervised warm start, stopped early so that RL has accuracy left to gain: at the first check where the policy
+    # writes the right answer for `warmup_target_accuracy` of 100 training problems (at most `warmup_steps` steps).
+    warmup_steps: int = 600
+    warmup_target_accuracy: float | None = 0.5
     max_steps: int = 120  # optimizer steps of RL: 60 generation batches of k = 2 steps
     learning_rate: float = 2e-4
     prompts_per_generation: int = 32  # prompts per generation batch; x num_generations completions
@@ -174,7 +177,8 @@ def load_task(settings: EmbeddedSettings, num_heldout: int | None = None, *, cac
     """
     num_heldout = settings.num_heldout if num_heldout is None else num_heldout
     train_problems, heldout_problems = make_splits(settings.num_train, num_heldout, digits=settings.digits, seed=0)
-    warm = WarmStartSettings(steps=settings.warmup_steps, problems=train_problems)
+    warm = WarmStartSettings(steps=settings.warmup_steps, target_accuracy=settings.warmup_target_accuracy,
+                             problems=train_problems)  # fmt: skip
     return train_problems, heldout_problems, load_or_warm_start(warm, cache_dir=cache_dir, use_cache=use_cache)
 
 
@@ -267,8 +271,10 @@ def _run(algorithm, seed, max_steps, output_dir, eval_every, num_heldout, cache_
     before = greedy_accuracy(model, tokenizer, heldout_problems, max_new_tokens=settings.max_completion_length,
                              reward=reward)  # fmt: skip
     baseline_seconds = time.perf_counter() - started - warm_seconds
-    print(f"Warm start {'loaded from cache' if from_cache else 'trained'} in {warm_seconds:.1f}s; "
-          f"held-out accuracy before RL: {before:.1%}", flush=True)  # fmt: skip
+    warm_steps, probe_accuracy = model.config.warm_start_steps, model.config.warm_start_probe_accuracy
+    stopped = "" if probe_accuracy is None else f", right on {probe_accuracy:.0%} of the training probe"
+    print(f"Warm start ({warm_steps} supervised steps{stopped}) {'loaded from cache' if from_cache else 'trained'} "
+          f"in {warm_seconds:.1f}s; held-out accuracy before RL: {before:.1%}", flush=True)  # fmt: skip
 
     callback = HeldoutAccuracyCallback(
         tokenizer, heldout_problems, every=eval_every, max_new_tokens=settings.max_completion_length, initial=before,
@@ -319,6 +325,7 @@ def _run(algorithm, seed, max_steps, output_dir, eval_every, num_heldout, cache_
         "parameters": sum(p.numel() for p in model.parameters()),
         "num_heldout": num_heldout,
         "warm_start_from_cache": from_cache,
+        "warm_start_steps": warm_steps,
         "warm_start_seconds": round(warm_seconds, 2),
         "train_seconds": round(train_seconds, 2),
         "wall_seconds": round(time.perf_counter() - started, 2),

@@ -9,7 +9,7 @@ from dhpo_trl.arithmetic import PROMPT_TEMPLATE, Problem, generate_problems, mak
 def test_problem_text():
     problem = Problem(37, 405)
     assert (problem.question, problem.answer) == ("37+405", "442")
-    assert problem.prompt == "Put the final answer in \\boxed{}.\nQ: 37+405\nA:"
+    assert problem.prompt == "Q: 37+405\nA:"
     assert problem.prompt == PROMPT_TEMPLATE.format(question="37+405")
     assert problem.target_completion() == " \\boxed{442}"
 

@@ -1,11 +1,13 @@
 """The embedded CPU default: synthetic task, cached warm start, and a short, deterministic DHPO-E run."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
 from dhpo_trl.arithmetic import generate_problems, make_splits, to_dataset
+from dhpo_trl import embedded
 from dhpo_trl.embedded import EmbeddedSettings, main, run_embedded
 from dhpo_trl.rewards import math_verify_reward
 
@@ -19,7 +21,7 @@ def test_problems_have_correct_answers_and_disjoint_deterministic_splits():
     for problem in train + heldout:
         assert int(problem.answer) == eval(problem.question)  # "37+45" evaluated by Python
         assert 10 <= problem.left <= 999 and 10 <= problem.right <= 999
-        assert problem.question in problem.prompt and "\\boxed{}" in problem.prompt
+        assert problem.prompt == f"Q: {problem.question}\nA:"
     assert not set(train) & set(heldout)
     assert len(set(train)) == 300
     assert make_splits(300, 50, digits=(2, 3), seed=7) == (train, heldout)
@@ -44,11 +46,15 @@ def test_bad_task_settings_raise_clear_errors():
         run_embedded(max_steps=0, settings=SHORT)
 
 
-def test_short_run_writes_outputs_reuses_cache_and_is_deterministic(tmp_path):
+def test_short_run_writes_outputs_reuses_cache_and_is_deterministic(tmp_path, capsys):
     cache = tmp_path / "cache"
     first = run_embedded("DHPO-E", seed=3, output_dir=tmp_path / "a", cache_dir=cache, settings=SHORT,
                          disable_tqdm=True)  # fmt: skip
     assert first["warm_start_from_cache"] is False
+    # 20 steps never reach the 20% target: all of them ran, and the line says how the probe stood at the end
+    assert first["warm_start_steps"] == 20
+    assert re.search(r"^Warm start \(20 supervised steps, right on \d+% of the training probe\) trained in ",
+                     capsys.readouterr().out, re.MULTILINE)  # fmt: skip
     assert first["optimizer_steps"] == 4
     assert [step for step, _ in first["heldout_accuracies"]] == [0, 2, 4]
     assert first["heldout_accuracy_before"] == first["heldout_accuracies"][0][1]
@@ -69,6 +75,8 @@ def test_short_run_writes_outputs_reuses_cache_and_is_deterministic(tmp_path):
     second = run_embedded("DHPO-E", seed=3, output_dir=tmp_path / "b", cache_dir=cache, settings=SHORT,
                           disable_tqdm=True)  # fmt: skip
     assert second["warm_start_from_cache"] is True
+    assert second["warm_start_steps"] == 20
+    assert "Warm start (20 supervised steps, right on " in capsys.readouterr().out
     assert second["warm_start_seconds"] < first["warm_start_seconds"]
     for key in ("heldout_accuracies", "reward", "entropy"):  # same seed, same numbers
         assert [step for step, _ in second[key]] == [step for step, _ in first[key]], key
@@ -96,3 +104,16 @@ def test_summary_prints_each_phase_and_where_to_go_next(capsys):
     assert "171s = warm start 0s (cached) + accuracy before RL 2s + RL 161s (of which held-out evaluations 12s)" in out
     assert "saving 8s" in out
     assert "docs/study/staleness.md" in out and "examples/notebooks/dhpo_quickstart.ipynb" in out
+
+
+def test_the_warm_start_follows_the_task_settings(monkeypatch):
+    """load_task hands the warm start the training problems (not the held-out ones), the step limit and the target."""
+    captured = {}
+    monkeypatch.setattr(embedded, "load_or_warm_start", lambda warm, **kwargs: captured.update(warm=warm, **kwargs))
+    settings = EmbeddedSettings(num_train=30, num_heldout=5, warmup_steps=77, warmup_target_accuracy=0.35)
+    train, heldout, _ = embedded.load_task(settings, cache_dir="somewhere", use_cache=False)
+    warm = captured["warm"]
+    assert (warm.steps, warm.target_accuracy, warm.problems) == (77, 0.35, train)
+    assert (len(train), len(heldout)) == (30, 5) and not set(train) & set(heldout)
+    assert (captured["cache_dir"], captured["use_cache"]) == ("somewhere", False)
+    assert EmbeddedSettings().warmup_target_accuracy == 0.5  # the first run starts RL from a half-right policy
