@@ -116,6 +116,13 @@ def resolve_benchmark_names(names: Iterable[str] | str) -> list[str]:
     return [name for name in BENCHMARKS if name in names]
 
 
+def check_benchmark_keys(names: Iterable[str], setting: str) -> None:
+    """A ValueError naming `setting` (e.g. "--samples") if any of `names`, its per-benchmark keys, is not a benchmark."""
+    unknown = [name for name in names if name not in BENCHMARKS]
+    if unknown:
+        raise ValueError(f"{setting} names unknown benchmark(s) {unknown}: choose from {list(BENCHMARKS)}.")
+
+
 def _rows_from_jsonl(path: Path) -> Iterable[tuple[str, Mapping[str, Any]]]:
     with path.open(encoding="utf-8") as handle:
         for line_number, line in enumerate(handle, start=1):
@@ -210,9 +217,7 @@ def resolve_sources(
 ) -> dict[str, Any]:
     """Where each benchmark's data comes from: an explicit `data[name]` first, else `data_dir/<name>/test.jsonl`."""
     data = dict(data or {})
-    unknown = [name for name in data if name not in BENCHMARKS]
-    if unknown:
-        raise ValueError(f"--data names unknown benchmark(s) {unknown}: choose from {list(BENCHMARKS)}.")
+    check_benchmark_keys(data, "--data")
     sources = {}
     for name in names:
         if name in data:

@@ -30,7 +30,7 @@ from transformers.distributed.fsdp import is_fsdp_managed_module
 from transformers.integrations import is_deepspeed_zero3_enabled
 
 from .backends import SamplingSettings, TransformersBackend
-from .benchmarks import BENCHMARKS, load_benchmark, resolve_benchmark_names, resolve_sources
+from .benchmarks import BENCHMARKS, check_benchmark_keys, load_benchmark, resolve_benchmark_names, resolve_sources
 from .metrics import average_score, benchmark_score
 from .runner import evaluate_problems
 
@@ -76,9 +76,7 @@ class BenchmarkEvalCallback(TrainerCallback):
             if samples < 1:
                 raise ValueError(f"samples must be >= 1, got {samples}.")
         else:
-            unknown = [name for name in samples if name not in BENCHMARKS]
-            if unknown:
-                raise ValueError(f"samples names unknown benchmark(s) {unknown}: choose from {list(BENCHMARKS)}.")
+            check_benchmark_keys(samples, "samples")
             for name, k in samples.items():
                 if not isinstance(k, int) or k < 1:
                     raise ValueError(f"samples['{name}'] must be a whole number >= 1, got {k!r}.")

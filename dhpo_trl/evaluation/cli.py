@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..user_errors import DEBUG_FLAG, DEBUG_HELP, check_model_path, make_folder, positive_int, run_command
 from .backends import SamplingSettings, TransformersBackend, VLLMBackend, vllm_available
-from .benchmarks import BENCHMARKS, load_benchmark, resolve_benchmark_names, resolve_sources
+from .benchmarks import BENCHMARKS, check_benchmark_keys, load_benchmark, resolve_benchmark_names, resolve_sources
 from .metrics import format_table
 from .runner import evaluate_problems
 
@@ -132,9 +132,7 @@ def prepare(argv: list[str] | None = None) -> dict:
         samples = {
             name: _positive_int(k, f"--samples {name}") for name, k in _key_values(args.samples, "--samples").items()
         }
-        unknown = [name for name in samples if name not in BENCHMARKS]
-        if unknown:
-            raise ValueError(f"--samples names unknown benchmark(s) {unknown}: choose from {list(BENCHMARKS)}.")
+        check_benchmark_keys(samples, "--samples")
         settings = SamplingSettings(args.max_new_tokens, args.temperature, args.top_p, args.seed)
         sources = resolve_sources(names, data_dir=args.data_dir, data=_key_values(args.data, "--data"))
         problems = {name: load_benchmark(name, sources[name], split=args.split, limit=args.limit) for name in names}
