@@ -168,8 +168,9 @@ def test_one_completion_per_device_is_a_valid_batch(tmp_path):
          ("A config value has the wrong type ('>' not supported between instances of 'list' and 'int'). "
           "Check the YAML values.")),
         ("per_device_train_batch_size: 0\n", "--per_device_train_batch_size must be a positive whole number, got 0."),
+        ("num_generations:\n", "--num_generations must be a positive whole number, got None."),
     ],
-    ids=["empty", "list", "zero-batch"],
+    ids=["empty", "list", "zero-batch", "empty-num-generations"],
 )  # fmt: skip
 def test_wrong_yaml_values(tmp_path, yaml_text, message):
     config = _yaml(tmp_path / "run.yaml", yaml_text)
