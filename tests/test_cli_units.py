@@ -29,6 +29,7 @@ from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
 from dhpo_trl.trainer import DHPOTrainer
 
 CPU = ["--use_cpu", "true", "--bf16", "false", "--report_to", "none"]
+OFF_POLICY = ["--steps_per_generation", "2"]  # no on-policy warning
 # One token per message end and two for the generation prompt "A:", so a chat prompt has more tokens than the
 # characters of its messages, and fewer than the characters of its rendering.
 CHAT_TEMPLATE = (
@@ -92,7 +93,7 @@ def test_config_and_overlay_in_the_flag_equals_path_form(tmp_path):
     config = _yaml(tmp_path / "run=1.yaml", "max_steps: 3\nlearning_rate: 0.25\n")
     overlay = _yaml(tmp_path / "overlay.yaml", "learning_rate: 0.5\n")
     _, training_args, _ = parse_args(
-        [f"--config={config}", f"--overlay={overlay}", "--output_dir", str(tmp_path), *CPU]
+        [f"--config={config}", f"--overlay={overlay}", "--output_dir", str(tmp_path), *OFF_POLICY, *CPU]
     )
     assert (training_args.max_steps, training_args.learning_rate) == (3, 0.5)  # the overlay wins over the config
 
@@ -143,7 +144,7 @@ def test_yaml_env_and_bare_no_strategies(tmp_path, monkeypatch):
         tmp_path / "run.yaml",
         "env:\n  DHPO_CLI_UNIT_VAR: 3\nsave_strategy: no\neval_strategy: no\nlogging_strategy: no\n",
     )
-    _, training_args, _ = parse_args(["--config", config, "--output_dir", str(tmp_path), *CPU])
+    _, training_args, _ = parse_args(["--config", config, "--output_dir", str(tmp_path), *OFF_POLICY, *CPU])
     assert os.environ["DHPO_CLI_UNIT_VAR"] == "3"
     assert (training_args.save_strategy, training_args.eval_strategy, training_args.logging_strategy) == (
         "no",
