@@ -123,8 +123,9 @@ def parse_args(argv=None, *, num_processes: int | None = None):
         hint = " (a YAML file goes after --config)" if yaml_given else ""
         raise ValueError(f"Unrecognized argument(s): {_with_suggestions(flags, options)}{hint}.")
     for name in ("per_device_train_batch_size", "num_generations"):  # the batch plan divides by them
-        if getattr(raw, name) < 1:
-            raise ValueError(f"--{name} must be a positive whole number, got {getattr(raw, name)}.")
+        value = getattr(raw, name)
+        if not isinstance(value, int) or value < 1:  # None: a key left empty in the YAML
+            raise ValueError(f"--{name} must be a positive whole number, got {value}.")
     check_device(raw)
     plan = batch_plan(
         raw.prompts_per_generation,
