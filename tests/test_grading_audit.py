@@ -130,3 +130,29 @@ def test_table_reports_counts_rates_and_timings(report):
     assert cells[7] == f"{len(ROWS)}/{len(ROWS)} (100.0%)"
     assert cells[8] == f"0/{report.near_miss_tries}" and cells[9] == f"0/{report.rotated}"
     assert float(cells[10]) > 0 and int(cells[11]) < 1000 * audit.DEFAULT_TIMEOUT_S and cells[12] == "0"
+
+
+def test_table_row_from_a_report_built_by_hand():
+    """Every cell against a hand computation, on a report with no audit run behind it (so it takes no time)."""
+
+    def finding(check):
+        return audit.Finding(0, "1", check, "2", 1.0)
+
+    report = audit.BenchmarkAudit(
+        name="hand", golds=9, kinds={"math": 5, "unreadable": 1, "text": 2, "choice": 1, "base": 3},
+        unreadable=[(4, "??")], rewrites=8, rewrites_accepted=6, near_misses={"digit": 4, "sign": 3}, rotated=5,
+        false_positives=[finding("digit"), finding("sign"), finding("rotated"), finding("rewrite")],
+        seconds=[0.002, 0.004, 0.0125], deadline_hits=[finding("digit"), finding("sign")],
+    )  # fmt: skip
+    header, rule, row = audit.format_table([report]).split("\n")
+    assert header == (
+        "| benchmark | golds | read as math | words | choice | base | string-only | rewrites scored 1 | "
+        "near-miss FP | rotated FP | mean ms | max ms | over deadline |"
+    )
+    assert rule == "|" + "---|" * 13
+    # math 5 of 5 + 1 unreadable; 6/8 = 75.0%; near misses: the two not "rewrite"/"rotated" of 4 + 3 tries;
+    # mean (2 + 4 + 12.5) / 3 = 6.1666 ms; max 12.5 ms rounds to 12 (round half to even)
+    assert row == "| hand | 9 | 5/6 | 2 | 1 | 3 | 1 | 6/8 (75.0%) | 2/7 | 1/5 | 6.2 | 12 | 2 |"
+    empty = audit.format_table([audit.BenchmarkAudit(name="none")]).split("\n")[2]
+    assert empty == "| none | 0 | 0/0 | 0 | 0 | 0 | 0 | 0/0 (0.0%) | 0/0 | 0/0 | 0.0 | 0 | 0 |"  # no division by zero
+    assert audit.format_table([]) == header + "\n" + rule
