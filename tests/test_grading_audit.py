@@ -156,3 +156,56 @@ def test_table_row_from_a_report_built_by_hand():
     empty = audit.format_table([audit.BenchmarkAudit(name="none")]).split("\n")[2]
     assert empty == "| none | 0 | 0/0 | 0 | 0 | 0 | 0 | 0/0 (0.0%) | 0/0 | 0/0 | 0.0 | 0 | 0 |"  # no division by zero
     assert audit.format_table([]) == header + "\n" + rule
+
+
+def test_audit_accounting_with_a_scripted_grader_and_clock(monkeypatch):
+    """audit_benchmark's bookkeeping on its own: a scripted grader, gold reader, rewrites, near misses and clock.
+
+    Golds: "1" (math), "words" (text), "??" (unreadable), " 1" (math, the same gold as "1" up to spaces).
+    Each scoring call takes 0.1 s, except: "R1" takes 2.0 s (exactly the 2.0 s deadline) then 0.5 s on the
+    retry; "-words" and "R??" take 3.0 s both times, so they are deadline hits.
+    """
+    kinds = {"1": "math", "words": "text", "??": "unreadable", " 1": "math", "2": "math", "3": "math"}
+    monkeypatch.setattr(audit, "gold_form", lambda gold: (kinds[gold], None))
+    monkeypatch.setattr(audit, "rewrite", lambda gold: "R" + gold.strip())
+    monkeypatch.setattr(audit, "near_misses", lambda gold: [("sign", "-" + gold.strip())])
+    clock, calls = [0.0], []
+    durations = {"R1": [2.0, 0.5], "-words": [3.0, 3.0], "R??": [3.0, 3.0]}
+    accepted = {("R1", "1"), ("R1", " 1"), ("Rwords", "words"), ("-words", "words"), ("1", "words")}
+
+    def grader(completion, gold, timeout_s):
+        answer = re.fullmatch(r"The answer is \$\\boxed\{(.*)\}\$\.", completion)[1]
+        calls.append((answer, gold, timeout_s))
+        clock[0] += durations[answer].pop(0) if durations.get(answer) else 0.1
+        return 1.0 if (answer, gold) in accepted else 0.0
+
+    monkeypatch.setattr(audit, "score_answer", grader)
+    monkeypatch.setattr(audit.time, "perf_counter", lambda: clock[0])
+    golds = ["1", "words", "??", " 1"]
+    report = audit.audit_benchmark("scripted", golds, timeout_s=2.0)
+
+    assert (report.name, report.golds) == ("scripted", 4)
+    assert report.kinds == {"math": 2, "text": 1, "unreadable": 1}
+    assert report.unreadable == [(2, "??")] and report.words == [(1, "words")]
+    assert (report.rewrites, report.rewrites_accepted) == (4, 3)
+    assert report.rejected_rewrites == [audit.Finding(2, "??", "rewrite", "R??", 0.0)]
+    assert report.near_misses == {"sign": 4}
+    # default rotations=3: each gold meets the other three, except that "1" and " 1" are the same gold
+    assert report.rotated == 3 * 4 - 2
+    assert report.false_positives == [
+        audit.Finding(1, "words", "sign", "-words", 1.0),
+        audit.Finding(1, "words", "rotated", "1", 1.0),  # words meets ??, " 1" and "1" (offsets 1, 2, 3)
+    ]
+    assert report.deadline_hits == [
+        audit.Finding(1, "words", "sign", "-words", 1.0),
+        audit.Finding(2, "??", "rewrite", "R??", 0.0),
+    ]
+    assert all(timeout == 2.0 for _, _, timeout in calls)
+    # one timing per scored answer, the retry's only: R1 twice (golds 0 and 3: 0.5 after a 2.0, then 0.1), -words 3.0
+    assert len(report.seconds) == 4 + 4 + 10
+    assert report.seconds[:3] == pytest.approx([0.5, 0.1, 0.1])  # R1, then gold 0's near miss and first rotation
+    assert sorted(report.seconds)[-2:] == pytest.approx([3.0, 3.0]) and report.seconds.count(pytest.approx(3.0)) == 2
+    assert [a for a, _, _ in calls].count("R1") == 3  # retried once on gold 0 (2.0 >= 2.0), not on gold 3 (0.1)
+    assert [a for a, _, _ in calls].count("-words") == [a for a, _, _ in calls].count("R??") == 2
+    # with five different golds, each meets the next three only (rotations=3 by default)
+    assert audit.audit_benchmark("five", ["1", "words", "??", "2", "3"], timeout_s=2.0).rotated == 5 * 3
