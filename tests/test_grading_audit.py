@@ -209,3 +209,5 @@ def test_audit_accounting_with_a_scripted_grader_and_clock(monkeypatch):
     assert [a for a, _, _ in calls].count("-words") == [a for a, _, _ in calls].count("R??") == 2
     # with five different golds, each meets the next three only (rotations=3 by default)
     assert audit.audit_benchmark("five", ["1", "words", "??", "2", "3"], timeout_s=2.0).rotated == 5 * 3
+    # more rotations than other golds: each gold meets every other gold once, never itself or one twice
+    assert audit.audit_benchmark("three", ["1", "2", "3"], rotations=5, timeout_s=2.0).rotated == 3 * 2
