@@ -193,12 +193,12 @@ def test_target_accuracy_stops_at_the_first_check_that_reaches_it(monkeypatch):
     scripted = iter([0.2, 0.49, 0.5, 0.9])
 
     def fake_accuracy(model, tokenizer, problems):
-        checks.append((problems, model.training))
+        checks.append((problems, model.training, tokenizer.pad_token))
         return next(scripted)
 
     monkeypatch.setattr(warmstart, "exact_accuracy", fake_accuracy)
     model, _ = warm_start(settings(steps=20, target_accuracy=0.5, check_every=2, probe_size=3))
-    assert checks == [(PROBLEMS[:3], False)] * 3  # steps 2, 4, 6: the third check reaches 0.5
+    assert checks == [(PROBLEMS[:3], False, "<|pad|>")] * 3  # steps 2, 4, 6: the third check reaches 0.5
     assert not model.training
     assert (model.config.warm_start_steps, model.config.warm_start_probe_accuracy) == (6, 0.5)
     reference = dict(_reference_loop(6).named_parameters())
@@ -266,3 +266,4 @@ def test_exact_accuracy_counts_only_the_taught_completion():
     assert model.kwargs["do_sample"] is False
     assert model.kwargs["max_new_tokens"] == len(" \\boxed{46}") + 1  # the longest target and its end token
     assert model.kwargs["eos_token_id"] == tokenizer.eos_token_id
+    assert model.kwargs["pad_token_id"] == tokenizer.pad_token_id
