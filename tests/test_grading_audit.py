@@ -163,14 +163,15 @@ def test_audit_accounting_with_a_scripted_grader_and_clock(monkeypatch):
 
     Golds: "1" (math), "words" (text), "??" (unreadable), " 1" (math, the same gold as "1" up to spaces).
     Each scoring call takes 0.1 s, except: "R1" takes 2.0 s (exactly the 2.0 s deadline) then 0.5 s on the
-    retry; "-words" takes 3.0 s and "R??" exactly 2.0 s both times, so both are deadline hits.
+    retry; "-words" and the first "??" (gold 0's rotation) take 3.0 s and "R??" exactly 2.0 s both times, so all
+    three are deadline hits.
     """
     kinds = {"1": "math", "words": "text", "??": "unreadable", " 1": "math", "2": "math", "3": "math"}
     monkeypatch.setattr(audit, "gold_form", lambda gold: (kinds[gold], None))
     monkeypatch.setattr(audit, "rewrite", lambda gold: "R" + gold.strip())
     monkeypatch.setattr(audit, "near_misses", lambda gold: [("sign", "-" + gold.strip())])
     clock, calls = [0.0], []
-    durations = {"R1": [2.0, 0.5], "-words": [3.0, 3.0], "R??": [2.0, 2.0]}
+    durations = {"R1": [2.0, 0.5], "-words": [3.0, 3.0], "R??": [2.0, 2.0], "??": [3.0, 3.0]}
     accepted = {("R1", "1"), ("R1", " 1"), ("Rwords", "words"), ("-words", "words"), ("1", "words")}
 
     def grader(completion, gold, timeout_s):
@@ -197,6 +198,7 @@ def test_audit_accounting_with_a_scripted_grader_and_clock(monkeypatch):
         audit.Finding(1, "words", "rotated", "1", 1.0),  # words meets ??, " 1" and "1" (offsets 1, 2, 3)
     ]
     assert report.deadline_hits == [
+        audit.Finding(0, "1", "rotated", "??", 0.0),
         audit.Finding(1, "words", "sign", "-words", 1.0),
         audit.Finding(2, "??", "rewrite", "R??", 0.0),
     ]
@@ -204,10 +206,13 @@ def test_audit_accounting_with_a_scripted_grader_and_clock(monkeypatch):
     # one timing per scored answer, the retry's only: R1 twice (golds 0 and 3: 0.5 after a 2.0, then 0.1), -words 3.0
     assert len(report.seconds) == 4 + 4 + 10
     assert report.seconds[:3] == pytest.approx([0.5, 0.1, 0.1])  # R1, then gold 0's near miss and first rotation
-    assert sorted(report.seconds)[-2:] == pytest.approx([2.0, 3.0]) and report.seconds.count(pytest.approx(3.0)) == 1
+    assert sorted(report.seconds)[-3:] == pytest.approx([2.0, 3.0, 3.0]) and report.seconds.count(pytest.approx(3.0)) == 2
     assert [a for a, _, _ in calls].count("R1") == 3  # retried once on gold 0 (2.0 >= 2.0), not on gold 3 (0.1)
     assert [a for a, _, _ in calls].count("-words") == [a for a, _, _ in calls].count("R??") == 2
     # with five different golds, each meets the next three only (rotations=3 by default)
-    assert audit.audit_benchmark("five", ["1", "words", "??", "2", "3"], timeout_s=2.0).rotated == 5 * 3
+    five = audit.audit_benchmark("five", ["1", "words", "??", "2", "3"], timeout_s=2.0)
+    assert five.rotated == 5 * 3
+    # forward: "words" meets "??", "2", "3" and never "1", the one rotated answer the grader accepts for it
+    assert [f for f in five.false_positives if f.check == "rotated"] == []
     # more rotations than other golds: each gold meets every other gold once, never itself or one twice
     assert audit.audit_benchmark("three", ["1", "2", "3"], rotations=5, timeout_s=2.0).rotated == 3 * 2
