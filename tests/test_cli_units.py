@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import pytest
 from datasets import Dataset, DatasetDict
 
+from dhpo_trl import cli
 from dhpo_trl.cli import (
     DHPOScriptArguments,
     _pop_all,
@@ -445,3 +446,12 @@ def test_a_local_dataset_is_not_named_on_the_card(tmp_path, monkeypatch):
         ("create_model_card", (), {"dataset_name": None}),
         ("push_to_hub", (), {"dataset_name": None}),
     ]
+
+
+def test_train_builds_then_runs_with_the_script_arguments(monkeypatch):
+    """`train` is build_trainer on all three argument groups, then run_training on its trainer and the script args."""
+    calls = []
+    monkeypatch.setattr(cli, "build_trainer", lambda *args: calls.append(("build", args)) or "the trainer")
+    monkeypatch.setattr(cli, "run_training", lambda *args: calls.append(("run", args)) or "the result")
+    assert cli.train("script", "training", "model") == "the result"
+    assert calls == [("build", ("script", "training", "model")), ("run", ("the trainer", "script"))]
