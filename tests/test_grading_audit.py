@@ -141,8 +141,8 @@ def test_table_row_from_a_report_built_by_hand():
     report = audit.BenchmarkAudit(
         name="hand", golds=9, kinds={"math": 5, "unreadable": 1, "text": 2, "choice": 1, "base": 3},
         unreadable=[(4, "??")], rewrites=8, rewrites_accepted=6, near_misses={"digit": 4, "sign": 3}, rotated=5,
-        false_positives=[finding("digit"), finding("sign"), finding("rotated"), finding("rewrite")],
-        seconds=[0.002, 0.004, 0.0125], deadline_hits=[finding("digit"), finding("sign")],
+        false_positives=[finding("digit"), finding("sign"), finding("letter"), finding("rotated"), finding("rewrite")],
+        seconds=[0.1, 0.2, 0.0125], deadline_hits=[finding("digit"), finding("sign")],
     )  # fmt: skip
     header, rule, row = audit.format_table([report]).split("\n")
     assert header == (
@@ -150,9 +150,11 @@ def test_table_row_from_a_report_built_by_hand():
         "near-miss FP | rotated FP | mean ms | max ms | over deadline |"
     )
     assert rule == "|" + "---|" * 13
-    # math 5 of 5 + 1 unreadable; 6/8 = 75.0%; near misses: the two not "rewrite"/"rotated" of 4 + 3 tries;
-    # mean (2 + 4 + 12.5) / 3 = 6.1666 ms; max 12.5 ms rounds to 12 (round half to even)
-    assert row == "| hand | 9 | 5/6 | 2 | 1 | 3 | 1 | 6/8 (75.0%) | 2/7 | 1/5 | 6.2 | 12 | 2 |"
+    # math 5 of 5 + 1 unreadable; 6/8 = 75.0%; near misses: the three not "rewrite"/"rotated" of 4 + 3 tries;
+    # mean (100 + 200 + 12.5) / 3 = 104.1666 ms; max 200 ms
+    assert row == "| hand | 9 | 5/6 | 2 | 1 | 3 | 1 | 6/8 (75.0%) | 3/7 | 1/5 | 104.2 | 200 | 2 |"
+    single = audit.format_table([audit.BenchmarkAudit(name="one", seconds=[0.004])]).split("\n")[2]
+    assert single.endswith("| 4.0 | 4 | 0 |")  # the mean of one timing is that timing
     empty = audit.format_table([audit.BenchmarkAudit(name="none")]).split("\n")[2]
     assert empty == "| none | 0 | 0/0 | 0 | 0 | 0 | 0 | 0/0 (0.0%) | 0/0 | 0/0 | 0.0 | 0 | 0 |"  # no division by zero
     assert audit.format_table([]) == header + "\n" + rule
