@@ -237,6 +237,22 @@ def test_a_mistyped_subset_folder_lists_the_subsets(tmp_path):
     )
 
 
+def test_a_mistyped_subset_when_the_configs_cannot_be_listed(tmp_path, monkeypatch):
+    """Listing the configs is best effort: when it fails, the data folders are still offered."""
+    root = _subset_folders(tmp_path)
+
+    def unreadable(path):
+        raise OSError("cannot read the dataset card")
+
+    monkeypatch.setattr(data, "get_dataset_config_names", unreadable)
+    with pytest.raises(ValueError) as error:
+        load_math_dataset(root, subset="level3to5")
+    assert str(error.value) == (
+        f"--dataset_config='level3to5' is not a config or a data folder of '{root}': "
+        "set --dataset_config to one of ['simplelr_qwen_level1to4', 'simplelr_qwen_level3to5']."
+    )
+
+
 def test_named_configs(tmp_path):
     root = _config_folder(tmp_path)
     assert load_math_dataset(root, subset="second")["prompt"] == [PLAIN.format("From data_b?")]
@@ -376,6 +392,18 @@ def test_a_bad_split_on_the_hub_is_a_split_error_not_a_connection_error(hub_as_l
     )
 
 
+def test_a_split_error_drops_only_the_reasons_own_full_stops():
+    """The reason is quoted inside a sentence: its trailing full stops go, and nothing else of it."""
+    error = data._split_error("org/ds", "test", ValueError("No data files for split TEST_X..."), subset="X")
+    assert str(error) == (
+        "Could not load split 'test' of 'org/ds' (subset 'X'): No data files for split TEST_X. "
+        "Check --dataset_train_split and --dataset_config."
+    )
+    assert str(data._split_error("d", "train", ValueError("Bad split XX"))) == (
+        "Could not load split 'train' of 'd': Bad split XX. Check --dataset_train_split and --dataset_config."
+    )
+
+
 # ------------------------------------------------------------------ bad sources
 @pytest.mark.parametrize(
     "source", ["./missing", "/no/such/dir", "~/no/such/file", "missing.parquet", "data/train.CSV"]
@@ -408,6 +436,18 @@ def test_unsupported_and_unreadable_files(tmp_path):
     (tmp_path / "broken.parquet").write_text("not parquet")
     with pytest.raises(ValueError, match=rf"^Could not read {re.escape(str(tmp_path))}/broken\.parquet as parquet: "):
         load_math_dataset(tmp_path / "broken.parquet")
+
+
+def test_a_file_that_is_not_utf8_text_is_reported_as_unreadable(tmp_path):
+    """The emptiness check reads bytes: a Latin-1 file gets the reader's own error, named with the file."""
+    path = tmp_path / "latin1.csv"
+    path.write_bytes("question,answer\nCaf\u00e9 costs?,1\n".encode("latin-1"))
+    assert data._file_has_no_rows(path, "csv") is False
+    with pytest.raises(ValueError, match=rf"^Could not read {re.escape(str(path))} as csv: "):
+        load_math_dataset(path)
+    blank = tmp_path / "blank.jsonl"
+    blank.write_bytes(b" \xa0 \n")  # a non-breaking space in Latin-1 is a byte, not blank
+    assert data._file_has_no_rows(blank, "json") is False
 
 
 @pytest.mark.parametrize(
@@ -472,6 +512,18 @@ def test_nested_columns():
     assert dataset["prompt"] == [PLAIN.format("What is 2+2?"), PLAIN.format("What is 0+0?")]
 
 
+def test_a_nested_column_of_a_row_whose_parent_is_null_is_blank(caplog):
+    """A struct column may be null in some rows: those rows have no question or answer and are dropped."""
+    rows = Dataset.from_dict({"extra_info": [NESTED["extra_info"][0], None, NESTED["extra_info"][1]]})
+    with caplog.at_level(logging.WARNING, logger="dhpo_trl.data"):
+        dataset = load_math_dataset(rows, question_column="extra_info.question", answer_column="extra_info.answer")
+    assert dataset["answer"] == ["4", "0"]
+    assert dataset["prompt"] == [PLAIN.format("What is 2+2?"), PLAIN.format("What is 0+0?")]
+    assert caplog.messages == ["Dropped 1 of 3 rows with an empty question or answer."]
+    assert data._field({"extra_info": "not a record"}, "extra_info.question") is None
+    assert data._field({"a": {"b": {"c": 0}}}, "a.b.c") == 0
+
+
 @pytest.mark.parametrize(
     "question_column, answer_column, missing, flag",
     [
@@ -479,6 +531,8 @@ def test_nested_columns():
         ("extra_info.question", "extra_info.answer.value", "extra_info.answer.value", "--answer_column"),
         ("id.question", "extra_info.answer", "id.question", "--question_column"),  # `id` holds numbers, not fields
         ("question", "extra_info.answer", "question", "--question_column"),
+        ("meta.question", "extra_info.answer", "meta.question", "--question_column"),  # no `meta` at all
+        ("extra_info.question", "meta.answer.value", "meta.answer.value", "--answer_column"),
     ],
 )
 def test_missing_nested_columns_list_the_nested_names(question_column, answer_column, missing, flag):

@@ -208,7 +208,16 @@ def test_sample_overrides(tokenizer):
         [["\\boxed{1200}", "\\boxed{12}"], ["\\boxed{7}", "\\boxed{7.0}"], ["\\boxed{3}", "x"]],
     )
     samples = {"gsm8k": 2, "amc23": 1, "aime24": 0}
-    result = evaluate_problems(backend, tokenizer, {"amc23": AMC, "gsm8k": GSM}, SamplingSettings(), samples)
+    messages = []
+    result = evaluate_problems(
+        backend, tokenizer, {"amc23": AMC, "gsm8k": GSM}, SamplingSettings(), samples, log=messages.append
+    )
+    assert messages == [  # the log names the metric of the overridden counts, not of the benchmarks' defaults
+        "[amc23] sampling 2 problems x 1 ...",
+        "[amc23] Pass@1 = 0.0",
+        "[gsm8k] sampling 3 problems x 2 ...",
+        "[gsm8k] Avg@2 = 66.7",
+    ]
     assert [call[1] for call in backend.calls] == [1, 2]
     amc, gsm = result["benchmarks"]["amc23"], result["benchmarks"]["gsm8k"]
     assert (amc["metric"], amc["header"], amc["num_samples"], amc["score"]) == ("Pass@1", "AMC23", 2, 0.0)

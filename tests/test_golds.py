@@ -169,6 +169,46 @@ def test_rules_that_read_the_question(raw, question, expected):
 
 
 @pytest.mark.parametrize(
+    ("raw", "question", "expected"),
+    [
+        ("12 m", "Let $$x =\n m + 1$$ and solve.", "12 m"),  # display math over two lines still names m
+        ("12 m", "Let \\(x =\n m\\).", "12 m"),
+        ("12 m", "Let $a$ and $m$ be integers.", "12 m"),  # m in the second of two math segments
+        ("12 s", r"Compute $\int_0^1 \mathrm{d}s$.", "12 s"),  # s right after a removed \mathrm{}
+        ("12 L", "A rod of length $L$ is cut in two.", "12 L"),  # capital letters are variables too
+        ("12 l", "A rod of length $L$ is cut in two.", "12"),  # and case counts
+        ("12 m", r"The rope is $$3\n\mathrm{m}$$ long.", "12"),
+    ],
+    ids=["display-two-lines", "paren-two-lines", "second-segment", "after-mathrm", "capital", "case", "unit"],
+)
+def test_unit_letters_and_the_question_math(raw, question, expected):
+    assert normalise_gold(raw, question=question) == expected
+
+
+def test_math_letters_skip_commands_of_any_case():
+    assert golds._math_letters(r"Find $\Delta m$ when $x=1$ and $\alpha\mathrm{kg}=\Omega$.") == {"m", "x"}
+    assert golds._math_letters("No math here, only words.") == set()
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        (r"-\$1,500", "-1500"),  # an escaped dollar is a currency sign, not math: no space is left behind
+        (r"$-\$5$", "-5"),
+        (r"(\$5)", "(5)"),
+        (r"\frac{\$3}{2}", r"\frac{3}{2}"),
+        (r"10\ \text{m}", "10"),  # LaTeX spaces become spaces, so the unit text is found
+        (r"3\,\text{cm}", "3"),
+        (r"1\;000", "1 000"),
+        (r"a \: b", "a b"),
+    ],
+    ids=["negative", "in-math", "in-brackets", "in-fraction", "backslash-space", "thin-space", "thick", "colon"],
+)
+def test_escaped_dollars_and_latex_spaces(raw, expected):
+    assert normalise_gold(raw) == expected
+
+
+@pytest.mark.parametrize(
     ("raw", "unit", "expected"),
     [
         ("50", "%", r"50\%"),

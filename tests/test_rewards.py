@@ -485,12 +485,27 @@ def test_reward_answers_broadcast_pad_and_truncate(caplog):
     ]
 
 
+def test_an_answer_column_that_cannot_be_read_scores_every_completion_0(caplog):
+    import logging
+
+    class UnreadableColumn(list):  # a list-like column whose rows fail to load
+        def __iter__(self):
+            raise OSError("the answer column could not be read")
+
+    with caplog.at_level(logging.WARNING, logger="dhpo_trl.rewards"):
+        rewards = math_verify_reward([r"\boxed{1}", r"\boxed{2}"], answer=UnreadableColumn(["1", "2"]))
+    assert rewards == [0.0, 0.0]
+    assert caplog.records == []  # as many (missing) answers as completions: no count warning
+
+
 # ------------------------------------------------------------------ the worker process, with fake workers
 FAKE_WORKER = r"""
 import json, sys, time
 log = open(sys.argv[0] + ".log", "a")
 log.write("start\n"); log.flush()
 mode = open(sys.argv[0] + ".mode").read()
+if mode == "noisy":
+    print("warning: noise on the worker's stderr", file=sys.stderr, flush=True)
 if mode == "slow-start":
     time.sleep(30)
 print("hello" if mode == "wrong-greeting" else "ready", flush=True)
@@ -553,6 +568,14 @@ def test_worker_protocol_and_reuse(fake_worker):
     worker.close()
     assert process.poll() is not None and worker._process is None
     worker.close()  # twice is fine
+
+
+def test_the_workers_stderr_does_not_reach_the_trainers_output(fake_worker, capfd):
+    """math-verify and sympy print warnings: in a training log they would repeat for every reward call."""
+    make, _ = fake_worker
+    capfd.readouterr()
+    assert make("noisy").answers_match("3", "3", 1.0) is True
+    assert capfd.readouterr() == ("", "")
 
 
 @pytest.mark.parametrize(("mode", "matched"), [("padded", True), ("ten", False)])
