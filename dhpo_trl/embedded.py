@@ -29,7 +29,7 @@ from .arithmetic import Problem, make_splits, to_dataset
 from .presets import PAPER_ALGORITHMS, config_for
 from .rewards import math_verify_reward
 from .user_errors import DEBUG_FLAG, DEBUG_HELP, make_folder, positive_int, run_command
-from .warmstart import WarmStartSettings, load_or_warm_start
+from .warmstart import WarmStartSettings, greedy_completions, load_or_warm_start
 
 
 @dataclass(frozen=True)
@@ -93,18 +93,11 @@ def greedy_accuracy(model, tokenizer, problems: list[Problem], *, max_new_tokens
     """Fraction of `problems` whose greedy completion `reward` (math-verify's) scores 1.0."""
     was_training = model.training
     model.eval()
-    tokenizer.padding_side = "left"
     scores: list[float] = []
-    with torch.no_grad():
-        for start in range(0, len(problems), batch_size):
-            chunk = problems[start : start + batch_size]
-            encoded = tokenizer([p.prompt for p in chunk], return_tensors="pt", padding=True, add_special_tokens=False)
-            generated = model.generate(
-                **encoded, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id,
-                eos_token_id=tokenizer.eos_token_id,
-            )  # fmt: skip
-            texts = tokenizer.batch_decode(generated[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
-            scores += reward(texts, [p.answer for p in chunk])
+    for start in range(0, len(problems), batch_size):
+        chunk = problems[start : start + batch_size]
+        texts = greedy_completions(model, tokenizer, [p.prompt for p in chunk], max_new_tokens=max_new_tokens)
+        scores += reward(texts, [p.answer for p in chunk])
     model.train(was_training)
     return sum(scores) / len(scores)
 

@@ -75,17 +75,23 @@ def _batch(tokenizer, problems: list[Problem]) -> dict[str, torch.Tensor]:
     }
 
 
+def greedy_completions(model, tokenizer, prompts: list[str], *, max_new_tokens: int) -> list[str]:
+    """The greedy completion of each prompt, decoded without special tokens (one left-padded batch)."""
+    tokenizer.padding_side = "left"
+    encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    with torch.no_grad():
+        generated = model.generate(
+            **encoded, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        )  # fmt: skip
+    return tokenizer.batch_decode(generated[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
+
+
 def exact_accuracy(model, tokenizer, problems: list[Problem]) -> float:
     """Share of `problems` whose greedy completion is exactly the taught one (`Problem.target_completion`)."""
     targets = [p.target_completion() for p in problems]
-    tokenizer.padding_side = "left"
-    encoded = tokenizer([p.prompt for p in problems], return_tensors="pt", padding=True, add_special_tokens=False)
-    with torch.no_grad():
-        generated = model.generate(
-            **encoded, do_sample=False, max_new_tokens=max(len(t) for t in targets) + 1,
-            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        )  # fmt: skip
-    texts = tokenizer.batch_decode(generated[:, encoded["input_ids"].shape[1] :], skip_special_tokens=True)
+    texts = greedy_completions(model, tokenizer, [p.prompt for p in problems],
+                               max_new_tokens=max(len(t) for t in targets) + 1)  # fmt: skip
     return sum(text == target for text, target in zip(texts, targets, strict=True)) / len(problems)
 
 
