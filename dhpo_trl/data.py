@@ -16,6 +16,7 @@ we do not use: the prompt is rebuilt here for whatever tokenizer is trained).
 
 from __future__ import annotations
 
+import codecs
 import logging
 import os
 from pathlib import Path
@@ -136,6 +137,8 @@ def _load_file(path: Path) -> Dataset:
     empty = ValueError(f"The dataset file {path} is empty: point {DATASET_FLAG} at a file with at least one problem.")
     if _file_has_no_rows(path, builder):  # datasets fails on these with an Arrow error, not "empty"
         raise empty
+    if builder != "parquet":
+        _check_utf8(path, builder)
     try:
         return load_dataset(builder, data_files=str(path), split="train")
     except Exception as error:
@@ -154,6 +157,27 @@ def _file_has_no_rows(path: Path, builder: str) -> bool:
             return False  # not readable as parquet: let datasets report why
     with open(path, "rb") as handle:
         return not handle.read(1 << 16).strip()
+
+
+def _check_utf8(path: Path, builder: str) -> None:
+    """Refuse a text file that is not UTF-8. datasets' JSON reader loads Latin-1 bytes without a word, and the
+    bad string only fails, as a bare UnicodeDecodeError, when its row is read."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    with open(path, "rb") as handle:
+        while True:
+            chunk = handle.read(1 << 20)
+            pending = len(decoder.getstate()[0])  # bytes of a character cut by the previous chunk
+            try:
+                decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as error:
+                raise ValueError(
+                    f"Could not read {path} as {builder}: byte {offset - pending + error.start} is not UTF-8 text; "
+                    "re-save the file as UTF-8."
+                ) from None
+            if not chunk:
+                return
+            offset += len(chunk)
 
 
 def _load_folder(path: Path, *, split: str, subset: str | None) -> Dataset:

@@ -450,6 +450,32 @@ def test_a_file_that_is_not_utf8_text_is_reported_as_unreadable(tmp_path):
     assert data._file_has_no_rows(blank, "json") is False
 
 
+def test_a_latin1_jsonl_file_is_refused_with_the_byte_that_is_not_utf8(tmp_path):
+    """datasets' JSON reader loads Latin-1 bytes silently; the bad string used to fail later, as a bare
+    UnicodeDecodeError, when its row was read."""
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes('{"question": "Caf\u00e9 costs?", "answer": "1"}\n'.encode("latin-1"))
+    with pytest.raises(ValueError, match=rf"^Could not read {re.escape(str(path))} as json: byte 17 is not UTF-8 "
+                       r"text; re-save the file as UTF-8\.$"):
+        load_math_dataset(path)
+
+
+def test_utf8_check_counts_bytes_across_its_read_chunks(tmp_path):
+    """A character cut by the 1 MiB read boundary is valid; a bad byte after it is reported at its file offset."""
+    head = b"x" * ((1 << 20) - 1) + "\u00e9".encode()  # the two-byte character straddles the boundary
+    good = tmp_path / "good.jsonl"
+    good.write_bytes(head + b"\n")
+    data._check_utf8(good, "json")  # no error
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(head + b"ab\xff")
+    with pytest.raises(ValueError, match=rf"byte {(1 << 20) + 3} is not UTF-8"):
+        data._check_utf8(bad, "json")
+    truncated = tmp_path / "cut.csv"
+    truncated.write_bytes(b"question,answer\n1+1,2\xc3")  # a file ending inside a character
+    with pytest.raises(ValueError, match=r"as csv: byte 21 is not UTF-8"):
+        data._check_utf8(truncated, "csv")
+
+
 @pytest.mark.parametrize(
     "name, content",
     [
