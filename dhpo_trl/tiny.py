@@ -19,7 +19,9 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
     """One token per ASCII character, plus pad / end-of-text / unknown. Deterministic: same ids every time."""
     vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS + list(dict.fromkeys(CHARACTERS)))}
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|unk|>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    # `[\s\S]`, not `.`: Oniguruma's `.` skips "\n", so a run like "\n\n" stayed one unmatched piece and became
+    # <|unk|>. (`(?s)` is not accepted there; `[\s\S]` matches every character, "\n" included.)
+    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tokenizer.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,

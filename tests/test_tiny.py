@@ -6,6 +6,7 @@ import string
 import pytest
 import torch
 
+from dhpo_trl.data import format_prompt
 from dhpo_trl.tiny import SPECIAL_TOKENS, build_char_tokenizer, build_tiny_qwen3
 
 
@@ -68,3 +69,39 @@ def test_seed_and_dtype(tokenizer):
     assert all(torch.equal(p, q) for p, q in zip(default.parameters(), seed_zero.parameters(), strict=True))
     assert build_tiny_qwen3(tokenizer).dtype == torch.float32
     assert build_tiny_qwen3(tokenizer, dtype=torch.bfloat16).dtype == torch.bfloat16
+
+
+def _expected_ids(text: str) -> list[int]:
+    """Ids from the documented vocabulary order (SPECIAL_TOKENS, then string.printable), not from the tokenizer."""
+    return [len(SPECIAL_TOKENS) + string.printable.index(character) for character in text]
+
+
+@pytest.mark.parametrize(
+    "text, ids",
+    [
+        ("a\n\nb", [13, 99, 99, 14]),  # "a" is printable[10], "\n" printable[96], "b" printable[11]; +3 specials
+        ("\n\n\n", [99, 99, 99]),
+        ("\r\n\t \t", [100, 99, 98, 97, 98]),
+        ("  \t\t\r\r\x0b\x0b\x0c\x0c", [97, 97, 98, 98, 100, 100, 101, 101, 102, 102]),
+    ],
+)
+def test_char_tokenizer_whitespace_runs_are_one_token_per_character(tokenizer, text, ids):
+    # Regression: the pre-tokenizer's regex was ".", which skips "\n", so "\n\n" stayed one piece -> <|unk|>.
+    assert ids == _expected_ids(text)  # the literal ids agree with the vocabulary order
+    encoded = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert encoded == ids and tokenizer.unk_token_id not in encoded
+    assert tokenizer.decode(encoded) == text
+
+
+def test_char_tokenizer_round_trips_every_printable_text(tokenizer):
+    texts = [
+        string.printable,
+        string.printable[::-1],
+        "".join(character * 3 for character in string.printable),  # every character in a run of three
+        format_prompt("What is 2 plus 2?"),  # the plain SimpleRL prompt: "...\n\n...\n\nAnswer:"
+    ]
+    assert "\n\n" in texts[-1]
+    for text in texts:
+        encoded = tokenizer(text, add_special_tokens=False)["input_ids"]
+        assert encoded == _expected_ids(text), repr(text)
+        assert tokenizer.decode(encoded) == text

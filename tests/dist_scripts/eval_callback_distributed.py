@@ -1,7 +1,7 @@
 """Run under `torchrun --nproc_per_node N` on CPU (gloo): BenchmarkEvalCallback inside a short DHPO run, dumped per rank.
 
 Usage: torchrun --nproc_per_node N tests/dist_scripts/eval_callback_distributed.py OUT_DIR MODEL_DIR EVAL_JSON
-       [--zero3] [--steps S]
+       [--zero3] [--steps S] [--learning_rate LR]
 
 The policy is loaded from MODEL_DIR; EVAL_JSON holds {"benchmarks": {name: [rows]}, "callback": {keyword arguments of
 BenchmarkEvalCallback}}. The callback is attached,
@@ -91,13 +91,14 @@ def main():
     out_dir, model_dir, eval_json = sys.argv[1:4]
     zero3 = "--zero3" in sys.argv
     steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 2
+    learning_rate = float(sys.argv[sys.argv.index("--learning_rate") + 1]) if "--learning_rate" in sys.argv else 5e-4
     counters = Counters()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     config = DHPOConfig(
         output_dir=out_dir, use_cpu=True, bf16=False, report_to="none", save_strategy="no", seed=0, logging_steps=1,
         per_device_train_batch_size=4, num_generations=4, gradient_accumulation_steps=1, steps_per_generation=2,
-        max_completion_length=6, max_steps=steps, learning_rate=5e-4, deepspeed=CPU_ZERO3 if zero3 else None,
+        max_completion_length=6, max_steps=steps, learning_rate=learning_rate, deepspeed=CPU_ZERO3 if zero3 else None,
     )  # fmt: skip
     dataset = Dataset.from_dict({"prompt": [f"What is {a} plus {a}?" for a in range(16)]})
     trainer = DHPOTrainer(model, _reward, args=config, train_dataset=dataset, processing_class=tokenizer)
