@@ -470,6 +470,10 @@ def test_utf8_check_counts_bytes_across_its_read_chunks(tmp_path):
     bad.write_bytes(head + b"ab\xff")
     with pytest.raises(ValueError, match=rf"byte {(1 << 20) + 3} is not UTF-8"):
         data._check_utf8(bad, "json")
+    third = tmp_path / "third.jsonl"  # the offset keeps counting past the second chunk
+    third.write_bytes(b"y" * (2 << 20) + b"abcd\xfe")
+    with pytest.raises(ValueError, match=rf"byte {(2 << 20) + 4} is not UTF-8"):
+        data._check_utf8(third, "json")
     truncated = tmp_path / "cut.csv"
     truncated.write_bytes(b"question,answer\n1+1,2\xc3")  # a file ending inside a character
     with pytest.raises(ValueError, match=r"as csv: byte 21 is not UTF-8"):

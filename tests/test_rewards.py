@@ -623,3 +623,21 @@ def test_a_worker_that_does_not_start_in_time_is_killed(fake_worker, monkeypatch
     assert worker._process is None
     assert worker.answers_match("1", "1", 1.0) is False
     assert log().count("start") == 2
+
+
+def test_worker_read_stops_at_its_deadline_even_with_a_line_waiting(monkeypatch):
+    """The reply deadline is a hard limit: at exactly the deadline nothing more is read, even a line already there."""
+    import io
+    import types
+
+    from dhpo_trl import rewards
+
+    process = types.SimpleNamespace(stdout=io.StringIO("late\n"))
+    monkeypatch.setattr(rewards.select, "select", lambda r, w, x, timeout: (r, [], []))  # always readable
+    clock = iter([10.0, 12.0])  # the deadline is 10 + 2: the check runs at exactly 12
+    monkeypatch.setattr(rewards.time, "monotonic", lambda: next(clock))
+    assert rewards._VerifyWorker._read_line(process, 2.0) is None
+    clock = iter([10.0, 11.5])  # half a second left: the waiting line is read
+    assert rewards._VerifyWorker._read_line(process, 2.0) == "late\n"
+    clock = iter([10.0, 11.5])
+    assert rewards._VerifyWorker._read_line(process, 2.0) is None  # "" at the end: the worker died
