@@ -11,6 +11,7 @@ from datasets import Dataset
 from metric_batch import (
     epsilons_for,
     GMPO_EPSILONS,
+    KL_SHIFTS,
     LOG_RATIOS,
     WIDTH,
     build_policy,
@@ -135,3 +136,27 @@ def test_metrics_reduce_over_the_whole_micro_batch_not_the_last_row(policy, tmp_
     assert series[1] == pytest.approx(sum(row1) / 4, rel=1e-5)
     assert trainer._metrics["train"]["dhpo/token_ratio/min"][1] == pytest.approx(min(row1), rel=1e-5)
     assert trainer._metrics["train"]["dhpo/sequence_ratio/mean"][1] == pytest.approx(math.exp(-0.15), rel=1e-5)
+
+
+def test_a_single_valid_token_is_measured_not_nan(policy, tmp_path):
+    """The all-padding guard must not swallow the smallest real batch: one valid token in the whole micro-batch."""
+    trainer = make_trainer(policy, tmp_path, mixing="averaged", token_weight=0.3)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    inputs = inputs_for(trainer.model, rows=[3, 2])  # row 3 has two tokens, row 2 none
+    inputs["completion_mask"][0, 1] = 0  # keep only row 3's first token (log-ratio 0.60)
+    inputs["num_items_in_batch"] = inputs["completion_mask"].sum()
+    trainer.compute_loss(trainer.model, inputs)
+    metrics = logged(trainer, "train")
+    ratio = math.exp(0.60)
+    shift = KL_SHIFTS[3][0]  # ref minus pi_theta on that token
+    expected = {
+        "entropy": full_batch_entropies(trainer.model)[(3, 0)],
+        "kl": (math.exp(shift) - shift - 1) * ratio,  # bias-corrected: scaled by the mixed ratio, here r = s
+        "off_policy/abs_log_ratio": 0.60,
+        "dhpo/token_ratio/mean": ratio, "dhpo/token_ratio/min": ratio, "dhpo/token_ratio/max": ratio,
+        "dhpo/sequence_ratio/mean": ratio, "dhpo/sequence_ratio/min": ratio, "dhpo/sequence_ratio/max": ratio,
+        "dhpo/mixing_weight/mean": 0.3, "dhpo/mixing_weight/std": 0.0,
+    }  # fmt: skip
+    for key, value in expected.items():
+        assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
