@@ -111,6 +111,11 @@ def test_greedy_accuracy_scores_every_problem_in_chunks_and_restores_the_mode(mo
     assert greedy_accuracy(evaluating, "tok", problems[:1], max_new_tokens=7, reward=reward) == 1.0
     assert evaluating.training is False
     assert len(calls) == 4  # the default chunk of 200 takes the one problem at once
+    many = make_splits(201, 1, digits=(2, 3), seed=0)[0]
+    _greedy_fake(monkeypatch, {p.prompt: " 0" for p in many})
+    chunks = []
+    greedy_accuracy(evaluating, "tok", many, max_new_tokens=7, reward=lambda c, a: chunks.append(len(c)) or [0.0] * len(c))
+    assert chunks == [200, 1]  # the default chunk: the 200 held-out problems in one generate call
 
 
 # ------------------------------------------------------------------ callbacks
