@@ -30,7 +30,8 @@ from dhpo_trl.embedded import (
 
 # ------------------------------------------------------------------ settings
 def test_micro_batch_size_splits_the_generation_batch_into_k_times_ga_micro_batches():
-    assert EmbeddedSettings().per_device_train_batch_size() == 32 * 8 // 2
+    size = EmbeddedSettings().per_device_train_batch_size()
+    assert size == 32 * 8 // 2 and isinstance(size, int)  # a count: TrainingArguments takes no 128.0
     assert EmbeddedSettings(prompts_per_generation=6, num_generations=4, steps_per_generation=2,
                             gradient_accumulation_steps=3).per_device_train_batch_size() == 4  # fmt: skip
     with pytest.raises(ValueError) as error:
@@ -197,6 +198,7 @@ class FakeTrainer:
         self.state.log_history = [
             {"eval/heldout_accuracy": 0.25, "step": 0},
             {"reward": 0.5, "entropy": 1.5, "step": 1},
+            {"eval/heldout_accuracy": 0.5, "step": 1},
             {"reward": 0.75, "entropy": 1.25, "step": 2},
             {"eval/heldout_accuracy": 0.375, "step": 2},
             {"train_runtime": 1.0, "step": 2},
@@ -214,14 +216,14 @@ class FakeTrainer:
 @pytest.fixture
 def fake_run(monkeypatch):
     """`_run` with a fake warm start, evaluation, trainer, plot and clock; returns what they recorded."""
-    record = SimpleNamespace(plots=[], configs=[], tasks=[])
+    record = SimpleNamespace(plots=[], configs=[], tasks=[], evaluations=[], from_cache=True)
     model = torch.nn.Linear(3, 2)  # 8 parameters
     model.config = SimpleNamespace(warm_start_steps=390, warm_start_probe_accuracy=0.64)
     train, heldout = make_splits(12, 4, digits=(2, 2), seed=0)
 
     def load_task(settings, num_heldout, *, cache_dir, use_cache):
         record.tasks.append((settings, num_heldout, cache_dir, use_cache))
-        return train, heldout, (model, "tok", True)
+        return train, heldout, (model, "tok", record.from_cache)
 
     def config_for(name, **fields):
         record.configs.append((name, fields))
@@ -229,13 +231,19 @@ def fake_run(monkeypatch):
 
     real_config_for = embedded.config_for
     FakeTrainer.built = []
-    # Each phase gets its own length: warm start 1 s, accuracy before RL 2 s, RL 4 s, saving 8 s.
-    clock = iter([100.0, 101.0, 103.0, 103.0, 107.0, 107.0, 115.0, 115.0])
+    # Each phase gets its own length, with more decimals than the summary keeps: warm start 1.234567 s, accuracy
+    # before RL 2.265433 s, RL 4.391234 s, saving 7.113087 s, wall 15.006789 s.
+    clock = iter([100.0, 101.234567, 103.5, 103.5, 107.891234, 107.891234, 115.004321, 115.006789])
     monkeypatch.setattr(embedded.time, "perf_counter", lambda: next(clock, 115.0))
+
+    def accuracy(model, tokenizer, problems, *, max_new_tokens, reward):
+        record.evaluations.append((model, tokenizer, problems, max_new_tokens, reward))
+        return 0.25
+
     monkeypatch.setattr(embedded, "load_task", load_task)
     monkeypatch.setattr(embedded, "config_for", config_for)
-    monkeypatch.setattr(embedded, "greedy_accuracy", lambda *args, **kwargs: 0.25)
-    monkeypatch.setattr(embedded, "_plot", lambda history, path, title: record.plots.append((path, title)))
+    monkeypatch.setattr(embedded, "greedy_accuracy", accuracy)
+    monkeypatch.setattr(embedded, "_plot", lambda history, path, title: record.plots.append((history, path, title)))
     monkeypatch.setattr(dhpo_trl, "DHPOTrainer", FakeTrainer)
     record.model, record.train, record.heldout = model, train, heldout
     return record
@@ -266,18 +274,21 @@ def test_run_builds_the_off_policy_config_and_writes_every_output(fake_run, tmp_
     assert trainer.reward_funcs.__name__ == "math_verify_reward"  # memoized, under the reward's own name
     heldout, = [c for c in trainer.callbacks if isinstance(c, HeldoutAccuracyCallback)]
     assert (heldout.problems, heldout.every, heldout.max_new_tokens, heldout.initial) == (fake_run.heldout, 7, 9, 0.25)
+    assert heldout.tokenizer == "tok"
     assert heldout.reward is trainer.reward_funcs  # one memo for training and evaluation
+    # the accuracy before RL: the warm-started policy, greedy, on the held-out problems, with that same memo
+    assert fake_run.evaluations == [(fake_run.model, "tok", fake_run.heldout, 9, trainer.reward_funcs)]
     assert PrinterCallback not in trainer.callbacks and ProgressCallback in trainer.callbacks  # disable_tqdm
 
     assert capsys.readouterr().out == (
-        "Warm start (390 supervised steps, right on 64% of the training probe) loaded from cache in 1.0s; "
+        "Warm start (390 supervised steps, right on 64% of the training probe) loaded from cache in 1.2s; "
         "held-out accuracy before RL: 25.0%\n"
     )
     checkpoint = out / "checkpoint-final"
     assert (checkpoint / "model.safetensors").read_bytes() == b"weights"
     assert (checkpoint / "README.md").read_text() == "card of tiny-qwen3-addition-GSPO"
     assert not (out / "README.md").exists()  # moved into the checkpoint
-    assert fake_run.plots == [(out / "training_curves.png", "GSPO on synthetic addition (seed 5)")]
+    assert fake_run.plots == [(trainer.state.log_history, out / "training_curves.png", "GSPO on synthetic addition (seed 5)")]
     saved_history = json.loads((out / "trainer_state.json").read_text())["log_history"]
     assert saved_history == trainer.state.log_history
     expected = {
@@ -285,7 +296,7 @@ def test_run_builds_the_off_policy_config_and_writes_every_output(fake_run, tmp_
         "seed": 5,
         "heldout_accuracy_before": 0.25,
         "heldout_accuracy_after": 0.375,
-        "heldout_accuracies": [[0, 0.25], [2, 0.375]],
+        "heldout_accuracies": [[0, 0.25], [1, 0.5], [2, 0.375]],
         "reward": [[1, 0.5], [2, 0.75]],
         "entropy": [[1, 1.5], [2, 1.25]],
         "optimizer_steps": 2,
@@ -293,11 +304,11 @@ def test_run_builds_the_off_policy_config_and_writes_every_output(fake_run, tmp_
         "num_heldout": 4,
         "warm_start_from_cache": True,
         "warm_start_steps": 390,
-        "warm_start_seconds": 1.0,
-        "train_seconds": 4.0,
-        "wall_seconds": 15.0,
-        "phase_seconds": {"warm_start": 1.0, "baseline_evaluation": 2.0, "rl": 4.0, "rl_evaluation": 0.0,
-                          "save": 8.0},
+        "warm_start_seconds": 1.23,
+        "train_seconds": 4.39,
+        "wall_seconds": 15.01,
+        "phase_seconds": {"warm_start": 1.23, "baseline_evaluation": 2.27, "rl": 4.39, "rl_evaluation": 0.0,
+                          "save": 7.11},
         "checkpoint_dir": str(checkpoint),
         "plot_path": str(out / "training_curves.png"),
         "log_history_path": str(out / "trainer_state.json"),
@@ -306,12 +317,15 @@ def test_run_builds_the_off_policy_config_and_writes_every_output(fake_run, tmp_
         "config_overrides": {"delta": 3.0},
     }  # fmt: skip
     assert json.loads(json.dumps(summary)) == expected
-    assert json.loads((out / "summary.json").read_text()) == expected
+    text = (out / "summary.json").read_text()
+    assert json.loads(text) == expected
+    assert text.startswith('{\n  "algorithm": "GSPO",\n  "seed": 5,\n')  # indented for people to read
 
 
 def test_run_defaults_come_from_the_settings_and_the_bar_shows_reward_and_entropy(fake_run, tmp_path, capsys):
     fake_run.model.config.warm_start_probe_accuracy = None  # a warm start without a stop rule: no probe figure
     fake_run.model.config.warm_start_steps = 20
+    fake_run.from_cache = False
     summary = embedded.run_embedded(output_dir=tmp_path / "new" / "run", settings=EmbeddedSettings(num_heldout=4))
     (name, fields), = fake_run.configs
     assert name == "DHPO-E"
@@ -325,7 +339,8 @@ def test_run_defaults_come_from_the_settings_and_the_bar_shows_reward_and_entrop
     assert trainer.callbacks[-1] is CompactProgressCallback
     heldout, = [c for c in trainer.callbacks if isinstance(c, HeldoutAccuracyCallback)]
     assert (heldout.every, heldout.max_new_tokens) == (10, 12)
-    assert capsys.readouterr().out.startswith("Warm start (20 supervised steps) loaded from cache in 1.0s; ")
+    assert capsys.readouterr().out.startswith("Warm start (20 supervised steps) trained in 1.2s; ")
+    assert summary["warm_start_from_cache"] is False
 
 
 def test_run_refuses_bad_counts_and_fixed_overrides_before_the_warm_start(fake_run, tmp_path):
@@ -363,6 +378,11 @@ def test_run_embedded_sets_and_restores_the_torch_threads(monkeypatch, tmp_path)
                               settings="s", disable_tqdm=True, num_threads=2)  # fmt: skip
     assert seen == [(2, ("GRPO", 4, 9, tmp_path, 3, 5, "c", False, "s", True, {}))]
     assert torch.get_num_threads() == before
+    seen.clear()
+    with pytest.raises(RuntimeError):
+        embedded.run_embedded()
+    # One thread by default; every default of the Python entry point as documented
+    assert seen == [(1, ("DHPO-E", 0, None, "outputs/embedded", None, None, None, True, None, False, {}))]
 
 
 # ------------------------------------------------------------------ the command line
@@ -391,6 +411,13 @@ def test_command_line_options_reach_the_run_and_the_summary(monkeypatch, tmp_pat
     assert embedded.main(["--output-dir", str(tmp_path / "r")]) == 0
     assert os.environ["HF_HUB_OFFLINE"] == "0"
 
+    runs.clear()
+    monkeypatch.chdir(tmp_path)
+    assert embedded.main([]) == 0
+    assert runs == [(("DHPO-E", 0, None, "outputs/embedded"),
+                     dict(eval_every=None, num_heldout=None, cache_dir=None, use_cache=True))]  # fmt: skip
+    assert (tmp_path / "outputs" / "embedded").is_dir()
+
 
 def test_command_line_errors_are_one_line_and_debug_raises(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(embedded, "run_embedded", lambda *args, **kwargs: pytest.fail("must not run"))
@@ -406,7 +433,18 @@ def test_command_line_errors_are_one_line_and_debug_raises(monkeypatch, tmp_path
             embedded.main([flag, "0"])
         assert exit_.value.code == 2
         assert f"argument {flag}: expected a positive whole number, got '0'" in capsys.readouterr().err
+    monkeypatch.setenv("COLUMNS", "200")  # one line per option
     with pytest.raises(SystemExit):
         embedded.main(["--help"])
-    help_text = capsys.readouterr().out
-    assert "RL optimizer steps (120)" in help_text and "(10)" in help_text and "(200)" in help_text
+    help_text = " ".join(capsys.readouterr().out.split())
+    for text in (
+        "usage: python -m dhpo_trl [-h]",
+        "Train DHPO (or a paper baseline) on CPU, offline: a warm-started tiny Qwen3 on synthetic addition.",
+        "--max-steps MAX_STEPS RL optimizer steps (120)",
+        "--eval-every EVAL_EVERY (10)",
+        "--num-heldout NUM_HELDOUT (200)",
+        "--cache-dir CACHE_DIR warm-start cache (default ~/.cache/dhpo_trl)",
+        "--no-cache always retrain the warm start, save nothing",
+        "--debug show the Python traceback of an input error instead of the one-line message",
+    ):
+        assert text in help_text, text
