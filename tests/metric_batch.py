@@ -196,3 +196,24 @@ def expected_metrics(
     metrics[f"{prefix}/sequence_ratio/min"] = min(sequence_ratio.values())
     metrics[f"{prefix}/sequence_ratio/max"] = max(sequence_ratio.values())
     return metrics
+
+
+# TRL's clip metrics (`_log_trl_clip_metrics`) on hand-made indicators. Valid tokens per row: 3, 2, 0, 4; the
+# indicators are also True on some padding, which must not count.
+CLIP_MASK = [[1, 1, 1, 0], [1, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1]]
+CLIP_LOW = [[1, 0, 0, 1], [1, 1, 0, 1], [0, 0, 0, 0], [1, 1, 0, 0]]
+CLIP_HIGH = [[0, 1, 0, 0], [0, 0, 0, 0], [1, 1, 1, 1], [0, 0, 1, 0]]
+# Valid tokens clipped below: 1 + 2 + 0 + 2 = 5 of 9; above: 1 + 0 + 0 + 1 = 2; either: 2 + 2 + 0 + 3 = 7.
+# Per-row shares below 1/3, 1, (none), 1/2: the lowest is 1/3, a row with padding; above 1/3, 0, (none), 1/4.
+CLIP_EXPECTED = {
+    "clip_ratio/low_mean": 5 / 9, "clip_ratio/high_mean": 2 / 9, "clip_ratio/region_mean": 7 / 9,
+    "clip_ratio/low_min": 1 / 3, "clip_ratio/high_max": 1 / 3,
+}  # fmt: skip
+
+
+def clip_info(rows):
+    """(info, mask) for `_log_trl_clip_metrics` on the given rows of the CLIP_ tables."""
+    def table(values):
+        return torch.tensor([values[r] for r in rows], dtype=torch.bool)
+
+    return {"clipped_low": table(CLIP_LOW), "clipped_high": table(CLIP_HIGH)}, table(CLIP_MASK).float()

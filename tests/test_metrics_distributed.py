@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from metric_batch import build_policy, expected_metrics, full_batch_entropies
+from metric_batch import CLIP_EXPECTED, build_policy, expected_metrics, full_batch_entropies
 
 from dhpo_trl.tiny import build_char_tokenizer
 
@@ -43,3 +43,10 @@ def test_metrics_of_the_whole_batch_on_every_rank(dumps, entropies, scenario):
         assert {k for k in logged if k.startswith(prefix)} == {k for k in expected if k.startswith(prefix)}, rank
         for key, value in expected.items():
             assert logged[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (rank, key)
+
+
+def test_trl_clip_metrics_of_both_ranks_on_every_rank(dumps):
+    """Means from summed counts, and the per-sequence extremes from both ranks: rank 1 alone would log a lowest
+    share of 1/2 and a highest of 1/4."""
+    for rank, dump in enumerate(dumps):
+        assert dump["trl_clip"] == pytest.approx(CLIP_EXPECTED, rel=1e-6), rank

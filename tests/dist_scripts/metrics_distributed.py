@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for metr
 
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
-from metric_batch import GMPO_EPSILONS, WIDTH, build_policy, epsilons_for, inputs_for  # noqa: E402
+from metric_batch import GMPO_EPSILONS, WIDTH, build_policy, clip_info, epsilons_for, inputs_for  # noqa: E402
 from transformers import Qwen3ForCausalLM  # noqa: E402
 
 from dhpo_trl import DHPOConfig, DHPOTrainer  # noqa: E402
@@ -56,6 +56,10 @@ def main(out_dir):
         inputs = inputs_for(trainer.model, rows0 if rank == 0 else rows1, all_padding=padding and rank == 1)
         trainer.compute_loss(trainer.model, inputs)
         dumps[name] = {key: values[-1] for key, values in trainer._metrics["train"].items()}
+    # TRL's clip metrics: rank 0 holds rows 0-1 of the CLIP_ tables, rank 1 rows 2-3 (the all-padding row and the
+    # row that alone holds neither extreme); each rank must log those of all four rows.
+    trainer._log_trl_clip_metrics("eval", *clip_info([0, 1] if rank == 0 else [2, 3]))
+    dumps["trl_clip"] = {key: values[-1] for key, values in trainer._metrics["eval"].items()}
     (Path(out_dir) / f"metrics_rank{rank}.json").write_text(json.dumps(dumps))
 
 
