@@ -133,6 +133,14 @@ RULES = [
     ("base-37", "12_{37}", "12_{37}"),
     ("base-2", "10_2", "10_{2}"),
     ("base-36", "Z_36", "Z_{36}"),
+    ("base-space-in-subscript", "1011_{ 2 }", "1011_{2}"),  # spaces do not hide a base
+    ("base-37-parens", "(12)_{37}", "(12)_{37}"),  # no base 37: kept as written, parentheses included
+    ("base-digit-equal-to-base", "(128)_8", "(128)_8"),  # 8 is not an octal digit
+    ("unit-text-capitals", r"250 \text{ mL}", "250"),
+    ("unit-mathrm-capital", r"9.8 \mathrm{N}", "9.8"),
+    ("unit-text-in-prose", r"\text{Player } 2 \text{ wins}", r"\text{Player } 2 \text{ wins}"),  # all text: kept
+    ("in-set-spaced-name", r"f (x) \in [0, 1]", "[0, 1]"),  # spaces inside the name are ignored
+    ("in-set-spaced-subscript", r"x_ {0} \in (0, 1)", "(0, 1)"),
 ]
 
 
@@ -158,6 +166,10 @@ WITH_QUESTION = [
     ("unit-letter", "7 m", r"A rope is $3 \mathrm{~m}$ long. How long is the other?", "7"),
     ("unit-letter-is-a-variable", "7 m", "Express it in terms of $m$.", "7 m"),
     ("unit-letter-unknown-unit", "7 q", "A rope is 3 q long.", "7 q"),
+    ("unit-letter-capitals", "250 mL", r"A bottle holds $500 \mathrm{mL}$ of juice. How much is left?", "250"),
+    ("unit-letter-litre", "2 L", "A jug holds 5 L of water. How much is poured out?", "2"),
+    ("assignment-then-a-chain", "x = 1, y = z = 2", "Find all real x, y and z.", "x = 1, y = z = 2"),
+    ("assignment-then-an-equation", "x = 2, 3y = 6", "Find x and y.", "x = 2, 3y = 6"),
 ]
 
 
