@@ -439,7 +439,8 @@ def test_command_line_errors_are_one_line_and_debug_raises(monkeypatch, tmp_path
     help_text = " ".join(capsys.readouterr().out.split())
     for text in (
         "usage: python -m dhpo_trl [-h]",
-        "Train DHPO (or a paper baseline) on CPU, offline: a warm-started tiny Qwen3 on synthetic addition.",
+        "[--debug] Train DHPO (or a paper baseline) on CPU, offline: a warm-started tiny Qwen3 on synthetic addition. "
+        "options:",
         "--max-steps MAX_STEPS RL optimizer steps (120)",
         "--eval-every EVAL_EVERY (10)",
         "--num-heldout NUM_HELDOUT (200)",
