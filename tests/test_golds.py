@@ -92,6 +92,7 @@ RULES = [
     ("gsm8k-last-of-several", "a #### 1 #### 2", "2"),
     ("gsm8k-thousands", "#### 1,234,567", "1234567"),
     ("gsm8k-decimal", "#### 1,000.5", "1000.5"),
+    ("gsm8k-every-comma", "#### 12,34", "1234"),  # after "####" a comma is only ever a separator
     ("gsm8k-math", "#### $-3$", "-3"),
     ("gsm8k-empty", "####", None),
     ("gsm8k-nothing-after", "72 ####", None),
@@ -153,6 +154,7 @@ def test_rules_without_a_question(raw, expected):
 WITH_QUESTION = [
     ("choice-letter", "C", "Pick one: (A) 1 (B) 2 (C) 3", r"\text{(C)}"),
     ("choice-one-option", "C", "Is it (C)?", "C"),
+    ("choice-two-options", "B", "True or false? (A) true (B) false", r"\text{(B)}"),
     ("choice-letter-F", "F", "Pick one: (A) 1 (B) 2", "F"),
     ("assignment-list", "k = 3, 4", "Find k.", "3, 4"),
     ("assignment-functions", "f(n)=n, g(n)=1", "Find f and g.", "n, 1"),
