@@ -17,6 +17,7 @@ from metric_batch import (
     KL_SHIFTS,
     LOG_RATIOS,
     WIDTH,
+    _per_token,
     build_policy,
     expected_metrics,
     full_batch_entropies,
@@ -190,3 +191,69 @@ def test_trl_clip_metrics_match_the_hand_computation(policy, tmp_path):
         "clip_ratio/low_mean": 2 / 3, "clip_ratio/high_mean": 1 / 3, "clip_ratio/region_mean": 1.0,
         "clip_ratio/low_min": 0.0, "clip_ratio/high_max": 1.0,
     })  # fmt: skip
+
+
+# ------------------------------------------------------------------ inputs TRL may add or leave out
+def test_tool_masked_tokens_count_as_padding(policy, tmp_path):
+    """TRL's `tool_mask` marks tool-output tokens: they stay in the forward (attention) but leave the loss and every
+    metric, token and sequence means alike."""
+    trainer = make_trainer(policy, tmp_path, mixing="averaged", token_weight=0.3)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    tool_mask = torch.ones(len(LOG_RATIOS), WIDTH, dtype=torch.long)
+    tool_mask[0, 1:3] = 0  # row 0's tokens 1 and 2 (log-ratios 0.30, 0.35) came from a tool
+    tool_mask[4, 0] = 0  # and row 4's first (0.05)
+    loss = trainer.compute_loss(trainer.model, {**inputs_for(trainer.model), "tool_mask": tool_mask})
+    metrics = logged(trainer, "train")
+    kept = [[0.40, -0.05, 0.50, 0.20], [-0.40, -0.10, 0.20, -0.30], [0.60, -0.02], [-0.30, 0.10, 0.00, -0.08]]
+    tokens = [x for row in kept for x in row]
+    sequences = [math.exp(sum(row) / len(row)) for row in kept]
+    expected = {
+        "dhpo/token_ratio/mean": sum(math.exp(x) for x in tokens) / len(tokens),
+        "dhpo/token_ratio/max": math.exp(0.60), "dhpo/token_ratio/min": math.exp(-0.40),
+        "dhpo/sequence_ratio/mean": sum(sequences) / 4, "dhpo/sequence_ratio/max": max(sequences),
+        "off_policy/abs_log_ratio": sum(abs(x) for x in tokens) / len(tokens),
+    }  # fmt: skip
+    for key, value in expected.items():
+        assert metrics[key] == pytest.approx(value, rel=1e-5), key
+    assert torch.isfinite(loss)
+    full = trainer.compute_loss(trainer.model, inputs_for(trainer.model))
+    assert abs(full.item() - loss.item()) > 1e-3  # the tool tokens' terms left the loss too
+
+
+def test_on_policy_batch_without_old_logps_has_unit_ratios(policy, tmp_path):
+    """TRL leaves `old_per_token_logps` out when the batch is exactly on-policy: pi_old is then pi_theta itself, so
+    every ratio is 1 and the loss is that of explicit old log-probs equal to the policy's own."""
+    trainer = make_trainer(policy, tmp_path)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    inputs = inputs_for(trainer.model)
+    explicit = {**inputs, "old_per_token_logps": inputs["old_per_token_logps"] + _per_token(LOG_RATIOS, range(5))}
+    on_policy = {k: v for k, v in inputs.items() if k != "old_per_token_logps"}
+    loss = trainer.compute_loss(trainer.model, on_policy)
+    metrics = logged(trainer, "train")
+    for key in ("dhpo/token_ratio/min", "dhpo/token_ratio/max", "dhpo/sequence_ratio/mean", "off_policy/abs_log_ratio"):
+        assert metrics[key] == pytest.approx(1.0 if "ratio/" in key else 0.0, abs=1e-6), key
+    assert loss.item() == pytest.approx(trainer.compute_loss(trainer.model, explicit).item(), rel=1e-5, abs=1e-7)
+
+
+def test_image_inputs_reach_the_policy_forward(policy, tmp_path, monkeypatch):
+    """A vision-language batch's extra tensors (pixel values, grids, ...) go to the forward with the token ids."""
+    trainer = make_trainer(policy, tmp_path)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    forward = trainer._get_per_token_logps_and_entropies
+    seen = []
+
+    def recording(model, input_ids, attention_mask, logits_to_keep, **kwargs):
+        seen.append({key: value for key, value in kwargs.items() if key not in ("compute_entropy", "compute_aux_loss")})
+        return forward(model, input_ids, attention_mask, logits_to_keep, compute_entropy=kwargs["compute_entropy"],
+                       compute_aux_loss=kwargs["compute_aux_loss"])  # fmt: skip
+
+    monkeypatch.setattr(trainer, "_get_per_token_logps_and_entropies", recording)
+    pixels, grid = torch.ones(2, 3), torch.tensor([[1, 2, 2]])
+    trainer.compute_loss(trainer.model, {**inputs_for(trainer.model), "pixel_values": pixels, "image_grid_thw": grid})
+    (kwargs,) = seen
+    assert kwargs["pixel_values"] is pixels and kwargs["image_grid_thw"] is grid
+    assert {key for key, value in kwargs.items() if value is not None} == {"pixel_values", "image_grid_thw"}
+    assert set(kwargs) >= {"num_images", "pixel_attention_mask", "token_type_ids", "image_sizes"}  # passed as None
