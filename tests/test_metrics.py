@@ -257,3 +257,25 @@ def test_image_inputs_reach_the_policy_forward(policy, tmp_path, monkeypatch):
     assert kwargs["pixel_values"] is pixels and kwargs["image_grid_thw"] is grid
     assert {key for key, value in kwargs.items() if value is not None} == {"pixel_values", "image_grid_thw"}
     assert set(kwargs) >= {"num_images", "pixel_attention_mask", "token_type_ids", "image_sizes"}  # passed as None
+
+
+def test_off_policy_mask_compares_with_the_sampler_log_probs(policy, tmp_path, monkeypatch):
+    """TRL's off-policy sequence mask measures drift from the policy that sampled (vLLM's log-probs when present),
+    and falls back to pi_old when the batch has none."""
+    trainer = make_trainer(policy, tmp_path, off_policy_mask_threshold=0.5)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    seen = []
+
+    def record(**kwargs):
+        seen.append(kwargs)
+        return torch.ones_like(kwargs["mask"], dtype=torch.float32)
+
+    monkeypatch.setattr(trainer, "get_off_policy_mask", record)
+    inputs = inputs_for(trainer.model)
+    sampler = inputs["old_per_token_logps"] - 0.25
+    trainer.compute_loss(trainer.model, {**inputs, "sampling_per_token_logps": sampler})
+    trainer.compute_loss(trainer.model, inputs)
+    assert seen[0]["sampling_per_token_logps"] is sampler
+    assert seen[1]["sampling_per_token_logps"] is inputs["old_per_token_logps"]
+    assert all(call["off_policy_threshold"] == 0.5 for call in seen)
