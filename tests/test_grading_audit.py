@@ -155,6 +155,8 @@ def test_table_row_from_a_report_built_by_hand():
     assert row == "| hand | 9 | 5/6 | 2 | 1 | 3 | 1 | 6/8 (75.0%) | 3/7 | 1/5 | 104.2 | 200 | 2 |"
     single = audit.format_table([audit.BenchmarkAudit(name="one", seconds=[0.004])]).split("\n")[2]
     assert single.endswith("| 4.0 | 4 | 0 |")  # the mean of one timing is that timing
+    slow = audit.format_table([audit.BenchmarkAudit(name="one", rewrites=1, rewrites_accepted=1, seconds=[2.0])])
+    assert "| 1/1 (100.0%) |" in slow and slow.endswith("| 2000.0 | 2000 | 0 |")  # one rewrite; seconds to ms
     empty = audit.format_table([audit.BenchmarkAudit(name="none")]).split("\n")[2]
     assert empty == "| none | 0 | 0/0 | 0 | 0 | 0 | 0 | 0/0 (0.0%) | 0/0 | 0/0 | 0.0 | 0 | 0 |"  # no division by zero
     assert audit.format_table([]) == header + "\n" + rule

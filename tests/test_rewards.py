@@ -87,6 +87,7 @@ def test_extract_boxed_answer(text, expected):
         (r"\boxed{\textbf{(C)} Plane}", r"\text{(C)}"),
         (r"\boxed{(c)}", r"\text{(C)}"),
         (r"\boxed{\text{Evelyn}}", r"\text{evelyn}"),  # words
+        (r"\boxed{\text{northeast}}", r"\text{North-East}"),  # only letters and digits count in words
         (r"\boxed{1,450,000}", "1450000"),  # thousands separators
         (r"\boxed{x = 5}", "5"),
         (r"\boxed{2x + 3}", "y = 2x + 3"),
@@ -641,3 +642,20 @@ def test_worker_read_stops_at_its_deadline_even_with_a_line_waiting(monkeypatch)
     assert rewards._VerifyWorker._read_line(process, 2.0) == "late\n"
     clock = iter([10.0, 11.5])
     assert rewards._VerifyWorker._read_line(process, 2.0) is None  # "" at the end: the worker died
+
+
+def test_math_verify_timeout_warning_is_dropped_and_nothing_else():
+    """math-verify warns "Timeout is disabled ..." on every call once its own alarm is off (we bound calls ourselves);
+    that one line is filtered, any other warning of its logger passes."""
+    import logging
+
+    from dhpo_trl._math_verify_core import _DropTimeoutDisabledWarning
+
+    def record(message):
+        return logging.LogRecord("math_verify.grader", logging.WARNING, __file__, 1, message, None, None)
+
+    drop = _DropTimeoutDisabledWarning()
+    assert drop.filter(record("Timeout is disabled as timeout_seconds is None or <= 0, you must provide the logic")) is False
+    assert drop.filter(record("Timeout is disabled as parsing_timeout is None or <= 0, you must provide the logic")) is False
+    assert drop.filter(record("Error during comparison")) is True
+    assert drop.filter(record("timeout is disabled")) is True  # another message, as math-verify never writes it
