@@ -659,3 +659,10 @@ def test_math_verify_timeout_warning_is_dropped_and_nothing_else():
     assert drop.filter(record("Timeout is disabled as parsing_timeout is None or <= 0, you must provide the logic")) is False
     assert drop.filter(record("Error during comparison")) is True
     assert drop.filter(record("timeout is disabled")) is True  # another message, as math-verify never writes it
+
+
+def test_extract_answer_by_default_takes_only_a_box():
+    """The default is the paper's reward: no box, no answer, however clear the last number is."""
+    assert extract_answer(r"so the answer is \boxed{42}.") == "42"
+    assert extract_answer("so the answer is 42.") is None
+    assert extract_answer("so the answer is 42.", "last_number") == "42"
