@@ -279,3 +279,18 @@ def test_off_policy_mask_compares_with_the_sampler_log_probs(policy, tmp_path, m
     assert seen[0]["sampling_per_token_logps"] is sampler
     assert seen[1]["sampling_per_token_logps"] is inputs["old_per_token_logps"]
     assert all(call["off_policy_threshold"] == 0.5 for call in seen)
+
+
+def test_vllm_importance_sampling_correction_multiplies_the_loss(policy, tmp_path):
+    """With vLLM, TRL's detached pi_old / pi_sampler weight multiplies each token's loss: a weight of 2 on every
+    token doubles the loss (beta = 0, so no KL term dilutes it)."""
+    trainer = make_trainer(policy, tmp_path)
+    trainer.beta = 0.0
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    inputs = inputs_for(trainer.model)
+    plain = trainer.compute_loss(trainer.model, inputs).item()
+    trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, True  # what a vLLM run sets
+    weights = torch.full((len(LOG_RATIOS), WIDTH), 2.0)
+    weighted = trainer.compute_loss(trainer.model, {**inputs, "importance_sampling_ratio": weights}).item()
+    assert abs(plain) > 1e-3 and weighted == pytest.approx(2 * plain, rel=1e-5)
