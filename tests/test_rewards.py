@@ -666,3 +666,20 @@ def test_extract_answer_by_default_takes_only_a_box():
     assert extract_answer(r"so the answer is \boxed{42}.") == "42"
     assert extract_answer("so the answer is 42.") is None
     assert extract_answer("so the answer is 42.", "last_number") == "42"
+
+
+def test_a_crashing_comparison_is_logged_at_debug_with_its_traceback(monkeypatch, caplog):
+    """The reward swallows a verifier crash (scores 0); `--log_level debug` must still show what crashed."""
+    import logging
+
+    from dhpo_trl import rewards
+
+    def broken(answer, gold, timeout_s):
+        raise RuntimeError("parser crashed")
+
+    monkeypatch.setattr(rewards._math_verify_core, "answers_match_with_deadline", broken)
+    with caplog.at_level(logging.DEBUG, logger=rewards.logger.name):
+        assert score_answer(r"\boxed{3}", "3") == 0.0
+    (record,) = [r for r in caplog.records if r.name == rewards.logger.name]
+    assert record.levelno == logging.DEBUG and record.getMessage() == "score_answer failed"
+    assert record.exc_info is not None and str(record.exc_info[1]) == "parser crashed"
