@@ -59,6 +59,14 @@ def make_trainer(policy, output_dir, **overrides):
     )  # fmt: skip
 
 
+def training_trainer(policy, output_dir, **overrides):
+    """A trainer in train mode whose loss is scaled for one micro-batch per optimizer step."""
+    trainer = make_trainer(policy, output_dir, **overrides)
+    trainer.model.train()
+    trainer.current_gradient_accumulation_steps = 1
+    return trainer
+
+
 def logged(trainer, mode):
     return {key: values[-1] for key, values in trainer._metrics[mode].items()}
 
@@ -74,9 +82,7 @@ def assert_metrics(actual, expected):
 @pytest.mark.parametrize("case", list(CASES))
 def test_logged_metrics_match_the_hand_computation(case, policy, tmp_path):
     overrides, expectation = CASES[case]
-    trainer = make_trainer(policy, tmp_path, **overrides)
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 1
+    trainer = training_trainer(policy, tmp_path, **overrides)
     trainer.compute_loss(trainer.model, inputs_for(trainer.model))
     expected = expected_metrics(full_batch_entropies(trainer.model), **expectation)
     assert_metrics(logged(trainer, "train"), expected)
@@ -116,9 +122,7 @@ def test_eval_mode_logs_under_eval(policy, tmp_path):
 @pytest.mark.parametrize("algorithm", ["dhpo", "gmpo"])
 def test_all_padding_batch_logs_nan_not_zero(algorithm, policy, tmp_path):
     """Nothing to measure: NaN (which TRL's log skips) for every ratio metric, never 0 or +-inf."""
-    trainer = make_trainer(policy, tmp_path, algorithm=algorithm, **(GMPO_EPSILONS if algorithm == "gmpo" else {}))
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 1
+    trainer = training_trainer(policy, tmp_path, algorithm=algorithm, **(GMPO_EPSILONS if algorithm == "gmpo" else {}))
     loss = trainer.compute_loss(trainer.model, inputs_for(trainer.model, all_padding=True))
     assert loss.item() == 0.0
     metrics = logged(trainer, "train")
@@ -129,9 +133,7 @@ def test_all_padding_batch_logs_nan_not_zero(algorithm, policy, tmp_path):
 
 def test_metrics_reduce_over_the_whole_micro_batch_not_the_last_row(policy, tmp_path):
     """Two calls log two entries; the second (a sub-batch) has its own hand-computed values."""
-    trainer = make_trainer(policy, tmp_path, mixing="averaged", token_weight=0.3)
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 1
+    trainer = training_trainer(policy, tmp_path, mixing="averaged", token_weight=0.3)
     trainer.compute_loss(trainer.model, inputs_for(trainer.model))
     trainer.compute_loss(trainer.model, inputs_for(trainer.model, rows=[1]))
     series = trainer._metrics["train"]["dhpo/token_ratio/mean"]
@@ -144,9 +146,7 @@ def test_metrics_reduce_over_the_whole_micro_batch_not_the_last_row(policy, tmp_
 
 def test_a_single_valid_token_is_measured_not_nan(policy, tmp_path):
     """The all-padding guard must not swallow the smallest real batch: one valid token in the whole micro-batch."""
-    trainer = make_trainer(policy, tmp_path, mixing="averaged", token_weight=0.3)
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 1
+    trainer = training_trainer(policy, tmp_path, mixing="averaged", token_weight=0.3)
     inputs = inputs_for(trainer.model, rows=[3, 2])  # row 3 has two tokens, row 2 none
     inputs["completion_mask"][0, 1] = 0  # keep only row 3's first token (log-ratio 0.60)
     inputs["num_items_in_batch"] = inputs["completion_mask"].sum()
@@ -197,9 +197,7 @@ def test_trl_clip_metrics_match_the_hand_computation(policy, tmp_path):
 def test_tool_masked_tokens_count_as_padding(policy, tmp_path):
     """TRL's `tool_mask` marks tool-output tokens: they stay in the forward (attention) but leave the loss and every
     metric, token and sequence means alike."""
-    trainer = make_trainer(policy, tmp_path, mixing="averaged", token_weight=0.3)
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 1
+    trainer = training_trainer(policy, tmp_path, mixing="averaged", token_weight=0.3)
     tool_mask = torch.ones(len(LOG_RATIOS), WIDTH, dtype=torch.long)
     tool_mask[0, 1:3] = 0  # row 0's tokens 1 and 2 (log-ratios 0.30, 0.35) came from a tool
     tool_mask[4, 0] = 0  # and row 4's first (0.05)
@@ -224,9 +222,7 @@ def test_tool_masked_tokens_count_as_padding(policy, tmp_path):
 def test_on_policy_batch_without_old_logps_has_unit_ratios(policy, tmp_path):
     """TRL leaves `old_per_token_logps` out when the batch is exactly on-policy: pi_old is then pi_theta itself, so
     every ratio is 1 and the loss is that of explicit old log-probs equal to the policy's own."""
-    trainer = make_trainer(policy, tmp_path)
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 1
+    trainer = training_trainer(policy, tmp_path)
     inputs = inputs_for(trainer.model)
     explicit = {**inputs, "old_per_token_logps": inputs["old_per_token_logps"] + _per_token(LOG_RATIOS, range(5))}
     on_policy = {k: v for k, v in inputs.items() if k != "old_per_token_logps"}
@@ -239,9 +235,7 @@ def test_on_policy_batch_without_old_logps_has_unit_ratios(policy, tmp_path):
 
 def test_image_inputs_reach_the_policy_forward(policy, tmp_path, monkeypatch):
     """A vision-language batch's extra tensors (pixel values, grids, ...) go to the forward with the token ids."""
-    trainer = make_trainer(policy, tmp_path)
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 1
+    trainer = training_trainer(policy, tmp_path)
     forward = trainer._get_per_token_logps_and_entropies
     seen = []
 
@@ -262,9 +256,7 @@ def test_image_inputs_reach_the_policy_forward(policy, tmp_path, monkeypatch):
 def test_off_policy_mask_compares_with_the_sampler_log_probs(policy, tmp_path, monkeypatch):
     """TRL's off-policy sequence mask measures drift from the policy that sampled (vLLM's log-probs when present),
     and falls back to pi_old when the batch has none."""
-    trainer = make_trainer(policy, tmp_path, off_policy_mask_threshold=0.5)
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 1
+    trainer = training_trainer(policy, tmp_path, off_policy_mask_threshold=0.5)
     seen = []
 
     def record(**kwargs):
@@ -284,10 +276,8 @@ def test_off_policy_mask_compares_with_the_sampler_log_probs(policy, tmp_path, m
 def test_vllm_importance_sampling_correction_multiplies_the_loss(policy, tmp_path):
     """With vLLM, TRL's detached pi_old / pi_sampler weight multiplies each token's loss: a weight of 2 on every
     token doubles the loss (beta = 0, so no KL term dilutes it)."""
-    trainer = make_trainer(policy, tmp_path)
+    trainer = training_trainer(policy, tmp_path)
     trainer.beta = 0.0
-    trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 1
     inputs = inputs_for(trainer.model)
     plain = trainer.compute_loss(trainer.model, inputs).item()
     trainer.use_vllm, trainer.vllm_importance_sampling_correction = True, True  # what a vLLM run sets
