@@ -19,6 +19,7 @@ from accelerate.utils import FullyShardedDataParallelPlugin
 from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
 
 from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
+from _teardown import destroy_process_group  # noqa: E402 - this folder is sys.path[0] under torchrun
 
 
 def prepare_and_step(model, cpu: bool) -> dict:
@@ -76,3 +77,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    destroy_process_group()

@@ -22,6 +22,7 @@ from datasets import Dataset  # noqa: E402
 
 from dhpo_trl import DHPOConfig, DHPOTrainer  # noqa: E402
 from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
+from _teardown import destroy_process_group  # noqa: E402 - this folder is sys.path[0] under torchrun
 
 FIXED_SEQUENCES_PER_PROCESS_PAIR = 2  # the fixed batch always holds 2*B sequences: one slice per process of a pair
 PROMPT_LEN, COMPLETION_LEN = 6, 10
@@ -136,3 +137,4 @@ if __name__ == "__main__":
         run_training(output_dir)
     if "--fixed-batch" in sys.argv:
         run_fixed_batch(output_dir, int(sys.argv[sys.argv.index("--fixed-batch") + 1]))
+    destroy_process_group()

@@ -32,6 +32,7 @@ from long_tail import dataset, length_reward, long_tailed_rollout  # noqa: E402
 from dhpo_trl import DHPOTrainer, batching  # noqa: E402
 from dhpo_trl.presets import config_for  # noqa: E402
 from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
+from _teardown import destroy_process_group  # noqa: E402 - this folder is sys.path[0] under torchrun
 
 BUDGET = 30
 ZERO3 = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto",
@@ -87,3 +88,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    destroy_process_group()

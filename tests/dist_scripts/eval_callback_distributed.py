@@ -30,6 +30,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationMixin  #
 from dhpo_trl import DHPOConfig, DHPOTrainer  # noqa: E402
 from dhpo_trl.evaluation import BenchmarkEvalCallback  # noqa: E402
 from dhpo_trl.evaluation.backends import TransformersBackend  # noqa: E402
+from _teardown import destroy_process_group  # noqa: E402 - this folder is sys.path[0] under torchrun
 
 CPU_ZERO3 = {
     "zero_optimization": {"stage": 3},
@@ -136,3 +137,4 @@ def main():
 
 if __name__ == "__main__":
     main()
+    destroy_process_group()

@@ -24,6 +24,7 @@ from transformers import Qwen3ForCausalLM  # noqa: E402
 
 from dhpo_trl import DHPOConfig, DHPOTrainer  # noqa: E402
 from dhpo_trl.tiny import build_char_tokenizer  # noqa: E402
+from _teardown import destroy_process_group  # noqa: E402 - this folder is sys.path[0] under torchrun
 
 # name: (config overrides, rows of rank 0, rows of rank 1, whether rank 1's slice is all padding)
 SCENARIOS = {
@@ -65,3 +66,4 @@ def main(out_dir):
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    destroy_process_group()
