@@ -401,7 +401,14 @@ def main(argv=None) -> int:
         script_args, training_args, model_args = parse_args(argv)
         return build_trainer(script_args, training_args, model_args), script_args
 
-    return run_command("dhpo-train", setup, lambda built: run_training(*built), debug=debug)
+    def train_and_finish(built):
+        trained = run_training(*built)
+        # Destroy the process group before the interpreter does: left to finalisation, gloo's threads can abort a
+        # finished run ("terminate called without an active exception", pytorch/pytorch#179291) and NCCL warns.
+        trained.accelerator.end_training()
+        return trained
+
+    return run_command("dhpo-train", setup, train_and_finish, debug=debug)
 
 
 if __name__ == "__main__":

@@ -430,3 +430,17 @@ def test_the_paper_subset_is_the_default_only_for_the_paper_dataset(monkeypatch,
     load_training_data(DHPOScriptArguments(**settings))
     assert seen["subset"] == subset
     assert seen["name"] == settings.get("dataset_name", "hkust-nlp/SimpleRL-Zoo-Data")
+
+
+def test_the_command_destroys_the_process_group_it_trained_in(local_model, local_jsonl, tmp_path):
+    """Left to interpreter finalisation, gloo's threads can abort a finished run (pytorch/pytorch#179291)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        flags = ("--save_strategy", "no", "--max_steps", "1")
+        assert main(cli_args(local_model, local_jsonl, tmp_path / "out", *flags)) == 0
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
