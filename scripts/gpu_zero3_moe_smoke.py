@@ -102,6 +102,7 @@ def main(argv=None) -> dict:
     if trainer.accelerator.is_main_process:
         with open(os.path.join(args.output_dir, "summary.json"), "w") as handle:
             json.dump(summary, handle, indent=2)
+    trainer.accelerator.end_training()  # destroys the process group; gloo's threads can abort at finalisation
 
     problems = []
     if deepspeed_on and summary["zero_stage"] == 3:
