@@ -91,7 +91,7 @@ _LEIBNIZ = re.compile(
 def _derivative_symbol(match: re.Match) -> str:
     # dx/dt would be read as the derivative of a constant symbol, i.e. 0, so that dx/dt = kx - a and
     # dx/dt = a - kx become the same equation: one opaque symbol per derivative keeps them apart.
-    name = re.sub(r"[^A-Za-z0-9]", "", match[2].replace("\\", ""))
+    name = re.sub(r"[^A-Za-z0-9]", "", match[2])  # letters and digits: \theta, y_{1} and y_1 read theta, y1, y1
     return f"\\mathcal{{D}}_{{{match[1] or ''}{name}{match[3]}{match[4] or ''}}}"
 
 

@@ -99,6 +99,7 @@ def test_extract_boxed_answer(text, expected):
         (r"\boxed{2.8800 \times 10^{-19}}", "2.88e-19"),
         (r"\boxed{3}", r"$\boxed{3}$"),
         ([{"role": "assistant", "content": r"So \boxed{6}."}], "6"),
+        (r"\boxed{\frac{dy_{1}}{dt} = 2y_1}", r"\frac{d y_1}{d t}=2 y_{1}"),  # one derivative symbol, however braced
     ],
 )
 def test_equivalent_answers_score_one(completion, truth):
@@ -137,6 +138,7 @@ def test_equivalent_answers_score_one(completion, truth):
         (r"\boxed{0.3332}", r"\frac{1}{3}"),
         (r"\boxed{6}", "6m"),
         (r"\boxed{\frac{dx}{dt} = a - kx}", r"\frac{d x}{d t}=k x-a"),  # dx/dt is not the derivative of a constant
+        (r"\boxed{\frac{dV}{dt} = 3}", r"\frac{dW}{dt} = 3"),  # the derivatives of two capitals are two symbols
         (r"\boxed{y' + 4y = 1}", "y'+4y=0"),
         (r"\boxed{\frac{1}{3}}", "unreadable gold: the sum of all happy numbers"),
         (r"\boxed{5}", r"\text{(C)} 5"),
