@@ -91,3 +91,52 @@ def test_bad_runs_raise_clear_errors(tmp_path):
     run = _write_run(tmp_path / "r", _log_history(1.0))
     with pytest.raises(ValueError, match="1 labels for 2 runs"):
         plotting.plot_runs([run, run], ["only-one"], tmp_path / "o")
+
+
+def test_command_prints_each_png_and_closes_its_figures(tmp_path, capsys):
+    import matplotlib.pyplot as plt
+
+    run_a = _write_run(tmp_path / "a", _log_history(1.0))
+    run_b = _write_run(tmp_path / "b", _log_history(2.0))
+    out = tmp_path / "plots"
+    assert plotting.main([str(run_a), str(run_b), "--labels", "GRPO", "DHPO-E", "--out", str(out)]) == 0
+    names = ["entropy", "response_length", "accuracy", "clip_fraction", "mixing_weight"]
+    assert capsys.readouterr().out.splitlines() == [str(out / f"{name}.png") for name in names]
+    assert plt.get_fignums() == []  # a notebook or a loop of calls does not pile up open figures
+
+
+def test_command_help_and_usage_errors(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        plotting.main(["--help"])
+    assert exit_.value.code == 0
+    shown = " ".join(capsys.readouterr().out.split())  # argparse wraps lines to the terminal width
+    assert shown.startswith("usage: dhpo-plot [-h] [--labels LABELS [LABELS ...]] --out OUT [--debug] runs [runs ...] ")
+    for text in (
+        "Training-dynamics plots (the paper's Figs. 1-3) from one or more runs' `trainer_state.json` log histories. ",
+        "runs trainer_state.json files or training output directories ",
+        "--labels LABELS [LABELS ...] one legend label per run (default: folder names) ",
+        "--out OUT directory for the PNG and SVG files ",
+        "--debug show the Python traceback of an input error instead of the one-line message",
+    ):
+        assert text in shown, text
+    with pytest.raises(SystemExit) as exit_:
+        plotting.main(["run"])  # --out is required
+    assert exit_.value.code == 2
+    assert "the following arguments are required: --out" in capsys.readouterr().err
+
+
+def test_command_reports_bad_input_on_one_line_and_debug_keeps_the_traceback(tmp_path, capsys):
+    missing = tmp_path / "nope"
+    assert plotting.main([str(missing), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == (
+        f"dhpo-plot: error: Run {missing} does not exist: pass a trainer_state.json file or a training output "
+        "directory.\n"
+    )
+    run = _write_run(tmp_path / "r", _log_history(1.0))
+    assert plotting.main([str(run), str(run), "--labels", "one", "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == (
+        "dhpo-plot: error: Got 1 labels for 2 runs: give one label per run, in order.\n"
+    )
+    with pytest.raises(ValueError, match="does not exist"):
+        plotting.main([str(missing), "--out", str(tmp_path / "o"), "--debug"])
+    assert not (tmp_path / "o").exists()  # nothing is written for bad input
