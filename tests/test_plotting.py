@@ -119,6 +119,7 @@ def test_command_help_and_usage_errors(capsys):
         "--debug show the Python traceback of an input error instead of the one-line message",
     ):
         assert text in shown, text
+    assert shown.split(" positional arguments:")[0].endswith("log histories.")  # only the docstring's first paragraph
     with pytest.raises(SystemExit) as exit_:
         plotting.main(["run"])  # --out is required
     assert exit_.value.code == 2
