@@ -101,6 +101,8 @@ def test_extract_boxed_answer(text, expected):
         ([{"role": "assistant", "content": r"So \boxed{6}."}], "6"),
         (r"\boxed{\frac{dy_{1}}{dt} = 2y_1}", r"\frac{d y_1}{d t}=2 y_{1}"),  # one derivative symbol, however braced
         (r"\boxed{2 M_{\Earth}}", r"2 M_{\text{Earth}}"),  # a command in a subscript reads as its name, capitals too
+        (r"\boxed{2\lambda_{\alpha}}", r"2\lambda_\alpha"),  # a Greek letter in a subscript stays a Greek letter
+        (r"\boxed{3 v_{\text{max }}}", r"3v_{max}"),  # spaces in a subscript do not count
     ],
 )
 def test_equivalent_answers_score_one(completion, truth):
