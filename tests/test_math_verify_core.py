@@ -1,0 +1,56 @@
+"""The grader's fast "no" (`_differ_at_a_point`), on sympy objects: it may only reject formulas that differ.
+
+Scores cannot show this check: what it lets through, math-verify still rejects, only more slowly. So its contract is
+tested here directly: different formulas (and equations that are not multiples of each other) are told apart at the
+fixed points, and equal ones, or ones that cannot be evaluated there, are passed on.
+"""
+
+import pytest
+import sympy
+
+from dhpo_trl._math_verify_core import _POINTS, _differ_at_a_point
+
+x, y = sympy.symbols("x y")
+f = sympy.Function("f")
+many = sympy.symbols(f"a0:{len(_POINTS[0]) + 1}")  # one more symbol than a point has coordinates
+
+
+def equation(lhs, rhs):
+    return sympy.Eq(lhs, rhs, evaluate=False)
+
+
+@pytest.mark.parametrize(
+    ("gold", "answer", "differ"),
+    [
+        pytest.param(x**2 - 1, (x - 1) * (x + 1), False, id="one-formula-two-forms"),
+        pytest.param(x**2, 2 * x, True, id="two-formulas"),
+        pytest.param(2 * x, x, True, id="a-multiple-is-another-formula"),
+        pytest.param(x, x + y, True, id="a-symbol-only-in-the-answer"),
+        pytest.param(x + y, y, True, id="a-symbol-only-in-the-gold"),
+        pytest.param(f(x) + 1, f(x) + 2, True, id="unknown-functions-are-variables"),
+        pytest.param(2 * f(x), f(x) + f(x), False, id="unknown-functions-one-formula"),
+        pytest.param(sympy.I * x, x, True, id="complex-values"),
+        pytest.param(x, x * (1 + sympy.Rational(1, 500_000)), True, id="relative-difference-2e-6"),
+        pytest.param(x, x * (1 + sympy.Rational(1, 2_000_000)), False, id="relative-difference-5e-7"),
+        pytest.param(1 / (x - sympy.Rational(11, 10)), 1 + 1 / (x - sympy.Rational(11, 10)), False, id="a-pole"),
+        pytest.param(sum(many[:-1]), sum(many[:-1]) + 1, True, id="as-many-symbols-as-coordinates"),
+        pytest.param(sum(many), sum(many) + 1, False, id="more-symbols-than-coordinates"),
+        pytest.param(equation(2 * x, 4), equation(x, 2), False, id="equations-up-to-a-factor"),
+        pytest.param(equation(x, 2), equation(2, x), False, id="equations-sides-swapped"),
+        pytest.param(equation(x, 2), equation(x, 3), True, id="two-equations"),
+        pytest.param(equation(x * y, 1), equation(x, y), True, id="equations-not-proportional"),
+        pytest.param(equation(x, x), equation(x, 2), True, id="one-side-vanishes-everywhere"),
+        pytest.param(equation(x, 2), equation(x, x), True, id="the-other-side-vanishes-everywhere"),
+        pytest.param(equation(x, x), equation(y, y), False, id="both-vanish-everywhere"),
+        pytest.param(equation(x, 2), x - 2, False, id="equation-and-formula"),
+        pytest.param(x - 2, equation(x, 2), False, id="formula-and-equation"),
+        pytest.param(sympy.FiniteSet(1, 2), sympy.FiniteSet(1, 3), False, id="not-formulas"),
+    ],
+)
+def test_only_formulas_that_differ_are_rejected(gold, answer, differ):
+    assert _differ_at_a_point(gold, answer) is differ
+
+
+def test_points_are_three_distinct_rows_of_values_away_from_zero():
+    assert len(_POINTS) == 3 and len({tuple(point) for point in _POINTS}) == 3
+    assert all(1 <= value <= 3 for point in _POINTS for value in point)
