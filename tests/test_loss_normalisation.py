@@ -142,3 +142,21 @@ def test_eval_batch_is_not_divided_for_accumulation(algorithm, loss_type, policy
             torch.testing.assert_close(ours, gradient(policy, lambda b=batch: hand_loss(policy, [b], loss_type, 1)))
     finally:
         policy.train()
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+def test_one_token_and_no_token_micro_batches(loss_type, policy, micro_batches, tmp_path):
+    """The smallest denominators: one valid token in the whole micro-batch is its own mean; none gives 0, not NaN."""
+    trainer = make_trainer(policy, tmp_path, "dhpo", loss_type)
+    policy.eval()
+    one = torch.zeros_like(micro_batches[0]["completion_mask"])
+    one[1, 0] = 1
+    batch = dict(micro_batches[0], completion_mask=one, num_items_in_batch=torch.tensor(1))
+    with torch.no_grad():
+        loss = trainer.compute_loss(policy, dict(batch))
+        expected = hand_loss(policy, [batch], loss_type, accumulation=1)
+        empty = dict(batch, completion_mask=torch.zeros_like(one), num_items_in_batch=torch.tensor(0))
+        nothing = trainer.compute_loss(policy, dict(empty))
+    assert expected.abs().item() > 1e-3
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5, abs=1e-7)
+    assert nothing.item() == 0.0
