@@ -29,6 +29,8 @@ def equation(lhs, rhs):
         pytest.param(x + y, y, True, id="a-symbol-only-in-the-gold"),
         pytest.param(f(x) + 1, f(x) + 2, True, id="unknown-functions-are-variables"),
         pytest.param(2 * f(x), f(x) + f(x), False, id="unknown-functions-one-formula"),
+        pytest.param(f(x) + x, x + 1, True, id="an-unknown-function-only-in-the-gold"),
+        pytest.param(x + 1, f(x) + x, True, id="an-unknown-function-only-in-the-answer"),
         pytest.param(sympy.I * x, x, True, id="complex-values"),
         pytest.param(x, x * (1 + sympy.Rational(1, 500_000)), True, id="relative-difference-2e-6"),
         pytest.param(x, x * (1 + sympy.Rational(1, 2_000_000)), False, id="relative-difference-5e-7"),
