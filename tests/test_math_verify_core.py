@@ -1,4 +1,5 @@
-"""The grader's fast "no" (`_differ_at_a_point`), on sympy objects: it may only reject formulas that differ.
+"""Two pieces of the grader tested by their contract, below the scores: how a gold's form is read (`gold_form`), and
+the fast "no" (`_differ_at_a_point`), on sympy objects, which may only reject formulas that differ.
 
 Scores cannot show this check: what it lets through, math-verify still rejects, only more slowly. So its contract is
 tested here directly: different formulas (and equations that are not multiples of each other) are told apart at the
@@ -8,11 +9,38 @@ fixed points, and equal ones, or ones that cannot be evaluated there, are passed
 import pytest
 import sympy
 
-from dhpo_trl._math_verify_core import _POINTS, _differ_at_a_point
+from dhpo_trl._math_verify_core import _POINTS, _differ_at_a_point, gold_form
 
 x, y = sympy.symbols("x y")
 f = sympy.Function("f")
 many = sympy.symbols(f"a0:{len(_POINTS[0]) + 1}")  # one more symbol than a point has coordinates
+
+
+@pytest.mark.parametrize(
+    ("gold", "form"),
+    [
+        ("52_8", ("base", "52", 8)),
+        ("52 _8", ("base", "52", 8)),  # spaces do not count
+        ("(52)_{8}", ("base", "52", 8)),
+        ("10_2", ("base", "10", 2)),  # the smallest base
+        ("Z_{36}", ("base", "Z", 36)),  # the largest: digits 0-9 and A-Z
+        ("XY_{36}", ("base", "XY", 36)),
+        ("1A_{16}", ("base", "1A", 16)),
+        ("052_8", ("base", "52", 8)),  # leading zeros dropped, trailing ones kept
+        ("520_8", ("base", "520", 8)),
+        ("00_8", ("base", "0", 8)),
+        ("17_8", ("base", "17", 8)),
+        ("18_8", ("math", "18")),  # a digit equal to the base: not a number in that base
+        ("19_8", ("math", "19")),
+        ("1_1", ("math", "1")),  # no base 1
+        ("10_{37}", ("math", "10")),  # no base above 36
+        ("1a_{16}", ("math", "1*a_{16}")),  # lower-case letters are variables, not digits
+        ("2a_{12}", ("math", "2*a_{12}")),
+    ],
+)
+def test_numbers_in_a_base_and_subscripts_that_are_not_bases(gold, form):
+    read = gold_form(gold)
+    assert (read if read[0] == "base" else (read[0], str(read[1]))) == form
 
 
 def equation(lhs, rhs):
