@@ -287,6 +287,54 @@ def test_old_and_reference_passes_are_trimmed_chunks_with_trl_values(tok, tmp_pa
     assert all(rows * width <= 40 or rows == 1 for rows, width in budget_forwards)
 
 
+def test_no_grad_passes_keep_trl_defaults_padding_and_images(tok, tmp_path, monkeypatch):
+    """What the trimmed passes hand TRL's forward: widths rounded up to `pad_to_multiple_of`, no entropies unless
+    asked (TRL's default), and a vision-language batch untouched: one call of TRL's own chunked forward with the
+    image tensors (their rows cannot be regrouped), while image keys that are all None still get trimmed chunks."""
+    model = build_tiny_qwen3(tok, seed=2)
+    window = padded_window(tok, model)
+    ids = torch.cat([window["prompt_ids"], window["completion_ids"]], 1)
+    mask = torch.cat([window["prompt_mask"], window["completion_mask"]], 1)
+    args = config_for("DHPO-A", output_dir=str(tmp_path), **{**RUN, "max_completion_length": 32}, **CPU)
+    trainer = DHPOTrainer(model=model, reward_funcs=length_reward, args=args, train_dataset=dataset(),
+                          processing_class=tok)  # fmt: skip
+    calls = []
+    trl_forward = GRPOTrainer._get_per_token_logps_and_entropies
+
+    def recording(self, model, input_ids, attention_mask, logits_to_keep, *rest, **kwargs):
+        calls.append({"shape": tuple(input_ids.shape), "keep": logits_to_keep, "rest": rest, **kwargs})
+        if "pixel_values" in kwargs:  # the tiny text model has no vision tower: answer without a forward
+            return torch.zeros(input_ids.size(0), logits_to_keep), None, None
+        return trl_forward(self, model, input_ids, attention_mask, logits_to_keep, *rest, **kwargs)
+
+    monkeypatch.setattr(GRPOTrainer, "_get_per_token_logps_and_entropies", recording)
+    trainer.pad_to_multiple_of = 8
+    with torch.no_grad():
+        logps, entropies, aux = trainer._get_per_token_logps_and_entropies(model, ids, mask, 32, batch_size=4)
+    assert entropies is None and aux is None and logps.shape == (8, 32)
+    prompt_limit = ids.size(1) - 32
+    widths = [(call["shape"][1] - call["keep"], call["keep"]) for call in calls]
+    assert len(calls) == 2 and sum(prompt + completion for prompt, completion in widths) < 2 * ids.size(1)  # trimmed
+    for prompt, completion in widths:  # each part rounded up to a multiple of 8, or to the batch's own width
+        assert (prompt % 8 == 0 or prompt == prompt_limit) and (completion % 8 == 0 or completion == 32), widths
+    assert any(completion % 8 == 0 and completion < 32 for _, completion in widths)
+    assert all(call["compute_entropy"] is False and call["compute_aux_loss"] is False for call in calls)
+
+    calls.clear()
+    pixels, grid = torch.ones(2, 3), torch.tensor([[1, 2, 2]])
+    with torch.no_grad():
+        trainer._get_per_token_logps_and_entropies(model, ids, mask, 32, batch_size=4, pixel_values=pixels,
+                                                   image_grid_thw=grid, token_type_ids=None)  # fmt: skip
+    (call,) = calls
+    assert call["shape"] == tuple(ids.shape) and call["rest"] == (4, False, False)
+    assert call["pixel_values"] is pixels and call["image_grid_thw"] is grid and call["token_type_ids"] is None
+
+    calls.clear()
+    with torch.no_grad():
+        trainer._get_per_token_logps_and_entropies(model, ids, mask, 32, batch_size=4, pixel_values=None)
+    assert len(calls) == 2 and sum(call["shape"][1] for call in calls) < 2 * ids.size(1)
+
+
 # ------------------------------------------------------------------------------------- two processes (gloo)
 @pytest.mark.parametrize("engine", ["ddp", "zero3"])
 def test_two_processes_agree_on_passes_and_update_as_trl(tmp_path, engine):
