@@ -290,7 +290,8 @@ def test_old_and_reference_passes_are_trimmed_chunks_with_trl_values(tok, tmp_pa
 def test_no_grad_passes_keep_trl_defaults_padding_and_images(tok, tmp_path, monkeypatch):
     """What the trimmed passes hand TRL's forward: widths rounded up to `pad_to_multiple_of`, no entropies unless
     asked (TRL's default), and a vision-language batch untouched: one call of TRL's own chunked forward with the
-    image tensors (their rows cannot be regrouped), while image keys that are all None still get trimmed chunks."""
+    image tensors (their rows cannot be regrouped), while image keys that are all None still get trimmed chunks, each
+    as wide as its own rows; an aux loss asked for is the mean of the chunks'."""
     model = build_tiny_qwen3(tok, seed=2)
     window = padded_window(tok, model)
     ids = torch.cat([window["prompt_ids"], window["completion_ids"]], 1)
@@ -305,6 +306,8 @@ def test_no_grad_passes_keep_trl_defaults_padding_and_images(tok, tmp_path, monk
         calls.append({"shape": tuple(input_ids.shape), "keep": logits_to_keep, "rest": rest, **kwargs})
         if "pixel_values" in kwargs:  # the tiny text model has no vision tower: answer without a forward
             return torch.zeros(input_ids.size(0), logits_to_keep), None, None
+        if kwargs["compute_aux_loss"]:  # nor a router: each chunk's aux loss is its call number
+            return torch.zeros(input_ids.size(0), logits_to_keep), None, torch.tensor(float(len(calls)))
         return trl_forward(self, model, input_ids, attention_mask, logits_to_keep, *rest, **kwargs)
 
     monkeypatch.setattr(GRPOTrainer, "_get_per_token_logps_and_entropies", recording)
@@ -330,9 +333,18 @@ def test_no_grad_passes_keep_trl_defaults_padding_and_images(tok, tmp_path, monk
     assert call["pixel_values"] is pixels and call["image_grid_thw"] is grid and call["token_type_ids"] is None
 
     calls.clear()
+    trainer.pad_to_multiple_of = None
+    short_prompts = mask.clone()
+    short_prompts[[1, 6], : prompt_limit - 2] = 0  # the two longest completions (30 and 12 tokens) get 2-token prompts
     with torch.no_grad():
-        trainer._get_per_token_logps_and_entropies(model, ids, mask, 32, batch_size=4, pixel_values=None)
-    assert len(calls) == 2 and sum(call["shape"][1] for call in calls) < 2 * ids.size(1)
+        trainer._get_per_token_logps_and_entropies(model, ids, short_prompts, 32, batch_size=4, pixel_values=None)
+    # image keys that are all None: trimmed chunks, each as wide as its own rows (the other rows' prompts are 3-8)
+    assert [(call["shape"][1] - call["keep"], call["keep"]) for call in calls] == [(8, 6), (2, 30)]
+
+    calls.clear()
+    with torch.no_grad():
+        _, _, aux = trainer._get_per_token_logps_and_entropies(model, ids, mask, 32, batch_size=4, compute_aux_loss=True)
+    assert aux.item() == pytest.approx(1.5)  # the mean of the chunks' aux losses, 1 and 2
 
 
 # ------------------------------------------------------------------------------------- two processes (gloo)
