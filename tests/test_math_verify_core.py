@@ -1,5 +1,6 @@
-"""Two pieces of the grader tested by their contract, below the scores: how a gold's form is read (`gold_form`), and
-the fast "no" (`_differ_at_a_point`), on sympy objects, which may only reject formulas that differ.
+"""Pieces of the grader tested by their contract, below the scores: how a gold's form is read (`gold_form`), how two
+plain numbers compare (`_numbers_equal`), and the fast "no" (`_differ_at_a_point`), on sympy objects, which may only
+reject formulas that differ.
 
 Scores cannot show this check: what it lets through, math-verify still rejects, only more slowly. So its contract is
 tested here directly: different formulas (and equations that are not multiples of each other) are told apart at the
@@ -9,7 +10,7 @@ fixed points, and equal ones, or ones that cannot be evaluated there, are passed
 import pytest
 import sympy
 
-from dhpo_trl._math_verify_core import _POINTS, _differ_at_a_point, gold_form
+from dhpo_trl._math_verify_core import _POINTS, _differ_at_a_point, _numbers_equal, gold_form
 
 x, y = sympy.symbols("x y")
 f = sympy.Function("f")
@@ -41,6 +42,23 @@ many = sympy.symbols(f"a0:{len(_POINTS[0]) + 1}")  # one more symbol than a poin
 def test_numbers_in_a_base_and_subscripts_that_are_not_bases(gold, form):
     read = gold_form(gold)
     assert (read if read[0] == "base" else (read[0], str(read[1]))) == form
+
+
+@pytest.mark.parametrize(
+    ("gold", "answer", "equal"),
+    [
+        pytest.param(sympy.sqrt(2) / 2, 1 / sympy.sqrt(2), True, id="exact-forms-of-one-number"),
+        pytest.param(sympy.pi, sympy.Rational(355, 113), False, id="exact-forms-8e-8-apart"),  # no tolerance
+        pytest.param(sympy.Rational(1, 3), sympy.Float("0.33333"), True, id="a-decimal-within-1e-4"),
+        pytest.param(sympy.Rational(1, 3), sympy.Float("0.3333"), False, id="a-decimal-off-by-1e-4"),
+        pytest.param(sympy.Integer(0), sympy.Float(0.0), True, id="zero-and-a-decimal-zero"),  # a tolerance of 0
+        pytest.param(sympy.zoo, sympy.Integer(1), False, id="infinity-and-a-number"),
+        pytest.param(sympy.Integer(1), sympy.zoo, False, id="a-number-and-infinity"),
+        pytest.param(sympy.nan, sympy.Integer(1), False, id="nan"),
+    ],
+)
+def test_plain_numbers(gold, answer, equal):
+    assert _numbers_equal(gold, answer) is equal
 
 
 def equation(lhs, rhs):

@@ -103,6 +103,7 @@ def test_extract_boxed_answer(text, expected):
         (r"\boxed{2 M_{\Earth}}", r"2 M_{\text{Earth}}"),  # a command in a subscript reads as its name, capitals too
         (r"\boxed{2\lambda_{\alpha}}", r"2\lambda_\alpha"),  # a Greek letter in a subscript stays a Greek letter
         (r"\boxed{3 v_{\text{max }}}", r"3v_{max}"),  # spaces in a subscript do not count
+        (r"\boxed{(0.1234567, 2)}", "(0.1234568, 2)"),  # math-verify rounds decimals in a tuple to 6 places
     ],
 )
 def test_equivalent_answers_score_one(completion, truth):
@@ -142,6 +143,7 @@ def test_equivalent_answers_score_one(completion, truth):
         (r"\boxed{6}", "6m"),
         (r"\boxed{\frac{dx}{dt} = a - kx}", r"\frac{d x}{d t}=k x-a"),  # dx/dt is not the derivative of a constant
         (r"\boxed{\frac{dV}{dt} = 3}", r"\frac{dW}{dt} = 3"),  # the derivatives of two capitals are two symbols
+        (r"\boxed{(0.123456, 2)}", "(0.123457, 2)"),  # ... and no further
         (r"\boxed{y' + 4y = 1}", "y'+4y=0"),
         (r"\boxed{\frac{1}{3}}", "unreadable gold: the sum of all happy numbers"),
         (r"\boxed{5}", r"\text{(C)} 5"),
