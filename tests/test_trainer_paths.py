@@ -453,3 +453,21 @@ def test_dhpo_model_card_lists_only_the_settings_its_clipping_reads(tmp_path):
     assert "| `clipping` | `unified` |" in card and "| `token_weight` | `0.3` |" in card
     assert "| `epsilon_low_token` | `0.2` |" in card
     assert "epsilon_low_seq" not in card  # unified clipping has no sequence branch
+
+
+@pytest.mark.parametrize("name", ["org/tiny-model", "org/tiny-model/", "tiny-model"])
+def test_without_args_the_run_is_named_after_the_model(name, tmp_path, monkeypatch):
+    """As TRL names a GRPO run `<model>-GRPO`: the last part of the model's name or path, then `-DHPO`."""
+
+    class CpuConfig(DHPOConfig):  # the default config asks for bf16, which this CPU machine refuses
+        def __init__(self, output_dir, **kwargs):
+            super().__init__(output_dir, use_cpu=True, bf16=False, report_to="none", **kwargs)
+
+    monkeypatch.setattr(trainer_module, "DHPOConfig", CpuConfig)
+    monkeypatch.chdir(tmp_path)
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_qwen3(tokenizer)
+    model.config._name_or_path = name
+    trainer = DHPOTrainer(model, lambda completions, **kwargs: [0.0] * len(completions), processing_class=tokenizer,
+                          train_dataset=Dataset.from_dict({"prompt": ["1+1="] * 8}))  # fmt: skip
+    assert isinstance(trainer.args, CpuConfig) and trainer.args.output_dir == "tiny-model-DHPO"
