@@ -455,8 +455,12 @@ def test_dhpo_model_card_lists_only_the_settings_its_clipping_reads(tmp_path):
     assert "epsilon_low_seq" not in card  # unified clipping has no sequence branch
 
 
-@pytest.mark.parametrize("name", ["org/tiny-model", "org/tiny-model/", "tiny-model"])
-def test_without_args_the_run_is_named_after_the_model(name, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    ("name", "run"),
+    [("org/tiny-model", "tiny-model"), ("org/tiny-model/", "tiny-model"), ("tiny-model", "tiny-model"),
+     ("/models/tiny-X/", "tiny-X")],
+)  # fmt: skip
+def test_without_args_the_run_is_named_after_the_model(name, run, tmp_path, monkeypatch):
     """As TRL names a GRPO run `<model>-GRPO`: the last part of the model's name or path, then `-DHPO`."""
 
     class CpuConfig(DHPOConfig):  # the default config asks for bf16, which this CPU machine refuses
@@ -470,4 +474,4 @@ def test_without_args_the_run_is_named_after_the_model(name, tmp_path, monkeypat
     model.config._name_or_path = name
     trainer = DHPOTrainer(model, lambda completions, **kwargs: [0.0] * len(completions), processing_class=tokenizer,
                           train_dataset=Dataset.from_dict({"prompt": ["1+1="] * 8}))  # fmt: skip
-    assert isinstance(trainer.args, CpuConfig) and trainer.args.output_dir == "tiny-model-DHPO"
+    assert isinstance(trainer.args, CpuConfig) and trainer.args.output_dir == f"{run}-DHPO"
