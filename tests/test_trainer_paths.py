@@ -475,3 +475,17 @@ def test_without_args_the_run_is_named_after_the_model(name, run, tmp_path, monk
     trainer = DHPOTrainer(model, lambda completions, **kwargs: [0.0] * len(completions), processing_class=tokenizer,
                           train_dataset=Dataset.from_dict({"prompt": ["1+1="] * 8}))  # fmt: skip
     assert isinstance(trainer.args, CpuConfig) and trainer.args.output_dir == f"{run}-DHPO"
+
+
+def test_a_grpo_config_is_refused_with_the_conversion(tmp_path):
+    from trl import GRPOConfig
+
+    tokenizer = build_char_tokenizer()
+    with pytest.raises(TypeError) as error:
+        DHPOTrainer(build_tiny_qwen3(tokenizer), lambda completions, **kwargs: [0.0] * len(completions),
+                    args=GRPOConfig(str(tmp_path), use_cpu=True, bf16=False, report_to="none"),
+                    processing_class=tokenizer)  # fmt: skip
+    assert str(error.value) == (
+        "DHPOTrainer needs `args` to be a DHPOConfig, got GRPOConfig. Build one with "
+        "DHPOConfig(**your_grpo_config.to_dict()) or use trl.GRPOTrainer."
+    )
