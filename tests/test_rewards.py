@@ -305,6 +305,10 @@ def test_deadline_survives_a_swallowed_alarm(monkeypatch):
         (r"\boxed " + "1" * 1000, "1" * 1000),
         (r"\boxed " + "1" * 1001, None),
         ("\\boxed" + " " * 8 + "{3}", "3"),  # spacing before the brace
+        ("\\boxed" + " " * 9 + "{3}", "{3}"),  # one space more than allowed: no brace follows the command
+        (r"\boxedX{3}", None),  # only spaces and tabs may stand between the command and its answer
+        (r"\boxed3", None),  # a bare answer needs a space
+        ("so \\boxed   ", None),  # spaces and then nothing
         ("\\boxed\t{3}", "3"),
         (r"\boxed{a\\}", r"a\\"),  # \\ is an escaped backslash: the brace after it closes
         (r"\boxed{\}}", r"\}"),
@@ -319,7 +323,7 @@ def test_deadline_survives_a_swallowed_alarm(monkeypatch):
         (r"\boxed", None),
         (r"\boxed{1} and \boxed", None),  # the last box has no answer: no earlier one instead
     ],
-    ids=[f"box{i}" for i in range(18)],
+    ids=[f"box{i}" for i in range(22)],
 )
 def test_extract_boxed_answer_bounds_and_forms(text, expected):
     assert extract_boxed_answer(text) == expected
