@@ -489,3 +489,25 @@ def test_a_grpo_config_is_refused_with_the_conversion(tmp_path):
         "DHPOTrainer needs `args` to be a DHPOConfig, got GRPOConfig. Build one with "
         "DHPOConfig(**your_grpo_config.to_dict()) or use trl.GRPOTrainer."
     )
+
+
+@pytest.mark.parametrize(("process_index", "probed"), [(0, ["tiny-vllm-model"]), (1, [])])
+def test_only_the_first_process_waits_for_the_vllm_server(process_index, probed, tmp_path, monkeypatch):
+    """In TRL only the main process talks to a vLLM server; the others (maybe on nodes that cannot reach its host)
+    must not probe it. A second process is faked through the config's `process_index`."""
+    from dhpo_trl import vllm_utils
+
+    class Stop(Exception):
+        pass
+
+    waited = []
+    monkeypatch.setattr(DHPOConfig, "process_index", property(lambda self: process_index))
+    monkeypatch.setattr(vllm_utils, "is_vllm_available", lambda: True)
+    monkeypatch.setattr(vllm_utils, "wait_for_vllm_server", lambda args, name: waited.append(name))
+    monkeypatch.setattr(trainer_module, "check_reward_functions", lambda funcs: (_ for _ in ()).throw(Stop()))
+    args = DHPOConfig(str(tmp_path), use_cpu=True, bf16=False, report_to="none", use_vllm=True, vllm_mode="server")
+    tokenizer = build_char_tokenizer()
+    with pytest.raises(Stop):  # stopped right after the check: TRL would import vllm next
+        DHPOTrainer("tiny-vllm-model", lambda completions, **kwargs: [0.0] * len(completions), args=args,
+                    processing_class=tokenizer)  # fmt: skip
+    assert waited == probed
