@@ -100,7 +100,7 @@ def completion_text(completion) -> str | None:
         if isinstance(content, str):
             parts.append(content)
         elif isinstance(content, list):  # multimodal content: [{"type": "text", "text": ...}, ...]
-            parts.extend(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+            parts.extend(p["text"] for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
     return "\n".join(parts)
 
 
