@@ -80,6 +80,8 @@ def equation(lhs, rhs):
         pytest.param(sympy.I * x, x, True, id="complex-values"),
         pytest.param(x, x * (1 + sympy.Rational(1, 500_000)), True, id="relative-difference-2e-6"),
         pytest.param(x, x * (1 + sympy.Rational(1, 2_000_000)), False, id="relative-difference-5e-7"),
+        pytest.param(sympy.Integer(10**6), sympy.Integer(999_999), False, id="relative-difference-exactly-1e-6"),
+        pytest.param(sympy.Integer(10**6), sympy.Rational(9_999_989, 10), True, id="relative-difference-1.1e-6"),
         pytest.param(1 / (x - sympy.Rational(11, 10)), 1 + 1 / (x - sympy.Rational(11, 10)), False, id="a-pole"),
         pytest.param(sum(many[:-1]), sum(many[:-1]) + 1, True, id="as-many-symbols-as-coordinates"),
         pytest.param(sum(many), sum(many) + 1, False, id="more-symbols-than-coordinates"),
@@ -93,6 +95,8 @@ def equation(lhs, rhs):
         pytest.param(equation(x, 2), x - 2, False, id="equation-and-formula"),
         pytest.param(x - 2, equation(x, 2), False, id="formula-and-equation"),
         pytest.param(sympy.FiniteSet(1, 2), sympy.FiniteSet(1, 3), False, id="not-formulas"),
+        # a bound variable set to a number (Sum(11/10, (11/10, 1, n))) raises: passed on, not rejected
+        pytest.param(sympy.Sum(x, (x, 1, y)), y * (y + 1) / 2, False, id="cannot-be-evaluated-at-the-point"),
     ],
 )
 def test_only_formulas_that_differ_are_rejected(gold, answer, differ):
