@@ -15,6 +15,8 @@ from dhpo_trl._math_verify_core import _POINTS, _differ_at_a_point, _numbers_equ
 x, y = sympy.symbols("x y")
 f = sympy.Function("f")
 many = sympy.symbols(f"a0:{len(_POINTS[0]) + 1}")  # one more symbol than a point has coordinates
+tiny = sympy.Rational(1, 10**12)
+x_at = [point[0] for point in _POINTS]  # the values x takes when it is the only symbol
 
 
 @pytest.mark.parametrize(
@@ -92,6 +94,19 @@ def equation(lhs, rhs):
         pytest.param(equation(x, x), equation(x, 2), True, id="one-side-vanishes-everywhere"),
         pytest.param(equation(x, 2), equation(x, x), True, id="the-other-side-vanishes-everywhere"),
         pytest.param(equation(x, x), equation(y, y), False, id="both-vanish-everywhere"),
+        # an equation's side "vanishes" below 1e-12; exactly 1e-12 does not
+        pytest.param(equation(y, y + tiny), equation(y, y), True, id="a-side-of-exactly-1e-12-and-a-vanishing-one"),
+        pytest.param(equation(y, y), equation(y, y + tiny), True, id="a-vanishing-side-and-one-of-exactly-1e-12"),
+        pytest.param(equation(y, y + 2 * tiny), equation(y, y + tiny), False, id="sides-of-2e-12-and-1e-12"),
+        pytest.param(equation(y, y + tiny), equation(y, y + 2 * tiny), False, id="sides-of-1e-12-and-2e-12"),
+        pytest.param(
+            equation((x - x_at[0]) * (x - x_at[1]), 0), equation(2 * (x - x_at[0]) * (x - x_at[1]), 0), False,
+            id="equations-proportional-where-only-one-point-does-not-vanish",
+        ),
+        pytest.param(  # the ratio at the second point is 10**6 + 1, at the others 10**6: exactly 1e-6 apart
+            equation(10**6 + sympy.Rational(100, 49) * (x - x_at[0]) * (x_at[2] - x), 0), equation(x, x - 1), False,
+            id="equation-ratios-exactly-1e-6-apart",
+        ),
         pytest.param(equation(x, 2), x - 2, False, id="equation-and-formula"),
         pytest.param(x - 2, equation(x, 2), False, id="formula-and-equation"),
         pytest.param(sympy.FiniteSet(1, 2), sympy.FiniteSet(1, 3), False, id="not-formulas"),
