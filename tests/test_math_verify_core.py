@@ -90,6 +90,7 @@ def equation(lhs, rhs):
         pytest.param(equation(2 * x, 4), equation(x, 2), False, id="equations-up-to-a-factor"),
         pytest.param(equation(x, 2), equation(2, x), False, id="equations-sides-swapped"),
         pytest.param(equation(x, 2), equation(x, 3), True, id="two-equations"),
+        pytest.param(equation(x, 2), equation(x, sympy.Rational(21, 10)), True, id="two-close-equations"),
         pytest.param(equation(x * y, 1), equation(x, y), True, id="equations-not-proportional"),
         pytest.param(equation(x, x), equation(x, 2), True, id="one-side-vanishes-everywhere"),
         pytest.param(equation(x, 2), equation(x, x), True, id="the-other-side-vanishes-everywhere"),
