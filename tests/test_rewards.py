@@ -393,6 +393,11 @@ def test_gold_text_bounds():
         (r"\boxed{[0,1]}", "(0,1)", 0.0),
         (r"\boxed{x \in [0,1]}", "[0,1]", 1.0),
         (r"\boxed{(0, \infty)}", r"(0,\infty)", 1.0),
+        (r"\boxed{+\infty}", r"\infty", 1.0),  # infinity alone: equal to itself, never to its negative
+        (r"\boxed{-\infty}", r"-\infty", 1.0),
+        (r"\boxed{-\infty}", r"\infty", 0.0),
+        (r"\boxed{\infty}", r"-\infty", 0.0),
+        (r"\boxed{10^{100}}", r"\infty", 0.0),
         (r"\boxed{1, 2, 3}", "3, 2, 1", 1.0),  # an unordered collection
         (r"\boxed{(1,2,3)}", "(1,2,3)", 1.0),  # a tuple is ordered
         (r"\boxed{(1,2,3)}", "(1,3,2)", 0.0),
@@ -405,7 +410,7 @@ def test_gold_text_bounds():
         ({"content": r"\boxed{6}"}, "6", 1.0),
         ([{"role": "assistant", "content": None}], "6", 0.0),
     ],
-    ids=[f"form{i}" for i in range(26)],
+    ids=[f"form{i}" for i in range(31)],
 )
 def test_equal_values_in_other_forms_and_near_misses(completion, truth, reward):
     score = score_answer(completion, truth)
