@@ -305,7 +305,7 @@ def _differ_at_a_point(gold, answer) -> bool:
 def _numbers_equal(gold, answer) -> bool:
     gold, answer = gold.doit(), answer.doit()
     if gold.is_infinite or answer.is_infinite:  # the test below reads oo = -oo (oo <= 1e-30 * oo) and oo != oo (nan)
-        return gold == answer
+        return gold == answer and not gold.has(sympy.zoo)  # zoo, as in 1/0, is no value
     if gold.is_Rational and answer.is_Rational:
         return gold == answer
     decimal = gold.has(sympy.Float) or answer.has(sympy.Float)

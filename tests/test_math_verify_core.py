@@ -57,6 +57,12 @@ def test_numbers_in_a_base_and_subscripts_that_are_not_bases(gold, form):
         pytest.param(sympy.zoo, sympy.Integer(1), False, id="infinity-and-a-number"),
         pytest.param(sympy.Integer(1), sympy.zoo, False, id="a-number-and-infinity"),
         pytest.param(sympy.nan, sympy.Integer(1), False, id="nan"),
+        pytest.param(sympy.nan, sympy.nan, False, id="nan-and-nan"),
+        pytest.param(sympy.zoo, sympy.zoo, False, id="complex-infinity-is-no-value"),  # 1/0
+        pytest.param(sympy.oo, sympy.oo, True, id="infinity-and-infinity"),
+        pytest.param(-sympy.oo, -sympy.oo, True, id="minus-infinity-and-minus-infinity"),
+        pytest.param(sympy.oo, -sympy.oo, False, id="infinity-and-minus-infinity"),
+        pytest.param(sympy.Integer(10) ** 100, sympy.oo, False, id="a-large-number-and-infinity"),
     ],
 )
 def test_plain_numbers(gold, answer, equal):
