@@ -390,7 +390,7 @@ def test_model_card_records_the_objective_and_its_settings(card_trainer):
     card_trainer.create_model_card(model_name="my-run", dataset_name="my-data", tags=["my-tag"])
     card = open(os.path.join(card_trainer.args.output_dir, "README.md"), encoding="utf-8").read()
     assert "model_name: my-run" in card and "datasets: my-data" in card  # TRL's card gets the caller's arguments
-    assert "- my-tag\n" in card and "- dhpo\n" in card and "- gmpo\n" in card
+    assert "- my-tag\n" in card and "- trl\n" in card and "- dhpo\n" in card and "- gmpo\n" in card
     section = card[card.index("\n\n## DHPO settings\n\nTrained with `dhpo_trl.DHPOTrainer`") :]
     assert "objective `algorithm=gmpo`" in section
     rows = [line for line in section.splitlines() if line.startswith("| `")]
@@ -511,3 +511,15 @@ def test_only_the_first_process_waits_for_the_vllm_server(process_index, probed,
         DHPOTrainer("tiny-vllm-model", lambda completions, **kwargs: [0.0] * len(completions), args=args,
                     processing_class=tokenizer)  # fmt: skip
     assert waited == probed
+
+
+def test_positional_arguments_reach_trl_in_its_order(tmp_path):
+    """GRPOTrainer(model, reward_funcs, args, train_dataset, eval_dataset, processing_class, ...): a caller may pass
+    them by position, as to TRL."""
+    tokenizer = build_char_tokenizer()
+    train, evaluation = Dataset.from_dict({"prompt": ["1+1="] * 8}), Dataset.from_dict({"prompt": ["2+2="] * 8})
+    args = DHPOConfig(str(tmp_path), use_cpu=True, bf16=False, report_to="none", steps_per_generation=2)
+    trainer = DHPOTrainer(build_tiny_qwen3(tokenizer), lambda completions, **kwargs: [0.0] * len(completions), args,
+                          train, evaluation, tokenizer)  # fmt: skip
+    assert trainer.train_dataset is train and trainer.eval_dataset is evaluation
+    assert trainer.processing_class is tokenizer
