@@ -523,3 +523,16 @@ def test_positional_arguments_reach_trl_in_its_order(tmp_path):
                           train, evaluation, tokenizer)  # fmt: skip
     assert trainer.train_dataset is train and trainer.eval_dataset is evaluation
     assert trainer.processing_class is tokenizer
+
+
+def test_a_new_trainer_warns_on_its_first_unsupported_batch(tmp_path):
+    tokenizer = build_char_tokenizer()
+    args = DHPOConfig(str(tmp_path), use_cpu=True, bf16=False, report_to="none", steps_per_generation=2)
+    trainer = DHPOTrainer(build_tiny_qwen3(tokenizer), lambda completions, **kwargs: [0.0] * len(completions), args,
+                          train_dataset=Dataset.from_dict({"prompt": ["1+1="] * 8}), processing_class=tokenizer)  # fmt: skip
+    trainer.model.train()
+    buffered = [micro_batch(extra={"pixel_values": torch.zeros(2, 1)})]
+    assert plan(trainer, buffered) == (buffered, [
+        "dynamic_batching keeps TRL's micro-batches for this run: the batch holds multimodal input `pixel_values`."
+    ])  # fmt: skip
+    assert plan(trainer, buffered) == (buffered, [])
