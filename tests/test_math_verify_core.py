@@ -7,10 +7,12 @@ tested here directly: different formulas (and equations that are not multiples o
 fixed points, and equal ones, or ones that cannot be evaluated there, are passed on.
 """
 
+import signal
+
 import pytest
 import sympy
 
-from dhpo_trl._math_verify_core import _POINTS, _differ_at_a_point, _numbers_equal, gold_form
+from dhpo_trl._math_verify_core import _POINTS, _differ_at_a_point, _equivalent, _numbers_equal, gold_form
 
 x, y = sympy.symbols("x y")
 f = sympy.Function("f")
@@ -128,3 +130,18 @@ def test_only_formulas_that_differ_are_rejected(gold, answer, differ):
 def test_points_are_three_distinct_rows_of_values_away_from_zero():
     assert len(_POINTS) == 3 and len({tuple(point) for point in _POINTS}) == 3
     assert all(1 <= value <= 3 for point in _POINTS for value in point)
+
+
+
+def test_math_verify_leaves_the_deadline_timer_alone():
+    """math-verify's own time limit (`timeout_seconds`) arms SIGALRM with `signal.alarm` and cancels it after, which
+    would cancel the timer of `answers_match_with_deadline`: it is turned off."""
+    previous = signal.signal(signal.SIGALRM, lambda signum, frame: None)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 60.0)
+        assert _equivalent(x**2 - 1, (x - 1) * (x + 1))  # equal at every point: decided by math-verify's verify
+        assert signal.getitimer(signal.ITIMER_REAL)[0] > 50.0
+        assert signal.getsignal(signal.SIGALRM) is not previous
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
