@@ -55,6 +55,7 @@ def test_extract_boxed_answer(text, expected):
         (r"\boxed{2\sqrt{3}}", r"\sqrt{12}"),
         (r"\boxed{\pi}", r"\pi"),
         (r"\boxed{5\text{ cm}}", "5"),
+        (r"\boxed{2\pi r \text{ cm}}", r"2\pi r"),  # a formula with a unit: the unit is dropped, its variable kept
         (r"\boxed{30^\circ}", "30"),
         (r"\boxed{50\%}", "50"),
         (r"\boxed{27}", 27.0),
