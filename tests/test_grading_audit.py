@@ -220,3 +220,62 @@ def test_audit_accounting_with_a_scripted_grader_and_clock(monkeypatch):
     assert [f for f in five.false_positives if f.check == "rotated"] == []
     # more rotations than other golds: each gold meets every other gold once, never itself or one twice
     assert audit.audit_benchmark("three", ["1", "2", "3"], rotations=5, timeout_s=2.0).rotated == 3 * 2
+
+
+@pytest.mark.parametrize(
+    ("gold", "rewrite"),
+    [
+        (r"12.5\%", "0.125"),  # a percentage as its fraction
+        (r"\frac{1}{3}\%", r"\frac{1}{300}"),  # ... with no finite decimal
+        (r"45^\circ", "45.00\u00b0"),
+        (r"\frac{1}{2}^{\circ}", "0.5\u00b0"),
+        ("12345", "12,345"),  # thousands commas from 10,000
+        ("9999", "9999.00"),
+        ("1, 12345", "12345.00, 1.00"),  # no commas inside a list, and the list reversed
+        (r"\frac{3}{8}", "0.375"),
+        (r"\frac{1}{5}", "0.2"),
+        (r"\frac{1}{3}", "1/3"),
+        (r"\frac{1}{931322574615478515625}", "0." + "0" * 20 + "1073741824"),  # 1/5**30: exact, no float
+        ("0.75", r"\frac{3}{4}"),
+        (r"\{1, 2\}", r"\{2.00, 1.00\}"),  # a set reversed
+        ("[1, 2)", r"\left[ 1.00, 2.00 \right)"),  # an interval kept in order
+        (r"(1, 2) \cup (3, 4)", r"\left( 3.00, 4.00 \right) \cup \left( 1.00, 2.00 \right)"),
+        (r"1 \pm \sqrt{2}", r"1 - \sqrt{2}, 1 + \sqrt{2}"),
+        (r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}", r"\begin{bmatrix} 1 \\ 2 \end{bmatrix}"),
+        (r"\begin{bmatrix} 1 \\ 2 \end{bmatrix}", r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}"),
+        (r"\begin{Bmatrix} 1 \\ 2 \end{Bmatrix}", r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}"),
+        (r"\begin{matrix} 1 \\ 2 \end{matrix}", r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}"),
+        (r"\begin{vmatrix} 1 & 2 \\ 3 & 4 \end{vmatrix}", r"\left(\begin{vmatrix} 1 & 2 \\ 3 & 4 \end{vmatrix}\right)"),
+        (r"x \leq 3", r"3 \geq x"),
+        (r"x \geqslant 3", r"3 \leq x"),
+        ("x < 3", "3 > x"),
+        ("a = 5", "5 = a"),
+        ("-x + 2", "2 - x"),
+        ("2x^{-1} - 3", "- 3 + 2x^{-1}"),  # an exponent's sign is no term
+        (r"\sin x", r"\sin{\left(x \right)}"),  # one term: sympy's LaTeX
+        ("x^2", "x^{2}"),
+        ("e^{x}", r"\left(e^{x}\right)"),  # sympy prints it as written: parentheses
+        (r"\text{north}", r"\textbf{NORTH}"),
+        ("101_{2}", "(101)_{2}"),
+    ],
+)
+def test_every_kind_of_gold_has_its_rewrite(gold, rewrite):
+    assert audit.rewrite(gold) == rewrite
+
+
+@pytest.mark.parametrize(
+    ("gold", "misses"),
+    [
+        (r"12.5\%", [("last+1", r"13.5\%"), ("sign", r"-12.5\%")]),
+        ("12345", [("last+1", "12346"), ("sign", "-12345")]),
+        (r"\{1, 2\}", [("last+1", r"\{1, 3\}"), ("sign", r"\{1, -2\}")]),
+        (r"(1, 2) \cup (3, 4)", [("last+1", r"(1, 2) \cup (3, 5)"), ("sign", r"-\left((1, 2) \cup (3, 4)\right)")]),
+        (r"x \leq 3", [("last+1", r"x \leq 4"), ("sign", r"x \leq -3")]),
+        ("-x + 2", [("last+1", "-x + 3"), ("sign", r"-\left(-x + 2\right)")]),
+        (r"\sin x", [("sign", r"-\left(\sin x\right)")]),  # no number to change
+        (r"\text{north}", []),
+        ("101_{2}", [("base", "101_{3}"), ("base", "5"), ("last+1", "110_{2}")]),
+    ],
+)
+def test_near_misses_of_every_kind_of_gold(gold, misses):
+    assert audit.near_misses(gold) == misses

@@ -164,10 +164,8 @@ def _rewrite(gold: str, in_list: bool = False) -> str:
         return " \\cup ".join(_rewrite(piece.strip()) for piece in reversed(pieces))
     if match := re.fullmatch(r"(.+?)\\pm(.+)", text):
         return f"{match[1].strip()} - {match[2].strip()}, {match[1].strip()} + {match[2].strip()}"
-    if "matrix}" in text:
-        return (
-            re.sub(r"\{[pbv]matrix\}", "{bmatrix}", text) if "pmatrix" in text else text.replace("matrix}", "pmatrix}")
-        )
+    if "matrix}" in text:  # a pmatrix as a bmatrix, other matrices as a pmatrix (a vmatrix is a determinant)
+        return re.sub(r"\{[pbB]?matrix\}", "{bmatrix}" if "pmatrix" in text else "{pmatrix}", text)
     if match := re.fullmatch(r"(.+?)\s*(\\[gl]eq?slant|\\[gl]eq?(?![A-Za-z])|<|>)\s*(.+)", text):
         flipped = {"<": ">", ">": "<", "\\ge": "\\le", "\\le": "\\ge", "\\geq": "\\leq", "\\leq": "\\geq"}
         relation = re.sub(r"slant$", "", match[2])
