@@ -95,6 +95,16 @@ def _derivative_symbol(match: re.Match) -> str:
     return f"\\mathcal{{D}}_{{{match[1] or ''}{name}{match[3]}{match[4] or ''}}}"
 
 
+_E_SUBSCRIPT = re.compile(r"(?<!\\mathcal\{)(?<![\\A-Za-z])(\d[0-9A-Z]*)?([Ee])(\s*_\s*(?:\{[^{}]*\}|\w))")
+
+
+def _e_symbol(match: re.Match) -> str:
+    # E_1 is not e ** 1 (nor unparsable), but 1E_{16} is a number in base 16
+    if match[1] and _base_number(match[0]):
+        return match[0]
+    return f"{match[1] or ''}\\mathcal{{{match[2]}}}{match[3]}"
+
+
 def clean(text: str) -> str:
     r"""Rewrites that let the parser read what a person reads, applied to golds and answers alike (idempotent)."""
     text = text.replace("\u2212", "-").replace("\u00b0", "^{\\circ}").replace("\u03c0", "\\pi")
@@ -106,9 +116,7 @@ def clean(text: str) -> str:
     text = _LEIBNIZ.sub(_derivative_symbol, text)
     text = _SUBSCRIPT.sub(_plain_subscript, text)
     text = re.sub(r"(?<=\d)i\b", " i", text)  # 5i: the parser only takes i for the imaginary unit when it stands alone
-    text = re.sub(
-        r"(?<!\\mathcal\{)(?<![\\A-Za-z])([Ee])(?=\s*_)", r"\\mathcal{\1}", text
-    )  # E_1 is not e ** 1 (nor unparsable)
+    text = _E_SUBSCRIPT.sub(_e_symbol, text)
     text = re.sub(r"(?<!\\mathcal\{)\\[gG]amma(?![A-Za-z])(?!\s*\()", r"\\mathcal{\\gamma}", text)  # not Euler's
     text = text.replace("''", "^{\\prime\\prime}")
     return re.sub(r"(?<=[A-Za-z0-9})])'", r"^{\\prime}", text)  # the parser deletes quotes: y' would read as y

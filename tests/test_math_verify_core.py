@@ -31,6 +31,10 @@ x_at = [point[0] for point in _POINTS]  # the values x takes when it is the only
         ("Z_{36}", ("base", "Z", 36)),  # the largest: digits 0-9 and A-Z
         ("XY_{36}", ("base", "XY", 36)),
         ("1A_{16}", ("base", "1A", 16)),
+        ("1E_{16}", ("base", "1E", 16)),  # an E before a subscript is a digit here, not the symbol E_16
+        ("10E_{15}", ("base", "10E", 15)),
+        ("2E_1", ("math", "2*math{e}_1")),  # no base 1: the symbol E_1
+        ("E_{16}", ("math", "math{e}_{16}")),  # no digit before it
         ("052_8", ("base", "52", 8)),  # leading zeros dropped, trailing ones kept
         ("520_8", ("base", "520", 8)),
         ("00_8", ("base", "0", 8)),

@@ -74,6 +74,8 @@ def test_extract_boxed_answer(text, expected):
         (r"\boxed{(-\infty, 0) \cup \{1\}}", r"$(-\infty, 0) \cup\{1\}$."),  # trailing full stop
         (r"\boxed{52_8}", "52_{8}"),  # base subscripts
         (r"\boxed{(52)_{8}}", "52_8"),
+        (r"\boxed{(1E)_{16}}", "1E_{16}"),  # a last digit E is no symbol E_16
+        (r"\boxed{1E}", "1E_{16}"),
         (r"\boxed{52}", "52_8"),  # the question fixed the base
         (r"\boxed{\frac{2}{3}E_2 + \frac{1}{3}E_1}", r"\frac{1}{3} E_{1}+\frac{2}{3} E_{2}"),  # structure kept
         (r"\boxed{E_2, E_1}", "E_{1},E_{2}"),
