@@ -213,7 +213,7 @@ def answers_match(answer: str, gold: str) -> bool:
         return False
     kind = form[0]
     if kind == "choice":
-        letters = re.sub(r"\s+", " ", _TEXT_WRAPPERS.sub(r"\1", _TEXT_WRAPPERS.sub(r"\1", answer))).strip()
+        letters = _TEXT_WRAPPERS.sub(r"\1", _TEXT_WRAPPERS.sub(r"\1", answer)).strip()  # spaces: `clean` made them one
         match = _CHOICE_ANSWER.fullmatch(letters)
         return bool(match) and match[1].upper() == form[1]
     if kind == "base":

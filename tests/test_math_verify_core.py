@@ -12,7 +12,9 @@ import signal
 import pytest
 import sympy
 
-from dhpo_trl._math_verify_core import _POINTS, _differ_at_a_point, _equivalent, _numbers_equal, gold_form
+from dhpo_trl._math_verify_core import (
+    _POINTS, _differ_at_a_point, _equivalent, _numbers_equal, answers_match, gold_form,
+)
 
 x, y = sympy.symbols("x y")
 f = sympy.Function("f")
@@ -149,3 +151,42 @@ def test_math_verify_leaves_the_deadline_timer_alone():
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def test_an_unreadable_gold_matches_only_its_own_text_and_is_reported_once(monkeypatch, caplog):
+    from dhpo_trl import _math_verify_core
+
+    monkeypatch.setattr(_math_verify_core, "_WARNED", set())  # warned golds are remembered for the process
+    with caplog.at_level("WARNING", logger=_math_verify_core.logger.name):
+        assert answers_match("f (x)=", "f(x) =")  # the same text, spaces aside
+        assert not answers_match("f(y) =", "f(x) =")
+        assert answers_match("x=", "x =")
+    assert [record.getMessage() for record in caplog.records] == [
+        "Gold answer 'f(x) =' cannot be read as mathematics: only an identical answer matches.",
+        "Gold answer 'x =' cannot be read as mathematics: only an identical answer matches.",
+    ]
+
+
+def test_an_answer_that_cleans_to_nothing_matches_nothing():
+    assert not answers_match("$ $", "0") and not answers_match(r"\quad", r"\text{(A)}")
+
+
+@pytest.mark.parametrize(
+    ("answer", "gold", "match"),
+    [
+        ("1A", "1A_{16}", True),  # digits alone: the question fixed the base
+        ("052", "52_8", True),  # leading zeros do not count ...
+        ("520", "520_8", True),  # ... trailing ones do
+        ("00", "0_{8}", True),
+        ("XY", "XY_{36}", True),
+        (r"\text{52}_{8}", "52_8", True),
+        ("53", "52_8", False),
+        (r"(B) because it is the largest", r"\text{(B)}", True),  # a choice: its letter, then anything
+        ("B because it is the largest", r"\text{(B)}", True),
+        (r"\textbf{\text{B}}", r"\text{(B)}", True),
+        ("B.\n\nIt is the largest", r"\text{(B)}", True),
+        ("(C) because", r"\text{(B)}", False),
+    ],
+)
+def test_answers_to_base_and_choice_golds(answer, gold, match):
+    assert answers_match(answer, gold) is match
