@@ -124,7 +124,6 @@ def clean(text: str) -> str:
 
 # ------------------------------------------------------------------ parsing
 _PERCENT = re.compile(r"\s*(?:\\%|%|\\text\{\s*\\?%\s*\}|\\text\{\s*percent\s*\}|\bpercent)\s*$")
-_THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 _CHOICE_GOLD = re.compile(r"\\text\{\(([A-Z])\)\}")
 _CHOICE_ANSWER = re.compile(r"\(?([A-Za-z])\)?(?:[\s.:)].*)?")
 _BASE = re.compile(r"\(?([0-9A-Za-z]+)\)?_\{?\(?(\d{1,2})\)?\}?")
@@ -229,8 +228,6 @@ def answers_match(answer: str, gold: str) -> bool:
         return re.sub(r"\s+", "", answer) == form[1]
     _, gold_expr, gold_percent, answer_units, complex_numbers = form
     value, percent = split_percent(answer)
-    if _THOUSANDS.fullmatch(value) and _is_number(gold_expr):
-        value = value.replace(",", "")  # 1,450,000 is one number when the gold is one number
     answer_expr = _parse_answer(value, gold_expr, answer_units, complex_numbers)
     if answer_expr is None:
         return False
