@@ -275,6 +275,17 @@ def test_every_kind_of_gold_has_its_rewrite(gold, rewrite):
         (r"\sin x", [("sign", r"-\left(\sin x\right)")]),  # no number to change
         (r"\text{north}", []),
         ("101_{2}", [("base", "101_{3}"), ("base", "5"), ("last+1", "110_{2}")]),
+        ("1E_{16}", [("base", "1E_{17}"), ("base", "30"), ("last+1", "1F_{16}")]),  # digits above 9 in capitals
+        ("-5", [("last+1", "-6"), ("sign", "5")]),
+        ("0", [("last+1", "1")]),  # -0 is 0: no sign near miss
+        ("x = -3", [("last+1", "x = -4"), ("sign", "x = 3")]),
+        ("-x", [("sign", "x")]),
+        ("y = 2x", [("last+1", "y = 3x"), ("sign", r"y = -\left(2x\right)")]),
+        ("(1, -2]", [("last+1", "(1, -3]"), ("sign", "(1, 2]")]),
+        (".5", [("last+1", "1.5"), ("sign", "-.5")]),
+        (r"-12\%", [("last+1", r"-13\%"), ("sign", r"12\%")]),
+        (r"x \le 0", [("last+1", r"x \le 1")]),
+        (r"\text{(E)}", [("letter", "A")]),  # the letters wrap around after E
     ],
 )
 def test_near_misses_of_every_kind_of_gold(gold, misses):
