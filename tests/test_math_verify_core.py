@@ -8,12 +8,13 @@ fixed points, and equal ones, or ones that cannot be evaluated there, are passed
 """
 
 import signal
+import time
 
 import pytest
 import sympy
 
 from dhpo_trl._math_verify_core import (
-    _POINTS, _differ_at_a_point, _equivalent, _numbers_equal, answers_match, gold_form,
+    _POINTS, _differ_at_a_point, _equivalent, _numbers_equal, answers_match, answers_match_with_deadline, gold_form,
 )
 
 x, y = sympy.symbols("x y")
@@ -190,3 +191,45 @@ def test_an_answer_that_cleans_to_nothing_matches_nothing():
 )
 def test_answers_to_base_and_choice_golds(answer, gold, match):
     assert answers_match(answer, gold) is match
+
+
+def test_the_deadline_needs_the_main_thread():
+    import threading
+
+    errors = []
+
+    def run():
+        try:
+            answers_match_with_deadline("1", "1", timeout_s=1.0)
+        except RuntimeError as error:
+            errors.append(str(error))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    assert errors == ["answers_match_with_deadline needs the main thread (it uses SIGALRM)."]
+
+
+def test_a_caller_timer_under_a_second_is_given_back():
+    previous = signal.signal(signal.SIGALRM, lambda signum, frame: None)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.8)
+        assert answers_match_with_deadline("2", "2", timeout_s=5.0)
+        assert 0.0 < signal.getitimer(signal.ITIMER_REAL)[0] <= 0.8
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_caller_timer_that_expired_during_the_comparison_fires_at_once():
+    fired = []
+    previous = signal.signal(signal.SIGALRM, lambda signum, frame: fired.append(time.monotonic()))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.05)  # ends while the comparison runs into its own deadline
+        assert not answers_match_with_deadline(r"9^{9^{9^{9}}}", "2", timeout_s=0.2)
+        returned = time.monotonic()
+        time.sleep(0.3)
+        assert len(fired) == 1 and fired[0] - returned < 0.2  # given back as 1 ms, not lost nor late
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
