@@ -236,6 +236,7 @@ def test_audit_accounting_with_a_scripted_grader_and_clock(monkeypatch):
         (r"\frac{1}{5}", "0.2"),
         (r"\frac{1}{3}", "1/3"),
         (r"\frac{1}{931322574615478515625}", "0." + "0" * 20 + "1073741824"),  # 1/5**30: exact, no float
+        (rf"\frac{{1}}{{{2**100}}}", "0." + str(5**100).rjust(100, "0")),  # 1/2**100 = 5**100/10**100: every digit
         ("0.75", r"\frac{3}{4}"),
         (r"\{1, 2\}", r"\{2.00, 1.00\}"),  # a set reversed
         ("[1, 2)", r"\left[ 1.00, 2.00 \right)"),  # an interval kept in order

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
-from decimal import Decimal
+from decimal import Decimal, localcontext
 from fractions import Fraction
 
 import sympy
@@ -87,8 +87,10 @@ def _decimal(value: Fraction) -> str | None:
             denominator //= prime
     if denominator != 1:
         return None
-    text = f"{Decimal(value.numerator) / Decimal(value.denominator):f}"
-    return text.rstrip("0").rstrip(".") if "." in text else text
+    # enough digits for the exact quotient (at most the numerator's plus log2 of the denominator): no rounding,
+    # and an exact quotient carries no trailing zeros
+    with localcontext(prec=len(str(abs(value.numerator))) + 4 * len(str(value.denominator))):
+        return f"{Decimal(value.numerator) / Decimal(value.denominator):f}"
 
 
 def _number_rewrite(text: str, value: Fraction, in_list: bool = False) -> str:
