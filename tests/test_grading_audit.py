@@ -251,6 +251,9 @@ def test_audit_accounting_with_a_scripted_grader_and_clock(monkeypatch):
         (r"x \geqslant 3", r"3 \leq x"),
         ("x < 3", "3 > x"),
         ("a = 5", "5 = a"),
+        ("f(x) = x^2", "x^2 = f(x)"),
+        ("a != b", r"\left(a != b\right)"),  # not an equation: "b = a !" would be wrong
+        ("a = b = c", r"\left(a = b = c\right)"),  # a chain is not swapped
         ("-x + 2", "2 - x"),
         ("2x^{-1} - 3", "- 3 + 2x^{-1}"),  # an exponent's sign is no term
         (r"\sin x", r"\sin{\left(x \right)}"),  # one term: sympy's LaTeX
