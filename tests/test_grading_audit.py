@@ -258,6 +258,7 @@ def test_audit_accounting_with_a_scripted_grader_and_clock(monkeypatch):
         ("2x^{-1} - 3", "- 3 + 2x^{-1}"),  # an exponent's sign is no term
         (r"\sin x", r"\sin{\left(x \right)}"),  # one term: sympy's LaTeX
         ("x^2", "x^{2}"),
+        ("mg", "g m"),  # read back without the unit filter, which would take the m for metres
         ("e^{x}", r"\left(e^{x}\right)"),  # sympy prints it as written: parentheses
         (r"\text{north}", r"\textbf{NORTH}"),
         ("101_{2}", "(101)_{2}"),
