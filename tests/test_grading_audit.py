@@ -259,6 +259,9 @@ def test_audit_accounting_with_a_scripted_grader_and_clock(monkeypatch):
         (r"\sin x", r"\sin{\left(x \right)}"),  # one term: sympy's LaTeX
         ("x^2", "x^{2}"),
         ("mg", "g m"),  # read back without the unit filter, which would take the m for metres
+        (r"\log_{2}(x)", r"\frac{\ln{\left(x \right)}}{\ln{\left(2 \right)}}"),
+        (r"\binom{n}{2}", r"\left(\binom{n}{2}\right)"),  # its print reads back as a set: not taken
+        (r"\overline{x}", r"\left(\overline{x}\right)"),
         ("e^{x}", r"\left(e^{x}\right)"),  # sympy prints it as written: parentheses
         (r"\text{north}", r"\textbf{NORTH}"),
         ("101_{2}", "(101)_{2}"),
