@@ -256,6 +256,12 @@ def test_audit_accounting_with_a_scripted_grader_and_clock(monkeypatch):
         ("a = b = c", r"\left(a = b = c\right)"),  # a chain is not swapped
         ("-x + 2", "2 - x"),
         ("2x^{-1} - 3", "- 3 + 2x^{-1}"),  # an exponent's sign is no term
+        ("2^ -1 + x", "x + 2^ -1"),  # ... even after a space
+        ("X + 1", "1 + X"),  # the first term moved to the end
+        ("x+1", "1 + x"),
+        (r"a+\sqrt{b}", r"\sqrt{b} + a"),
+        ("x^2+1", "1 + x^2"),
+        (r"-\frac{1}{2} + x", r"x - \frac{1}{2}"),
         (r"\sin x", r"\sin{\left(x \right)}"),  # one term: sympy's LaTeX
         ("x^2", "x^{2}"),
         ("mg", "g m"),  # read back without the unit filter, which would take the m for metres
