@@ -230,6 +230,9 @@ def test_audit_accounting_with_a_scripted_grader_and_clock(monkeypatch):
         (r"45^\circ", "45.00\u00b0"),
         (r"\frac{1}{2}^{\circ}", "0.5\u00b0"),
         ("12345", "12,345"),  # thousands commas from 10,000
+        ("10000", "10,000"),  # the first with commas
+        ("-10000", "-10,000"),
+        (r"2.5 \cdot 10^{3}", r"25 \times 10^{2}"),
         ("9999", "9999.00"),
         ("1, 12345", "12345.00, 1.00"),  # no commas inside a list, and the list reversed
         (r"\frac{3}{8}", "0.375"),
