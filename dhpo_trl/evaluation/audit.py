@@ -93,7 +93,7 @@ def _decimal(value: Fraction) -> str | None:
         return f"{Decimal(value.numerator) / Decimal(value.denominator):f}"
 
 
-def _number_rewrite(text: str, value: Fraction, in_list: bool = False) -> str:
+def _number_rewrite(text: str, value: Fraction, in_list: bool) -> str:
     if "\\times" in text or "\\cdot" in text:  # a x 10^b -> (10a) x 10^(b-1)
         mantissa, exponent = re.split(r"\\times|\\cdot", text)
         power = int(re.sub(r"[^\d+-]", "", exponent.split("^", 1)[1]))
