@@ -303,6 +303,13 @@ def test_every_kind_of_gold_has_its_rewrite(gold, rewrite):
         (r"-12\%", [("last+1", r"-13\%"), ("sign", r"12\%")]),
         (r"x \le 0", [("last+1", r"x \le 1")]),
         (r"\text{(E)}", [("letter", "A")]),  # the letters wrap around after E
+        ("1, 2, 3", [("last+1", "1, 2, 4"), ("sign", "1, 2, -3")]),  # the last component of three
+        ("(1, 2, 3)", [("last+1", "(1, 2, 4)"), ("sign", "(1, 2, -3)")]),
+        ("1, 0", [("last+1", "1, 1")]),  # a last component of 0 has no sign to flip
+        ("(1, 0)", [("last+1", "(1, 1)")]),
+        ("x = 0", [("last+1", "x = 1")]),
+        ("a = b = 3", [("last+1", "a = b = 4"), ("sign", r"-\left(a = b = 3\right)")]),  # a chain: all of it
+        ("f(x) =", []),  # unreadable: no near miss can be told wrong
     ],
 )
 def test_near_misses_of_every_kind_of_gold(gold, misses):
