@@ -56,6 +56,11 @@ def test_extract_boxed_answer(text, expected):
         (r"\boxed{\pi}", r"\pi"),
         (r"\boxed{5\text{ cm}}", "5"),
         (r"\boxed{2\pi r \text{ cm}}", r"2\pi r"),  # a formula with a unit: the unit is dropped, its variable kept
+        ("\\boxed{\u22125}", "-5"),  # a Unicode minus sign
+        ("\\boxed{2\u03c0}", r"2\pi"),  # a Unicode pi
+        (r"\boxed{\$5}", "5"),  # an escaped dollar sign
+        (r"\boxed{\displaystyle \frac{1}{2}}", "0.5"),
+        (r"\boxed{1\!000}", "1000"),  # a negative thin space
         (r"\boxed{30^\circ}", "30"),
         (r"\boxed{50\%}", "50"),
         (r"\boxed{27}", 27.0),
@@ -406,6 +411,7 @@ def test_gold_text_bounds():
         (r"\boxed{(1,2,3)}", "(1,3,2)", 0.0),
         (r"\boxed{(1,2)}", "(2,1)", 0.0),
         (r"\boxed{-5}", "5", 0.0),
+        ("\\boxed{\u22125}", "5", 0.0),
         (r"\boxed{0.5}", "1/3", 0.0),
         (r"\boxed{ }", "0", 0.0),  # a blank answer
         ("", "0", 0.0),
@@ -413,7 +419,7 @@ def test_gold_text_bounds():
         ({"content": r"\boxed{6}"}, "6", 1.0),
         ([{"role": "assistant", "content": None}], "6", 0.0),
     ],
-    ids=[f"form{i}" for i in range(31)],
+    ids=[f"form{i}" for i in range(32)],
 )
 def test_equal_values_in_other_forms_and_near_misses(completion, truth, reward):
     score = score_answer(completion, truth)
