@@ -261,6 +261,7 @@ def test_audit_accounting_with_a_scripted_grader_and_clock(monkeypatch):
         ("2x^{-1} - 3", "- 3 + 2x^{-1}"),  # an exponent's sign is no term
         ("2^ -1 + x", "x + 2^ -1"),  # ... even after a space
         ("X + 1", "1 + X"),  # the first term moved to the end
+        ("X+1", "1 + X"),
         ("x+1", "1 + x"),
         (r"a+\sqrt{b}", r"\sqrt{b} + a"),
         ("x^2+1", "1 + x^2"),
