@@ -233,3 +233,7 @@ def test_a_caller_timer_that_expired_during_the_comparison_fires_at_once():
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def test_an_answer_that_cannot_be_parsed_matches_no_formula():
+    assert not answers_match(r"\frac{1}{", "2") and not answers_match("x =", "x")
