@@ -95,14 +95,14 @@ def _derivative_symbol(match: re.Match) -> str:
     return f"\\mathcal{{D}}_{{{match[1] or ''}{name}{match[3]}{match[4] or ''}}}"
 
 
-_E_SUBSCRIPT = re.compile(r"(?<!\\mathcal\{)(?<![\\A-Za-z])(\d[0-9A-Z]*)?([Ee])(\s*_\s*(?:\{[^{}]*\}|\w))")
+_E_SUBSCRIPT = re.compile(r"(?<!\\mathcal\{)(?<![\\A-Za-z])(\d[0-9A-Z]*)?([Ee])(?=\s*_\s*(\{[^{}]*\}|\w)?)")
 
 
 def _e_symbol(match: re.Match) -> str:
     # E_1 is not e ** 1 (nor unparsable), but 1E_{16} is a number in base 16
-    if match[1] and _base_number(match[0]):
+    if match[1] and match[3] and _base_number(f"{match[1]}{match[2]}_{match[3]}"):
         return match[0]
-    return f"{match[1] or ''}\\mathcal{{{match[2]}}}{match[3]}"
+    return f"{match[1] or ''}\\mathcal{{{match[2]}}}"
 
 
 def clean(text: str) -> str:

@@ -38,6 +38,7 @@ x_at = [point[0] for point in _POINTS]  # the values x takes when it is the only
         ("10E_{15}", ("base", "10E", 15)),
         ("2E_1", ("math", "2*math{e}_1")),  # no base 1: the symbol E_1
         ("E_{16}", ("math", "math{e}_{16}")),  # no digit before it
+        (r"E_\alpha", ("math", r"math{e}_{\alpha}")),  # a subscript that is a command
         ("052_8", ("base", "52", 8)),  # leading zeros dropped, trailing ones kept
         ("520_8", ("base", "520", 8)),
         ("00_8", ("base", "0", 8)),
