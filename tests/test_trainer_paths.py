@@ -455,6 +455,15 @@ def test_dhpo_model_card_lists_only_the_settings_its_clipping_reads(tmp_path):
     assert "epsilon_low_seq" not in card  # unified clipping has no sequence branch
 
 
+def zero_reward(completions, **kwargs):
+    return [0.0] * len(completions)
+
+
+def cpu_args(output_dir, **kwargs):
+    """An off-policy config this CPU machine accepts (no bf16, no reporting)."""
+    return DHPOConfig(str(output_dir), use_cpu=True, bf16=False, report_to="none", steps_per_generation=2, **kwargs)
+
+
 @pytest.mark.parametrize(
     ("name", "run"),
     [("org/tiny-model", "tiny-model"), ("org/tiny-model/", "tiny-model"), ("tiny-model", "tiny-model"),
@@ -472,7 +481,7 @@ def test_without_args_the_run_is_named_after_the_model(name, run, tmp_path, monk
     tokenizer = build_char_tokenizer()
     model = build_tiny_qwen3(tokenizer)
     model.config._name_or_path = name
-    trainer = DHPOTrainer(model, lambda completions, **kwargs: [0.0] * len(completions), processing_class=tokenizer,
+    trainer = DHPOTrainer(model, zero_reward, processing_class=tokenizer,
                           train_dataset=Dataset.from_dict({"prompt": ["1+1="] * 8}))  # fmt: skip
     assert isinstance(trainer.args, CpuConfig) and trainer.args.output_dir == f"{run}-DHPO"
 
@@ -482,7 +491,7 @@ def test_a_grpo_config_is_refused_with_the_conversion(tmp_path):
 
     tokenizer = build_char_tokenizer()
     with pytest.raises(TypeError) as error:
-        DHPOTrainer(build_tiny_qwen3(tokenizer), lambda completions, **kwargs: [0.0] * len(completions),
+        DHPOTrainer(build_tiny_qwen3(tokenizer), zero_reward,
                     args=GRPOConfig(str(tmp_path), use_cpu=True, bf16=False, report_to="none"),
                     processing_class=tokenizer)  # fmt: skip
     assert str(error.value) == (
@@ -504,12 +513,14 @@ def test_only_the_first_process_waits_for_the_vllm_server(process_index, probed,
     monkeypatch.setattr(DHPOConfig, "process_index", property(lambda self: process_index))
     monkeypatch.setattr(vllm_utils, "is_vllm_available", lambda: True)
     monkeypatch.setattr(vllm_utils, "wait_for_vllm_server", lambda args, name: waited.append(name))
-    monkeypatch.setattr(trainer_module, "check_reward_functions", lambda funcs: (_ for _ in ()).throw(Stop()))
-    args = DHPOConfig(str(tmp_path), use_cpu=True, bf16=False, report_to="none", use_vllm=True, vllm_mode="server")
+    def stop(reward_funcs):  # the step right after the check
+        raise Stop
+
+    monkeypatch.setattr(trainer_module, "check_reward_functions", stop)
+    args = cpu_args(tmp_path, use_vllm=True, vllm_mode="server")
     tokenizer = build_char_tokenizer()
     with pytest.raises(Stop):  # stopped right after the check: TRL would import vllm next
-        DHPOTrainer("tiny-vllm-model", lambda completions, **kwargs: [0.0] * len(completions), args=args,
-                    processing_class=tokenizer)  # fmt: skip
+        DHPOTrainer("tiny-vllm-model", zero_reward, args=args, processing_class=tokenizer)
     assert waited == probed
 
 
@@ -518,17 +529,14 @@ def test_positional_arguments_reach_trl_in_its_order(tmp_path):
     them by position, as to TRL."""
     tokenizer = build_char_tokenizer()
     train, evaluation = Dataset.from_dict({"prompt": ["1+1="] * 8}), Dataset.from_dict({"prompt": ["2+2="] * 8})
-    args = DHPOConfig(str(tmp_path), use_cpu=True, bf16=False, report_to="none", steps_per_generation=2)
-    trainer = DHPOTrainer(build_tiny_qwen3(tokenizer), lambda completions, **kwargs: [0.0] * len(completions), args,
-                          train, evaluation, tokenizer)  # fmt: skip
+    trainer = DHPOTrainer(build_tiny_qwen3(tokenizer), zero_reward, cpu_args(tmp_path), train, evaluation, tokenizer)
     assert trainer.train_dataset is train and trainer.eval_dataset is evaluation
     assert trainer.processing_class is tokenizer
 
 
 def test_a_new_trainer_warns_on_its_first_unsupported_batch(tmp_path):
     tokenizer = build_char_tokenizer()
-    args = DHPOConfig(str(tmp_path), use_cpu=True, bf16=False, report_to="none", steps_per_generation=2)
-    trainer = DHPOTrainer(build_tiny_qwen3(tokenizer), lambda completions, **kwargs: [0.0] * len(completions), args,
+    trainer = DHPOTrainer(build_tiny_qwen3(tokenizer), zero_reward, cpu_args(tmp_path),
                           train_dataset=Dataset.from_dict({"prompt": ["1+1="] * 8}), processing_class=tokenizer)  # fmt: skip
     trainer.model.train()
     buffered = [micro_batch(extra={"pixel_values": torch.zeros(2, 1)})]
