@@ -7,6 +7,7 @@ tested here directly: different formulas (and equations that are not multiples o
 fixed points, and equal ones, or ones that cannot be evaluated there, are passed on.
 """
 
+import contextlib
 import signal
 import time
 
@@ -141,18 +142,25 @@ def test_points_are_three_distinct_rows_of_values_away_from_zero():
 
 
 
-def test_math_verify_leaves_the_deadline_timer_alone():
-    """math-verify's own time limit (`timeout_seconds`) arms SIGALRM with `signal.alarm` and cancels it after, which
-    would cancel the timer of `answers_match_with_deadline`: it is turned off."""
-    previous = signal.signal(signal.SIGALRM, lambda signum, frame: None)
+@contextlib.contextmanager
+def caller_timer(seconds, handler=lambda signum, frame: None):
+    """A caller's own SIGALRM handler and timer (as a training loop may have), both removed afterwards."""
+    previous = signal.signal(signal.SIGALRM, handler)
     try:
-        signal.setitimer(signal.ITIMER_REAL, 60.0)
-        assert _equivalent(x**2 - 1, (x - 1) * (x + 1))  # equal at every point: decided by math-verify's verify
-        assert signal.getitimer(signal.ITIMER_REAL)[0] > 50.0
-        assert signal.getsignal(signal.SIGALRM) is not previous
+        signal.setitimer(signal.ITIMER_REAL, seconds)
+        yield previous
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def test_math_verify_leaves_the_deadline_timer_alone():
+    """math-verify's own time limit (`timeout_seconds`) arms SIGALRM with `signal.alarm` and cancels it after, which
+    would cancel the timer of `answers_match_with_deadline`: it is turned off."""
+    with caller_timer(60.0) as previous:
+        assert _equivalent(x**2 - 1, (x - 1) * (x + 1))  # equal at every point: decided by math-verify's verify
+        assert signal.getitimer(signal.ITIMER_REAL)[0] > 50.0
+        assert signal.getsignal(signal.SIGALRM) is not previous
 
 
 def test_an_unreadable_gold_matches_only_its_own_text_and_is_reported_once(monkeypatch, caplog):
@@ -212,28 +220,19 @@ def test_the_deadline_needs_the_main_thread():
 
 
 def test_a_caller_timer_under_a_second_is_given_back():
-    previous = signal.signal(signal.SIGALRM, lambda signum, frame: None)
-    try:
-        signal.setitimer(signal.ITIMER_REAL, 0.8)
+    with caller_timer(0.8):
         assert answers_match_with_deadline("2", "2", timeout_s=5.0)
         assert 0.0 < signal.getitimer(signal.ITIMER_REAL)[0] <= 0.8
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def test_a_caller_timer_that_expired_during_the_comparison_fires_at_once():
     fired = []
-    previous = signal.signal(signal.SIGALRM, lambda signum, frame: fired.append(time.monotonic()))
-    try:
-        signal.setitimer(signal.ITIMER_REAL, 0.05)  # ends while the comparison runs into its own deadline
+    # the caller's timer ends while the comparison runs into its own deadline
+    with caller_timer(0.05, lambda signum, frame: fired.append(time.monotonic())):
         assert not answers_match_with_deadline(r"9^{9^{9^{9}}}", "2", timeout_s=0.2)
         returned = time.monotonic()
         time.sleep(0.3)
         assert len(fired) == 1 and fired[0] - returned < 0.2  # given back as 1 ms, not lost nor late
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 def test_an_answer_that_cannot_be_parsed_matches_no_formula():
