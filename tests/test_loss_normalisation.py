@@ -162,7 +162,6 @@ def test_one_token_and_no_token_micro_batches(loss_type, policy, micro_batches, 
     assert nothing.item() == 0.0
 
 
-
 def test_dapo_on_two_processes_scales_so_that_their_average_is_the_window_mean(policy, tmp_path, monkeypatch):
     """`num_items_in_batch` counts the tokens of all processes; DDP averages the processes' gradients, so each
     process divides its token sum by the tokens per process, not by all of them (checked on the aggregation alone:
