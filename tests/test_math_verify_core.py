@@ -40,6 +40,7 @@ x_at = [point[0] for point in _POINTS]  # the values x takes when it is the only
         ("2E_1", ("math", "2*math{e}_1")),  # no base 1: the symbol E_1
         ("E_{16}", ("math", "math{e}_{16}")),  # no digit before it
         (r"E_\alpha", ("math", r"math{e}_{\alpha}")),  # a subscript that is a command
+        ("1GE_{16}", ("math", "1*g*math{e}_{16}")),  # G is no digit in base 16: 1 times G times the symbol E_16
         ("052_8", ("base", "52", 8)),  # leading zeros dropped, trailing ones kept
         ("520_8", ("base", "520", 8)),
         ("00_8", ("base", "0", 8)),
@@ -69,6 +70,8 @@ def test_numbers_in_a_base_and_subscripts_that_are_not_bases(gold, form):
         pytest.param(sympy.Integer(1), sympy.zoo, False, id="a-number-and-infinity"),
         pytest.param(sympy.nan, sympy.Integer(1), False, id="nan"),
         pytest.param(sympy.nan, sympy.nan, False, id="nan-and-nan"),
+        pytest.param(sympy.sqrt(2), sympy.nan, False, id="an-irrational-and-nan"),
+        pytest.param(sympy.Float(1.5), sympy.nan, False, id="a-decimal-and-nan"),
         pytest.param(sympy.zoo, sympy.zoo, False, id="complex-infinity-is-no-value"),  # 1/0
         pytest.param(sympy.oo, sympy.oo, True, id="infinity-and-infinity"),
         pytest.param(-sympy.oo, -sympy.oo, True, id="minus-infinity-and-minus-infinity"),
