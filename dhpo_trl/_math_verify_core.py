@@ -138,7 +138,7 @@ def _normalised(latex: str, units: bool) -> str:
     return normalize_latex(latex, config=config)
 
 
-def to_sympy(latex: str, *, units: bool = True, complex_numbers: bool = False):
+def to_sympy(latex: str, *, units: bool, complex_numbers: bool = False):
     """The sympy object math-verify's parser makes of `latex` (None if it cannot), after `clean`.
 
     `units=False` keeps trailing letters such as the `m` of `6m`, which math-verify's unit filter would drop.
