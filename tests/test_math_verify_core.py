@@ -15,7 +15,8 @@ import pytest
 import sympy
 
 from dhpo_trl._math_verify_core import (
-    _POINTS, _differ_at_a_point, _equivalent, _numbers_equal, answers_match, answers_match_with_deadline, gold_form,
+    _POINTS, _differ_at_a_point, _equivalent, _last_of_chain, _numbers_equal, answers_match, answers_match_with_deadline,
+    gold_form,
 )
 
 x, y = sympy.symbols("x y")
@@ -236,6 +237,25 @@ def test_a_caller_timer_that_expired_during_the_comparison_fires_at_once():
         returned = time.monotonic()
         time.sleep(0.3)
         assert len(fired) == 1 and fired[0] - returned < 0.2  # given back as 1 ms, not lost nor late
+
+
+@pytest.mark.parametrize(
+    ("text", "last"),
+    [
+        ("x = 2 + 3 = 5", " 5"),
+        ("a = b = c = d", " d"),
+        ("x = 5", "x = 5"),  # one equation is not a chain
+        ("x <= 3 = 3", "x <= 3 = 3"),  # only equalities chain
+        ("x >= 3 = 3", "x >= 3 = 3"),
+        ("x != 3 = 3", "x != 3 = 3"),
+        (r"\=a = b", r"\=a = b"),  # an escaped sign (LaTeX's macron accent) is no equality
+        ("a = 1, b = 2 = 2", "a = 1, b = 2 = 2"),  # several answers, not one chain
+        ("a = 1; b = 2 = 2", "a = 1; b = 2 = 2"),
+    ],
+)
+def test_the_last_part_of_a_chain_of_equalities(text, last):
+    # tried when the whole answer does not parse, e.g. because a link evaluates to True: C(6, 2) = 15 = 15
+    assert _last_of_chain(text) == last
 
 
 def test_an_answer_that_cannot_be_parsed_matches_no_formula():
