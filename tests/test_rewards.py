@@ -114,6 +114,14 @@ def test_extract_boxed_answer(text, expected):
         (r"\boxed{(0.1234567, 2)}", "(0.1234568, 2)"),  # math-verify rounds decimals in a tuple to 6 places
         (r"\boxed{|x|}", r"\sqrt{x^2}"),  # variables are real numbers, as math-verify reads them
         (r"\boxed{\binom{6}{2} = 15 = 15}", "15"),  # a chain the parser refuses (15 = 15 is True): its last part
+        (r"\boxed{y^{\prime\prime} + y = 0}", "y'' + y = 0"),  # primes however written, after capitals too
+        (r"\boxed{Y^{\prime}}", "Y'"),
+        (r"\boxed{\frac{1}{2}.}", "0.5"),  # a sentence's trailing punctuation inside the box
+        (r"\boxed{12,}", "12"),
+        (r"\boxed{x = 5;}", "5"),
+        (r"\boxed{3:}", "3"),
+        (r"\boxed{x=1 \quad \text{or} \quad x=2}", "1, 2"),  # LaTeX spacing is a space
+        (r"\boxed{2\quad\pi}", r"2\pi"),
     ],
 )
 def test_equivalent_answers_score_one(completion, truth):
@@ -158,6 +166,9 @@ def test_equivalent_answers_score_one(completion, truth):
         (r"\boxed{\frac{1}{3}}", "unreadable gold: the sum of all happy numbers"),
         (r"\boxed{5}", r"\text{(C)} 5"),
         (r"\boxed{\binom{6}{2} = 15 = 15}", "16"),
+        (r"\boxed{Y}", "Y'"),  # the parser would drop the quote
+        (r"\boxed{0.5772}", r"\gamma"),  # a variable, not Euler's constant (which sympy names gamma)
+        (r"\boxed{0.5772}", r"\Gamma"),
     ],
 )
 def test_wrong_missing_or_garbage_answers_score_zero(completion, truth):
