@@ -202,7 +202,7 @@ def test_an_answer_that_cleans_to_nothing_matches_nothing():
         ("(C) because", r"\text{(B)}", False),
         ("$B$", r"\text{(B)}", True),  # dollars, \displaystyle and LaTeX spacing are not part of the letter
         (r"\displaystyle B", r"\text{(B)}", True),
-        (r"B \qquad \text{the largest}", r"\text{(B)}", True),
+        (r"B\qquad\text{the largest}", r"\text{(B)}", True),
         (r"$52_8$", "52_8", True),
     ],
 )
