@@ -274,6 +274,8 @@ def test_audit_accounting_with_a_scripted_grader_and_clock(monkeypatch):
         (r"\overline{x}", r"\left(\overline{x}\right)"),
         ("e^{x}", r"\left(e^{x}\right)"),  # sympy prints it as written: parentheses
         (r"\text{north}", r"\textbf{NORTH}"),
+        (r"\text{ north east }.", r"\textbf{NORTH EAST}"),  # the words alone, not the gold's full stop or dollars
+        (r"$\text{east}$", r"\textbf{EAST}"),
         ("101_{2}", "(101)_{2}"),
     ],
 )

@@ -22,7 +22,7 @@ from fractions import Fraction
 
 import sympy
 
-from .._math_verify_core import gold_form, to_sympy
+from .._math_verify_core import _TEXT_GOLD, clean, gold_form, to_sympy
 from ..golds import split_top_level
 from ..rewards import DEFAULT_TIMEOUT_S, score_answer
 
@@ -142,9 +142,8 @@ def _rewrite(gold: str, in_list: bool = False) -> str:
         return f"\\textbf{{({form[1]})}}"
     if form[0] == "base":
         return f"({form[1]})_{{{form[2]}}}"
-    if form[0] == "text":
-        match = re.fullmatch(r"\\text\{(.*)\}", gold.strip())
-        return f"\\textbf{{{(match[1] if match else gold).strip().upper()}}}"
+    if form[0] == "text":  # the words as gold_form found them, after clean (`\text{east}.`, `$\text{east}$`)
+        return f"\\textbf{{{_TEXT_GOLD.fullmatch(clean(gold))[1].upper()}}}"
     text = gold.strip()
     if text.endswith("\\%") and (value := exact_number(text[:-2])) is not None:
         return _decimal(value / 100) or f"\\frac{{{value.numerator}}}{{{value.denominator * 100}}}"
