@@ -229,6 +229,7 @@ def test_audit_accounting_with_a_scripted_grader_and_clock(monkeypatch):
         (r"\frac{1}{3}\%", r"\frac{1}{300}"),  # ... with no finite decimal
         (r"45^\circ", "45.00\u00b0"),
         (r"\frac{1}{2}^{\circ}", "0.5\u00b0"),
+        (r"30^\circ, 12345^\circ", "12345.00\u00b0, 30.00\u00b0"),  # no thousands commas inside a list
         ("12345", "12,345"),  # thousands commas from 10,000
         ("10000", "10,000"),  # the first with commas
         ("-10000", "-10,000"),
@@ -262,6 +263,7 @@ def test_audit_accounting_with_a_scripted_grader_and_clock(monkeypatch):
         ("2^ -1 + x", "x + 2^ -1"),  # ... even after a space
         ("X + 1", "1 + X"),  # the first term moved to the end
         ("X+1", "1 + X"),
+        ("2X + 1", "1 + 2X"),  # a capital X inside a term is no sign
         ("x+1", "1 + x"),
         (r"a+\sqrt{b}", r"\sqrt{b} + a"),
         ("x^2+1", "1 + x^2"),
