@@ -103,6 +103,7 @@ def test_extract_boxed_answer(text, expected):
         (r"\boxed{\frac{37 m}{4}}", r"\frac{37}{4} m"),
         (r"\boxed{0 = x' + \frac{r}{V} x - r c}", r"x^{\prime}+\frac{r}{V} x-r c=0"),  # c is the gold's variable
         (r"\boxed{2 i + 1}", "1+2i"),
+        (r"\boxed{i2}", "2i"),  # the gold's i is imaginary, so the answer's is too (math-verify sees no lone i in i2)
         (r"\boxed{0.33333}", r"\frac{1}{3}"),  # decimals: relative 1e-4, as SimpleRL-Zoo
         (r"\boxed{2.8800 \times 10^{-19}}", "2.88e-19"),
         (r"\boxed{3}", r"$\boxed{3}$"),
