@@ -244,6 +244,7 @@ def test_audit_accounting_with_a_scripted_grader_and_clock(monkeypatch):
         ("0.75", r"\frac{3}{4}"),
         (r"\{1, 2\}", r"\{2.00, 1.00\}"),  # a set reversed
         ("[1, 2)", r"\left[ 1.00, 2.00 \right)"),  # an interval kept in order
+        ("(1, 12345)", r"\left( 1.00, 12345.00 \right)"),  # no thousands commas inside a tuple
         (r"(1, 2) \cup (3, 4)", r"\left( 3.00, 4.00 \right) \cup \left( 1.00, 2.00 \right)"),
         (r"1 \pm \sqrt{2}", r"1 - \sqrt{2}, 1 + \sqrt{2}"),
         (r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}", r"\begin{bmatrix} 1 \\ 2 \end{bmatrix}"),
@@ -254,6 +255,10 @@ def test_audit_accounting_with_a_scripted_grader_and_clock(monkeypatch):
         (r"x \leq 3", r"3 \geq x"),
         (r"x \geqslant 3", r"3 \leq x"),
         ("x < 3", "3 > x"),
+        ("x > 3", "3 < x"),
+        (r"x \ge 3", r"3 \le x"),
+        (r"x \le 3", r"3 \ge x"),
+        (r"x \leqslant 3", r"3 \geq x"),
         ("a = 5", "5 = a"),
         ("f(x) = x^2", "x^2 = f(x)"),
         ("a != b", r"\left(a != b\right)"),  # not an equation: "b = a !" would be wrong
