@@ -272,8 +272,13 @@ def test_audit_accounting_with_a_scripted_grader_and_clock(monkeypatch):
         ("x+1", "1 + x"),
         (r"a+\sqrt{b}", r"\sqrt{b} + a"),
         ("x^2+1", "1 + x^2"),
+        ("x^2 + 2x + 1", "2x + 1 + x^2"),  # three terms
         (r"-\frac{1}{2} + x", r"x - \frac{1}{2}"),
         (r"\sin x", r"\sin{\left(x \right)}"),  # one term: sympy's LaTeX
+        (r"\arcsin x", r"\arcsin{\left(x \right)}"),  # printed as the parser reads it (not \operatorname{asin})
+        (r"\sqrt{-4}", r"\left(\sqrt{-4}\right)"),  # sympy's 2i would read back as 2 times a variable i: not taken
+        ("2E_1", r"\left(2E_1\right)"),  # the symbols clean makes (\mathcal{E}) print as nothing the parser reads
+        (r"3\gamma", r"\left(3\gamma\right)"),
         ("x^2", "x^{2}"),
         ("mg", "g m"),  # read back without the unit filter, which would take the m for metres
         (r"\log_{2}(x)", r"\frac{\ln{\left(x \right)}}{\ln{\left(2 \right)}}"),
