@@ -182,7 +182,7 @@ def _rewrite(gold: str, in_list: bool = False) -> str:
     if isinstance(expr, sympy.Expr):  # one term: sympy's own LaTeX, if it reads back
         for candidate in (expr, sympy.expand(expr)):
             printed = sympy.latex(candidate, inv_trig_style="full", ln_notation=True, imaginary_unit="i")
-            if "math{" not in printed and _squash(printed) != _squash(text) and _reads_back(printed, expr):
+            if _squash(printed) != _squash(text) and _reads_back(printed, expr):
                 return printed
     return f"\\left({text}\\right)"
 
