@@ -276,7 +276,7 @@ def test_audit_accounting_with_a_scripted_grader_and_clock(monkeypatch):
         (r"-\frac{1}{2} + x", r"x - \frac{1}{2}"),
         (r"\sin x", r"\sin{\left(x \right)}"),  # one term: sympy's LaTeX
         (r"\arcsin x", r"\arcsin{\left(x \right)}"),  # printed as the parser reads it (not \operatorname{asin})
-        ("3I", r"\left(3I\right)"),  # sympy's imaginary unit, printed 3 i, would read back as 3 times a variable i
+        (r"I\sqrt{2}", r"\left(I\sqrt{2}\right)"),  # sympy's imaginary unit, printed i, would read back as a variable
         ("2E_1", r"\left(2E_1\right)"),  # the symbols clean makes (\mathcal{E}) print as nothing the parser reads
         (r"3\gamma", r"\left(3\gamma\right)"),
         ("x^2", "x^{2}"),
