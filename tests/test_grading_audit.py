@@ -245,6 +245,14 @@ def test_audit_accounting_with_a_scripted_grader_and_clock(monkeypatch):
         (r"\{1, 2\}", r"\{2.00, 1.00\}"),  # a set reversed
         ("[1, 2)", r"\left[ 1.00, 2.00 \right)"),  # an interval kept in order
         ("(1, 12345)", r"\left( 1.00, 12345.00 \right)"),  # no thousands commas inside a tuple
+        (r"\left( 1, 2 \right]", r"\left( 1.00, 2.00 \right]"),  # \left and \right are not part of the brackets
+        (r"(\frac{1}{2}, 3)", r"\left( 0.5, 3.00 \right)"),  # braces inside are balanced
+        ("([1, 2], 3)", r"\left( \left[ 1.00, 2.00 \right], 3.00 \right)"),  # ... and brackets
+        ("(1, 2) + (3, 4)", "(3, 4) + (1, 2)"),  # two bracketed groups, not one
+        ("(1, 2)(3, 4)", r"\left((1, 2)(3, 4)\right)"),
+        ("(1, 2x", r"\left((1, 2x\right)"),  # no closing bracket
+        ("(x + 1)", "x + 1"),  # brackets without a comma hold no tuple
+        (r"\frac{1}{0}", r"\left(\frac{1}{0}\right)"),  # no number
         (r"(1, 2) \cup (3, 4)", r"\left( 3.00, 4.00 \right) \cup \left( 1.00, 2.00 \right)"),
         (r"1 \pm \sqrt{2}", r"1 - \sqrt{2}, 1 + \sqrt{2}"),
         (r"\begin{pmatrix} 1 \\ 2 \end{pmatrix}", r"\begin{bmatrix} 1 \\ 2 \end{bmatrix}"),
