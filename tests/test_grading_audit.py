@@ -248,6 +248,7 @@ def test_audit_accounting_with_a_scripted_grader_and_clock(monkeypatch):
         (r"\left( 1, 2 \right]", r"\left( 1.00, 2.00 \right]"),  # \left and \right are not part of the brackets
         (r"(\frac{1}{2}, 3)", r"\left( 0.5, 3.00 \right)"),  # braces inside are balanced
         ("([1, 2], 3)", r"\left( \left[ 1.00, 2.00 \right], 3.00 \right)"),  # ... and brackets
+        ("((1, 2), 3)", r"\left( \left( 1.00, 2.00 \right), 3.00 \right)"),  # ... and parentheses
         ("(1, 2) + (3, 4)", "(3, 4) + (1, 2)"),  # two bracketed groups, not one
         ("(1, 2)(3, 4)", r"\left((1, 2)(3, 4)\right)"),
         ("(1, 2x", r"\left((1, 2x\right)"),  # no closing bracket
