@@ -1,10 +1,12 @@
-"""Tiny, deterministic Qwen3-architecture models and a character tokenizer, built locally (no download).
+"""Tiny, deterministic Qwen3-architecture models and a character tokenizer, built locally (no download), and the
+switch that runs DeepSpeed on CPU.
 
 Used by the tests, the benchmarks and the embedded CPU default: nothing here touches the Hub.
 """
 
 from __future__ import annotations
 
+import os
 import string
 
 import torch
@@ -75,3 +77,17 @@ def build_tiny_qwen3(
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     return model.to(dtype)
+
+
+def use_deepspeed_on_cpu() -> None:
+    """Run DeepSpeed on CPU, as the tests and the CPU smoke runs do: its CPU accelerator, gloo for collectives.
+    Call it before anything imports deepspeed (the accelerator is chosen then).
+
+    DeepSpeed's CPU communication backend would first JIT-compile its shared-memory all-reduce op
+    (`deepspeed_shm_comm`): 60-120 s on 2 cores, redone for every new virtual environment, because torch's build
+    command names the environment's path. gloo reduces a tiny model's gradients as well, so the op is marked
+    incompatible and DeepSpeed's own fallback (`build_shm_op()` returns None) takes over."""
+    os.environ["DS_ACCELERATOR"] = "cpu"
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False  # DeepSpeed keeps this one dict for the process

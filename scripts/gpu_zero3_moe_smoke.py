@@ -25,7 +25,7 @@ import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 
 from dhpo_trl import DHPOConfig, DHPOTrainer  # noqa: E402
-from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
+from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3, use_deepspeed_on_cpu  # noqa: E402
 
 
 # DeepSpeed config for the CPU check (on GPU, accelerate_configs/zero3_moe.yaml supplies the plugin instead).
@@ -53,7 +53,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--max_completion_length", type=int, default=32)
     args = parser.parse_args(argv)
     if args.cpu and args.cpu_zero3:
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read when deepspeed is first imported
+        use_deepspeed_on_cpu()  # before deepspeed is first imported
 
     tokenizer = build_char_tokenizer()
     model = build_tiny_qwen3(tokenizer, moe=True, hidden_size=args.hidden_size, num_layers=4)

@@ -268,7 +268,7 @@ def test_slurm_needs_two_nodes(tmp_path):
 def test_smoke_script_under_deepspeed_zero3_on_two_cpu_processes(tmp_path):
     """Real DeepSpeed ZeRO-3 (CPU accelerator, gloo): the engine sees every MoE block as a leaf; no hang."""
     pytest.importorskip("deepspeed")
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                str(ROOT / "scripts/gpu_zero3_moe_smoke.py"), "--cpu", "--cpu_zero3", "--steps", "3",
                "--hidden_size", "32", "--max_completion_length", "8", "--output_dir", str(tmp_path)]  # fmt: skip

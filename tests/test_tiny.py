@@ -1,13 +1,16 @@
 """The tiny local models and the character tokenizer: sizes as documented, deterministic in the seed, and a
 tokenizer that maps every printable ASCII character to one token."""
 
+import os
 import string
+import sys
+from types import ModuleType
 
 import pytest
 import torch
 
 from dhpo_trl.data import format_prompt
-from dhpo_trl.tiny import SPECIAL_TOKENS, build_char_tokenizer, build_tiny_qwen3
+from dhpo_trl.tiny import SPECIAL_TOKENS, build_char_tokenizer, build_tiny_qwen3, use_deepspeed_on_cpu
 
 
 def test_char_tokenizer_ids_and_round_trip():
@@ -105,3 +108,18 @@ def test_char_tokenizer_round_trips_every_printable_text(tokenizer):
         encoded = tokenizer(text, add_special_tokens=False)["input_ids"]
         assert encoded == _expected_ids(text), repr(text)
         assert tokenizer.decode(encoded) == text
+
+
+def test_deepspeed_on_cpu_picks_the_cpu_accelerator_and_turns_off_the_shared_memory_op(monkeypatch):
+    """In-process, on a stand-in `deepspeed.ops` (the real one in this process would keep its accelerator for every
+    later test). The real DeepSpeed's answer is checked in a child: test_accelerate_configs.py's shm_all_reduce."""
+    fake_ops = ModuleType("deepspeed.ops")
+    fake_ops.__compatible_ops__ = {"deepspeed_shm_comm": True, "cpu_adam": True}
+    fake_deepspeed = ModuleType("deepspeed")
+    fake_deepspeed.ops = fake_ops
+    monkeypatch.setitem(sys.modules, "deepspeed", fake_deepspeed)
+    monkeypatch.setitem(sys.modules, "deepspeed.ops", fake_ops)
+    monkeypatch.setenv("DS_ACCELERATOR", "cuda")  # a value inherited from the shell is overridden
+    use_deepspeed_on_cpu()
+    assert os.environ["DS_ACCELERATOR"] == "cpu"
+    assert fake_ops.__compatible_ops__ == {"deepspeed_shm_comm": False, "cpu_adam": True}  # only that op

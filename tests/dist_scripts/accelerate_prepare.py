@@ -18,7 +18,7 @@ from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import FullyShardedDataParallelPlugin
 from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
 
-from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
+from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3, use_deepspeed_on_cpu
 from _teardown import destroy_process_group  # noqa: E402 - this folder is sys.path[0] under torchrun
 
 
@@ -35,13 +35,17 @@ def prepare_and_step(model, cpu: bool) -> dict:
     result = {"distributed_type": str(accelerator.distributed_type).split(".")[-1],
               "wrapped": type(model).__name__, "loss": loss.item()}  # fmt: skip
     if result["distributed_type"] == "DEEPSPEED":
+        from importlib import import_module
+
         from deepspeed.utils import z3_leaf_module
 
+        backend = import_module("deepspeed.comm.comm").cdb  # DeepSpeed's communication backend for this process
         zero = accelerator.state.deepspeed_plugin.deepspeed_config["zero_optimization"]
         result.update(
             zero_stage=zero["stage"], offload_optimizer=zero.get("offload_optimizer", {}).get("device", "none"),
             leaves=sum(map(z3_leaf_module, model.module.modules())),
             base_optimizer=type(optimizer.optimizer.optimizer).__name__,  # what ZeRO steps (on CPU when offloaded)
+            shm_all_reduce=backend.shm_comm_op is not None,  # the JIT-built op use_deepspeed_on_cpu() turns off
         )  # fmt: skip
     return result
 
@@ -55,6 +59,7 @@ def fsdp_wrap_plan(model) -> dict:
 
 
 def main() -> None:
+    use_deepspeed_on_cpu()
     tokenizer = build_char_tokenizer()
     for case in json.loads(sys.argv[1]):
         for key in [key for key in os.environ if key.startswith(("ACCELERATE_", "FSDP_"))]:

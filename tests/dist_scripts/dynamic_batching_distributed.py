@@ -21,7 +21,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 if "--zero3" in sys.argv:
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read when deepspeed is first imported
+    from dhpo_trl.tiny import use_deepspeed_on_cpu
+
+    use_deepspeed_on_cpu()  # before deepspeed is first imported
 
 import torch  # noqa: E402
 

@@ -21,7 +21,9 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 if "--zero3" in sys.argv:
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # read when deepspeed is first imported
+    from dhpo_trl.tiny import use_deepspeed_on_cpu
+
+    use_deepspeed_on_cpu()  # before deepspeed is first imported
 
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
