@@ -11,6 +11,7 @@ What does not: full training runs, since TRL seeds each process differently (`se
 and each process generates its own completions, so the sampled data differ from a 1-process run.
 """
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -24,20 +25,31 @@ SCRIPT = Path(__file__).parent / "dist_scripts" / "dhpo_distributed.py"
 B = 3  # sequences per process in the fixed batch
 
 
-def _torchrun(nproc, out_dir, *flags):
+def _torchrun(out_dir, *flags):
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                str(SCRIPT), str(out_dir), *flags]  # fmt: skip
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-4000:]
     return result
 
 
+def _one_process_fixed_batch(out_dir):
+    """The 1-process side in this process: the same function the script runs, on the same 2B sequences. A 1-process
+    torchrun would run it undistributed too, after 10-15 s of launcher and imports."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(SCRIPT.parent))  # the script imports its folder's _teardown
+        spec = importlib.util.spec_from_file_location("dhpo_distributed_in_process", SCRIPT)
+        script = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(script)
+        script.run_fixed_batch(str(out_dir), B)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     two, one = tmp_path_factory.mktemp("two_ranks"), tmp_path_factory.mktemp("one_rank")
-    _torchrun(2, two, "--train", "--fixed-batch", str(B))
-    _torchrun(1, one, "--fixed-batch", str(B))
+    _torchrun(two, "--train", "--fixed-batch", str(B))
+    _one_process_fixed_batch(one)
     return two, one
 
 
