@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import string
+import sys
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -84,9 +85,15 @@ def use_deepspeed_on_cpu() -> None:
     Call it before anything imports deepspeed (the accelerator is chosen then).
 
     DeepSpeed's CPU communication backend would first JIT-compile its shared-memory all-reduce op
-    (`deepspeed_shm_comm`): 60-120 s on 2 cores, redone for every new virtual environment, because torch's build
+    (`deepspeed_shm_comm`): 38-120 s on 2 cores, redone for every new virtual environment, because torch's build
     command names the environment's path. gloo reduces a tiny model's gradients as well, so the op is marked
     incompatible and DeepSpeed's own fallback (`build_shm_op()` returns None) takes over."""
+    chosen = getattr(sys.modules.get("deepspeed.accelerator.real_accelerator"), "ds_accelerator", None)
+    if chosen is not None and chosen._name != "cpu":  # too late: DeepSpeed keeps its first choice for the process
+        raise RuntimeError(
+            f"use_deepspeed_on_cpu(): DeepSpeed already chose the {chosen._name!r} accelerator; call it before "
+            "anything imports deepspeed"
+        )
     os.environ["DS_ACCELERATOR"] = "cpu"
     import deepspeed.ops
 

@@ -180,7 +180,7 @@ def test_deepspeed_configs_prepare_dense_and_moe_models(prepared, name, moe):
     assert (result["distributed_type"], result["wrapped"]) == ("DEEPSPEED", "DeepSpeedEngine")
     assert result["zero_stage"] == EXPECTED[name][1] and result["offload_optimizer"] == "none"
     assert result["base_optimizer"] == "AdamW"
-    assert result["shm_all_reduce"] is False  # gloo; no 60-120 s JIT build of DeepSpeed's shared-memory op
+    assert result["shm_all_reduce"] is False  # gloo; no 38-120 s JIT build of DeepSpeed's shared-memory op
     if result["zero_stage"] == 3:  # one ZeRO-3 leaf per MoE layer of the 2-layer model; none in a dense model
         assert result["leaves"] == (2 if moe else 0)
     assert 3.0 < result["loss"] < 6.0  # a finite language-model loss after a real optimizer step

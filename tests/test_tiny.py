@@ -4,7 +4,7 @@ tokenizer that maps every printable ASCII character to one token."""
 import os
 import string
 import sys
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 import torch
@@ -123,3 +123,25 @@ def test_deepspeed_on_cpu_picks_the_cpu_accelerator_and_turns_off_the_shared_mem
     use_deepspeed_on_cpu()
     assert os.environ["DS_ACCELERATOR"] == "cpu"
     assert fake_ops.__compatible_ops__ == {"deepspeed_shm_comm": False, "cpu_adam": True}  # only that op
+
+
+@pytest.mark.parametrize("chosen", ["cuda", "cpu"])
+def test_deepspeed_on_cpu_is_refused_once_deepspeed_chose_another_accelerator(monkeypatch, chosen):
+    """DeepSpeed picks its accelerator once per process; after a non-CPU pick, DS_ACCELERATOR=cpu would do nothing."""
+    fake_ops = ModuleType("deepspeed.ops")
+    fake_ops.__compatible_ops__ = {"deepspeed_shm_comm": True}
+    real_accelerator = ModuleType("deepspeed.accelerator.real_accelerator")
+    real_accelerator.ds_accelerator = SimpleNamespace(_name=chosen)
+    fake_deepspeed = ModuleType("deepspeed")
+    fake_deepspeed.ops = fake_ops
+    monkeypatch.setitem(sys.modules, "deepspeed", fake_deepspeed)
+    monkeypatch.setitem(sys.modules, "deepspeed.ops", fake_ops)
+    monkeypatch.setitem(sys.modules, "deepspeed.accelerator.real_accelerator", real_accelerator)
+    monkeypatch.setenv("DS_ACCELERATOR", "cuda")
+    if chosen == "cpu":  # already on the CPU: nothing is lost
+        use_deepspeed_on_cpu()
+        assert fake_ops.__compatible_ops__ == {"deepspeed_shm_comm": False}
+        return
+    with pytest.raises(RuntimeError, match=r"already chose the 'cuda' accelerator; call it before anything imports"):
+        use_deepspeed_on_cpu()
+    assert os.environ["DS_ACCELERATOR"] == "cuda" and fake_ops.__compatible_ops__ == {"deepspeed_shm_comm": True}
