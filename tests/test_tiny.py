@@ -110,15 +110,20 @@ def test_char_tokenizer_round_trips_every_printable_text(tokenizer):
         assert tokenizer.decode(encoded) == text
 
 
-def test_deepspeed_on_cpu_picks_the_cpu_accelerator_and_turns_off_the_shared_memory_op(monkeypatch):
-    """In-process, on a stand-in `deepspeed.ops` (the real one in this process would keep its accelerator for every
+def _stand_in_deepspeed(monkeypatch, compatible_ops: dict) -> ModuleType:
+    """A stand-in `deepspeed.ops` in sys.modules (the real one in this process would keep its accelerator for every
     later test). The real DeepSpeed's answer is checked in a child: test_accelerate_configs.py's shm_all_reduce."""
     fake_ops = ModuleType("deepspeed.ops")
-    fake_ops.__compatible_ops__ = {"deepspeed_shm_comm": True, "cpu_adam": True}
+    fake_ops.__compatible_ops__ = compatible_ops
     fake_deepspeed = ModuleType("deepspeed")
     fake_deepspeed.ops = fake_ops
     monkeypatch.setitem(sys.modules, "deepspeed", fake_deepspeed)
     monkeypatch.setitem(sys.modules, "deepspeed.ops", fake_ops)
+    return fake_ops
+
+
+def test_deepspeed_on_cpu_picks_the_cpu_accelerator_and_turns_off_the_shared_memory_op(monkeypatch):
+    fake_ops = _stand_in_deepspeed(monkeypatch, {"deepspeed_shm_comm": True, "cpu_adam": True})
     monkeypatch.setenv("DS_ACCELERATOR", "cuda")  # a value inherited from the shell is overridden
     use_deepspeed_on_cpu()
     assert os.environ["DS_ACCELERATOR"] == "cpu"
@@ -128,14 +133,9 @@ def test_deepspeed_on_cpu_picks_the_cpu_accelerator_and_turns_off_the_shared_mem
 @pytest.mark.parametrize("chosen", ["cuda", "cpu"])
 def test_deepspeed_on_cpu_is_refused_once_deepspeed_chose_another_accelerator(monkeypatch, chosen):
     """DeepSpeed picks its accelerator once per process; after a non-CPU pick, DS_ACCELERATOR=cpu would do nothing."""
-    fake_ops = ModuleType("deepspeed.ops")
-    fake_ops.__compatible_ops__ = {"deepspeed_shm_comm": True}
+    fake_ops = _stand_in_deepspeed(monkeypatch, {"deepspeed_shm_comm": True})
     real_accelerator = ModuleType("deepspeed.accelerator.real_accelerator")
     real_accelerator.ds_accelerator = SimpleNamespace(_name=chosen)
-    fake_deepspeed = ModuleType("deepspeed")
-    fake_deepspeed.ops = fake_ops
-    monkeypatch.setitem(sys.modules, "deepspeed", fake_deepspeed)
-    monkeypatch.setitem(sys.modules, "deepspeed.ops", fake_ops)
     monkeypatch.setitem(sys.modules, "deepspeed.accelerator.real_accelerator", real_accelerator)
     monkeypatch.setenv("DS_ACCELERATOR", "cuda")
     if chosen == "cpu":  # already on the CPU: nothing is lost
