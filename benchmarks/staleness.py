@@ -35,7 +35,12 @@ from dhpo_trl.presets import PAPER_ALGORITHMS
 OBJECTIVES = ["GRPO", "GSPO", "GMPO", "CISPO", "DHPO-A", "DHPO-E"]
 # Rows beyond the paper's, as (preset, DHPOConfig fields on top). The DHPO presets follow the paper's equations,
 # without the dual clip that VERL's GRPO applies to A < 0 (ratio capped at delta = 3); this row adds it to DHPO-E.
-VARIANTS = {"DHPO-E+dual-clip": ("DHPO-E", {"delta": 3.0})}
+# "DHPO-E+GSPO-seq-clip" tests why DHPO-E drifts at high k: its entropy weight puts ~90% on the sequence ratio, whose
+# 0.2/0.28 clip rarely binds; this row gives the sequence branch GSPO's trust region (3e-4 / 4e-4) instead.
+VARIANTS = {
+    "DHPO-E+dual-clip": ("DHPO-E", {"delta": 3.0}),
+    "DHPO-E+GSPO-seq-clip": ("DHPO-E", {"epsilon_low_seq": 3e-4, "epsilon_high_seq": 4e-4}),
+}
 # Per-branch clip fractions: the first of these metrics that the row logs (DHPO's per-branch ones before TRL's
 # `clip_ratio/*`, which DHPO also logs for its mixed ratio), averaged over all optimizer steps of the cell.
 CLIP_METRICS = {
