@@ -177,7 +177,8 @@ def markdown(table, meta: dict) -> str:
         f"({meta['learning_rate']:g}, Adam, constant) and {meta['generation_batches']} generation batches in every cell; held-out",
         f"accuracy (greedy, {meta['num_heldout']} problems) every {meta['eval_every']} generation batches. Mean ± sample std",
         f"over {meta['seeds']} seeds; dynamic batching on. Produced on {meta['machine']} ({meta['cell_minutes']:.0f} min summed "
-        "over the cells, which the command resumes from `outputs/staleness/` when run again) by:",
+        "over the cells, which the command resumes from `outputs/staleness/` when run again), with the code at commit "
+        f"{', '.join(meta['commits'])}, by:",
         "",
         "```bash",
         meta["command"],
@@ -204,6 +205,8 @@ def markdown(table, meta: dict) -> str:
     lines += ["", "![final accuracy against k](staleness_accuracy.png) "
               f"![held-out accuracy curves at k = {ks[-1]}](staleness_curves.png)", ""]  # fmt: skip
     lines += ["## What separates", "", summary(table) + " " + drift(table), "", verdict(table), ""]
+    if text := variant_verdict(table):
+        lines += ["## Does a tighter sequence clip explain DHPO-E at high k?", "", text, ""]
     lines += AT_SCALE.splitlines()
     return "\n".join(lines)
 
@@ -285,6 +288,40 @@ def drift(table) -> str:
     return text
 
 
+def variant_verdict(table, variant: str = "DHPO-E+GSPO-seq-clip", reference: str = "GRPO") -> str:
+    """Whether giving DHPO-E's sequence branch GSPO's trust region closes DHPO-E's gap to `reference` at k >= 8.
+
+    Same rule as everywhere on the page: a gap counts only above twice the larger seed std of the two rows."""
+    if not {variant, "DHPO-E", reference} <= set(table):
+        return ""
+    sentences = []
+    for k in sorted(k for k in table["DHPO-E"] if k >= 8 and k in table[variant] and k in table[reference]):
+        parts = []
+        for measure, name in (("final_accuracy", "final accuracy"), ("auc", "area under the curve")):
+            ref = table[reference][k][measure]
+            gaps = {}
+            for row in ("DHPO-E", variant):
+                mean, std = table[row][k][measure]
+                gaps[row] = (ref[0] - mean, 2 * max(ref[1], std))
+            (gap_e, thr_e), (gap_v, thr_v) = gaps["DHPO-E"], gaps[variant]
+            if gap_e <= thr_e:
+                reading = "DHPO-E has no gap to close"
+            elif gap_v <= thr_v:
+                reading = "the tighter sequence clip closes the gap"
+            else:
+                reading = "the tighter sequence clip does not close the gap"
+            parts.append(
+                f"on {name} {reference} leads DHPO-E by {gap_e:.1%} (2 std = {thr_e:.1%}) and {variant} by "
+                f"{gap_v:.1%} (2 std = {thr_v:.1%}): {reading}"
+            )
+        drift_of = {row: table[row][k]["last_step_abs_log_ratio"][0] for row in ("DHPO-E", variant, reference)}
+        sentences.append(
+            f"At k = {k}, " + "; ".join(parts) + f". Mean |log r| on the last step of a generation batch: {variant} "
+            f"{drift_of[variant]:.3f}, DHPO-E {drift_of['DHPO-E']:.3f}, {reference} {drift_of[reference]:.3f}."
+        )
+    return " ".join(sentences)
+
+
 def verdict(table) -> str:
     """The plain-language reading of the final-accuracy and area tables against twice the seed noise."""
     sentences = []
@@ -349,6 +386,12 @@ def plot_curves(cells: dict[tuple, dict], k: int, out_dir: Path) -> None:
     plt.close(figure)
 
 
+def page_from_json(results: dict) -> str:
+    """The page `staleness.md` for the saved `staleness.json` (JSON turns the k keys into strings)."""
+    table = {o: {int(k): row for k, row in rows.items()} for o, rows in results["aggregate"].items()}
+    return markdown(table, results["meta"])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--objectives", nargs="+", default=OBJECTIVES, choices=[*PAPER_ALGORITHMS, *VARIANTS])
@@ -403,13 +446,15 @@ def main(argv: list[str] | None = None) -> int:
         "num_heldout": any_summary["num_heldout"],
         "max_completion_length": any_summary["settings"]["max_completion_length"],
         "parameters": any_summary.get("parameters", 0),
+        "commits": sorted({str(s.get("commit")) for s in summaries.values()}),
     }
     args.docs_dir.mkdir(parents=True, exist_ok=True)
     plot(table, args.docs_dir)
     plot_curves(cells, max(args.ks), args.docs_dir)
-    (args.docs_dir / "staleness.md").write_text(markdown(table, meta))
     cell_rows = [{"objective": o, "k": k, "seed": s, **{n: v for n, v in c.items()}} for (o, k, s), c in cells.items()]
     (args.docs_dir / "staleness.json").write_text(json.dumps({"meta": meta, "aggregate": table, "cells": cell_rows}, indent=1))
+    # The page is written from the JSON just saved, so every figure on it is the JSON's (tests/test_study_pages.py).
+    (args.docs_dir / "staleness.md").write_text(page_from_json(json.loads((args.docs_dir / "staleness.json").read_text())))
     print((args.docs_dir / "staleness.md").read_text())
     return 0
 

@@ -92,7 +92,8 @@ def aggregate(summaries: list[dict], target: float) -> dict[str, dict]:
     return table
 
 
-def markdown(table: dict[str, dict], target: float, command: str, steps: int, train_minutes: float) -> str:
+def markdown(table: dict[str, dict], target: float, command: str, steps: int, train_minutes: float,
+             commits: list[str], machine: str) -> str:
     lines = [
         "# Side-by-side study on the embedded CPU task",
         "",
@@ -101,7 +102,8 @@ def markdown(table: dict[str, dict], target: float, command: str, steps: int, tr
         "each of the paper's seven objectives and identical budgets. It checks that every objective trains and shows how",
         "they behave on this toy task; it says nothing about the paper's Table 1 at scale.",
         "",
-        f"Produced by (on a 2-core CPU machine; {train_minutes:.0f} min of RL training over all runs):",
+        f"Produced on {machine} with the code at commit {', '.join(commits)} ({train_minutes:.0f} min of RL training",
+        "over all runs) by:",
         "",
         "```bash",
         command,
@@ -136,6 +138,12 @@ def markdown(table: dict[str, dict], target: float, command: str, steps: int, tr
         "",
     ]
     return "\n".join(lines)
+
+
+def page_from_json(results: dict) -> str:
+    """The page `README.md` for the saved `results.json`."""
+    return markdown(results["aggregate"], results["target"], results["command"], results["steps"],
+                    results["train_minutes"], results["commits"], results["machine"])  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,14 +185,18 @@ def main(argv: list[str] | None = None) -> int:
         figure.savefig(args.docs_dir / f"{name}.png", dpi=100)
 
     command = "python benchmarks/study.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    steps = summaries[0]["optimizer_steps"]
-    train_minutes = sum(s["train_seconds"] for s in summaries) / 60
-    (args.docs_dir / "README.md").write_text(markdown(table, args.target, command.strip(), steps, train_minutes))
-    runs = [{k: s[k] for k in ("algorithm", "seed", "heldout_accuracy_before", "heldout_accuracy_after",
-                              "heldout_accuracies", "optimizer_steps", "train_seconds")} for s in summaries]  # fmt: skip
-    results = {"machine": platform.platform(), "wall_minutes": wall_minutes, "target": args.target,
-               "aggregate": table, "runs": runs}  # fmt: skip
+    runs = [{k: s.get(k) for k in ("algorithm", "seed", "heldout_accuracy_before", "heldout_accuracy_after",
+                                  "heldout_accuracies", "optimizer_steps", "train_seconds", "commit")}
+            for s in summaries]  # fmt: skip
+    results = {
+        "machine": f"{platform.machine()} CPU, {multiprocessing.cpu_count()} cores, {args.workers} workers",
+        "wall_minutes": wall_minutes, "target": args.target, "command": command.strip(),
+        "steps": summaries[0]["optimizer_steps"], "train_minutes": sum(s["train_seconds"] for s in summaries) / 60,
+        "commits": sorted({str(s.get("commit")) for s in summaries}), "aggregate": table, "runs": runs,
+    }  # fmt: skip
     (args.docs_dir / "results.json").write_text(json.dumps(results, indent=1))
+    # The page is written from the JSON just saved, so every figure on it is the JSON's (tests/test_study_pages.py).
+    (args.docs_dir / "README.md").write_text(page_from_json(json.loads((args.docs_dir / "results.json").read_text())))
     print((args.docs_dir / "README.md").read_text())
     return 0
 

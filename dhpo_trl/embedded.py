@@ -17,6 +17,7 @@ import functools
 import json
 import os
 import shutil
+import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -175,6 +176,21 @@ def load_task(settings: EmbeddedSettings, num_heldout: int | None = None, *, cac
     return train_problems, heldout_problems, load_or_warm_start(warm, cache_dir=cache_dir, use_cache=use_cache)
 
 
+def source_commit() -> str | None:
+    """The git commit of the `dhpo_trl` that ran (`<sha>-dirty` with uncommitted changes to it), None outside git.
+
+    Study pages state it, so a reader can check out the code that produced every figure."""
+    package = Path(__file__).resolve().parent
+    try:
+        sha = subprocess.run(["git", "-C", str(package), "rev-parse", "--short=10", "HEAD"], capture_output=True,
+                             text=True, timeout=10, check=True).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(["git", "-C", str(package), "status", "--porcelain", "--", str(package)],
+                               capture_output=True, text=True, timeout=10, check=True).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{sha}-dirty" if dirty else sha
+
+
 def run_embedded(
     algorithm: str = "DHPO-E",
     seed: int = 0,
@@ -329,6 +345,7 @@ def _run(algorithm, seed, max_steps, output_dir, eval_every, num_heldout, cache_
         "summary_path": str(output_dir / "summary.json"),
         "settings": {**asdict(settings), "max_steps": max_steps, "eval_every": eval_every},
         "config_overrides": config_overrides,
+        "commit": source_commit(),
     }
     Path(summary["summary_path"]).write_text(json.dumps(summary, indent=2))
     return summary

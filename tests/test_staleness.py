@@ -100,8 +100,29 @@ def test_separation_needs_a_gap_above_twice_the_larger_seed_std():
     )
     page = staleness.markdown(table, dict(parameters=1, max_completion_length=12, learning_rate=2e-4,
                                           generation_batches=24, num_heldout=200, eval_every=4, seeds=3,
-                                          machine="test", cell_minutes=1.0, command="python x"))  # fmt: skip
+                                          machine="test", cell_minutes=1.0, command="python x",
+                                          commits=["abc1234"]))  # fmt: skip
     assert "| GSPO | 42.0% ± 2.0% | 42.0% ± 2.0% |" in page
+    assert "at commit abc1234" in page
+
+
+def test_variant_verdict_applies_the_twice_the_seed_noise_rule_at_high_k():
+    # k = 8: DHPO-E trails GRPO by 0.10 > 2 x 0.02 and the variant by 0.01 (closed); k = 16: both trail by 0.10
+    # (not closed); k = 4 is below the range the question is about.
+    finals = {("GRPO", 8): [0.48, 0.50, 0.52], ("DHPO-E", 8): [0.38, 0.40, 0.42],
+              ("DHPO-E+GSPO-seq-clip", 8): [0.47, 0.49, 0.51], ("GRPO", 16): [0.48, 0.50, 0.52],
+              ("DHPO-E", 16): [0.38, 0.40, 0.42], ("DHPO-E+GSPO-seq-clip", 16): [0.38, 0.40, 0.42],
+              ("GRPO", 4): [0.5, 0.5, 0.5], ("DHPO-E", 4): [0.1, 0.1, 0.1],
+              ("DHPO-E+GSPO-seq-clip", 4): [0.1, 0.1, 0.1]}  # fmt: skip
+    text = staleness.variant_verdict(staleness.aggregate(cells_for(finals)))
+    at_8, at_16 = text.split("At k = 16")
+    assert "k = 4" not in text
+    assert "on final accuracy GRPO leads DHPO-E by 10.0% (2 std = 4.0%) and DHPO-E+GSPO-seq-clip by 1.0%" in at_8
+    assert "the tighter sequence clip closes the gap" in at_8.split("area under")[0]
+    assert "the tighter sequence clip does not close the gap" in at_16.split("area under")[0]
+    # every cell here has the same curve, so the areas are equal: no gap to close on that measure
+    assert at_16.split("area under")[1].count("DHPO-E has no gap to close") == 1
+    assert staleness.variant_verdict(staleness.aggregate(cells_for({("GRPO", 8): [0.5, 0.5]}))) == ""
 
 
 def test_drift_ranks_the_largest_k_and_reads_dhpo_e_weight():
