@@ -136,6 +136,9 @@ def resolve_checkpoint(value, output_dir: str, warn: Callable[[str], None] | Non
                 "pass `latest` to start from scratch when there is none."
             )
         return path
+    if not os.path.isdir(wanted):
+        raise ValueError(f"--resume_from_checkpoint {wanted} is not a folder: pass a checkpoint-<step> directory, or "
+                         "`latest` for the newest complete one in output_dir.")  # fmt: skip
     reason = incomplete_reason(wanted)
     if reason is not None:
         raise ValueError(
