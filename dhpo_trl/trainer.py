@@ -481,7 +481,8 @@ class DHPOTrainer(GRPOTrainer):
                 self.remove_callback(callback)
         if callback.stopped_at is not None:
             path = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{callback.stopped_at}")
-            self.graceful_stop = {"signal": request.name if request else None, "step": callback.stopped_at,
+            signalled = request.name if request is not None and request.requested else "a signal to another process"
+            self.graceful_stop = {"signal": signalled, "step": callback.stopped_at,
                                   "checkpoint": path}  # fmt: skip
         return output
 
