@@ -84,12 +84,17 @@ def incomplete_reason(path: str) -> str | None:
         return "it is not a folder"
     names = set(os.listdir(path))
     if COMPLETE_MARKER in names:
-        return None
-    if any(_STATE_FILE.match(name) for name in names):  # written by this version, the marker never came
+        weights_only = bool((read_marker(path) or {}).get("save_only_model"))
+    elif any(_STATE_FILE.match(name) for name in names):  # written by this version, the marker never came
         return f"it has no {COMPLETE_MARKER} (the save was interrupted)"
-    if TRAINER_STATE not in names:
+    elif TRAINER_STATE not in names:
         return f"it has no {TRAINER_STATE} (not a checkpoint, or its save was interrupted)"
-    return None  # written before the marker existed: transformers' last file is there
+    else:  # written before the marker existed: transformers' last file is there
+        weights_only = not any(name.startswith(("optimizer", "global_step")) for name in names)
+    if weights_only:
+        return ("it holds the weights only (save_only_model: true), without the optimizer and RNG states a resume "
+                "needs; save with --save_only_model false to resume")  # fmt: skip
+    return None
 
 
 def read_marker(path: str) -> dict | None:
@@ -102,8 +107,9 @@ def read_marker(path: str) -> dict | None:
 
 
 def newest_complete_checkpoint(output_dir: str, warn: Callable[[str], None] | None = None) -> str | None:
-    """The complete `checkpoint-<step>` folder of `output_dir` with the highest step; half-written ones are skipped
-    with a warning (`warn`, default `warnings.warn`). None when there is none."""
+    """The resumable `checkpoint-<step>` folder of `output_dir` with the highest step; half-written and weights-only
+    ones are skipped with a warning (`warn`, default `warnings.warn`). None when `output_dir` holds no checkpoint
+    folder; a ValueError when it holds some but none can be resumed (a fresh start would overwrite them)."""
     warn = warn or (lambda message: warnings.warn(message, stacklevel=3))
     if not os.path.isdir(output_dir):
         return None
@@ -117,6 +123,11 @@ def newest_complete_checkpoint(output_dir: str, warn: Callable[[str], None] | No
         if reason is None:
             return path
         warn(f"Skipping {path}: {reason}.")
+    if found:  # starting again from step 0 would overwrite them: refuse instead
+        raise ValueError(
+            f"output_dir {output_dir} holds checkpoints but none can be resumed (the newest: {found[0][1]}: "
+            f"{incomplete_reason(found[0][1])}). Pass one with --resume_from_checkpoint, or a new output_dir."
+        )
     return None
 
 
@@ -240,11 +251,14 @@ def unmark(checkpoint: str) -> None:
         os.remove(os.path.join(checkpoint, COMPLETE_MARKER))
 
 
-def mark_complete(checkpoint: str, settings: dict, global_step: int) -> None:
-    """Write the completeness marker (last, by the main process, after every process saved)."""
+def mark_complete(checkpoint: str, settings: dict, global_step: int, save_only_model: bool = False) -> None:
+    """Write the completeness marker (last, by the main process, after every process saved). A weights-only
+    checkpoint (`save_only_model`) is complete but cannot be resumed; the marker says so."""
     path = os.path.join(checkpoint, COMPLETE_MARKER)
+    record = {"format": FORMAT, "global_step": global_step, "save_only_model": bool(save_only_model),
+              "settings": settings}  # fmt: skip
     with open(f"{path}.tmp", "w", encoding="utf-8") as handle:
-        json.dump({"format": FORMAT, "global_step": global_step, "settings": settings}, handle, indent=1)
+        json.dump(record, handle, indent=1)
     os.replace(f"{path}.tmp", path)
 
 

@@ -77,6 +77,7 @@ class DHPOTrainer(GRPOTrainer):
         self.zero3_leaf_modules = maybe_set_zero3_leaf_modules(self.model, self.accelerator)
         self._tag_names = ["trl", "dhpo", args.algorithm]
         self._batching_warned = False
+        self.graceful_stop = None  # set by train(): how a stop signal ended the run (see resume.py)
 
     # --------------------------------------------------------------- batching
     def _prepare_inputs(self, generation_batch):
@@ -505,7 +506,7 @@ class DHPOTrainer(GRPOTrainer):
         self.accelerator.wait_for_everyone()  # every process's files are written
         if self.args.should_save:
             settings = resume.run_settings(self.args, self.accelerator.num_processes)
-            resume.mark_complete(checkpoint, settings, self.state.global_step)
+            resume.mark_complete(checkpoint, settings, self.state.global_step, self.args.save_only_model)
             rotate_checkpoints(run_dir, save_total_limit=limit, best_model_checkpoint=self.state.best_model_checkpoint,
                                use_mtime=True)  # fmt: skip
 

@@ -231,7 +231,7 @@ def _checkpoint(root, step, files):
 
 
 def test_discovery_and_completeness(tmp_path):
-    legacy = _checkpoint(tmp_path, 2, ["trainer_state.json", "model.safetensors"])
+    legacy = _checkpoint(tmp_path, 2, ["trainer_state.json", "model.safetensors", "optimizer.pt"])
     complete = _checkpoint(tmp_path, 10, ["trainer_state.json", "dhpo_generation_state_rank0.pt", resume.COMPLETE_MARKER])
     half = _checkpoint(tmp_path, 11, ["dhpo_generation_state_rank0.pt", "trainer_state.json"])
     crashed = _checkpoint(tmp_path, 12, ["model.safetensors"])
@@ -252,6 +252,27 @@ def test_discovery_and_completeness(tmp_path):
     with pytest.raises(ValueError, match="is not a folder"):
         resume.resolve_checkpoint(str(tmp_path / "checkpoint-99"), str(tmp_path))
     assert resume.resolve_checkpoint("latest", str(tmp_path / "nothing-here")) is None
+
+
+def test_weights_only_and_unresumable_output_dirs_are_refused(tmp_path):
+    weights_only = _checkpoint(tmp_path, 3, ["trainer_state.json", "model.safetensors"])  # older, save_only_model
+    assert "save_only_model" in resume.incomplete_reason(weights_only)
+    marked = _checkpoint(tmp_path, 4, ["trainer_state.json", "model.safetensors", "optimizer.pt"])
+    resume.mark_complete(marked, {}, 4, save_only_model=True)  # the marker decides for our checkpoints
+    assert "save_only_model" in resume.incomplete_reason(marked)
+    _checkpoint(tmp_path, 5, ["dhpo_generation_state_rank0.pt"])
+    skipped = []
+    # checkpoints, none resumable: starting from step 0 would overwrite them
+    with pytest.raises(ValueError, match="none can be resumed.*checkpoint-5"):
+        resume.resolve_checkpoint("latest", str(tmp_path), skipped.append)
+    assert len(skipped) == 3
+
+
+def test_a_weights_only_run_is_marked_so(tok, tmp_path):
+    train(tok, tmp_path, steps_per_generation=2, max_steps=1, save_only_model=True)
+    assert json.loads((tmp_path / "checkpoint-1" / resume.COMPLETE_MARKER).read_text())["save_only_model"] is True
+    with pytest.raises(ValueError, match="save_only_model"):
+        resume.resolve_checkpoint("latest", str(tmp_path), lambda message: None)
 
 
 def test_check_resumable_names_every_differing_setting(tmp_path):
