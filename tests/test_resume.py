@@ -169,6 +169,30 @@ def test_latest_skips_a_half_written_checkpoint(uninterrupted, tok, tmp_path):
     assert max_parameter_gap(full.model, resumed.model) <= 1e-6
 
 
+def test_a_save_that_fails_midway_leaves_a_folder_latest_skips(tok, tmp_path, monkeypatch):
+    """The model is written, then the save dies (disk full) before transformers' trainer_state.json: the folder holds
+    our generation state but no marker, so it is never resumed; the signal handlers are restored."""
+    from transformers import Trainer
+
+    save_model = Trainer.save_model
+
+    def full_disk_at_step_2(self, output_dir=None, _internal_call=False):
+        save_model(self, output_dir, _internal_call)
+        if self.state.global_step == 2:
+            raise OSError("No space left on device")
+
+    monkeypatch.setattr(Trainer, "save_model", full_disk_at_step_2)
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(OSError, match="No space left"):
+        train(tok, tmp_path, steps_per_generation=2, max_steps=3)
+    assert signal.getsignal(signal.SIGTERM) == before
+    assert (tmp_path / "checkpoint-2" / "model.safetensors").exists()
+    assert resume.COMPLETE_MARKER in resume.incomplete_reason(str(tmp_path / "checkpoint-2"))
+    skipped = []
+    assert resume.resolve_checkpoint("latest", str(tmp_path), skipped.append) == str(tmp_path / "checkpoint-1")
+    assert len(skipped) == 1 and "checkpoint-2" in skipped[0]
+
+
 def test_latest_without_checkpoints_starts_from_scratch_and_true_refuses(tok, tmp_path):
     trainer = train(tok, tmp_path, resume_from="latest", steps_per_generation=2, max_steps=1)
     assert trainer.state.global_step == 1 and sorted(trainer.seen) == [1]
