@@ -15,6 +15,7 @@ import warnings
 import pytest
 import torch
 from datasets import Dataset
+from transformers import TrainerCallback
 
 from dhpo_trl import DHPOTrainer, batching, resume
 from dhpo_trl.presets import config_for
@@ -212,6 +213,40 @@ def test_save_total_limit_keeps_the_newest_complete_checkpoint(tok, tmp_path):
     assert resume.incomplete_reason(str(tmp_path / "checkpoint-3")) is None
     marker = json.loads((tmp_path / "checkpoint-3" / resume.COMPLETE_MARKER).read_text())
     assert marker["global_step"] == 3 and marker["settings"]["steps_per_generation"] == 2
+
+
+class SignalSelfAt(TrainerCallback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+
+@pytest.mark.parametrize("signal_at", [1, 3])
+def test_sigusr1_stops_after_the_step_with_a_checkpoint_unless_the_run_had_finished(tok, tmp_path, signal_at):
+    caught = []  # ours replaces this handler inside train() only; if it did not, this one catches the signal
+    fallback = lambda signum, frame: caught.append(signum)  # noqa: E731
+    previous = signal.signal(signal.SIGUSR1, fallback)
+    try:
+        args = config_for("DHPO-E", output_dir=str(tmp_path), **{**BASE, "steps_per_generation": 2, "max_steps": 3},
+                          **CPU)  # fmt: skip
+        trainer = RecordingTrainer(model=build_tiny_qwen3(tok, hidden_size=32, seed=0), reward_funcs=digit_share,
+                                   args=args, train_dataset=prompts(), processing_class=tok,
+                                   callbacks=[SignalSelfAt(signal_at)])  # fmt: skip
+        trainer.seen = {}
+        trainer.train()
+        assert caught == [] and signal.getsignal(signal.SIGUSR1) is fallback  # restored after train()
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert trainer.state.global_step == signal_at
+    stopped = [name for name in os.listdir(tmp_path) if name.startswith("checkpoint-")]
+    if signal_at == 1:
+        assert trainer.graceful_stop == {"signal": "SIGUSR1", "step": 1, "checkpoint": str(tmp_path / "checkpoint-1")}
+        assert stopped == ["checkpoint-1"] and resume.incomplete_reason(str(tmp_path / "checkpoint-1")) is None
+    else:
+        assert trainer.graceful_stop is None  # it had reached max_steps: a finished run, not a stopped one
 
 
 # ------------------------------------------------------------------------------------------------ pure parts
