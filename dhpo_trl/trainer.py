@@ -480,7 +480,7 @@ class DHPOTrainer(GRPOTrainer):
                 output = super().train(checkpoint, trial, ignore_keys_for_eval, **kwargs)
             finally:
                 self.remove_callback(callback)
-        if callback.stopped_at is not None:
+        if callback.stopped_at is not None and callback.stopped_at < self.state.max_steps:  # not if it had finished
             path = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{callback.stopped_at}")
             signalled = request.name if request is not None and request.requested else "a signal to another process"
             self.graceful_stop = {"signal": signalled, "step": callback.stopped_at,
