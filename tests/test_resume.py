@@ -271,6 +271,22 @@ def test_encode_names_the_path_of_an_unsupported_value():
         resume.encode([{"images": {1, 2}}])
 
 
+def test_an_unsaveable_buffer_degrades_to_a_regenerating_resume_with_a_warning():
+    """A value the encoding does not know (e.g. a new batch type) must not kill the run at a save: the state is saved
+    without the buffer, and the step counter points at the micro-steps done, so the resume regenerates there."""
+    from types import SimpleNamespace
+
+    trainer = SimpleNamespace(
+        _step=5, _buffered_inputs=[{"ids": torch.ones(2)}, {"odd": {1, 2}}], entropy_coef=0.1,
+        _last_world_entropy=2.0, _entropy_window_stats=None, _metrics={"train": {"loss": [0.5]}},
+        state=SimpleNamespace(global_step=3), args=SimpleNamespace(gradient_accumulation_steps=2),
+    )  # fmt: skip
+    with pytest.warns(UserWarning, match=r"step 3 resumes inexactly.*_buffered_inputs\[1\]\['odd'\] is a set"):
+        state = resume.capture(trainer)
+    assert resume.decode(state["_buffered_inputs"]) is None and resume.decode(state["_step"]) == 6
+    assert resume.decode(state["entropy_coef"]) == 0.1 and resume.decode(state["_metrics_train"]) == {"loss": [0.5]}
+
+
 def test_settings_difference_and_run_settings(tmp_path):
     args = config_for("DHPO-E", output_dir=str(tmp_path), **{**BASE, "steps_per_generation": 2}, **CPU)
     settings = resume.run_settings(args, world_size=2)
