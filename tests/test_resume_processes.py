@@ -12,9 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 
-from dhpo_trl import resume
+from dhpo_trl import batching, resume
 from dhpo_trl.cli import main
 from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
 
@@ -48,27 +49,39 @@ def two_ranks(tmp_path_factory):
                str(TESTS / "dist_scripts" / "resume_distributed.py"), str(out)]  # fmt: skip
     code, _, err = run_own_group(command)
     assert code == 0, err[-4000:]
-    return {(run, rank): json.loads((out / f"{run}_rank{rank}.json").read_text())
-            for run in ("full", "resumed", "stopped", "after") for rank in (0, 1)}  # fmt: skip
+    runs = ("full", "resumed", "stopped", "after", "budget_full", "budget_resumed")
+    dumps = {(run, rank): json.loads((out / f"{run}_rank{rank}.json").read_text()) for run in runs for rank in (0, 1)}
+    return {**dumps, "out": out}
 
 
 def _max_gap(a, b):
     return max(abs(x - y) for name in a for x, y in zip(a[name], b[name], strict=True))
 
 
-@pytest.mark.parametrize("run", ["resumed", "after"])
-def test_two_ranks_resume_to_the_uninterrupted_run(two_ranks, run):
-    """From a mid-generation checkpoint (step 3 of k = 4), and from the one the graceful stop wrote: every rank ends
-    with the uninterrupted parameters, logs and data."""
-    first = {"resumed": 4, "after": 3}[run]
+@pytest.mark.parametrize("full_run, run", [("full", "resumed"), ("full", "after"), ("budget_full", "budget_resumed")])
+def test_two_ranks_resume_to_the_uninterrupted_run(two_ranks, full_run, run):
+    """From a mid-generation checkpoint (step 3 of k = 4; step 1 of k = 4 under a token budget), and from the one the
+    graceful stop wrote: every rank ends with the uninterrupted parameters, logs and data."""
+    first, last = {"resumed": (4, 6), "after": (3, 6), "budget_resumed": (2, 4)}[run]
     for rank in (0, 1):
-        full, resumed = two_ranks["full", rank], two_ranks[run, rank]
-        assert full["world_size"] == resumed["world_size"] == 2 and resumed["global_step"] == 6
+        full, resumed = two_ranks[full_run, rank], two_ranks[run, rank]
+        assert full["world_size"] == resumed["world_size"] == 2 and resumed["global_step"] == last
         assert _max_gap(full["params"], resumed["params"]) <= 1e-6
-        assert sorted(resumed["seen"], key=int) == [str(step) for step in range(first, 7)]
+        assert sorted(resumed["seen"], key=int) == [str(step) for step in range(first, last + 1)]
         assert all(resumed["seen"][step] == full["seen"][step] for step in resumed["seen"])
         assert all(resumed["logs"][step] == pytest.approx(full["logs"][step], abs=1e-6) for step in resumed["seen"])
     assert two_ranks["full", 0]["seen"]["4"] != two_ranks["full", 1]["seen"]["4"]  # each rank has its own rows
+
+
+def test_two_ranks_save_their_own_planned_passes(two_ranks):
+    """Under the token budget each rank's file holds its own rows, cut into the pass count the ranks agreed on."""
+    buffers = []
+    for rank in (0, 1):
+        path = two_ranks["out"] / "budget_full" / "checkpoint-1" / f"dhpo_generation_state_rank{rank}.pt"
+        buffers.append(resume.decode(torch.load(path, weights_only=True)["_buffered_inputs"]))
+    counts = [[len(micro) if isinstance(micro, batching.Passes) else 1 for micro in buffer] for buffer in buffers]
+    assert counts[0] == counts[1] and max(counts[0]) > 1  # agreed, and split for real
+    assert not torch.equal(buffers[0][0][0]["prompt_ids"], buffers[1][0][0]["prompt_ids"])
 
 
 def test_a_signal_to_one_rank_stops_both_after_the_same_step(two_ranks):

@@ -6,7 +6,9 @@ Four short DHPO-E runs (k = 4 optimizer steps per generation batch, a checkpoint
   full     uninterrupted, 6 steps;
   resumed  from full's checkpoint-3 (mid generation batch) to step 6;
   stopped  rank 0 sends itself SIGTERM at the end of step 2: only rank 0 is signalled, both must stop after step 2;
-  after    from stopped's newest complete checkpoint (`latest`) to step 6.
+  after    from stopped's newest complete checkpoint (`latest`) to step 6;
+  budget_full, budget_resumed  a token budget (max_tokens_per_micro_batch=24) splitting micro-steps into passes
+           whose count the ranks agree on, 2 accumulation steps, k = 4; resumed from checkpoint-1.
 Every rank dumps OUT_DIR/<run>_rank{r}.json: final parameters, per-step logs, the data of every step, the step it
 stopped at and the signal handlers after train() (they must be the previous ones again).
 """
@@ -62,8 +64,11 @@ def digit_share(completions, **kwargs):
     return [sum(ch.isdigit() for ch in text) / max(len(text), 1) for text in completions]
 
 
-def run(out_dir: Path, name: str, output_dir: Path, tok, resume=None, callbacks=()):
-    args = config_for("DHPO-E", output_dir=str(output_dir), **SETTINGS, **CPU)
+BUDGET = dict(gradient_accumulation_steps=2, steps_per_generation=8, max_steps=4, max_tokens_per_micro_batch=24)
+
+
+def run(out_dir: Path, name: str, output_dir: Path, tok, resume=None, callbacks=(), **overrides):
+    args = config_for("DHPO-E", output_dir=str(output_dir), **{**SETTINGS, **overrides}, **CPU)
     dataset = Dataset.from_dict({"prompt": [f"{'x' * (a % 3)}{a}+{2 * a + 1}=" for a in range(16)]})
     trainer = RecordingTrainer(model=build_tiny_qwen3(tok, hidden_size=32, seed=0), reward_funcs=digit_share,
                                args=args, train_dataset=dataset, processing_class=tok, callbacks=list(callbacks))  # fmt: skip
@@ -106,6 +111,9 @@ def main() -> None:
     run(out_dir, "resumed", out_dir / "resumed", tok, resume=str(out_dir / "full" / "checkpoint-3"))
     run(out_dir, "stopped", out_dir / "stopped", tok, callbacks=[SignalRankZeroAt(2)])
     run(out_dir, "after", out_dir / "stopped", tok, resume="latest")
+    run(out_dir, "budget_full", out_dir / "budget_full", tok, **BUDGET)
+    run(out_dir, "budget_resumed", out_dir / "budget_resumed", tok, resume=str(out_dir / "budget_full" / "checkpoint-1"),
+        **BUDGET)
     destroy_process_group()
 
 
