@@ -276,9 +276,7 @@ def build_trainer(script_args: DHPOScriptArguments, training_args: DHPOConfig, m
         )
     check_trackers(training_args.report_to)
     check_model_path(model_args.model_name_or_path, label="--model_name_or_path")
-    resume = training_args.resume_from_checkpoint
-    if resume and not os.path.isdir(resume):
-        raise ValueError(f"--resume_from_checkpoint {resume} is not a folder: pass a checkpoint-<step> directory.")
+    training_args.resume_from_checkpoint = resolve_resume(training_args)
     make_folder(training_args.output_dir, "--output_dir")  # not at the first save, hours in
     load_training_data(script_args)  # plain-text prompts: only the check matters here
     tokenizer = AutoTokenizer.from_pretrained(
@@ -319,6 +317,30 @@ def build_trainer(script_args: DHPOScriptArguments, training_args: DHPOConfig, m
     )
 
 
+def resolve_resume(training_args: DHPOConfig) -> str | None:
+    """The checkpoint `--resume_from_checkpoint` names (`latest` / `True`: the newest complete one in output_dir), checked
+    before anything loads: a folder that is not a complete checkpoint, or one saved under other settings (objective,
+    batch geometry, `steps_per_generation`, number of processes), is refused naming the difference."""
+    from . import resume
+
+    value = training_args.resume_from_checkpoint
+    if not value:
+        return None
+    wanted = str(value).strip()
+    checkpoint = resume.resolve_checkpoint(wanted, training_args.output_dir)
+    main_process = int(os.environ.get("RANK", "0")) == 0
+    if checkpoint is None:
+        if main_process and wanted.lower() == "latest":
+            print(f"--resume_from_checkpoint latest: no checkpoint in {training_args.output_dir} yet, training from "
+                  "step 0.")  # fmt: skip
+        return None
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    resume.check_resumable(checkpoint, resume.run_settings(training_args, world_size))
+    if main_process:
+        print(f"Resuming from {checkpoint}.")
+    return checkpoint
+
+
 def check_trackers(report_to) -> None:
     """The trackers of `--report_to` are installed (transformers would stop with a RuntimeError, after the model)."""
     from transformers.integrations import get_reporting_integration_callbacks
@@ -351,6 +373,14 @@ def run_training(trainer, script_args: DHPOScriptArguments):
     """Train; save with the DHPO model card; push when asked."""
     training_args = trainer.args
     trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
+    stop = getattr(trainer, "graceful_stop", None)
+    if stop is not None:  # preempted: the checkpoint is the run's state; no final model, no push
+        if trainer.accelerator.is_main_process:
+            how = ("weights only (save_only_model), it cannot be resumed" if training_args.save_only_model
+                   else "resume with --resume_from_checkpoint latest")  # fmt: skip
+            print(f"dhpo-train: stopped by {stop['signal']} after step {stop['step']}; checkpoint {stop['checkpoint']} "
+                  f"({how}).", flush=True)  # fmt: skip
+        return trainer
     hub_dataset = script_args.dataset_name if _is_hub_id(script_args.dataset_name) else None
     trainer.save_model(training_args.output_dir)
     trainer.create_model_card(dataset_name=hub_dataset)  # the final folder carries the DHPO card, not only checkpoints

@@ -17,9 +17,10 @@ import warnings
 import torch
 import torch.distributed as dist
 from accelerate.utils import DistributedType
+from transformers.trainer_utils import rotate_checkpoints
 from trl import GRPOTrainer
 
-from . import batching
+from . import batching, resume
 from .config import DHPOConfig
 from .moe import maybe_set_zero3_leaf_modules, zero3_leaf_modules_for_trl_prepared_models
 from .losses import masked_log_ratio
@@ -76,6 +77,7 @@ class DHPOTrainer(GRPOTrainer):
         self.zero3_leaf_modules = maybe_set_zero3_leaf_modules(self.model, self.accelerator)
         self._tag_names = ["trl", "dhpo", args.algorithm]
         self._batching_warned = False
+        self.graceful_stop = None  # set by train(): how a stop signal ended the run (see resume.py)
 
     # --------------------------------------------------------------- batching
     def _prepare_inputs(self, generation_batch):
@@ -455,15 +457,60 @@ class DHPOTrainer(GRPOTrainer):
         metrics["clip_ratio/low_min"].append(low_min if math.isfinite(low_min) else math.nan)
         metrics["clip_ratio/high_max"].append(high_max if math.isfinite(high_max) else math.nan)
 
-    # ------------------------------------------------------------ model card
+    # ---------------------------------------------- resume and graceful stop (the logic: dhpo_trl/resume.py)
+    def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
+        """TRL's `train()`, resuming exactly from any checkpoint (`True` / `"latest"`: the newest complete one in
+        `output_dir`), and stopping gracefully on SIGTERM / SIGUSR1: after the optimizer step in progress, with a
+        checkpoint (`self.graceful_stop` then names the signal, step and checkpoint; None otherwise)."""
+        self.graceful_stop = None
+        main = self.accelerator.is_main_process
+        warn = (lambda message: warnings.warn(message, stacklevel=4)) if main else (lambda message: None)
+        checkpoint = resume.resolve_checkpoint(resume_from_checkpoint, self.args.output_dir, warn)
+        if checkpoint is not None:
+            resume.check_resumable(checkpoint, resume.run_settings(self.args, self.accelerator.num_processes))
+            resume.restore_generation_state(self, checkpoint, self.accelerator.process_index, self.accelerator.device,
+                                            warn=main)  # fmt: skip
+        elif main and str(resume_from_checkpoint).strip().lower() == "latest":
+            print(f"resume_from_checkpoint={resume_from_checkpoint}: no checkpoint in {self.args.output_dir} yet, "
+                  "training from step 0.")  # fmt: skip
+        with resume.stop_on_signals() as request:
+            callback = resume.GracefulStopCallback(request, lambda flag: resume.agree_any(flag, self.accelerator.device))
+            self.add_callback(callback)
+            try:
+                output = super().train(checkpoint, trial, ignore_keys_for_eval, **kwargs)
+            finally:
+                self.remove_callback(callback)
+        if callback.stopped_at is not None and callback.stopped_at < self.state.max_steps:  # not if it had finished
+            path = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{callback.stopped_at}")
+            signalled = request.name if request is not None and request.requested else "a signal to another process"
+            self.graceful_stop = {"signal": signalled, "step": callback.stopped_at,
+                                  "checkpoint": path}  # fmt: skip
+        return output
+
     def _save_checkpoint(self, model, trial):
+        run_dir = self._get_output_dir(trial=trial)
+        checkpoint = os.path.join(run_dir, f"checkpoint-{self.state.global_step}")
+        # Our file first: a folder holding it without the marker is recognisably half-written.
+        if self.args.should_save:
+            resume.unmark(checkpoint)
+        resume.save_generation_state(checkpoint, self.accelerator.process_index, resume.capture(self))
+        limit, self.args.save_total_limit = self.args.save_total_limit, None  # delete old checkpoints only once
+        try:  # this one is marked complete, never before
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.args.save_total_limit = limit
         # TRL writes the card to output_dir only; copy it so every checkpoint (and every Hub push of one) carries it.
-        super()._save_checkpoint(model, trial)
         card = os.path.join(self.args.output_dir, "README.md")
-        checkpoint = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{self.state.global_step}")
         if self.args.should_save and os.path.isfile(card) and os.path.isdir(checkpoint):
             shutil.copyfile(card, os.path.join(checkpoint, "README.md"))
+        self.accelerator.wait_for_everyone()  # every process's files are written
+        if self.args.should_save:
+            settings = resume.run_settings(self.args, self.accelerator.num_processes)
+            resume.mark_complete(checkpoint, settings, self.state.global_step, self.args.save_only_model)
+            rotate_checkpoints(run_dir, save_total_limit=limit, best_model_checkpoint=self.state.best_model_checkpoint,
+                               use_mtime=True)  # fmt: skip
 
+    # ------------------------------------------------------------ model card
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
         """TRL's model card, naming DHPO, citing the paper and recording the objective's settings."""
         super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)

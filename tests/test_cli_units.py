@@ -416,9 +416,11 @@ def test_dropping_prompts_is_reported_only_when_some_are_dropped(capsys):
 
 # ------------------------------------------------------------------ run_training
 class FakeTrainer:
-    def __init__(self, **args):
+    def __init__(self, graceful_stop=None, **args):
         self.args = SimpleNamespace(**args)
         self.calls = []
+        self.graceful_stop = graceful_stop  # DHPOTrainer.train() sets it: None, or how a signal stopped the run
+        self.accelerator = SimpleNamespace(is_main_process=True)
 
     def __getattr__(self, name):  # train, save_model, create_model_card, push_to_hub
         return lambda *args, **kwargs: self.calls.append((name, args, kwargs))
@@ -434,6 +436,18 @@ def test_run_training_resumes_saves_and_cards_a_hub_dataset(tmp_path, push):
         ("create_model_card", (), {"dataset_name": "org/math"}),
     ]
     assert trainer.calls == expected + ([("push_to_hub", (), {"dataset_name": "org/math"})] if push else [])
+
+
+@pytest.mark.parametrize("save_only_model", [False, True])
+def test_a_run_stopped_by_a_signal_names_its_checkpoint_and_saves_nothing_else(capsys, save_only_model):
+    stop = {"signal": "SIGTERM", "step": 7, "checkpoint": "out/checkpoint-7"}
+    trainer = FakeTrainer(graceful_stop=stop, resume_from_checkpoint=None, output_dir="out", push_to_hub=True,
+                          save_only_model=save_only_model)  # fmt: skip
+    assert run_training(trainer, DHPOScriptArguments(dataset_name="org/math")) is trainer
+    assert [name for name, _, _ in trainer.calls] == ["train"]  # no final model, card or push
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and "SIGTERM" in lines[0] and "step 7" in lines[0] and "out/checkpoint-7" in lines[0]
+    assert ("save_only_model" in lines[0]) == save_only_model
 
 
 def test_a_local_dataset_is_not_named_on_the_card(tmp_path, monkeypatch):

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -258,6 +259,51 @@ def test_slurm_checks_tp_x_dp_against_the_node(tmp_path, settings):
     result, _, fake_log = _run(SLURM, tmp_path, **_slurm_env(**settings))
     assert result.returncode == 1 and "must use 1 to 8 GPUs" in result.stderr
     assert not (fake_log / "server.json").exists()
+
+
+def test_slurm_asks_for_the_signal_before_the_limit_and_requeues():
+    text = (ROOT / SLURM).read_text()
+    assert re.search(r"^#SBATCH --requeue$", text, re.MULTILINE)
+    assert re.search(r"^#SBATCH --signal=B:USR1@\d+$", text, re.MULTILINE)
+
+
+def test_slurm_passes_sigusr1_to_training_then_requeues_the_job(tmp_path):
+    """SIGUSR1 to the batch script (what --signal=B:USR1 does) reaches the training process, which started with it
+    ignored (so the launcher survives it); after training exits 0 the job is requeued, and its command resumes
+    from the newest checkpoint by itself."""
+    fake_log = tmp_path / "fake"
+    fake_log.mkdir()
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("VLLM_", "SLURM_", "SERVER_"))}
+    env.update(
+        PATH=f"{FAKE_BIN}:{env['PATH']}", FAKE_PYTHON=sys.executable, FAKE_CLUSTER_LOG=str(fake_log),
+        PYTHONPATH=str(ROOT), SERVER_PORT=str(_free_port()), SERVER_POLL_S="0.2", LOG_DIR=str(tmp_path / "logs"),
+        FAKE_VLLM_DELAY="0.2", FAKE_TRAIN_UNTIL_SIGNAL="1", **_slurm_env(),
+    )  # fmt: skip
+    script = subprocess.Popen(["bash", str(ROOT / SLURM)], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not (fake_log / "accelerate.training").exists():
+            assert time.monotonic() < deadline and script.poll() is None, script.communicate()[1][-3000:]
+            time.sleep(0.1)
+        os.kill(script.pid, signal.SIGUSR1)
+        _, err = script.communicate(timeout=60)
+    finally:
+        if script.poll() is None:
+            os.killpg(script.pid, signal.SIGKILL)
+            script.wait()
+    assert script.returncode == 0, err[-3000:]
+    assert (fake_log / "accelerate.stopped").read_text() == "ignored_at_start=True signalled=True"
+    assert (fake_log / "scontrol.log").read_text().splitlines() == ["requeue 4242"]
+    argv, _ = _recorded_launch(fake_log)
+    assert argv[argv.index("--resume_from_checkpoint") + 1] == "latest"
+    assert _server_is_gone(fake_log)
+
+
+def test_slurm_does_not_requeue_a_finished_run(tmp_path):
+    result, _, fake_log = _run(SLURM, tmp_path, cwd=tmp_path, **_slurm_env(FAKE_VLLM_DELAY="0.2"))
+    assert result.returncode == 0, result.stderr
+    assert not (fake_log / "scontrol.log").exists()
 
 
 def test_slurm_needs_two_nodes(tmp_path):

@@ -21,9 +21,15 @@
 #SBATCH --exclusive
 #SBATCH --time=72:00:00
 #SBATCH --output=%x-%j.out
+#SBATCH --requeue
+#SBATCH --signal=B:USR1@900
 # --output: Slurm opens it before the script runs and creates no folder, so it goes to the submit directory.
 # --cpus-per-task: cores for the 8 training processes, their data loading and the math-verify reward (raise it to
 # your nodes' core count). --mem=0: all of each node's RAM (CPU optimizer offload of 30B-A3B needs ~490 GB).
+# --signal/--requeue: 15 minutes before the time limit Slurm sends SIGUSR1 to this script, which passes it to the
+# training processes: they finish the optimizer step in progress, write a checkpoint and exit 0; the script then
+# requeues the job, and the requeued job resumes from the newest complete checkpoint (--resume_from_checkpoint
+# latest, which starts from step 0 when there is none). Leave one optimizer step plus one checkpoint write.
 set -euo pipefail
 cd "${SLURM_SUBMIT_DIR:-.}"
 [[ -f examples/train_dhpo.py ]] || { echo "Submit from the repository root." >&2; exit 1; }
@@ -79,12 +85,31 @@ wait_for_vllm_server "$url" "$server_pid" "$SERVER_TIMEOUT" "$log" $((SERVER_TP 
 # One task per training node; SLURM_PROCID (0 .. NUM_TRAIN_NODES-1) is its machine rank. The single-quoted command
 # is expanded on each node; the extra arguments reach train_dhpo.py unchanged as "$@" (bash -c '...' bash "$@").
 # VLLM_HOST_IP is vLLM's variable, read by TRL on training rank 0 only, and set for the training nodes only.
+# SIGUSR1 is ignored by the launcher (`trap "" USR1` before exec: its workers start ignoring it too, and dhpo-train
+# handles it inside train() only), so the launcher does not die and kill its workers mid-checkpoint.
+stop_requested=0
+train_pid=
+trap 'stop_requested=1; echo "SIGUSR1: training checkpoints and stops" >&2; [[ -z $train_pid ]] || kill -USR1 "$train_pid" 2>/dev/null || true' USR1
 # shellcheck disable=SC2016
 srun --nodes="$NUM_TRAIN_NODES" --ntasks="$NUM_TRAIN_NODES" --ntasks-per-node=1 \
   --nodelist="$(IFS=,; echo "${train_nodes[*]}")" bash -c '
-  VLLM_HOST_IP=$TRAINER_ADDR accelerate launch --config_file "$ACCELERATE_CONFIG" \
+  trap "" USR1
+  VLLM_HOST_IP=$TRAINER_ADDR exec accelerate launch --config_file "$ACCELERATE_CONFIG" \
     --num_machines "$NUM_TRAIN_NODES" --num_processes $((NUM_TRAIN_NODES * GPUS_PER_NODE)) \
     --machine_rank "$SLURM_PROCID" --main_process_ip "$TRAINER_ADDR" --main_process_port "$MASTER_PORT" \
     examples/train_dhpo.py --config "$RECIPE" --model_name_or_path "$MODEL" \
     --use_vllm true --vllm_mode server --vllm_server_host "$SERVER_ADDR" --vllm_server_port "$SERVER_PORT" \
-    --vllm_server_timeout 600 --ddp_timeout "$DDP_TIMEOUT" "$@"' bash "$@"
+    --vllm_server_timeout 600 --ddp_timeout "$DDP_TIMEOUT" --resume_from_checkpoint latest "$@"' bash "$@" &
+train_pid=$!
+# srun passes the signal on to the training processes. `wait` returns early when a trapped signal arrives: wait again.
+status=0
+while :; do
+  wait "$train_pid" && status=0 || status=$?
+  if (( status > 128 )) && kill -0 "$train_pid" 2>/dev/null; then continue; fi
+  break
+done
+if (( stop_requested && status == 0 )); then
+  echo "Training stopped at a checkpoint: requeueing job $SLURM_JOB_ID, which resumes from it." >&2
+  scontrol requeue "$SLURM_JOB_ID"
+fi
+exit "$status"

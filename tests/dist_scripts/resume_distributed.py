@@ -1,0 +1,121 @@
+"""Run under `torchrun --nproc_per_node 2` on CPU (gloo): exact resume and graceful stop across processes.
+
+Usage: torchrun --nproc_per_node 2 tests/dist_scripts/resume_distributed.py OUT_DIR
+
+Four short DHPO-E runs (k = 4 optimizer steps per generation batch, a checkpoint every step), in one launch:
+  full     uninterrupted, 6 steps;
+  resumed  from full's checkpoint-3 (mid generation batch) to step 6;
+  stopped  rank 0 sends itself SIGTERM at the end of step 2: only rank 0 is signalled, both must stop after step 2;
+  after    from stopped's newest complete checkpoint (`latest`) to step 6;
+  budget_full, budget_resumed  a token budget (max_tokens_per_micro_batch=24) splitting micro-steps into passes
+           whose count the ranks agree on, 2 accumulation steps, k = 4; resumed from checkpoint-1.
+Every rank dumps OUT_DIR/<run>_rank{r}.json: final parameters, per-step logs, the data of every step, the step it
+stopped at and the signal handlers after train() (they must be the previous ones again).
+"""
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+import torch  # noqa: E402
+from datasets import Dataset  # noqa: E402
+from transformers import TrainerCallback  # noqa: E402
+
+from dhpo_trl import DHPOTrainer  # noqa: E402
+from dhpo_trl.presets import config_for  # noqa: E402
+from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
+from _teardown import destroy_process_group  # noqa: E402 - this folder is sys.path[0] under torchrun
+
+CPU = dict(use_cpu=True, bf16=False, report_to="none", seed=0, data_seed=0)
+SETTINGS = dict(per_device_train_batch_size=4, num_generations=4, max_completion_length=8, logging_steps=1,
+                learning_rate=3e-2, save_strategy="steps", save_steps=1, gradient_accumulation_steps=1,
+                steps_per_generation=4, max_steps=6)  # fmt: skip
+TIMINGS = {"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second"}
+
+
+class RecordingTrainer(DHPOTrainer):
+    def _prepare_inputs(self, generation_batch):
+        inputs = super()._prepare_inputs(generation_batch)
+        if self.model.training:
+            parts = inputs if isinstance(inputs, list) else [inputs]
+            rows = [[p["prompt_ids"][i][p["prompt_mask"][i].bool()].tolist(),
+                     p["completion_ids"][i][p["completion_mask"][i].bool()].tolist()]
+                    for p in parts for i in range(p["prompt_ids"].size(0))]  # fmt: skip
+            self.seen.setdefault(str(self.state.global_step + 1), []).extend(rows)
+        return inputs
+
+
+class SignalRankZeroAt(TrainerCallback):
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step and args.process_index == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def digit_share(completions, **kwargs):
+    return [sum(ch.isdigit() for ch in text) / max(len(text), 1) for text in completions]
+
+
+BUDGET = dict(gradient_accumulation_steps=2, steps_per_generation=8, max_steps=4, max_tokens_per_micro_batch=24)
+
+
+def run(out_dir: Path, name: str, output_dir: Path, tok, resume=None, callbacks=(), **overrides):
+    args = config_for("DHPO-E", output_dir=str(output_dir), **{**SETTINGS, **overrides}, **CPU)
+    dataset = Dataset.from_dict({"prompt": [f"{'x' * (a % 3)}{a}+{2 * a + 1}=" for a in range(16)]})
+    trainer = RecordingTrainer(model=build_tiny_qwen3(tok, hidden_size=32, seed=0), reward_funcs=digit_share,
+                               args=args, train_dataset=dataset, processing_class=tok, callbacks=list(callbacks))  # fmt: skip
+    trainer.seen = {}
+    before = signal.getsignal(signal.SIGTERM)
+    trainer.train(resume_from_checkpoint=resume)
+    dump = {
+        "world_size": trainer.accelerator.num_processes,
+        "global_step": trainer.state.global_step,
+        "graceful_stop": trainer.graceful_stop,
+        "handlers_restored": signal.getsignal(signal.SIGTERM) == before,
+        "params": {k: v.detach().flatten().tolist() for k, v in trainer.model.named_parameters()},
+        "logs": {str(e["step"]): {k: v for k, v in e.items() if k not in TIMINGS}
+                 for e in trainer.state.log_history if "loss" in e},  # fmt: skip
+        "seen": trainer.seen,
+    }
+    rank = trainer.accelerator.process_index
+    (out_dir / f"{name}_rank{rank}.json").write_text(json.dumps(dump))
+    trainer.accelerator.wait_for_everyone()
+
+
+def _cpu_map_location(load):
+    """transformers loads the optimizer state with map_location=args.device when world_size > 1; on CPU that is
+    `cpu:0`, which torch.load cannot restore to (a transformers 5.17 limitation of multi-process CPU runs only)."""
+
+    def patched(*args, map_location=None, **kwargs):
+        if isinstance(map_location, torch.device) and map_location.type == "cpu":
+            map_location = "cpu"
+        return load(*args, map_location=map_location, **kwargs)
+
+    return patched
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    torch.load = _cpu_map_location(torch.load)
+    out_dir = Path(sys.argv[1])
+    tok = build_char_tokenizer()
+    run(out_dir, "full", out_dir / "full", tok)
+    run(out_dir, "resumed", out_dir / "resumed", tok, resume=str(out_dir / "full" / "checkpoint-3"))
+    run(out_dir, "stopped", out_dir / "stopped", tok, callbacks=[SignalRankZeroAt(2)])
+    run(out_dir, "after", out_dir / "stopped", tok, resume="latest")
+    run(out_dir, "budget_full", out_dir / "budget_full", tok, **BUDGET)
+    run(out_dir, "budget_resumed", out_dir / "budget_resumed", tok, resume=str(out_dir / "budget_full" / "checkpoint-1"),
+        **BUDGET)
+    destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""Exact resume and the graceful stop in separate processes: 2 ranks under torchrun (gloo), and `dhpo-train` stopped
+by SIGTERM (exit status 0, one line naming the checkpoint) then resumed with `--resume_from_checkpoint latest`.
+
+Every process is started in its own session and its whole group is killed if the test fails or times out.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dhpo_trl import batching, resume
+from dhpo_trl.cli import main
+from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
+
+TESTS = Path(__file__).parent
+REPO = TESTS.parent
+ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+       "ACCELERATE_USE_CPU": "1", "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+
+
+def run_own_group(command, timeout=240):
+    """Run `command` in a new session; kill its whole process group if anything goes wrong."""
+    process = subprocess.Popen(command, env=ENV, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)  # fmt: skip
+    try:
+        out, err = process.communicate(timeout=timeout)
+        return process.returncode, out, err
+    finally:
+        if process.poll() is None or process.returncode != 0:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()
+
+
+# ------------------------------------------------------------------------------------------- two processes
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    out = tmp_path_factory.mktemp("resume_two_ranks")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               str(TESTS / "dist_scripts" / "resume_distributed.py"), str(out)]  # fmt: skip
+    code, _, err = run_own_group(command)
+    assert code == 0, err[-4000:]
+    runs = ("full", "resumed", "stopped", "after", "budget_full", "budget_resumed")
+    dumps = {(run, rank): json.loads((out / f"{run}_rank{rank}.json").read_text()) for run in runs for rank in (0, 1)}
+    return {**dumps, "out": out}
+
+
+def _max_gap(a, b):
+    return max(abs(x - y) for name in a for x, y in zip(a[name], b[name], strict=True))
+
+
+@pytest.mark.parametrize("full_run, run", [("full", "resumed"), ("full", "after"), ("budget_full", "budget_resumed")])
+def test_two_ranks_resume_to_the_uninterrupted_run(two_ranks, full_run, run):
+    """From a mid-generation checkpoint (step 3 of k = 4; step 1 of k = 4 under a token budget), and from the one the
+    graceful stop wrote: every rank ends with the uninterrupted parameters, logs and data."""
+    first, last = {"resumed": (4, 6), "after": (3, 6), "budget_resumed": (2, 4)}[run]
+    for rank in (0, 1):
+        full, resumed = two_ranks[full_run, rank], two_ranks[run, rank]
+        assert full["world_size"] == resumed["world_size"] == 2 and resumed["global_step"] == last
+        assert _max_gap(full["params"], resumed["params"]) <= 1e-6
+        assert sorted(resumed["seen"], key=int) == [str(step) for step in range(first, last + 1)]
+        assert all(resumed["seen"][step] == full["seen"][step] for step in resumed["seen"])
+        assert all(resumed["logs"][step] == pytest.approx(full["logs"][step], abs=1e-6) for step in resumed["seen"])
+    assert two_ranks["full", 0]["seen"]["4"] != two_ranks["full", 1]["seen"]["4"]  # each rank has its own rows
+
+
+def test_two_ranks_save_their_own_planned_passes(two_ranks):
+    """Under the token budget each rank's file holds its own rows, cut into the pass count the ranks agreed on."""
+    buffers = []
+    for rank in (0, 1):
+        path = two_ranks["out"] / "budget_full" / "checkpoint-1" / f"dhpo_generation_state_rank{rank}.pt"
+        buffers.append(resume.decode(torch.load(path, weights_only=True)["_buffered_inputs"]))
+    counts = [[len(micro) if isinstance(micro, batching.Passes) else 1 for micro in buffer] for buffer in buffers]
+    assert counts[0] == counts[1] and max(counts[0]) > 1  # agreed, and split for real
+    assert not torch.equal(buffers[0][0][0]["prompt_ids"], buffers[1][0][0]["prompt_ids"])
+
+
+def test_a_signal_to_one_rank_stops_both_after_the_same_step(two_ranks):
+    stop0, stop1 = two_ranks["stopped", 0], two_ranks["stopped", 1]
+    assert stop0["global_step"] == stop1["global_step"] == 2
+    assert stop0["graceful_stop"]["signal"] == "SIGTERM" and stop1["graceful_stop"]["step"] == 2
+    assert stop0["graceful_stop"]["checkpoint"].endswith("checkpoint-2")
+    assert all(two_ranks[run, rank]["handlers_restored"] for run in ("full", "stopped") for rank in (0, 1))
+
+
+# ----------------------------------------------------------------------------------------------- the command
+@pytest.fixture(scope="module")
+def local_model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny-qwen3")
+    tokenizer = build_char_tokenizer()
+    build_tiny_qwen3(tokenizer).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def local_jsonl(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "train.jsonl"
+    path.write_text("\n".join(json.dumps({"problem": f"What is {a} + {a}?", "solution": str(2 * a)}) for a in range(8)))
+    return path
+
+
+def cli_args(model, data, output_dir, *extra):
+    # k = 4 optimizer steps per generation batch, a checkpoint every step. The tiny model never answers right, so
+    # the entropy bonus is what moves the parameters (through the sampled completions).
+    return [
+        "--model_name_or_path", str(model), "--dataset_name", str(data), "--question_column", "problem",
+        "--answer_column", "solution", "--output_dir", str(output_dir), "--per_device_train_batch_size", "4",
+        "--num_generations", "4", "--gradient_accumulation_steps", "1", "--steps_per_generation", "4",
+        "--max_completion_length", "8", "--max_steps", "5", "--logging_steps", "1", "--save_strategy", "steps",
+        "--save_steps", "1", "--learning_rate", "3e-2", "--use_cpu", "true", "--bf16", "false", "--report_to", "none",
+        "--dataloader_num_workers", "0", "--seed", "0", "--entropy_coef", "0.5", *extra,  # moves: rewards are 0
+    ]  # fmt: skip
+
+
+def test_sigterm_stops_the_command_with_a_checkpoint_and_latest_resumes_it(local_model, local_jsonl, tmp_path):
+    main(cli_args(local_model, local_jsonl, tmp_path / "full"))
+    stopped = tmp_path / "stopped"
+    command = [sys.executable, str(TESTS / "dist_scripts" / "signal_at_step.py"), "2",
+               *cli_args(local_model, local_jsonl, stopped)]  # fmt: skip
+    code, out, err = run_own_group(command)
+    assert code == 0, err[-4000:]
+    lines = [line for line in out.splitlines() if line.startswith("dhpo-train: stopped")]
+    assert len(lines) == 1 and "SIGTERM" in lines[0] and str(stopped / "checkpoint-2") in lines[0], out[-2000:]
+    assert sorted(p.name for p in stopped.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+    assert resume.incomplete_reason(str(stopped / "checkpoint-2")) is None
+    assert not (stopped / "model.safetensors").exists()  # a stopped run is not a finished one
+    assert main(cli_args(local_model, local_jsonl, stopped, "--resume_from_checkpoint", "latest")) == 0
+    full, after = load_file(tmp_path / "full" / "model.safetensors"), load_file(stopped / "model.safetensors")
+    assert max((full[name] - after[name]).abs().max().item() for name in full) <= 1e-6
+    trained = load_file(tmp_path / "full" / "checkpoint-1" / "model.safetensors")
+    assert max((full[name] - trained[name]).abs().max().item() for name in full) > 1e-3  # later steps mattered
+
+
+def test_settings_mismatch_is_refused_before_the_model_loads(local_model, local_jsonl, tmp_path, monkeypatch, capsys):
+    main(cli_args(local_model, local_jsonl, tmp_path, "--max_steps", "1"))
+    capsys.readouterr()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a tokenizer or model was loaded before the resume was checked")
+
+    monkeypatch.setattr("transformers.AutoTokenizer.from_pretrained", refuse)
+    monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained", refuse)
+    checkpoint = str(tmp_path / "checkpoint-1")
+    args = cli_args(local_model, local_jsonl, tmp_path, "--resume_from_checkpoint", checkpoint)
+    assert main([*args, "--steps_per_generation", "2"]) == 2
+    assert "steps_per_generation=4" in capsys.readouterr().err
+    assert main([*args, "--algorithm", "gspo"]) == 2
+    assert "algorithm='dhpo'" in capsys.readouterr().err
+    marker = tmp_path / "checkpoint-1" / resume.COMPLETE_MARKER  # as if saved by 2 processes
+    saved = json.loads(marker.read_text())
+    marker.write_text(json.dumps({**saved, "settings": {**saved["settings"], "world_size": 2}}))
+    assert main(args) == 2
+    assert "world_size=2" in capsys.readouterr().err
+    assert main([*cli_args(local_model, local_jsonl, tmp_path), "--resume_from_checkpoint", str(tmp_path)]) == 2
+    assert "trainer_state.json" in capsys.readouterr().err  # output_dir itself is not a checkpoint
