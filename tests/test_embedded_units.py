@@ -8,6 +8,7 @@ line's options.
 
 import json
 import os
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -249,7 +250,8 @@ def fake_run(monkeypatch):
     return record
 
 
-def test_run_builds_the_off_policy_config_and_writes_every_output(fake_run, tmp_path, capsys):
+def test_run_builds_the_off_policy_config_and_writes_every_output(fake_run, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(embedded, "source_commit", lambda: "abc1234567")
     settings = EmbeddedSettings(num_train=12, num_heldout=4, prompts_per_generation=4, num_generations=4,
                                 steps_per_generation=2, gradient_accumulation_steps=2, max_completion_length=9,
                                 learning_rate=3e-4, max_steps=50, eval_every=7)  # fmt: skip
@@ -315,6 +317,7 @@ def test_run_builds_the_off_policy_config_and_writes_every_output(fake_run, tmp_
         "summary_path": str(out / "summary.json"),
         "settings": {**json.loads(json.dumps(settings.__dict__)), "max_steps": 2, "eval_every": 7},
         "config_overrides": {"delta": 3.0},
+        "commit": "abc1234567",
     }  # fmt: skip
     assert json.loads(json.dumps(summary)) == expected
     text = (out / "summary.json").read_text()
@@ -449,3 +452,20 @@ def test_command_line_errors_are_one_line_and_debug_raises(monkeypatch, tmp_path
         "--debug show the Python traceback of an input error instead of the one-line message",
     ):
         assert text in help_text, text
+
+
+def test_source_commit_is_git_head_of_the_package_with_its_dirty_state(monkeypatch):
+    root = Path(embedded.__file__).resolve().parents[1]
+    git = ["git", "-C", str(root)]
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    changed = subprocess.run([*git, "status", "--porcelain", "--", "dhpo_trl"], capture_output=True, text=True,
+                             check=True).stdout.strip()  # fmt: skip
+    commit = embedded.source_commit()
+    assert head.startswith(commit.removesuffix("-dirty")) and len(commit.removesuffix("-dirty")) >= 7
+    assert commit.endswith("-dirty") == bool(changed)
+
+    def no_git(*args, **kwargs):
+        raise FileNotFoundError("git")
+
+    monkeypatch.setattr(embedded.subprocess, "run", no_git)
+    assert embedded.source_commit() is None
