@@ -10,7 +10,6 @@ so a wrong normalisation of an unevenly filled micro-batch shows up at 1e-2 or m
 import json
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,6 +23,8 @@ from dhpo_trl.presets import PAPER_ALGORITHMS, config_for
 from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
 
 from long_tail import MAX_COMPLETION, dataset, length_reward, long_tailed_rollout
+
+import processes
 
 CPU = dict(use_cpu=True, bf16=False, report_to="none", seed=0, data_seed=0, save_strategy="no", logging_steps=1)
 
@@ -362,7 +363,7 @@ def test_two_processes_agree_on_passes_and_update_as_trl(tmp_path, engine):
         env["ACCELERATE_USE_CPU"] = "1"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
                str(tmp_path), *(["--zero3"] if engine == "zero3" else [])]  # fmt: skip
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    result = processes.run(command, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     trl = torch.load(tmp_path / "trl" / "params.pt")
     dynamic = torch.load(tmp_path / "budget" / "params.pt")
