@@ -173,7 +173,8 @@ def run_bug(bug_id: str, timeout: float) -> dict:
         if count != 1:
             return {"id": bug_id, "file": path, "result": f"needs re-anchoring (anchor found {count} times)"}
         (copy / path).write_text(source.replace(anchor, replacement))
-        env = dict(os.environ, PYTHONPATH=str(copy), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", CUDA_VISIBLE_DEVICES="")
+        env = dict(os.environ, PYTHONPATH=str(copy), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+                   CUDA_VISIBLE_DEVICES="")
         command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
         start = time.monotonic()
         try:

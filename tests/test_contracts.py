@@ -68,9 +68,11 @@ CONTRACTS = {
     "epsilon_low_token": [(("config", dict(epsilon_low_token=1.0)), ["1.0"]),
                           (("config", dict(epsilon_low_token=-1e-9)), ["-1e-09"]),
                           (("config", dict(algorithm="grpo", epsilon_low_token=0.1)), ["algorithm='dhpo'"])],
-    "epsilon_high_token": [(("config", dict(epsilon_high_token=-0.1)), ["-0.1"]),
-                           (("call", lambda: losses.dhpo_per_token_loss(ones(), ones(), ones(2, 1), ones(),
-                                                                        mixing="averaged", epsilon_high_token=-1)), [])],
+    "epsilon_high_token": [
+        (("config", dict(epsilon_high_token=-0.1)), ["-0.1"]),
+        (("call", lambda: losses.dhpo_per_token_loss(ones(), ones(), ones(2, 1), ones(), mixing="averaged",
+                                                     epsilon_high_token=-1)), []),
+    ],
     "epsilon_low_seq": [(("config", dict(epsilon_low_seq=float("inf"))), ["inf"]),
                         (("config", dict(epsilon_low_seq=1.0)), ["1.0"]),
                         (("config", dict(clipping="unified", epsilon_low_seq=0.1)), ["clipping='branch'"])],
@@ -98,7 +100,8 @@ CONTRACTS = {
                   (("config", dict(loss_type="bnpo")), ["dynamic_batching", "dapo"]),
                   (("validate", dict(loss_type="bnpo")), ["dynamic_batching"]),
                   (("validate", dict(loss_type="luspo")), ["luspo"])],
-    "dynamic_batching": [(("config", dict(dynamic_batching=1)), ["1"]), (("config", dict(dynamic_batching="yes")), ["yes"])],
+    "dynamic_batching": [(("config", dict(dynamic_batching=1)), ["1"]),
+                         (("config", dict(dynamic_batching="yes")), ["yes"])],
     "max_tokens_per_micro_batch": [
         (("config", dict(max_tokens_per_micro_batch=0)), ["0"]),
         (("config", dict(max_tokens_per_micro_batch=True)), ["True"]),
@@ -119,7 +122,8 @@ CONTRACTS = {
     "args": [(("call", lambda: _grpo_config_trainer()), ["DHPOConfig", "GRPOConfig"])],
     "advantages": [(("call", lambda: losses.gmpo_per_token_loss(ones(), ones(), ones(), ones())), ["GMPO"])],
     "model path": [(("call", lambda: check_model_path("./no/such/model", label="model path")), ["./no/such/model"])],
-    "--output_dir": [(("call", lambda: make_folder("/proc/no-such-folder/x", "--output_dir")), ["/proc/no-such-folder/x"])],
+    "--output_dir": [(("call", lambda: make_folder("/proc/no-such-folder/x", "--output_dir")),
+                      ["/proc/no-such-folder/x"])],
 }  # fmt: skip
 
 
@@ -127,7 +131,8 @@ def _grpo_config_trainer():
     from trl import GRPOConfig
 
     tokenizer = build_char_tokenizer()
-    DHPOTrainer(build_tiny_qwen3(tokenizer, hidden_size=16, num_layers=1), lambda completions, **kw: [0.0] * len(completions),
+    DHPOTrainer(build_tiny_qwen3(tokenizer, hidden_size=16, num_layers=1),
+                lambda completions, **kw: [0.0] * len(completions),
                 args=GRPOConfig("/tmp/unused", **CPU), processing_class=tokenizer)  # fmt: skip
 
 
@@ -163,7 +168,8 @@ def _message(tmp_path, trigger):
 def test_refusal_names_the_setting(tmp_path, setting, trigger, names):
     message = _message(tmp_path, trigger)
     assert setting in message
-    if trigger[0] == "config" and trigger[1].get(setting) is not None and setting not in ("loss_type", "steps_per_generation"):
+    echoes_value = setting not in ("loss_type", "steps_per_generation")  # these explain, not echo
+    if trigger[0] == "config" and trigger[1].get(setting) is not None and echoes_value:
         value = trigger[1][setting]
         assert f"{setting}={value!r}" in message or f"{setting}={value}" in message  # the offending value echoed
     for name in names:

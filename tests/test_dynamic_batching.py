@@ -18,7 +18,7 @@ import torch
 from transformers import Qwen3ForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
-from dhpo_trl import DHPOConfig, DHPOTrainer, batching
+from dhpo_trl import DHPOTrainer, batching
 from dhpo_trl.presets import PAPER_ALGORITHMS, config_for
 from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
 

@@ -35,7 +35,9 @@ from datasets import Dataset
 import processes
 from dhpo_trl import DHPOConfig, DHPOTrainer
 from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
-from trainer_reference import MAX_COMPLETION, Settings, record_training, reference_gradients, relative_gap, reward, rollout
+from trainer_reference import (
+    MAX_COMPLETION, Settings, record_training, reference_gradients, relative_gap, reward, rollout,
+)  # fmt: skip
 
 CPU = dict(use_cpu=True, bf16=False, report_to="none", seed=0, data_seed=0, save_strategy="no", logging_steps=1)
 ROWS, ACCUMULATION, BUDGET = 4, 2, 60
@@ -93,7 +95,8 @@ def _params(cells):
 
 def test_cells_cover_every_pair():
     def pairs(cells):
-        return {(a, cell[i], b, cell[j]) for cell in cells for (i, a), (j, b) in itertools.combinations(enumerate(FACTORS), 2)}
+        factor_pairs = list(itertools.combinations(enumerate(FACTORS), 2))
+        return {(a, cell[i], b, cell[j]) for cell in cells for (i, a), (j, b) in factor_pairs}
 
     wanted = {(a, x, b, y) for a, b in itertools.combinations(FACTORS, 2) for x in LEVELS[a] for y in LEVELS[b]}
     assert pairs(CELLS) == wanted
@@ -193,7 +196,8 @@ def test_on_policy_gradient_is_the_policy_gradient_not_zero(tok, tmp_path):
             prompt_width = part["prompt_ids"].size(1)
             logits = model(input_ids=torch.cat([part["prompt_ids"], part["completion_ids"]], 1),
                            attention_mask=torch.cat([part["prompt_mask"], part["completion_mask"]], 1)).logits
-            logps = logits[:, prompt_width - 1 : -1].log_softmax(-1).gather(-1, part["completion_ids"][..., None])[..., 0]
+            log_probs = logits[:, prompt_width - 1 : -1].log_softmax(-1)
+            logps = log_probs.gather(-1, part["completion_ids"][..., None])[..., 0]
             mask = part["completion_mask"].float()
             per_row = (logps * mask).sum(-1) / mask.sum(-1).clamp(min=1)
             loss = loss - (part["advantages"] * per_row).sum() / (ROWS * ACCUMULATION)
@@ -239,7 +243,7 @@ TWO_PROCESS_CELL = ("budget", "none", True, 0.5, False, "off", "entropy", "dapo"
 def two_processes(tmp_path_factory):
     out = tmp_path_factory.mktemp("feature_matrix_two")
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1",
-               PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parent.parent)]))  # fmt: skip
+               PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1])]))  # fmt: skip
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPT),
                str(out), json.dumps(TWO_PROCESS_CELL)]  # fmt: skip
     result = processes.run(command, env=env, timeout=240)

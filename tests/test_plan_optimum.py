@@ -59,7 +59,8 @@ def optimum_peak(prompts, completions, groups, multiple, prompt_width, completio
         return len(group) * (width(max(prompts[i] for i in group), prompt_width)
                              + width(max(completions[i] for i in group), completion_width))  # fmt: skip
 
-    return min(max(area(group) for group in partition) for partition in set_partitions(list(range(len(prompts))), groups))
+    partitions = set_partitions(list(range(len(prompts))), groups)
+    return min(max(area(group) for group in partition) for partition in partitions)
 
 
 def planned_passes(batch, micro_steps, passes_per_step, multiple):

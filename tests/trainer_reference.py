@@ -136,7 +136,8 @@ def forward(model, part, aux: bool):
 
 def _windows(recording: Recording, accumulation: int):
     steps = recording.micro_steps
-    return [[part for micro in steps[i : i + accumulation] for part in micro] for i in range(0, len(steps), accumulation)]
+    starts = range(0, len(steps), accumulation)
+    return [[part for micro in steps[i : i + accumulation] for part in micro] for i in starts]
 
 
 def reference_gradients(build_model, recordings: list[Recording], settings: Settings) -> list[dict]:
@@ -158,7 +159,8 @@ def reference_gradients(build_model, recordings: list[Recording], settings: Sett
         assert not unexpected and all(name == "lm_head.weight" for name in missing), (missing, unexpected)  # tied
         model.train()
         losses, world = [], torch.zeros(2, dtype=dtype)
-        generation = range(step - step % windows_per_generation, step - step % windows_per_generation + windows_per_generation)
+        first = step - step % windows_per_generation
+        generation = range(first, first + windows_per_generation)
         generation_tokens = sum(
             _loss_mask(part).sum() for r in windows for w in generation for part in r[w]
         )  # TRL's num_items_in_batch: the generation batch's loss tokens, every process
