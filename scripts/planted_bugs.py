@@ -1,7 +1,7 @@
 """Realistic planted bugs: apply each single bug to a temporary copy of the repository, run the tests that should
 catch it, and report caught / not caught.
 
-Usage: python scripts/planted_bugs.py [--only ID ...] [--json OUT]   (from the repository root, with the venv's python)
+Usage: python scripts/planted_bugs.py [--only ID ...] [--json OUT]   (from the repository root, in the venv)
 
 Each bug is one text replacement in `dhpo_trl/`, anchored on one line that states the computation (not on line
 numbers). When the named file no longer holds the anchor, the one file of `dhpo_trl/` that holds it exactly once is
@@ -202,13 +202,13 @@ def run_bug(bug_id: str, timeout: float) -> dict:
                 "seconds": round(time.monotonic() - start, 1)}  # fmt: skip
 
 
-def main() -> int:
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup (kill the running pytest's group)
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", help="bug ids to run (default: all)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per bug before it counts as a hang")
     parser.add_argument("--json", help="also write the results to this file")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup (kill the running pytest's group)
     ids = args.only or list(BUGS)
     unknown = [i for i in ids if i not in BUGS]
     if unknown:
