@@ -3,7 +3,6 @@ keeps the GPUs that CUDA_VISIBLE_DEVICES selects, and prepares a tiny dense and 
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -12,6 +11,8 @@ import pytest
 from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
 from accelerate.commands.launch import _validate_launch_command, launch_command_parser
 from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env, prepare_simple_launcher_cmd_env
+
+import processes
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "accelerate_configs"
@@ -148,7 +149,7 @@ def _prepare(names) -> dict:
                      MASTER_ADDR="127.0.0.1", MASTER_PORT="29514", CUDA_VISIBLE_DEVICES="",
                      OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))  # fmt: skip
     command = [sys.executable, str(ROOT / "tests/dist_scripts/accelerate_prepare.py"), json.dumps(cases)]
-    result = subprocess.run(command, env=child_env, capture_output=True, text=True, timeout=600, cwd=ROOT, check=False)
+    result = processes.run(command, env=child_env, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = [json.loads(line[len("RESULT ") :]) for line in result.stdout.splitlines() if line.startswith("RESULT ")]
     return {(line["config"], line["moe"]): line for line in lines}

@@ -4,7 +4,6 @@ import json
 import os
 import re
 import runpy
-import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,6 +15,8 @@ from safetensors.torch import load_file
 from dhpo_trl.cli import load_recipe, main, parse_args
 from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
 from dhpo_trl.user_errors import pop_debug_flag
+
+import processes
 
 REPO = Path(__file__).resolve().parents[1]
 CITATION_KEY = "min-etal-2026-orchestrating"
@@ -334,7 +335,7 @@ def test_script_exits_2_with_one_line_for_a_missing_model(local_jsonl, tmp_path,
 
 def _run(command, timeout=300):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(command, check=False, capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO)
+    result = processes.run(command, env=env, timeout=timeout, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
 
 

@@ -195,6 +195,14 @@ def test_an_empty_save_to_disk_folder_names_the_path(tmp_path):
     )
 
 
+def assert_split_error(message, prefix, available):
+    """Our split error: our prefix, the splits that exist and the two flags to change. datasets' own sentence sits
+    in the middle; its wording is not ours to assert."""
+    assert message.startswith(prefix)
+    for named in (*available, "--dataset_train_split", "--dataset_config"):
+        assert named in message
+
+
 def test_data_folder_with_split_files(tmp_path):
     _write(tmp_path / "train.jsonl", {"question": ["Train?"], "answer": ["1"]})
     _write(tmp_path / "test.jsonl", {"question": ["Test?"], "answer": ["2"]})
@@ -202,10 +210,7 @@ def test_data_folder_with_split_files(tmp_path):
     assert load_math_dataset(tmp_path, split="test")["answer"] == ["2"]
     with pytest.raises(ValueError) as error:
         load_math_dataset(tmp_path, split="validation")
-    assert str(error.value) == (
-        f"Could not load split 'validation' of '{tmp_path}': Unknown split \"validation\". Should be one of "
-        "['train', 'test']. Check --dataset_train_split and --dataset_config."
-    )
+    assert_split_error(str(error.value), f"Could not load split 'validation' of '{tmp_path}': ", ["'train'", "'test'"])
     with pytest.raises(
         ValueError, match=r"^Could not load split None of '.*': Expected one split None, got DatasetDict\. Check"
     ):
@@ -220,10 +225,7 @@ def test_subset_folders_as_in_simplerl_zoo_data(tmp_path):
     assert load_math_dataset(root, subset="simplelr_qwen_level1to4")["answer"] == ["10"]
     with pytest.raises(ValueError) as error:
         load_math_dataset(root, subset=SUBSET, split="test")
-    assert str(error.value) == (
-        f"Could not load split 'test' of '{root}' (subset '{SUBSET}'): Unknown split \"test\". Should be one of "
-        "['train']. Check --dataset_train_split and --dataset_config."
-    )
+    assert_split_error(str(error.value), f"Could not load split 'test' of '{root}' (subset '{SUBSET}'): ", ["'train'"])
 
 
 def test_a_mistyped_subset_folder_lists_the_subsets(tmp_path):
@@ -271,10 +273,7 @@ def test_named_configs(tmp_path):
     )
     with pytest.raises(ValueError) as error:
         load_math_dataset(root, subset="second", split="test")
-    assert str(error.value) == (
-        f"Could not load split 'test' of '{root}' (subset 'second'): Unknown split \"test\". Should be one of "
-        "['train']. Check --dataset_train_split and --dataset_config."
-    )
+    assert_split_error(str(error.value), f"Could not load split 'test' of '{root}' (subset 'second'): ", ["'train'"])
 
 
 # ------------------------------------------------------------------ the Hub
@@ -386,10 +385,8 @@ def test_a_mistyped_hub_subset_when_the_listing_fails(hub_as_local_folder, monke
 def test_a_bad_split_on_the_hub_is_a_split_error_not_a_connection_error(hub_as_local_folder):
     with pytest.raises(ValueError) as error:
         load_math_dataset(HUB_ID, subset=SUBSET, split="test")
-    assert str(error.value) == (
-        "Could not load split 'test' of 'hkust-nlp/SimpleRL-Zoo-Data' (subset 'simplelr_qwen_level3to5'): "
-        "Unknown split \"test\". Should be one of ['train']. Check --dataset_train_split and --dataset_config."
-    )
+    prefix = "Could not load split 'test' of 'hkust-nlp/SimpleRL-Zoo-Data' (subset 'simplelr_qwen_level3to5'): "
+    assert_split_error(str(error.value), prefix, ["'train'"])
 
 
 def test_a_split_error_drops_only_the_reasons_own_full_stops():

@@ -14,12 +14,13 @@ and each process generates its own completions, so the sampled data differ from 
 import importlib.util
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+import processes
 
 SCRIPT = Path(__file__).parent / "dist_scripts" / "dhpo_distributed.py"
 B = 3  # sequences per process in the fixed batch
@@ -29,7 +30,7 @@ def _torchrun(out_dir, *flags):
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                str(SCRIPT), str(out_dir), *flags]  # fmt: skip
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    result = processes.run(command, env=env, timeout=240)
     assert result.returncode == 0, result.stderr[-4000:]
     return result
 

@@ -10,7 +10,6 @@ so a wrong normalisation of an unevenly filled micro-batch shows up at 1e-2 or m
 import json
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -19,11 +18,13 @@ import torch
 from transformers import Qwen3ForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
-from dhpo_trl import DHPOConfig, DHPOTrainer, batching
+from dhpo_trl import DHPOTrainer, batching
 from dhpo_trl.presets import PAPER_ALGORITHMS, config_for
 from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
 
 from long_tail import MAX_COMPLETION, dataset, length_reward, long_tailed_rollout
+
+import processes
 
 CPU = dict(use_cpu=True, bf16=False, report_to="none", seed=0, data_seed=0, save_strategy="no", logging_steps=1)
 
@@ -56,28 +57,7 @@ RUN = dict(
 )  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    "settings, message",
-    [
-        (dict(loss_type="bnpo"), r"loss_type='bnpo' normalises by the tokens of each micro-batch.*loss_type='dapo'"),
-        (dict(gradient_accumulation_steps=2, steps_per_generation=3),
-         r"steps_per_generation \(3\) must be a multiple of gradient_accumulation_steps \(2\).*dynamic_batching=False"),
-        (dict(dynamic_batching=False, max_tokens_per_micro_batch=512),
-         r"max_tokens_per_micro_batch=512 acts only with dynamic_batching=True"),
-        (dict(max_tokens_per_micro_batch=0), r"max_tokens_per_micro_batch=0 must be a positive integer"),
-        (dict(max_tokens_per_micro_batch=True), r"max_tokens_per_micro_batch=True must be a positive integer"),
-        (dict(max_tokens_per_micro_batch=1.5), r"max_tokens_per_micro_batch=1.5 must be a positive integer"),
-        (dict(dynamic_batching="yes"), r"dynamic_batching='yes' must be True or False"),
-    ],
-)  # fmt: skip
-def test_settings_dynamic_batching_cannot_honour_are_refused(tmp_path, settings, message):
-    base = dict(per_device_train_batch_size=4, num_generations=4, gradient_accumulation_steps=1, steps_per_generation=2)
-    with pytest.raises(ValueError, match=message):
-        DHPOConfig(output_dir=str(tmp_path), **CPU, **{**base, **settings})
-    # the boundary values are accepted: a budget of one token, bnpo with TRL's batching, an equal step count
-    DHPOConfig(output_dir=str(tmp_path), max_tokens_per_micro_batch=1, **CPU, **base)
-    DHPOConfig(output_dir=str(tmp_path), loss_type="bnpo", dynamic_batching=False, **CPU, **base)
-    DHPOConfig(output_dir=str(tmp_path), **CPU, **{**base, "gradient_accumulation_steps": 2})
+# The settings dynamic batching cannot honour are refused: tests/test_contracts.py.
 
 
 @pytest.mark.parametrize("row", ["GRPO", "GSPO", "GMPO", "CISPO", "DHPO-A"])
@@ -362,7 +342,7 @@ def test_two_processes_agree_on_passes_and_update_as_trl(tmp_path, engine):
         env["ACCELERATE_USE_CPU"] = "1"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
                str(tmp_path), *(["--zero3"] if engine == "zero3" else [])]  # fmt: skip
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    result = processes.run(command, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     trl = torch.load(tmp_path / "trl" / "params.pt")
     dynamic = torch.load(tmp_path / "budget" / "params.pt")

@@ -8,7 +8,6 @@ scores depend on every sample drawn (a random model scores 0 everywhere and any 
 import json
 import os
 import random
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +17,8 @@ import torch
 from dhpo_trl.data import format_prompt
 from dhpo_trl.evaluation import BenchmarkEvalCallback
 from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
+
+import processes
 
 SCRIPT = Path(__file__).parent / "dist_scripts" / "eval_callback_distributed.py"
 # Small batches, so that each benchmark makes several units: gsm8k 12 units of 1 problem x 3 samples, math500 3
@@ -67,7 +68,7 @@ def _torchrun(policy, out_dir, *flags):
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPT),
                str(out_dir), str(policy / "model"), str(policy / "eval.json"), *flags]  # fmt: skip
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    result = processes.run(command, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     dumps = [json.loads((out_dir / f"eval_rank{rank}.json").read_text()) for rank in (0, 1)]
     assert [dump["world_size"] for dump in dumps] == [2, 2]

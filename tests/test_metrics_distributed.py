@@ -6,7 +6,6 @@ tests/dist_scripts/metrics_distributed.py gives each rank a slice of tests/metri
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +13,8 @@ import pytest
 from metric_batch import CLIP_EXPECTED, build_policy, expected_metrics, full_batch_entropies
 
 from dhpo_trl.tiny import build_char_tokenizer
+
+import processes
 
 SCRIPT = Path(__file__).parent / "dist_scripts" / "metrics_distributed.py"
 EXPECTATIONS = {"dhpo_split": {}, "dhpo_padding_rank": {}, "gmpo_split": {"algorithm": "gmpo"}}
@@ -24,7 +25,7 @@ def dumps(tmp_path_factory):
     out = tmp_path_factory.mktemp("metrics_two_ranks")
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPT)]
-    result = subprocess.run([*command, str(out)], env=env, capture_output=True, text=True, timeout=240)
+    result = processes.run([*command, str(out)], env=env, timeout=240)
     assert result.returncode == 0, result.stderr[-4000:]
     return [json.loads((out / f"metrics_rank{rank}.json").read_text()) for rank in (0, 1)]
 

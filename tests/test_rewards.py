@@ -288,16 +288,21 @@ def test_a_stuck_worker_is_killed_at_the_deadline():
     from dhpo_trl.rewards import _VerifyWorker
 
     worker = _VerifyWorker()
-    stuck = subprocess.Popen(
+    import processes
+
+    stuck = processes.popen(
         [sys.executable, "-c", "import sys, time\nfor line in sys.stdin: time.sleep(600)"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1,
     )  # fmt: skip
-    worker._process = stuck
-    start = time.perf_counter()
-    assert worker.answers_match("1", "1", timeout_s=0.2) is False
-    assert time.perf_counter() - start < 0.2 + 1.0 + 1.0
-    assert stuck.poll() is not None  # killed
-    assert worker._process is None  # the next request starts a fresh worker
+    try:
+        worker._process = stuck
+        start = time.perf_counter()
+        assert worker.answers_match("1", "1", timeout_s=0.2) is False
+        assert time.perf_counter() - start < 0.2 + 1.0 + 1.0
+        assert stuck.poll() is not None  # killed
+        assert worker._process is None  # the next request starts a fresh worker
+    finally:
+        processes.kill_group(stuck.pid)
 
 
 def test_deadline_survives_a_swallowed_alarm(monkeypatch):

