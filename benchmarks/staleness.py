@@ -310,9 +310,12 @@ def variant_verdict(table, variant: str = "DHPO-E+GSPO-seq-clip", reference: str
                 reading = "the tighter sequence clip closes the gap"
             else:
                 reading = "the tighter sequence clip does not close the gap"
+            def lead(gap):  # the reference's lead over a row; a negative lead reads as trailing it
+                return f"{'leads' if gap >= 0 else 'trails'} {{}} by {abs(gap):.1%}"
+
             parts.append(
-                f"on {name} {reference} leads DHPO-E by {gap_e:.1%} (2 std = {thr_e:.1%}) and {variant} by "
-                f"{gap_v:.1%} (2 std = {thr_v:.1%}): {reading}"
+                f"on {name} {reference} " + lead(gap_e).format("DHPO-E") + f" (2 std = {thr_e:.1%}) and "
+                + lead(gap_v).format(variant) + f" (2 std = {thr_v:.1%}): {reading}"
             )
         drift_of = {row: table[row][k]["last_step_abs_log_ratio"][0] for row in ("DHPO-E", variant, reference)}
         sentences.append(

@@ -117,12 +117,17 @@ def test_variant_verdict_applies_the_twice_the_seed_noise_rule_at_high_k():
     text = staleness.variant_verdict(staleness.aggregate(cells_for(finals)))
     at_8, at_16 = text.split("At k = 16")
     assert "k = 4" not in text
-    assert "on final accuracy GRPO leads DHPO-E by 10.0% (2 std = 4.0%) and DHPO-E+GSPO-seq-clip by 1.0%" in at_8
+    assert "on final accuracy GRPO leads DHPO-E by 10.0% (2 std = 4.0%) and leads DHPO-E+GSPO-seq-clip by 1.0%" in at_8
     assert "the tighter sequence clip closes the gap" in at_8.split("area under")[0]
     assert "the tighter sequence clip does not close the gap" in at_16.split("area under")[0]
     # every cell here has the same curve, so the areas are equal: no gap to close on that measure
     assert at_16.split("area under")[1].count("DHPO-E has no gap to close") == 1
     assert staleness.variant_verdict(staleness.aggregate(cells_for({("GRPO", 8): [0.5, 0.5]}))) == ""
+    better = staleness.aggregate(cells_for({("GRPO", 8): [0.4, 0.4], ("DHPO-E", 8): [0.4, 0.4],
+                                            ("DHPO-E+GSPO-seq-clip", 8): [0.45, 0.45]}))  # fmt: skip
+    assert "GRPO leads DHPO-E by 0.0% (2 std = 0.0%) and trails DHPO-E+GSPO-seq-clip by 5.0%" in (
+        staleness.variant_verdict(better)
+    )
 
 
 def test_drift_ranks_the_largest_k_and_reads_dhpo_e_weight():
