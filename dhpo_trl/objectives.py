@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .aggregation import AGGREGATIONS
 from .losses import (
     cispo_per_token_loss,
     dhpo_per_token_loss,
@@ -23,8 +24,6 @@ from .losses import (
     unit_ratio,
 )
 
-# TRL's aggregations of a per-token loss. "grpo" is the per-response token mean of eqs. 3, 6 and 7.
-AGGREGATIONS = ("grpo", "bnpo", "dr_grpo", "dapo")
 
 # Where each objective-specific setting acts, for the message that refuses it elsewhere.
 SETTING_SCOPES = {

@@ -126,8 +126,8 @@ def test_token_budget_splits_micro_steps_into_passes_with_the_same_update(tok, t
     assert sum(part["completion_mask"].size(0) for part in passes) == 16  # every row once
     for window in (steps[0:2], steps[2:4]):  # two optimizer steps of two micro-steps each
         window_passes = [part for micro in window for part in (micro if isinstance(micro, list) else [micro])]
-        assert {part[batching.WINDOW_PASSES].item() for part in window_passes} == {len(window_passes)}
-        assert {part[batching.WINDOW_SEQUENCES].item() for part in window_passes} == {8}
+        assert {part[batching.WINDOW].passes for part in window_passes} == {len(window_passes)}
+        assert {part[batching.WINDOW].sequences for part in window_passes} == {8}
 
 
 def test_equal_lengths_and_one_micro_batch_per_window(tok, tmp_path):
@@ -381,3 +381,34 @@ def test_two_processes_agree_on_passes_and_update_as_trl(tmp_path, engine):
             assert passes == 2 * math.ceil(max(own0, own1) / 2)
             agreed_by_max |= own0 != own1
     assert agreed_by_max  # the ranks' own needs differed somewhere, so the all-reduce mattered
+
+
+ADAPTIVE = dict(use_adaptive_entropy=True, entropy_coef=0.0, entropy_target=1e6, entropy_coef_delta=0.01,
+                entropy_coef_min=0.0, entropy_coef_max=1.0)  # fmt: skip
+
+
+@pytest.mark.parametrize("budget", [None, 30])
+def test_adaptive_entropy_coefficient_moves_once_per_optimizer_step_under_a_token_budget(tok, tmp_path, budget):
+    """Issue 26: a budget splits the step's last micro-step into passes, and the once-per-step update ran on each.
+    The world entropy is always below the huge target, so the coefficient rises by exactly delta per step."""
+    config = config_for("DHPO-A", output_dir=str(tmp_path), max_tokens_per_micro_batch=budget, **RUN, **ADAPTIVE, **CPU)
+    _, trainer = parameter_change(tok, config)
+    if budget is not None:
+        assert isinstance(trainer._buffered_inputs[1], batching.Passes)  # the step's last micro-step: several passes
+    assert trainer.entropy_coef == pytest.approx(0.01 * RUN["max_steps"])
+    logged = [entry["entropy_coef"] for entry in trainer.state.log_history if "entropy_coef" in entry]
+    assert logged == pytest.approx([0.01 * step for step in range(1, RUN["max_steps"] + 1)])
+
+
+def test_windowed_entropy_bonus_with_a_top_entropy_mask_matches_trl(tok, tmp_path):
+    """Issue 26: over a planned window the bonus divided by all the window's tokens where TRL divides by the
+    high-entropy tokens it acts on. One micro-batch per window: the same tokens, so the same update as TRL's."""
+    run = {**RUN, "gradient_accumulation_steps": 1, "steps_per_generation": 2, "top_entropy_quantile": 0.5,
+           "entropy_coef": 0.5}  # fmt: skip
+    base, _ = parameter_change(tok, config_for("DHPO-A", output_dir=str(tmp_path), dynamic_batching=False, **run, **CPU))
+    dynamic, _ = parameter_change(tok, config_for("DHPO-A", output_dir=str(tmp_path), **run, **CPU))
+    without_bonus, _ = parameter_change(
+        tok, config_for("DHPO-A", output_dir=str(tmp_path), dynamic_batching=False, **{**run, "entropy_coef": 0.0}, **CPU)
+    )
+    assert relative_gap(base, without_bonus) > 1e-2  # the bonus moves the update
+    assert relative_gap(dynamic, base) < 1e-3
