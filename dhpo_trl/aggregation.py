@@ -35,7 +35,7 @@ class Window:
     sequences: float
     passes: float
     tokens: float | None
-    dapo_tokens: torch.Tensor | float
+    dapo_tokens: torch.Tensor | float | None
 
     def share(self, micro_tokens) -> torch.Tensor | float:
         """This micro-batch's share of the window, by tokens when they are known, else 1 / `passes`."""
@@ -78,6 +78,8 @@ def aggregate(loss_type: str, per_token_loss: torch.Tensor, mask: torch.Tensor, 
     if loss_type == "dr_grpo":
         return (per_token_loss * mask).sum() / (window.sequences * max_completion_length)
     if loss_type == "dapo":
+        if window.dapo_tokens is None:
+            raise ValueError("loss_type='dapo' needs the batch's `num_items_in_batch` (TRL sets it) for its normaliser.")
         return (per_token_loss * mask).sum() / window.dapo_tokens
     raise ValueError(f"loss_type={loss_type!r} is not an aggregation: use one of {list(AGGREGATIONS)}.")
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import torch
 
-from .aggregation import planned_window
+from .aggregation import dapo_tokens, planned_window
 
 PROMPT_KEYS = ("prompt_ids", "prompt_mask")
 # Multimodal inputs index images/tiles, not rows, and `token_type_ids` spans prompt + completion: such batches are
@@ -212,18 +212,31 @@ def loss_mask(batch: dict) -> torch.Tensor:
     return mask * batch["tool_mask"] if batch.get("tool_mask") is not None else mask
 
 
+def planned_windows(num_processes: int = 1, accumulation_share: float = 1.0) -> Callable:
+    """`window_of(window, passes)` for `split_window`: the window's rows, loss tokens and passes, and TRL's dapo
+    normaliser from its `num_items_in_batch` (`accumulation_share`: gradient_accumulation_steps /
+    steps_per_generation in training)."""
+
+    def window_of(window: dict, passes: int):
+        items = window.get("num_items_in_batch")
+        dapo = None if items is None else dapo_tokens(items, num_processes, accumulation_share)
+        return planned_window(loss_mask(window), passes, dapo)
+
+    return window_of
+
+
 def split_window(window: dict, micro_steps: int, passes_per_step: int = 1, plan: LengthPlan | None = None,
                  pad_to_multiple_of: int | None = None, window_of: Callable | None = None) -> list[dict | Passes]:  # fmt: skip
     """Cut one accumulation window into `micro_steps` micro-batches of `passes_per_step` trimmed passes each.
 
-    Every pass carries `window_of(window, total passes)` under `WINDOW` (default: the window's counts with no dapo
-    normaliser). A micro-step with one pass is a plain dict (what TRL's `training_step` expects), otherwise a
+    Every pass carries `window_of(window, total passes)` under `WINDOW` (default: `planned_windows()`, one
+    process). A micro-step with one pass is a plain dict (what TRL's `training_step` expects), otherwise a
     `Passes` list.
     """
     plan = plan or plan_for(window, pad_to_multiple_of)
     total_passes = micro_steps * passes_per_step
     groups = plan.partition(total_passes)
-    window_of = window_of or (lambda batch, passes: planned_window(loss_mask(batch), passes, None))
+    window_of = window_of or planned_windows()
     shared = {WINDOW: window_of(window, total_passes)}
     passes = [{**take(window, plan.rows(start, end), *plan.widths(start, end)), **shared} for start, end in groups]
     steps = [passes[step * passes_per_step : (step + 1) * passes_per_step] for step in range(micro_steps)]

@@ -94,13 +94,7 @@ class DHPOTrainer(GRPOTrainer):
         reason = batching.unsupported_reason(buffered[0]) if self.args.dynamic_batching else "off"
         if reason is None:
             share = self.args.gradient_accumulation_steps / self.args.steps_per_generation
-            nproc = self.accelerator.num_processes
-
-            def window_of(window, passes):
-                items = window.get("num_items_in_batch")
-                dapo = None if items is None else aggregation.dapo_tokens(items, nproc, share)
-                return aggregation.planned_window(batching.loss_mask(window), passes, dapo)
-
+            window_of = batching.planned_windows(self.accelerator.num_processes, share)
             buffered = batching.plan_generation_batch(
                 buffered, self.args.gradient_accumulation_steps, self.args.max_tokens_per_micro_batch,
                 self.pad_to_multiple_of, self._max_over_processes, window_of,
@@ -226,15 +220,20 @@ class DHPOTrainer(GRPOTrainer):
         if self.beta != 0.0:
             weight = kl_weight if self.args.use_bias_correction_kl else None
             kl = trl_mirror.per_token_kl(inputs["ref_per_token_logps"], per_token_logps, mask, weight)
-        vllm_ratio = inputs["importance_sampling_ratio"] if self.use_vllm and self.vllm_importance_sampling_correction else None
-        per_token_loss = trl_mirror.apply_corrections(per_token_loss, off_policy_mask, entropy_mask, vllm_ratio, self.beta, kl)
+        vllm = self.use_vllm and self.vllm_importance_sampling_correction
+        vllm_ratio = inputs["importance_sampling_ratio"] if vllm else None
+        per_token_loss = trl_mirror.apply_corrections(
+            per_token_loss, off_policy_mask, entropy_mask, vllm_ratio, self.beta, kl
+        )
 
         window = self._window(inputs, mode)
         loss = aggregation.aggregate(self.loss_type, per_token_loss, mask, window, self.max_completion_length)
         sums, maxima = {}, {}
-        if self._entropy_bonus_enabled:
-            loss = loss - self._entropy_coefficient(mode) * aggregation.entropy_bonus(entropies, mask, entropy_mask, window)
-            sums.update(metrics.nan_mean_sums("policy_loss", aggregation.reported_policy_loss(self.loss_type, loss, window)))
+        if self._entropy_bonus_enabled:  # TRL logs the policy loss only then, before the bonus
+            policy_loss = aggregation.reported_policy_loss(self.loss_type, loss, window)
+            sums.update(metrics.nan_mean_sums("policy_loss", policy_loss))
+            bonus = aggregation.entropy_bonus(entropies, mask, entropy_mask, window)
+            loss = loss - self._entropy_coefficient() * bonus
         if self.aux_loss_enabled:  # mean over the window's forward passes
             loss = loss + self.router_aux_loss_coef * aux_loss / window.passes
             sums.update(metrics.nan_mean_sums("aux_loss", aux_loss))
@@ -243,7 +242,7 @@ class DHPOTrainer(GRPOTrainer):
             self._update_entropy_coefficient(mode, entropies, mask, entropy_mask)
         return loss
 
-    def _entropy_coefficient(self, mode) -> float:
+    def _entropy_coefficient(self) -> float:
         return aggregation.applied_coefficient(
             self.entropy_coef, self._last_world_entropy, self.args.entropy_target, self.use_adaptive_entropy
         )
@@ -253,9 +252,11 @@ class DHPOTrainer(GRPOTrainer):
         boundary = mode == "train" and self.accelerator.sync_gradients
         if self.use_adaptive_entropy and mode == "train":
             stats = aggregation.effective_entropy_stats(entropies, mask, entropy_mask)
-            self._entropy_window_stats = stats if self._entropy_window_stats is None else self._entropy_window_stats + stats
+            if self._entropy_window_stats is not None:
+                stats = self._entropy_window_stats + stats
+            self._entropy_window_stats = stats
             if boundary:
-                sums, _ = self._reduce({"sum": self._entropy_window_stats[0], "count": self._entropy_window_stats[1]}, {})
+                sums, _ = self._reduce({"sum": stats[0], "count": stats[1]}, {})
                 world_entropy = sums["sum"] / max(sums["count"], 1.0)
                 self.entropy_coef = aggregation.next_coefficient(
                     self.entropy_coef, world_entropy, self.args.entropy_target, self.args.entropy_coef_delta,

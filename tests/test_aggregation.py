@@ -144,3 +144,9 @@ def test_adaptive_coefficient_moves_by_delta_within_its_bounds():
     assert aggregation.next_coefficient(0.18, 1.0, **step) == pytest.approx(0.2)  # capped
     assert aggregation.next_coefficient(0.1, 3.0, **step) == pytest.approx(0.05)  # above: down
     assert aggregation.next_coefficient(0.03, 3.0, **step) == pytest.approx(0.01)  # floored
+
+
+def test_dapo_without_num_items_is_refused_naming_it():
+    window = aggregation.planned_window(MASK, 1, None)
+    with pytest.raises(ValueError, match="num_items_in_batch"):
+        aggregate("dapo", LOSS, MASK, window, 3)

@@ -244,7 +244,8 @@ def test_window_gradient_with_kl_off_policy_mask_and_vllm_correction(tok, tmp_pa
     trainer.current_gradient_accumulation_steps = 2
     trl_slices = [batching.take(window, rows, 9, 32) for rows in ([0, 1, 2, 3], [4, 5, 6, 7])]
     reference = window_gradient(trainer, trl_slices)
-    micro = batching.split_window(window, micro_steps=2)
+    share = RUN["gradient_accumulation_steps"] / RUN["steps_per_generation"]  # dapo: the window's part of the batch
+    micro = batching.split_window(window, micro_steps=2, window_of=batching.planned_windows(1, share))
     assert sorted(part["completion_mask"].size(0) for part in micro) != [4, 4]  # regrouped unevenly
     assert relative_gap(window_gradient(trainer, micro), reference) < 1e-4
     # the same micro-batches normalised as TRL does (per micro-batch rows x accumulation) give another update
