@@ -413,3 +413,14 @@ def test_windowed_entropy_bonus_with_a_top_entropy_mask_matches_trl(tok, tmp_pat
     )
     assert relative_gap(base, without_bonus) > 1e-2  # the bonus moves the update
     assert relative_gap(dynamic, base) < 1e-3
+
+
+def test_evaluation_leaves_the_adaptive_entropy_controller_alone(tok, tmp_path):
+    """Evaluation neither moves the coefficient nor adds its tokens to the next training window's entropy."""
+    config = config_for("DHPO-A", output_dir=str(tmp_path), **{**RUN, "max_steps": 2}, **ADAPTIVE, **CPU)
+    _, trainer = parameter_change(tok, config, eval_dataset=dataset())
+    coefficient, world_entropy = trainer.entropy_coef, trainer._last_world_entropy
+    assert coefficient == pytest.approx(0.02)
+    trainer.evaluate()
+    assert (trainer.entropy_coef, trainer._last_world_entropy) == (coefficient, world_entropy)
+    assert trainer._entropy_window_stats is None  # nothing carried into the next window
