@@ -175,7 +175,7 @@ def take(batch: dict, rows: list[int], prompt_width: int, completion_width: int)
     Keys are carried by shape: `prompt_ids`/`prompt_mask` are prompt-aligned; any other tensor with a row
     dimension and as many columns as `completion_mask` is completion-aligned (ids, masks, old/ref/sampling
     log-probs, vLLM importance ratios, tool masks); other row tensors ((B,) advantages, (B, 1) ratios) are
-    indexed by row; 0-dim tensors (`num_items_in_batch`, window normalisers) are shared.
+    indexed by row; 0-dim tensors (`num_items_in_batch`) and non-tensors (the `WINDOW`) are shared.
     """
     num_rows = batch["completion_mask"].size(0)
     completion_columns = batch["completion_mask"].size(1)
