@@ -173,7 +173,9 @@ class DHPOTrainer(GRPOTrainer):
         if batching.WINDOW in inputs:
             return inputs[batching.WINDOW]
         train = mode == "train"
-        steps = self.current_gradient_accumulation_steps if train else 1
+        # The Trainer sets it when training starts; a loss computed in train mode before that takes the config's.
+        accumulation = getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
+        steps = accumulation if train else 1
         items = inputs.get("num_items_in_batch")
         share = steps / self.args.steps_per_generation if train else 1.0
         dapo = None if items is None else aggregation.dapo_tokens(items, self.accelerator.num_processes, share)
