@@ -90,6 +90,7 @@ def test_share_is_by_tokens_when_known_else_one_over_passes():
     assert Window(4.0, 4.0, None, 1.0).share(10) == 0.25
     assert Window(4.0, 4.0, 8.0, 1.0).share(2) == 0.25
     assert Window(4.0, 4.0, 0.0, 1.0).share(0) == 0.0  # an empty window divides by 1, not 0
+    assert Window(1.0, 1.0, 1.0, 1.0).share(1) == 1.0  # a one-token window is all its micro-batch's
 
 
 # ------------------------------------------------------------------ entropy bonus
