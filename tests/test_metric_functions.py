@@ -93,3 +93,26 @@ def test_cispo_clip_ratio_is_the_share_of_capped_tokens():
     sums, maxima = metrics.clip_sums("cispo_clip_ratio", info, mask)
     out = metrics.clip_metrics("cispo_clip_ratio", *metrics.reduce_across(sums, maxima, metrics.local_all_reduce))
     assert out == {"cispo_clip_ratio": pytest.approx(3 / 5)}
+
+
+def test_extremes_of_one_value_and_of_no_rows():
+    """One valid value is its own min and max; a process with no rows sends -inf, so another's extremes win."""
+    info = {"abs_log_ratio": torch.zeros(1, 1), "token_ratio": torch.tensor([[1.25]]), "sequence_ratio": torch.tensor([1.5])}
+    sums, maxima = metrics.loss_sums(info, torch.zeros(1, 1), torch.ones(1, 1), None, "p")
+    out = metrics.loss_metrics(*metrics.reduce_across(sums, maxima, metrics.local_all_reduce), "p")
+    assert (out["p/token_ratio/min"], out["p/token_ratio/max"]) == (1.25, 1.25)
+    assert (out["p/sequence_ratio/min"], out["p/sequence_ratio/max"]) == (1.5, 1.5)
+    empty = {"clipped_low": torch.zeros(0, 3, dtype=torch.bool), "clipped_high": torch.zeros(0, 3, dtype=torch.bool)}
+    sums, maxima = metrics.clip_sums("clip_ratio", empty, torch.zeros(0, 3))
+    other = OtherProcess({"sum": [1.0, 2.0, 0.0, 2.0, 1.0, 2.0], "max": [-0.25, 0.5]})
+    out = metrics.clip_metrics("clip_ratio", *metrics.reduce_across(sums, maxima, other))
+    assert (out["clip_ratio/low_min"], out["clip_ratio/high_max"]) == (0.25, 0.5)
+
+
+def test_one_token_shares_divide_by_one():
+    info = {"clipped_high": torch.tensor([[True]])}
+    sums, maxima = metrics.clip_sums("cispo_clip_ratio", info, torch.ones(1, 1))
+    out = metrics.clip_metrics("cispo_clip_ratio", *metrics.reduce_across(sums, maxima, metrics.local_all_reduce))
+    assert out == {"cispo_clip_ratio": 1.0}
+    sums, _ = metrics.reduce_across(metrics.padding_sums(1, 1), {}, metrics.local_all_reduce)
+    assert metrics.padding_fraction(sums) == 0.0
