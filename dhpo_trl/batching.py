@@ -20,8 +20,11 @@ a TRL update that adds per-row or per-token keys keeps working.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
+
+from .aggregation import dapo_tokens, planned_window
 
 PROMPT_KEYS = ("prompt_ids", "prompt_mask")
 # Multimodal inputs index images/tiles, not rows, and `token_type_ids` spans prompt + completion: such batches are
@@ -30,11 +33,9 @@ UNSUPPORTED_KEYS = (
     "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
     "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
 )  # fmt: skip
-# Normalisers of the whole accumulation window, attached to every micro-batch cut from it (0-dim tensors): the
-# loss of a micro-batch is its share of the window's loss, whatever the number of rows it holds.
-WINDOW_SEQUENCES = "dhpo_window_sequences"  # rows in this process's window (TRL: per_device_batch x accumulation)
-WINDOW_TOKENS = "dhpo_window_tokens"  # loss tokens in this process's window
-WINDOW_PASSES = "dhpo_window_passes"  # forward passes this process runs for the window
+# The `dhpo_trl.aggregation.Window` of the accumulation window, attached to every micro-batch cut from it: the loss
+# of a micro-batch is its share of the window's loss, whatever the number of rows it holds.
+WINDOW = "dhpo_window"
 
 
 class Passes(list):
@@ -174,7 +175,7 @@ def take(batch: dict, rows: list[int], prompt_width: int, completion_width: int)
     Keys are carried by shape: `prompt_ids`/`prompt_mask` are prompt-aligned; any other tensor with a row
     dimension and as many columns as `completion_mask` is completion-aligned (ids, masks, old/ref/sampling
     log-probs, vLLM importance ratios, tool masks); other row tensors ((B,) advantages, (B, 1) ratios) are
-    indexed by row; 0-dim tensors (`num_items_in_batch`, window normalisers) are shared.
+    indexed by row; 0-dim tensors (`num_items_in_batch`) and non-tensors (the `WINDOW`) are shared.
     """
     num_rows = batch["completion_mask"].size(0)
     completion_columns = batch["completion_mask"].size(1)
@@ -211,24 +212,104 @@ def loss_mask(batch: dict) -> torch.Tensor:
     return mask * batch["tool_mask"] if batch.get("tool_mask") is not None else mask
 
 
+def planned_windows(num_processes: int = 1, accumulation_share: float = 1.0) -> Callable:
+    """`window_of(window, passes)` for `split_window`: the window's rows, loss tokens and passes, and TRL's dapo
+    normaliser from its `num_items_in_batch` (`accumulation_share`: gradient_accumulation_steps /
+    steps_per_generation in training)."""
+
+    def window_of(window: dict, passes: int):
+        items = window.get("num_items_in_batch")
+        dapo = None if items is None else dapo_tokens(items, num_processes, accumulation_share)
+        return planned_window(loss_mask(window), passes, dapo)
+
+    return window_of
+
+
 def split_window(window: dict, micro_steps: int, passes_per_step: int = 1, plan: LengthPlan | None = None,
-                 pad_to_multiple_of: int | None = None) -> list[dict | Passes]:  # fmt: skip
+                 pad_to_multiple_of: int | None = None, window_of: Callable | None = None) -> list[dict | Passes]:  # fmt: skip
     """Cut one accumulation window into `micro_steps` micro-batches of `passes_per_step` trimmed passes each.
 
-    Every pass carries the window's normalisers (`WINDOW_SEQUENCES`, `WINDOW_TOKENS`, `WINDOW_PASSES`). A micro-step
-    with one pass is a plain dict (what TRL's `training_step` expects), otherwise a `Passes` list.
+    Every pass carries `window_of(window, total passes)` under `WINDOW` (default: `planned_windows()`, one
+    process). A micro-step with one pass is a plain dict (what TRL's `training_step` expects), otherwise a
+    `Passes` list.
     """
     plan = plan or plan_for(window, pad_to_multiple_of)
     total_passes = micro_steps * passes_per_step
     groups = plan.partition(total_passes)
-    shared = {
-        WINDOW_SEQUENCES: torch.tensor(float(window["completion_mask"].size(0))),  # CPU: read with .item()
-        WINDOW_TOKENS: loss_mask(window).sum().float(),
-        WINDOW_PASSES: torch.tensor(float(total_passes)),
-    }
+    window_of = window_of or planned_windows()
+    shared = {WINDOW: window_of(window, total_passes)}
     passes = [{**take(window, plan.rows(start, end), *plan.widths(start, end)), **shared} for start, end in groups]
     steps = [passes[step * passes_per_step : (step + 1) * passes_per_step] for step in range(micro_steps)]
     return [step[0] if passes_per_step == 1 else Passes(step) for step in steps]
+
+
+def _alone(values: list[int]) -> list[int]:
+    return values
+
+
+def plan_generation_batch(buffered: list[dict], micro_steps: int, budget: int | None = None,
+                          pad_to_multiple_of: int | None = None, max_over_processes: Callable = _alone,
+                          window_of: Callable | None = None) -> list[dict | Passes]:  # fmt: skip
+    """Cut every accumulation window (`micro_steps` consecutive micro-batches) of TRL's buffered generation batch
+    into length-sorted micro-steps.
+
+    Under a token `budget` a window needs as many passes as its greedy cut has groups, rounded up to a multiple of
+    `micro_steps`; `max_over_processes` (element-wise maximum of a list of ints over all processes, one collective)
+    makes every process run the same number, since ZeRO-3 gathers parameters inside every forward.
+    """
+    windows = [concat(buffered[i : i + micro_steps]) for i in range(0, len(buffered), micro_steps)]
+    plans = [plan_for(window, pad_to_multiple_of) for window in windows]
+    passes = [1] * len(windows)
+    if budget is not None:
+        needed = max_over_processes([plan.groups_needed(budget) for plan in plans])
+        passes = [math.ceil(count / micro_steps) for count in needed]
+    return [
+        micro
+        for window, plan, count in zip(windows, plans, passes, strict=True)
+        for micro in split_window(window, micro_steps, count, plan=plan, window_of=window_of)
+    ]
+
+
+def forward_passes(micro_batches: list) -> list[dict]:
+    """Every forward pass of planned micro-steps (a micro-step may be a `Passes` list)."""
+    return [part for micro in micro_batches for part in (micro if isinstance(micro, list) else [micro])]
+
+
+def chunked_forward(forward: Callable, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
+                    batch_size: int, budget: int | None = None, pad_to_multiple_of: int | None = None,
+                    max_over_processes: Callable = _alone, compute_entropy: bool = False,
+                    compute_aux_loss: bool = False):  # fmt: skip
+    """TRL's chunked no-grad forward over a generation batch, on length-sorted, trimmed chunks.
+
+    `forward(input_ids, attention_mask, logits_to_keep, compute_entropy, compute_aux_loss)` returns TRL's
+    `(logps, entropies, aux_loss)` for one chunk. As many chunks as TRL's `ceil(rows / batch_size)` (the same on
+    every process), or, under a token `budget`, the maximum over processes of what the budget needs. Returns the
+    (B, logits_to_keep) log-probs and entropies in the original row order, 0 beyond each row's own length (every
+    consumer masks it), and the mean aux loss over chunks.
+    """
+    plan = forward_plan(attention_mask, logits_to_keep, pad_to_multiple_of)
+    count = math.ceil(input_ids.size(0) / batch_size)
+    if budget is not None:
+        count = max_over_processes([max(count, plan.groups_needed(budget))])[0]
+    prompt_width = input_ids.size(1) - logits_to_keep
+    logps = entropies = None
+    aux_losses = []
+    for start, end in plan.partition(count):
+        rows = torch.as_tensor(plan.rows(start, end), device=input_ids.device)
+        prompt, completion = plan.widths(start, end)
+        columns = slice(prompt_width - prompt, prompt_width + completion)
+        chunk_logps, chunk_entropies, aux = forward(
+            input_ids[rows, columns], attention_mask[rows, columns], completion, compute_entropy, compute_aux_loss
+        )
+        if logps is None:
+            logps = chunk_logps.new_zeros(input_ids.size(0), logits_to_keep)
+            entropies = chunk_logps.new_zeros(input_ids.size(0), logits_to_keep) if compute_entropy else None
+        logps[rows, :completion] = chunk_logps
+        if compute_entropy:
+            entropies[rows, :completion] = chunk_entropies
+        if compute_aux_loss:
+            aux_losses.append(aux)
+    return logps, entropies, (torch.stack(aux_losses).mean() if compute_aux_loss else None)
 
 
 def padded_fraction(batches: list[dict]) -> tuple[int, int]:

@@ -8,13 +8,13 @@ from dataclasses import dataclass, field, fields
 
 from trl import GRPOConfig
 
-from .losses import CLIPPINGS, MIXINGS
+from .losses import CLIPPINGS, ENTROPY_NORM_SCOPES, MIXINGS
 from .objectives import AGGREGATIONS, OBJECTIVE_SETTINGS, OBJECTIVES, SETTING_SCOPES
+from .paper import AVERAGED_TOKEN_WEIGHT, CISPO_CAP, EPSILON_HIGH, EPSILON_LOW, GMPO_EPSILON, GRPO_EPSILON
 
 ALGORITHMS = tuple(OBJECTIVES)
-ENTROPY_NORM_SCOPES = ("batch", "sequence", "global")
 # The paper's CISPO eps_high = 0.2 (appendix D): VERL caps the weight at 1 + 0.2; TRL's epsilon_high is the cap.
-CISPO_DEFAULT_CAP = 1.2
+CISPO_DEFAULT_CAP = CISPO_CAP
 EPSILON_FIELDS = ("epsilon_low_token", "epsilon_high_token", "epsilon_low_seq", "epsilon_high_seq",
                   "gmpo_epsilon_low", "gmpo_epsilon_high", "epsilon", "epsilon_high")  # fmt: skip
 NUMBER_FIELDS = ("token_weight", *EPSILON_FIELDS, "delta")
@@ -94,9 +94,11 @@ class DHPOConfig(GRPOConfig):
             (normalised per micro-batch by TRL, refused here). What changes with the grouping: quantities TRL
             computes per micro-batch, i.e. DHPO-E's entropy min-max with `entropy_norm_scope="batch"` or
             `"global"` (the paper's VERL runs also normalised over token-packed micro-batches; use `"sequence"` for
-            invariance), TRL's `top_entropy_quantile` threshold and the MoE router aux loss. The entropy bonus
-            becomes the mean over the window's tokens. Needs `steps_per_generation` to be a multiple of
-            `gradient_accumulation_steps`. Multimodal batches keep TRL's micro-batches (a warning says so).
+            invariance), TRL's `top_entropy_quantile` threshold and the MoE router aux loss. The entropy bonus is
+            each micro-batch's mean over the tokens it acts on, weighted by its share of the window's loss tokens
+            (without `top_entropy_quantile`: the mean over the window's tokens). Needs `steps_per_generation` to be
+            a multiple of `gradient_accumulation_steps`. Multimodal batches keep TRL's micro-batches (a warning
+            says so).
             `False` gives TRL's batching exactly.
         max_tokens_per_micro_batch (`int`, *optional*):
             With `dynamic_batching`, the largest padded token count (rows x (prompt + completion columns)) of one
@@ -120,24 +122,24 @@ class DHPOConfig(GRPOConfig):
         metadata={"help": "Mixing weight of token and sequence ratios: 'entropy' (DHPO-E) or 'averaged' (DHPO-A)."},
     )
     token_weight: float = field(
-        default=0.5, metadata={"help": "Weight w of the token ratio for mixing='averaged', in [0, 1]."}
+        default=AVERAGED_TOKEN_WEIGHT, metadata={"help": "Weight w of the token ratio for mixing='averaged', in [0, 1]."}
     )
     clipping: str = field(
         default="branch",
         metadata={"help": "'branch' (clip each ratio before mixing, eq. 11) or 'unified' (clip the mixed ratio)."},
     )
-    epsilon_low_token: float = field(default=0.2, metadata={"help": "Token branch lower clip: 1 - epsilon."})
-    epsilon_high_token: float = field(default=0.28, metadata={"help": "Token branch upper clip: 1 + epsilon."})
-    epsilon_low_seq: float = field(default=0.2, metadata={"help": "Sequence branch lower clip: 1 - epsilon."})
-    epsilon_high_seq: float = field(default=0.28, metadata={"help": "Sequence branch upper clip: 1 + epsilon."})
+    epsilon_low_token: float = field(default=EPSILON_LOW, metadata={"help": "Token branch lower clip: 1 - epsilon."})
+    epsilon_high_token: float = field(default=EPSILON_HIGH, metadata={"help": "Token branch upper clip: 1 + epsilon."})
+    epsilon_low_seq: float = field(default=EPSILON_LOW, metadata={"help": "Sequence branch lower clip: 1 - epsilon."})
+    epsilon_high_seq: float = field(default=EPSILON_HIGH, metadata={"help": "Sequence branch upper clip: 1 + epsilon."})
     entropy_norm_scope: str = field(
         default="batch",
         metadata={"help": "Where the entropy min-max is taken: 'batch', 'sequence' or 'global' (all processes)."},
     )
-    gmpo_epsilon_low: float = field(default=0.4, metadata={"help": "GMPO: lower clip of the token log-ratio."})
-    gmpo_epsilon_high: float = field(default=0.4, metadata={"help": "GMPO: upper clip of the token log-ratio."})
+    gmpo_epsilon_low: float = field(default=GMPO_EPSILON, metadata={"help": "GMPO: lower clip of the token log-ratio."})
+    gmpo_epsilon_high: float = field(default=GMPO_EPSILON, metadata={"help": "GMPO: upper clip of the token log-ratio."})
     epsilon: float = field(
-        default=0.2, metadata={"help": "GRPO/GSPO: lower clip 1 - epsilon (DHPO and GMPO have their own fields)."}
+        default=GRPO_EPSILON, metadata={"help": "GRPO/GSPO: lower clip 1 - epsilon (DHPO and GMPO have their own fields)."}
     )
     epsilon_high: float | None = field(
         default=None,

@@ -19,9 +19,16 @@ import math
 
 import torch
 
+from .paper import (
+    AVERAGED_TOKEN_WEIGHT, EPSILON_HIGH, EPSILON_LOW, GMPO_EPSILON, GRPO_EPSILON, GSPO_EPSILON_HIGH,
+    GSPO_EPSILON_LOW,
+)  # fmt: skip
+
 MIXINGS = ("averaged", "entropy")
 CLIPPINGS = ("branch", "unified")
-ENTROPY_SCOPES = ("batch", "sequence")
+# Where the min and max of the entropy normalisation are taken (`DHPOConfig.entropy_norm_scope`): the valid tokens of
+# the micro-batch, of each response, or of the micro-batch on every process (the caller passes that range).
+ENTROPY_NORM_SCOPES = ("batch", "sequence", "global")
 
 # exp(20) ~ 4.9e8: far outside any trust region, yet keeps exp() finite in fp32/bf16 (as VERL does).
 LOG_RATIO_CLAMP = 20.0
@@ -97,11 +104,15 @@ def entropy_mixing_weight(
     """Entropy-guided mixing weight w = (H - min H) / (max H - min H) (eq. 10), detached.
 
     `scope="batch"` takes min and max over all valid tokens of the tensors passed in, `scope="sequence"` over
-    the valid tokens of each row. `entropy_range=(min, max)` overrides both (the trainer's "global" scope
-    passes the min and max reduced across processes). A range of at most 1e-8 gives w = 0.5 everywhere.
+    the valid tokens of each row, `scope="global"` uses `entropy_range=(min, max)` (the trainer passes the min and
+    max reduced across processes), which overrides the other two when given. A range of at most 1e-8 gives w = 0.5 everywhere.
     """
-    if scope not in ENTROPY_SCOPES:
-        raise ValueError(f"`entropy_norm_scope` must be one of {ENTROPY_SCOPES}, got {scope!r}.")
+    if scope not in ENTROPY_NORM_SCOPES:
+        raise ValueError(f"`entropy_norm_scope` must be one of {ENTROPY_NORM_SCOPES}, got {scope!r}.")
+    if scope == "global" and entropy_range is None:
+        raise ValueError(
+            "`entropy_norm_scope='global'` needs `entropy_range`, the (min, max) entropy over every process."
+        )
     entropies = entropies.detach().float()
     valid = mask.bool()
     if entropy_range is not None:
@@ -130,12 +141,12 @@ def dhpo_per_token_loss(
     entropies: torch.Tensor | None = None,
     *,
     mixing: str = "entropy",
-    token_weight: float = 0.5,
+    token_weight: float = AVERAGED_TOKEN_WEIGHT,
     clipping: str = "branch",
-    epsilon_low_token: float = 0.2,
-    epsilon_high_token: float = 0.28,
-    epsilon_low_seq: float = 0.2,
-    epsilon_high_seq: float = 0.28,
+    epsilon_low_token: float = EPSILON_LOW,
+    epsilon_high_token: float = EPSILON_HIGH,
+    epsilon_low_seq: float = EPSILON_LOW,
+    epsilon_high_seq: float = EPSILON_HIGH,
     entropy_scope: str = "batch",
     entropy_range: tuple[torch.Tensor | float, torch.Tensor | float] | None = None,
     delta: float | None = None,
@@ -154,7 +165,8 @@ def dhpo_per_token_loss(
             the mixed ratio m with the token epsilons (the paper's ablation).
         epsilon_low_token, epsilon_high_token: token trust region [1 - low, 1 + high].
         epsilon_low_seq, epsilon_high_seq: sequence trust region [1 - low, 1 + high].
-        entropy_scope: "batch" or "sequence", where min and max of the entropy normalisation are taken.
+        entropy_scope: one of `ENTROPY_NORM_SCOPES` ("batch", "sequence", "global" with `entropy_range`), where
+            min and max of the entropy normalisation are taken (`DHPOConfig.entropy_norm_scope`).
         entropy_range: explicit (min, max) for the normalisation, overriding `entropy_scope`.
         delta: optional dual clip (Ye et al., 2020; VERL's `clip_ratio_c`): for A < 0 the loss is capped at
             -delta A, so a token whose mixed ratio exploded stops pushing. None (the paper's equations) disables
@@ -259,8 +271,8 @@ def gmpo_per_token_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
-    epsilon_low: float = 0.4,
-    epsilon_high: float = 0.4,
+    epsilon_low: float = GMPO_EPSILON,
+    epsilon_high: float = GMPO_EPSILON,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Geometric-Mean Policy Optimization (Zhao et al., 2025): -A * exp(mean_t clipped log r_{i,t}).
 
@@ -321,8 +333,8 @@ def grpo_per_token_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
-    epsilon_low: float = 0.2,
-    epsilon_high: float = 0.2,
+    epsilon_low: float = GRPO_EPSILON,
+    epsilon_high: float = GRPO_EPSILON,
     delta: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GRPO's token-level clipped surrogate -min(r A, clip(r, 1 - eps_low, 1 + eps_high) A) (eq. 3), as TRL computes
@@ -351,8 +363,8 @@ def gspo_per_token_loss(
     advantages: torch.Tensor,
     mask: torch.Tensor,
     *,
-    epsilon_low: float = 3e-4,
-    epsilon_high: float = 4e-4,
+    epsilon_low: float = GSPO_EPSILON_LOW,
+    epsilon_high: float = GSPO_EPSILON_HIGH,
     delta: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """GSPO's sequence-level clipped surrogate -min(s A, clip(s, 1 - eps_low, 1 + eps_high) A) (eq. 6), as TRL

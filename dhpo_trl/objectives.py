@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .aggregation import AGGREGATIONS
 from .losses import (
     cispo_per_token_loss,
     dhpo_per_token_loss,
@@ -23,8 +24,6 @@ from .losses import (
     unit_ratio,
 )
 
-# TRL's aggregations of a per-token loss. "grpo" is the per-response token mean of eqs. 3, 6 and 7.
-AGGREGATIONS = ("grpo", "bnpo", "dr_grpo", "dapo")
 
 # Where each objective-specific setting acts, for the message that refuses it elsewhere.
 SETTING_SCOPES = {
@@ -76,7 +75,7 @@ def _dhpo(per_token_logps, old_per_token_logps, advantages, mask, entropies, arg
         mixing=args.mixing, token_weight=args.token_weight, clipping=args.clipping,
         epsilon_low_token=args.epsilon_low_token, epsilon_high_token=args.epsilon_high_token,
         epsilon_low_seq=args.epsilon_low_seq, epsilon_high_seq=args.epsilon_high_seq,
-        entropy_scope="sequence" if args.entropy_norm_scope == "sequence" else "batch",
+        entropy_scope=args.entropy_norm_scope,
         entropy_range=entropy_range, delta=args.delta,
     )  # fmt: skip
     # Scaled like TRL's ratio: value m, gradient m grad log pi (eq. 16); at w = 1 exactly TRL's.

@@ -21,6 +21,7 @@ sees other data from then on. Here:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import re
@@ -33,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from transformers import TrainerCallback
 
-from . import batching
+from . import aggregation, batching
 
 GENERATION_STATE = "dhpo_generation_state_rank{rank}.pt"
 COMPLETE_MARKER = "dhpo_checkpoint_complete.json"
@@ -186,6 +187,9 @@ def encode(value, path: str = "state"):
         return ("tensor", value.detach().cpu().clone(), value.device.type != "cpu")
     if isinstance(value, batching.Passes):
         return ("passes", [encode(item, f"{path}[{i}]") for i, item in enumerate(value)])
+    if isinstance(value, aggregation.Window):  # the accumulation window's normalisers, attached to every pass
+        fields = dataclasses.fields(value)
+        return ("window", [(f.name, encode(getattr(value, f.name), f"{path}.{f.name}")) for f in fields])
     if isinstance(value, dict):
         return ("dict", [(key, encode(item, f"{path}[{key!r}]")) for key, item in value.items()])
     if isinstance(value, list):
@@ -207,6 +211,8 @@ def decode(node, device: torch.device | str = "cpu"):
         return batching.Passes(decode(item, device) for item in payload[0])
     if kind == "dict":
         return {key: decode(item, device) for key, item in payload[0]}
+    if kind == "window":
+        return aggregation.Window(**{name: decode(item, device) for name, item in payload[0]})
     if kind == "list":
         return [decode(item, device) for item in payload[0]]
     if kind == "tuple":

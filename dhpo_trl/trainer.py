@@ -8,7 +8,6 @@ and the `dhpo/` / `gmpo/` metrics are ours too; TRL's metric keys keep their mea
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import textwrap
@@ -20,7 +19,7 @@ from accelerate.utils import DistributedType
 from transformers.trainer_utils import rotate_checkpoints
 from trl import GRPOTrainer
 
-from . import batching, resume
+from . import aggregation, batching, metrics, resume, trl_mirror
 from .config import DHPOConfig
 from .moe import maybe_set_zero3_leaf_modules, zero3_leaf_modules_for_trl_prepared_models
 from .losses import masked_log_ratio
@@ -95,120 +94,106 @@ class DHPOTrainer(GRPOTrainer):
     def _plan_micro_batches(self, buffered: list) -> list:
         """Cut every accumulation window of the buffered generation batch into length-sorted micro-batches."""
         reason = batching.unsupported_reason(buffered[0]) if self.args.dynamic_batching else "off"
-        if reason is not None:
-            if reason != "off" and not self._batching_warned:
-                warnings.warn(f"dynamic_batching keeps TRL's micro-batches for this run: {reason}.", stacklevel=2)
-                self._batching_warned = True
-            self._log_padding(buffered)
-            return buffered
-        steps = self.args.gradient_accumulation_steps
-        windows = [batching.concat(buffered[i : i + steps]) for i in range(0, len(buffered), steps)]
-        plans = [batching.plan_for(window, self.pad_to_multiple_of) for window in windows]
-        passes = [1] * len(windows)
-        if self.args.max_tokens_per_micro_batch is not None:
-            needed = [plan.groups_needed(self.args.max_tokens_per_micro_batch) for plan in plans]
-            passes = [math.ceil(count / steps) for count in self._max_over_processes(needed)]
-        planned = [
-            micro
-            for window, plan, count in zip(windows, plans, passes, strict=True)
-            for micro in batching.split_window(window, steps, count, plan=plan)
-        ]
-        self._log_padding([part for micro in planned for part in (micro if isinstance(micro, list) else [micro])])
-        return planned
+        if reason is None:
+            share = self.args.gradient_accumulation_steps / self.args.steps_per_generation
+            window_of = batching.planned_windows(self.accelerator.num_processes, share)
+            buffered = batching.plan_generation_batch(
+                buffered, self.args.gradient_accumulation_steps, self.args.max_tokens_per_micro_batch,
+                self.pad_to_multiple_of, self._max_over_processes, window_of,
+            )  # fmt: skip
+        elif reason != "off" and not self._batching_warned:
+            warnings.warn(f"dynamic_batching keeps TRL's micro-batches for this run: {reason}.", stacklevel=2)
+            self._batching_warned = True
+        sums, _ = self._reduce(metrics.padding_sums(*batching.padded_fraction(batching.forward_passes(buffered))), {})
+        self._metrics["train"]["batching/padding_fraction"].append(metrics.padding_fraction(sums))
+        return buffered
+
+    def _all_reduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
+        """The one cross-process reduction ("sum" or "max") every metric and agreement goes through."""
+        if self.accelerator.num_processes == 1 or not (dist.is_available() and dist.is_initialized()):
+            return tensor
+        tensor = tensor.to(self.accelerator.device)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+        return tensor
+
+    def _reduce(self, sums: dict, maxima: dict) -> tuple[dict, dict]:
+        return metrics.reduce_across(sums, maxima, self._all_reduce)
 
     def _max_over_processes(self, values: list[int]) -> list[int]:
         """Element-wise maximum over processes (every process must run the same number of forward passes)."""
-        if self.accelerator.num_processes == 1:
-            return values
-        tensor = torch.tensor(values, device=self.accelerator.device)
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-        return tensor.tolist()
-
-    def _log_padding(self, micro_batches: list[dict]) -> None:
-        """`batching/padding_fraction`: share of the training forwards' tokens that are padding, all processes."""
-        real, forwarded = batching.padded_fraction(micro_batches)
-        totals = self.accelerator.gather(torch.tensor([[real, forwarded]], device=self.accelerator.device)).sum(0)
-        self._metrics["train"]["batching/padding_fraction"].append(1.0 - totals[0].item() / max(totals[1].item(), 1))
+        _, maxima = self._reduce({}, {str(index): value for index, value in enumerate(values)})
+        return [int(value) for value in maxima.values()]
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if not isinstance(inputs, batching.Passes):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        # A micro-step split by `max_tokens_per_micro_batch`: backward every pass but the last here, accumulating
-        # gradients without synchronising or stepping; the Trainer backpropagates the last one as usual.
+        # A micro-step split by `max_tokens_per_micro_batch`: every pass but the last runs forward and backward here,
+        # accumulating gradients without synchronising or stepping; the Trainer backpropagates the last one as usual.
         done = torch.zeros((), device=self.accelerator.device)
         for part in inputs[:-1]:
-            loss = super().compute_loss(model, part, return_outputs, num_items_in_batch)
-            self._backward_without_sync(model, loss)
-            done = done + loss.detach()
+            done = done + self._pass_before_the_boundary(model, part, return_outputs, num_items_in_batch).detach()
         return super().compute_loss(model, inputs[-1], return_outputs, num_items_in_batch) + done
 
-    def _backward_without_sync(self, model, loss) -> None:
+    def _pass_before_the_boundary(self, model, part, return_outputs, num_items_in_batch):
+        """One pass that is not the optimizer step's last: `sync_gradients` is False for its forward too, so what
+        runs once per optimizer step (the adaptive entropy update, the `entropy_coef` log) waits for the last pass;
+        DDP / FSDP need the forward inside `no_sync` as well; DeepSpeed must not rescale by accumulation (the loss is
+        already normalised) nor step the engine (not the accumulation boundary)."""
         kwargs = {"scale_wrt_gas": False} if self.accelerator.distributed_type == DistributedType.DEEPSPEED else {}
         sync = self.accelerator.sync_gradients
-        self.accelerator.sync_gradients = False  # DeepSpeed: not the accumulation boundary, so no engine.step()
+        self.accelerator.sync_gradients = False
         try:
-            with self.accelerator.no_sync(model):  # DDP / FSDP: gradients all-reduce with the step's last pass
+            with self.accelerator.no_sync(model):
+                loss = super().compute_loss(model, part, return_outputs, num_items_in_batch)
                 self.accelerator.backward(loss, **kwargs)
         finally:
             self.accelerator.sync_gradients = sync
+        return loss
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, **multimodal):  # fmt: skip
         """TRL's chunked forward; with `dynamic_batching`, the no-grad passes over the whole generation batch
         (`batch_size` given: old and reference log-probs) run on length-sorted, trimmed chunks instead."""
+        parent = super()._get_per_token_logps_and_entropies
         if batch_size is None or not self.args.dynamic_batching or any(v is not None for v in multimodal.values()):
-            return super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
-                **multimodal,
-            )  # fmt: skip
-        plan = batching.forward_plan(attention_mask, logits_to_keep, self.pad_to_multiple_of)
-        count = math.ceil(input_ids.size(0) / batch_size)  # TRL's number of forwards, the same on every process
-        if self.args.max_tokens_per_micro_batch is not None:
-            count = self._max_over_processes([max(count, plan.groups_needed(self.args.max_tokens_per_micro_batch))])[0]
-        prompt_width = input_ids.size(1) - logits_to_keep
-        logps = entropies = None
-        aux_losses = []
-        for start, end in plan.partition(count):
-            rows = torch.as_tensor(plan.rows(start, end), device=input_ids.device)
-            prompt, completion = plan.widths(start, end)
-            columns = slice(prompt_width - prompt, prompt_width + completion)
-            chunk_logps, chunk_entropies, aux = super()._get_per_token_logps_and_entropies(
-                model, input_ids[rows, columns], attention_mask[rows, columns], completion,
-                compute_entropy=compute_entropy, compute_aux_loss=compute_aux_loss,
-            )  # fmt: skip
-            if logps is None:  # padding beyond a row's own length stays 0; every consumer masks it
-                logps = chunk_logps.new_zeros(input_ids.size(0), logits_to_keep)
-                entropies = chunk_logps.new_zeros(input_ids.size(0), logits_to_keep) if compute_entropy else None
-            logps[rows, :completion] = chunk_logps
-            if compute_entropy:
-                entropies[rows, :completion] = chunk_entropies
-            if compute_aux_loss:
-                aux_losses.append(aux)
-        return logps, entropies, (torch.stack(aux_losses).mean() if compute_aux_loss else None)
+            return parent(model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
+                          compute_aux_loss, **multimodal)  # fmt: skip
+
+        def forward(ids, mask, keep, entropy, aux):
+            return parent(model, ids, mask, keep, compute_entropy=entropy, compute_aux_loss=aux)
+
+        return batching.chunked_forward(
+            forward, input_ids, attention_mask, logits_to_keep, batch_size, self.args.max_tokens_per_micro_batch,
+            self.pad_to_multiple_of, self._max_over_processes, compute_entropy, compute_aux_loss,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ loss
+    def _window(self, inputs, mode) -> aggregation.Window:
+        """The micro-batch's window: attached by the dynamic plan, else TRL's fixed slices. Those are built here, at
+        the micro-step, because TRL's accumulation count (`current_gradient_accumulation_steps`) is only known then
+        (the Trainer shortens an epoch's last window)."""
+        if batching.WINDOW in inputs:
+            return inputs[batching.WINDOW]
+        train = mode == "train"
+        # The Trainer sets it when training starts; a loss computed in train mode before that takes the config's.
+        accumulation = getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
+        steps = accumulation if train else 1
+        items = inputs.get("num_items_in_batch")
+        share = steps / self.args.steps_per_generation if train else 1.0
+        dapo = None if items is None else aggregation.dapo_tokens(items, self.accelerator.num_processes, share)
+        return aggregation.fixed_slice_window(inputs["completion_mask"].size(0), steps, dapo)
+
     def _compute_loss(self, model, inputs):
         mode = "train" if self.model.training else "eval"
         prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
         completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
-        mask = completion_mask if "tool_mask" not in inputs else completion_mask * inputs["tool_mask"]
-        multimodal = {
-            key: inputs.get(key)
-            for key in (
-                "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes",
-                "num_tiles", "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
-            )
-        }  # fmt: skip
+        mask = batching.loss_mask(inputs)
+        multimodal = {key: inputs.get(key) for key in batching.UNSUPPORTED_KEYS}
         # Entropies come out of TRL's fused LM head with the log-probs: no (B, T, V) tensor is kept.
         per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
-            model,
-            torch.cat([prompt_ids, completion_ids], dim=1),
-            torch.cat([prompt_mask, completion_mask], dim=1),
-            completion_ids.size(1),
-            compute_entropy=True,
-            compute_aux_loss=self.aux_loss_enabled,
-            **multimodal,
-        )
+            model, torch.cat([prompt_ids, completion_ids], dim=1), torch.cat([prompt_mask, completion_mask], dim=1),
+            completion_ids.size(1), compute_entropy=True, compute_aux_loss=self.aux_loss_enabled, **multimodal,
+        )  # fmt: skip
         advantages = inputs["advantages"]
         if advantages.dim() == 1:
             advantages = advantages.unsqueeze(1)
@@ -227,235 +212,87 @@ class DHPOTrainer(GRPOTrainer):
         # How far pi_theta has drifted from pi_old on the trained tokens, for every objective (staleness).
         info = {**info, "abs_log_ratio": masked_log_ratio(per_token_logps.detach(), old_per_token_logps, mask).abs()}
 
-        # The masks and corrections below are TRL's, applied to the objective's per-token loss in TRL's order.
+        off_policy_mask = entropy_mask = kl = None
         if self.off_policy_mask_threshold is not None:
-            per_token_loss = per_token_loss * self.get_off_policy_mask(
-                advantages=advantages,
-                per_token_logps=per_token_logps,
+            off_policy_mask = self.get_off_policy_mask(
+                advantages=advantages, per_token_logps=per_token_logps,
                 sampling_per_token_logps=inputs.get("sampling_per_token_logps", old_per_token_logps),
-                mask=mask,
-                off_policy_threshold=self.off_policy_mask_threshold,
-            )
-        entropy_mask = None
+                mask=mask, off_policy_threshold=self.off_policy_mask_threshold,
+            )  # fmt: skip
         if self.top_entropy_quantile < 1.0:
             entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
-            per_token_loss = per_token_loss * entropy_mask
-        # vLLM sampled from pi_sampler, not pi_old: TRL's (detached) pi_old / pi_sampler correction multiplies
-        # the loss, while the objective's ratios correct pi_theta against pi_old.
-        if self.use_vllm and self.vllm_importance_sampling_correction:
-            per_token_loss = per_token_loss * inputs["importance_sampling_ratio"]
-        per_token_kl = None
         if self.beta != 0.0:
-            # Masked before exp(): padding holds no reference log-prob (dynamic batching leaves it 0).
-            log_ratio = torch.where(mask.bool(), inputs["ref_per_token_logps"] - per_token_logps, 0.0)
-            per_token_kl = torch.exp(log_ratio) - log_ratio - 1
-            if self.args.use_bias_correction_kl:  # scaled by the objective's ratio, with TRL's gradient
-                per_token_kl = per_token_kl * kl_weight
-            per_token_loss = per_token_loss + self.beta * per_token_kl
+            weight = kl_weight if self.args.use_bias_correction_kl else None
+            kl = trl_mirror.per_token_kl(inputs["ref_per_token_logps"], per_token_logps, mask, weight)
+        vllm = self.use_vllm and self.vllm_importance_sampling_correction
+        vllm_ratio = inputs["importance_sampling_ratio"] if vllm else None
+        per_token_loss = trl_mirror.apply_corrections(
+            per_token_loss, off_policy_mask, entropy_mask, vllm_ratio, self.beta, kl
+        )
 
-        loss = self._aggregate(per_token_loss, mask, inputs, mode)
-        policy_loss = loss.detach() * self._micro_batches_per_window(inputs, mode, scaled=self._scales_by_accumulation(mode))
-        if self._entropy_bonus_enabled:
-            loss = self._add_entropy_bonus(loss, entropies, mask, entropy_mask, policy_loss, mode, inputs)
+        window = self._window(inputs, mode)
+        loss = aggregation.aggregate(self.loss_type, per_token_loss, mask, window, self.max_completion_length)
+        sums, maxima = {}, {}
+        if self._entropy_bonus_enabled:  # TRL logs the policy loss only then, before the bonus
+            policy_loss = aggregation.reported_policy_loss(self.loss_type, loss, window)
+            sums.update(metrics.nan_mean_sums("policy_loss", policy_loss))
+            bonus = aggregation.entropy_bonus(entropies, mask, entropy_mask, window)
+            loss = loss - self._entropy_coefficient() * bonus
         if self.aux_loss_enabled:  # mean over the window's forward passes
-            loss = loss + self.router_aux_loss_coef * aux_loss / self._micro_batches_per_window(inputs, mode)
-            self._metrics[mode]["aux_loss"].append(self.accelerator.gather_for_metrics(aux_loss).mean().item())
-
-        self._log_loss_metrics(mode, info, entropies, mask, per_token_kl)
-        self._log_trl_clip_metrics(mode, info, mask)
+            loss = loss + self.router_aux_loss_coef * aux_loss / window.passes
+            sums.update(metrics.nan_mean_sums("aux_loss", aux_loss))
+        self._log_loss_metrics(mode, info, entropies, mask, kl, sums, maxima)
+        if self._entropy_bonus_enabled:
+            self._update_entropy_coefficient(mode, entropies, mask, entropy_mask)
         return loss
 
-    def _scales_by_accumulation(self, mode: str) -> bool:
-        return mode == "train" and self.loss_type in ("grpo", "bnpo", "dr_grpo")
+    def _entropy_coefficient(self) -> float:
+        return aggregation.applied_coefficient(
+            self.entropy_coef, self._last_world_entropy, self.args.entropy_target, self.use_adaptive_entropy
+        )
 
-    def _micro_batches_per_window(self, inputs, mode, scaled=True) -> float:
-        """How many micro-batches (forward passes) share the window: TRL divides each one's loss by this."""
-        if batching.WINDOW_PASSES in inputs:
-            return inputs[batching.WINDOW_PASSES].item()
-        return self.current_gradient_accumulation_steps if mode == "train" and scaled else 1.0
-
-    def _aggregate(self, per_token_loss, mask, inputs, mode):
-        """TRL's aggregation for `loss_type`, with its gradient-accumulation normalisation.
-
-        Under dynamic batching a micro-batch's rows and tokens vary, so "grpo" and "dr_grpo" divide by the rows of
-        the whole accumulation window instead of (rows of this micro-batch x accumulation steps): the same window
-        gradient as TRL's equal slices. "dapo" already normalises by the window's tokens.
-        """
-        mask = mask.to(per_token_loss.dtype)
-        window_rows = inputs.get(batching.WINDOW_SEQUENCES)
-        rows = per_token_loss.size(0) if window_rows is None else window_rows
-        if self.loss_type == "grpo":  # eq. 7: mean over responses of the per-response token mean
-            loss = ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / rows
-        elif self.loss_type == "bnpo":
-            loss = (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
-        elif self.loss_type == "dr_grpo":
-            loss = (per_token_loss * mask).sum() / (rows * self.max_completion_length)
-        elif self.loss_type == "dapo":  # normalise by the active tokens of the accumulation window on all processes
-            normalizer = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
-            if mode == "train":
-                normalizer = normalizer * self.current_gradient_accumulation_steps / self.args.steps_per_generation
-            return (per_token_loss * mask).sum() / normalizer
-        else:
-            raise ValueError(f"loss_type={self.loss_type!r} is not an aggregation: use grpo, bnpo, dr_grpo or dapo.")
-        if self._scales_by_accumulation(mode) and window_rows is None:
-            loss = loss / self.current_gradient_accumulation_steps
-        return loss
-
-    def _add_entropy_bonus(self, loss, entropies, mask, entropy_mask, policy_loss, mode, inputs):
-        """TRL's entropy bonus (static or adaptive coefficient); under dynamic batching, the mean entropy over the
-        accumulation window's tokens (TRL's per-micro-batch mean would change with the grouping)."""
-        effective_mask = mask if entropy_mask is None else mask * entropy_mask
-        if batching.WINDOW_TOKENS in inputs:
-            entropy_loss = (entropies * effective_mask).sum() / inputs[batching.WINDOW_TOKENS].clamp(min=1.0)
-        else:
-            accumulation = self.current_gradient_accumulation_steps if mode == "train" else 1.0
-            entropy_loss = (entropies * effective_mask).sum() / effective_mask.sum().clamp(min=1.0) / accumulation
-        if self.use_adaptive_entropy:
-            coef = self.entropy_coef if self._last_world_entropy <= self.args.entropy_target else 0.0
-        else:
-            coef = self.entropy_coef
-        loss = loss - coef * entropy_loss
-        self._metrics[mode]["policy_loss"].append(self.accelerator.gather(policy_loss).nanmean().item())
+    def _update_entropy_coefficient(self, mode, entropies, mask, entropy_mask) -> None:
+        """TRL's adaptive controller: accumulate the window's entropy, update once at the optimizer step."""
+        boundary = mode == "train" and self.accelerator.sync_gradients
         if self.use_adaptive_entropy and mode == "train":
-            stats = torch.stack([(entropies * effective_mask).sum(), effective_mask.sum()]).detach()
-            self._entropy_window_stats = stats if self._entropy_window_stats is None else self._entropy_window_stats + stats
-            if self.accelerator.sync_gradients:
-                window = self.accelerator.reduce(self._entropy_window_stats, reduction="sum")
-                world_entropy = (window[0] / window[1].clamp(min=1.0)).item()
-                step = self.args.entropy_coef_delta
-                if world_entropy <= self.args.entropy_target:
-                    self.entropy_coef = min(self.entropy_coef + step, self.args.entropy_coef_max)
-                else:
-                    self.entropy_coef = max(self.entropy_coef - step, self.args.entropy_coef_min)
+            stats = aggregation.effective_entropy_stats(entropies, mask, entropy_mask)
+            if self._entropy_window_stats is not None:
+                stats = self._entropy_window_stats + stats
+            self._entropy_window_stats = stats
+            if boundary:
+                sums, _ = self._reduce({"sum": stats[0], "count": stats[1]}, {})
+                world_entropy = sums["sum"] / max(sums["count"], 1.0)
+                self.entropy_coef = aggregation.next_coefficient(
+                    self.entropy_coef, world_entropy, self.args.entropy_target, self.args.entropy_coef_delta,
+                    self.args.entropy_coef_min, self.args.entropy_coef_max,
+                )  # fmt: skip
                 self._last_world_entropy = world_entropy
                 self._entropy_window_stats = None
-        if mode == "train" and self.accelerator.sync_gradients:
+        if boundary:
             self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
-        return loss
 
     def _global_entropy_range(self, entropies, mask):
-        """Min and max entropy over the valid tokens of every process (one all-reduce)."""
-        valid = mask.bool()
-        entropies = entropies.detach().float()
-        if valid.any():
-            local = torch.stack([-entropies[valid].min(), entropies[valid].max()])
-        else:  # an all-padding micro-batch must not drag the global range
-            local = torch.full((2,), float("-inf"), device=entropies.device)
-        if dist.is_available() and dist.is_initialized() and self.accelerator.num_processes > 1:
-            dist.all_reduce(local, op=dist.ReduceOp.MAX)
-        if not torch.isfinite(local).all():  # no valid token anywhere
-            return (0.0, 0.0)
-        return (-local[0], local[1])
+        """Min and max entropy over the valid tokens of every process (one reduction)."""
+        _, maxima = self._reduce({}, metrics.entropy_range_maxima(entropies, mask))
+        return metrics.entropy_range(maxima)
 
     # --------------------------------------------------------------- metrics
-    def _log_loss_metrics(self, mode, info, entropies, mask, per_token_kl):
-        """TRL's `entropy` and `kl`, and the objective's `<prefix>/` metrics, reduced over all processes."""
+    def _log_loss_metrics(self, mode, info, entropies, mask, per_token_kl, sums=None, maxima=None):
+        """TRL's `entropy`, `kl`, clip metrics, `policy_loss`, `aux_loss` and the objective's `<prefix>/` metrics,
+        reduced over all processes in one sum and one max."""
         objective = get_objective(self.args.algorithm)
-        valid = mask.bool()
-        fmask = valid.float()
-        seq_valid = valid.any(-1)
-        prefix = objective.metric_prefix
-        sums = {  # each entry is summed over processes
-            "tokens": fmask.sum(),
-            "sequences": seq_valid.float().sum(),
-            "entropy": (entropies.detach().float() * fmask).sum(),
-            "abs_log_ratio": (info["abs_log_ratio"].float() * fmask).sum(),
+        loss_sums, loss_maxima = metrics.loss_sums(info, entropies, mask, per_token_kl, objective.metric_prefix,
+                                                   objective.fractions)  # fmt: skip
+        clip_sums, clip_maxima = metrics.clip_sums(objective.clip_metrics, info, mask)
+        totals, extremes = self._reduce({**(sums or {}), **loss_sums, **clip_sums},
+                                        {**(maxima or {}), **loss_maxima, **clip_maxima})  # fmt: skip
+        logged = {
+            **{name: metrics.nan_mean(name, totals) for name in ("policy_loss", "aux_loss") if name in totals},
+            **metrics.loss_metrics(totals, extremes, objective.metric_prefix, objective.fractions),
+            **metrics.clip_metrics(objective.clip_metrics, totals, extremes),
         }
-        if per_token_kl is not None:
-            sums["kl"] = (per_token_kl.detach().float() * fmask).sum()
-        extremes = torch.zeros(0, device=fmask.device)
-        fractions = []
-        if prefix is not None:
-            token_ratio, sequence_ratio = info["token_ratio"].float(), info["sequence_ratio"].float()
-            sums["token_ratio"] = (token_ratio * fmask).sum()
-            sums["sequence_ratio"] = (sequence_ratio * seq_valid).sum()
-            if "mixing_weight" in info:
-                weight = info["mixing_weight"].float()
-                sums["mixing_weight"] = (weight * fmask).sum()
-                sums["mixing_weight_sq"] = (weight.square() * fmask).sum()
-            fractions = [(name, key) for name, key in objective.fractions if key in info]
-            for _, key in fractions:
-                sums[key] = (info[key].float() * fmask).sum()
-            big = torch.tensor(float("inf"), device=fmask.device)
-            extremes = torch.stack([  # reduced with max; minima are negated
-                -torch.where(valid, token_ratio, big).min(),
-                torch.where(valid, token_ratio, -big).max(),
-                -torch.where(seq_valid, sequence_ratio, big).min(),
-                torch.where(seq_valid, sequence_ratio, -big).max(),
-            ])  # fmt: skip
-        keys = list(sums)
-        local = torch.cat([torch.stack([sums[k].float() for k in keys]), extremes])
-        gathered = self.accelerator.gather(local.unsqueeze(0)).reshape(-1, local.numel())
-        totals = dict(zip(keys, gathered[:, : len(keys)].sum(0).tolist(), strict=True))
-        # No valid token on any process (e.g. every completion masked): NaN, which TRL's `log` skips, instead of
-        # 0 means and +-inf extremes that would corrupt the step's averages.
-        tokens = totals["tokens"] if totals["tokens"] > 0 else math.nan
-        sequences = totals["sequences"] if totals["sequences"] > 0 else math.nan
-        metrics = self._metrics[mode]
-        metrics["entropy"].append(totals["entropy"] / tokens)
-        metrics["off_policy/abs_log_ratio"].append(totals["abs_log_ratio"] / tokens)
-        if per_token_kl is not None:
-            metrics["kl"].append(totals["kl"] / tokens)
-        if prefix is None:
-            return
-        ext = [v if math.isfinite(v) else math.nan for v in gathered[:, len(keys) :].max(0).values.tolist()]
-        metrics[f"{prefix}/token_ratio/mean"].append(totals["token_ratio"] / tokens)
-        metrics[f"{prefix}/token_ratio/min"].append(-ext[0])
-        metrics[f"{prefix}/token_ratio/max"].append(ext[1])
-        metrics[f"{prefix}/sequence_ratio/mean"].append(totals["sequence_ratio"] / sequences)
-        metrics[f"{prefix}/sequence_ratio/min"].append(-ext[2])
-        metrics[f"{prefix}/sequence_ratio/max"].append(ext[3])
-        if "mixing_weight" in info:
-            mean_w = totals["mixing_weight"] / tokens
-            metrics[f"{prefix}/mixing_weight/mean"].append(mean_w)
-            variance = max(totals["mixing_weight_sq"] / tokens - mean_w**2, 0.0)
-            metrics[f"{prefix}/mixing_weight/std"].append(variance**0.5)
-        for name, key in fractions:
-            metrics[f"{prefix}/{name}"].append(totals[key] / tokens)
-
-    def _log_trl_clip_metrics(self, mode, info, mask):
-        """TRL's clip metrics, computed as TRL computes them, from the objective's clip indicators.
-
-        `clip_ratio/*` (clip-surrogate rows): the share of tokens (sequences for GSPO's (B, 1) indicators) where the
-        clip binds below for A < 0 (`low_mean`), above for A > 0 (`high_mean`) or either (`region_mean`), and the
-        lowest / highest per-sequence share over all processes (`low_min`, `high_max`). `cispo_clip_ratio`: the share
-        of A > 0 tokens whose weight is capped.
-        """
-        mask = mask.float()
-
-        def global_masked_mean(x):
-            x = x.float()
-            if x.shape[1] == 1:  # one value per sequence
-                local = torch.stack([x.sum(), torch.tensor(float(x.shape[0]), device=x.device)])
-            else:
-                local = torch.stack([(x * mask).sum(), mask.sum()])
-            totals = self.accelerator.reduce(local, reduction="sum")
-            return (totals[0] / totals[1].clamp(min=1.0)).item()
-
-        def masked_seq_mean(x):
-            x = x.float()
-            return x.squeeze(1) if x.shape[1] == 1 else (x * mask).sum(-1) / mask.sum(-1)
-
-        metrics = self._metrics[mode]
-        if get_objective(self.args.algorithm).clip_metrics == "cispo_clip_ratio":
-            metrics["cispo_clip_ratio"].append(global_masked_mean(info["clipped_high"]))
-            return
-        low, high = info["clipped_low"], info["clipped_high"]
-        metrics["clip_ratio/low_mean"].append(global_masked_mean(low))
-        metrics["clip_ratio/high_mean"].append(global_masked_mean(high))
-        metrics["clip_ratio/region_mean"].append(global_masked_mean(low | high))
-        # TRL gathers the per-sequence shares, which needs the same number of rows on every process; dynamic
-        # batching gives processes micro-batches of different sizes, so reduce each process's extreme instead.
-        def nan_max(x):  # -inf when every sequence is empty (NaN share)
-            x = x[~torch.isnan(x)]
-            return x.max() if x.numel() else torch.tensor(-math.inf, device=mask.device)
-
-        extremes = torch.stack([nan_max(-masked_seq_mean(low)), nan_max(masked_seq_mean(high))])
-        if self.accelerator.num_processes > 1:
-            dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
-        low_min, high_max = (-extremes[0]).item(), extremes[1].item()
-        metrics["clip_ratio/low_min"].append(low_min if math.isfinite(low_min) else math.nan)
-        metrics["clip_ratio/high_max"].append(high_max if math.isfinite(high_max) else math.nan)
+        for name, value in logged.items():
+            self._metrics[mode][name].append(value)
 
     # ---------------------------------------------- resume and graceful stop (the logic: dhpo_trl/resume.py)
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):

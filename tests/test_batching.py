@@ -182,9 +182,9 @@ def test_split_window_keeps_every_row_once_and_carries_window_normalisers(passes
     assert len(flat) == 4 * passes
     assert sorted(row for part in flat for row in rows_of(part)) == rows_of(window)
     for part in flat:
-        assert part[batching.WINDOW_SEQUENCES].item() == 16
-        assert part[batching.WINDOW_TOKENS].item() == window["completion_mask"].sum().item()
-        assert part[batching.WINDOW_PASSES].item() == 4 * passes
+        assert part[batching.WINDOW].sequences == 16
+        assert part[batching.WINDOW].tokens == window["completion_mask"].sum().item()
+        assert part[batching.WINDOW].passes == 4 * passes
         # trimmed to its own longest prompt and completion (at least one column each)
         assert part["prompt_mask"][:, 0].any()
         assert part["completion_mask"][:, -1].any() or part["completion_mask"].size(1) == 1

@@ -106,8 +106,8 @@ def test_token_budget_splits_micro_steps_into_passes_with_the_same_update(tok, t
     assert sum(part["completion_mask"].size(0) for part in passes) == 16  # every row once
     for window in (steps[0:2], steps[2:4]):  # two optimizer steps of two micro-steps each
         window_passes = [part for micro in window for part in (micro if isinstance(micro, list) else [micro])]
-        assert {part[batching.WINDOW_PASSES].item() for part in window_passes} == {len(window_passes)}
-        assert {part[batching.WINDOW_SEQUENCES].item() for part in window_passes} == {8}
+        assert {part[batching.WINDOW].passes for part in window_passes} == {len(window_passes)}
+        assert {part[batching.WINDOW].sequences for part in window_passes} == {8}
 
 
 def test_equal_lengths_and_one_micro_batch_per_window(tok, tmp_path):
@@ -224,7 +224,8 @@ def test_window_gradient_with_kl_off_policy_mask_and_vllm_correction(tok, tmp_pa
     trainer.current_gradient_accumulation_steps = 2
     trl_slices = [batching.take(window, rows, 9, 32) for rows in ([0, 1, 2, 3], [4, 5, 6, 7])]
     reference = window_gradient(trainer, trl_slices)
-    micro = batching.split_window(window, micro_steps=2)
+    share = RUN["gradient_accumulation_steps"] / RUN["steps_per_generation"]  # dapo: the window's part of the batch
+    micro = batching.split_window(window, micro_steps=2, window_of=batching.planned_windows(1, share))
     assert sorted(part["completion_mask"].size(0) for part in micro) != [4, 4]  # regrouped unevenly
     assert relative_gap(window_gradient(trainer, micro), reference) < 1e-4
     # the same micro-batches normalised as TRL does (per micro-batch rows x accumulation) give another update
@@ -361,3 +362,45 @@ def test_two_processes_agree_on_passes_and_update_as_trl(tmp_path, engine):
             assert passes == 2 * math.ceil(max(own0, own1) / 2)
             agreed_by_max |= own0 != own1
     assert agreed_by_max  # the ranks' own needs differed somewhere, so the all-reduce mattered
+
+
+ADAPTIVE = dict(use_adaptive_entropy=True, entropy_coef=0.0, entropy_target=1e6, entropy_coef_delta=0.01,
+                entropy_coef_min=0.0, entropy_coef_max=1.0)  # fmt: skip
+
+
+@pytest.mark.parametrize("budget", [None, 30])
+def test_adaptive_entropy_coefficient_moves_once_per_optimizer_step_under_a_token_budget(tok, tmp_path, budget):
+    """Issue 26: a budget splits the step's last micro-step into passes, and the once-per-step update ran on each.
+    The world entropy is always below the huge target, so the coefficient rises by exactly delta per step."""
+    config = config_for("DHPO-A", output_dir=str(tmp_path), max_tokens_per_micro_batch=budget, **RUN, **ADAPTIVE, **CPU)
+    _, trainer = parameter_change(tok, config)
+    if budget is not None:
+        assert isinstance(trainer._buffered_inputs[1], batching.Passes)  # the step's last micro-step: several passes
+    assert trainer.entropy_coef == pytest.approx(0.01 * RUN["max_steps"])
+    logged = [entry["entropy_coef"] for entry in trainer.state.log_history if "entropy_coef" in entry]
+    assert logged == pytest.approx([0.01 * step for step in range(1, RUN["max_steps"] + 1)])
+
+
+def test_windowed_entropy_bonus_with_a_top_entropy_mask_matches_trl(tok, tmp_path):
+    """Issue 26: over a planned window the bonus divided by all the window's tokens where TRL divides by the
+    high-entropy tokens it acts on. One micro-batch per window: the same tokens, so the same update as TRL's."""
+    run = {**RUN, "gradient_accumulation_steps": 1, "steps_per_generation": 2, "top_entropy_quantile": 0.5,
+           "entropy_coef": 0.5}  # fmt: skip
+    base, _ = parameter_change(tok, config_for("DHPO-A", output_dir=str(tmp_path), dynamic_batching=False, **run, **CPU))
+    dynamic, _ = parameter_change(tok, config_for("DHPO-A", output_dir=str(tmp_path), **run, **CPU))
+    without_bonus, _ = parameter_change(
+        tok, config_for("DHPO-A", output_dir=str(tmp_path), dynamic_batching=False, **{**run, "entropy_coef": 0.0}, **CPU)
+    )
+    assert relative_gap(base, without_bonus) > 1e-2  # the bonus moves the update
+    assert relative_gap(dynamic, base) < 1e-3
+
+
+def test_evaluation_leaves_the_adaptive_entropy_controller_alone(tok, tmp_path):
+    """Evaluation neither moves the coefficient nor adds its tokens to the next training window's entropy."""
+    config = config_for("DHPO-A", output_dir=str(tmp_path), **{**RUN, "max_steps": 2}, **ADAPTIVE, **CPU)
+    _, trainer = parameter_change(tok, config, eval_dataset=dataset())
+    coefficient, world_entropy = trainer.entropy_coef, trainer._last_world_entropy
+    assert coefficient == pytest.approx(0.02)
+    trainer.evaluate()
+    assert (trainer.entropy_coef, trainer._last_world_entropy) == (coefficient, world_entropy)
+    assert trainer._entropy_window_stats is None  # nothing carried into the next window

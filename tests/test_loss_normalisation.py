@@ -17,7 +17,7 @@ import pytest
 import torch
 from datasets import Dataset
 
-from dhpo_trl import DHPOConfig, DHPOTrainer
+from dhpo_trl import DHPOConfig, DHPOTrainer, aggregation
 from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
 
 PROMPT_LEN, WIDTH, MAX_COMPLETION_LENGTH = 4, 6, 10
@@ -162,18 +162,21 @@ def test_one_token_and_no_token_micro_batches(loss_type, policy, micro_batches, 
     assert nothing.item() == 0.0
 
 
-def test_dapo_on_two_processes_scales_so_that_their_average_is_the_window_mean(policy, tmp_path, monkeypatch):
+def test_dapo_on_two_processes_scales_so_that_their_average_is_the_window_mean():
     """`num_items_in_batch` counts the tokens of all processes; DDP averages the processes' gradients, so each
     process divides its token sum by the tokens per process, not by all of them (checked on the aggregation alone:
     one process stands in for two)."""
-    trainer = make_trainer(policy, tmp_path, "dhpo", "dapo")
-    monkeypatch.setattr(type(trainer.accelerator), "num_processes", property(lambda self: 2))
     per_token = torch.tensor([[0.5, -1.0, 2.0], [1.5, 0.25, -0.75]])
     mask = torch.tensor([[1, 1, 0], [1, 1, 1]])
-    inputs = {"num_items_in_batch": torch.tensor(10)}  # 5 tokens here, 5 on the other process
+    items = torch.tensor(10)  # 5 tokens here, 5 on the other process
     token_sum = 0.5 - 1.0 + 1.5 + 0.25 - 0.75
-    assert trainer._aggregate(per_token, mask, inputs, "eval").item() == pytest.approx(token_sum / 5)
+
+    def dapo(share, passes):
+        window = aggregation.fixed_slice_window(2, passes, aggregation.dapo_tokens(items, 2, share))
+        return aggregation.aggregate("dapo", per_token, mask, window, max_completion_length=3).item()
+
+    assert dapo(1.0, 1) == pytest.approx(token_sum / 5)  # evaluation: the whole batch
     # in training, one micro-step of the accumulation window: the window holds steps_per_generation / accumulation of
-    # the generation batch that num_items_in_batch counts
+    # the generation batch that num_items_in_batch counts (and dapo never divides by the passes)
     expected = token_sum / (5 * ACCUMULATION / STEPS_PER_GENERATION)
-    assert trainer._aggregate(per_token, mask, inputs, "train").item() == pytest.approx(expected)
+    assert dapo(ACCUMULATION / STEPS_PER_GENERATION, ACCUMULATION) == pytest.approx(expected)

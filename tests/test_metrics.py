@@ -25,7 +25,7 @@ from metric_batch import (
 )
 from transformers import Qwen3ForCausalLM
 
-from dhpo_trl import DHPOConfig, DHPOTrainer
+from dhpo_trl import DHPOConfig, DHPOTrainer, metrics
 from dhpo_trl.tiny import build_char_tokenizer
 
 CASES = {  # name: (config overrides, expected_metrics arguments)
@@ -166,28 +166,30 @@ def test_a_single_valid_token_is_measured_not_nan(policy, tmp_path):
         assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
 
 
-def test_trl_clip_metrics_match_the_hand_computation(policy, tmp_path):
+def clip_logged(info, mask, kind="clip_ratio"):
+    """TRL's clip metrics of one process from the pure metric functions."""
+    sums, maxima = metrics.clip_sums(kind, info, mask)
+    return metrics.clip_metrics(kind, *metrics.reduce_across(sums, maxima, metrics.local_all_reduce))
+
+
+def test_trl_clip_metrics_match_the_hand_computation():
     """TRL's `clip_ratio/*` from the objective's indicators: padding never counts, a row with padding can hold the
     extreme share, one valid token is a share of 1, and GSPO's one-per-sequence indicators count every row."""
-    trainer = make_trainer(policy, tmp_path)
-    trainer._log_trl_clip_metrics("train", *clip_info([0, 1, 2, 3]))
-    assert logged(trainer, "train") == pytest.approx(CLIP_EXPECTED, rel=1e-6)
+    assert clip_logged(*clip_info([0, 1, 2, 3])) == pytest.approx(CLIP_EXPECTED, rel=1e-6)
     info, mask = clip_info([2, 0])
     mask[1] = torch.tensor([1.0, 0.0, 0.0, 0.0])  # one valid token, clipped below
-    trainer._log_trl_clip_metrics("train", info, mask)
-    assert logged(trainer, "train") == pytest.approx({
+    assert clip_logged(info, mask) == pytest.approx({
         "clip_ratio/low_mean": 1.0, "clip_ratio/high_mean": 0.0, "clip_ratio/region_mean": 1.0,
         "clip_ratio/low_min": 1.0, "clip_ratio/high_max": 0.0,
     })  # fmt: skip
     info, _ = clip_info([3, 1])
     info["clipped_low"][:] = False
-    trainer._log_trl_clip_metrics("eval", info, torch.zeros(2, 4))  # nothing valid anywhere: NaN, never +-inf
-    assert all(math.isnan(trainer._metrics["eval"][key][-1]) for key in ("clip_ratio/low_min", "clip_ratio/high_max"))
+    empty = clip_logged(info, torch.zeros(2, 4))  # nothing valid anywhere: NaN, never +-inf
+    assert all(math.isnan(empty[key]) for key in ("clip_ratio/low_min", "clip_ratio/high_max"))
     # GSPO: one indicator per sequence, (B, 1); TRL counts each row, an all-padding one included
     sequence = {"clipped_low": torch.tensor([[False], [True], [True]]), "clipped_high": torch.tensor([[True], [False], [False]])}
     mask = torch.tensor([[0.0, 0.0], [1.0, 1.0], [1.0, 0.0]])
-    trainer._log_trl_clip_metrics("train", sequence, mask)
-    assert logged(trainer, "train") == pytest.approx({
+    assert clip_logged(sequence, mask) == pytest.approx({
         "clip_ratio/low_mean": 2 / 3, "clip_ratio/high_mean": 1 / 3, "clip_ratio/region_mean": 1.0,
         "clip_ratio/low_min": 0.0, "clip_ratio/high_max": 1.0,
     })  # fmt: skip

@@ -357,8 +357,12 @@ def test_unknown_loss_type_raises_instead_of_aggregating(feature_model, tok, tmp
     trainer = DHPOTrainer(model=feature_model, reward_funcs=digit_share, args=args, train_dataset=prompts(),
                           processing_class=tok)  # fmt: skip
     trainer.loss_type = "sapo"
-    with pytest.raises(ValueError, match="loss_type='sapo' is not an aggregation"):
-        trainer._compute_loss(trainer.model, fixed_batch(feature_model))
+    was_training = trainer.model.training
+    for training in (False, True):  # also in train mode before train() has set the accumulation count
+        trainer.model.train(training)
+        with pytest.raises(ValueError, match="loss_type='sapo'"):
+            trainer._compute_loss(trainer.model, fixed_batch(feature_model))
+    trainer.model.train(was_training)
 
 
 # =============================================================================== (d) TRL features, fixed batch

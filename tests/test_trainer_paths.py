@@ -1,7 +1,7 @@
-"""Trainer paths that the training runs reach only in rare setups, checked on fixed inputs in one process:
-the entropy bonus (static and adaptive), the cross-process reductions (with a fake second process), the backward
-of a token-budget pass under DeepSpeed / DDP (with a fake accelerator), the batching warning, and the model card
-copied into every checkpoint. Expected values are written out by hand.
+"""Trainer paths that the training runs reach only in rare setups, checked on fixed inputs in one process: the
+passes of a token-budget micro-step under DeepSpeed / DDP (with a fake accelerator), planning and its warning, and
+the model card copied into every checkpoint. Expected values are written out by hand. The entropy bonus and the
+cross-process reductions are pure functions, tested in test_aggregation.py and test_metric_functions.py.
 """
 
 import math
@@ -16,203 +16,15 @@ import torch.distributed as torch_dist
 from accelerate.utils import DistributedType
 from datasets import Dataset
 
-from dhpo_trl import DHPOConfig, DHPOTrainer, batching
+from dhpo_trl import DHPOConfig, DHPOTrainer, batching, metrics
 from dhpo_trl import trainer as trainer_module
 from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
 
-# Two rows of three completion columns; padding entropies are huge, so any leak into a mean shows.
-ENTROPIES = torch.tensor([[1.0, 2.0, 100.0], [4.0, 100.0, 100.0]])
-MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])  # valid entropies 1, 2, 4: sum 7 over 3 tokens
-
-
-def metrics():
+def metrics_store():
     return defaultdict(lambda: defaultdict(list))
 
 
-class FakeAccelerator:
-    """The parts of accelerate.Accelerator the entropy bonus touches, in one process."""
-
-    def __init__(self, sync_gradients=True):
-        self.sync_gradients = sync_gradients
-
-    def gather(self, tensor):
-        return tensor.reshape(-1)
-
-    def reduce(self, tensor, reduction):
-        assert reduction == "sum"
-        return tensor
-
-
-def bonus_host(adaptive=False, coef=0.1, accumulation=2, last_world_entropy=math.inf, **args):
-    settings = dict(entropy_target=2.5, entropy_coef_delta=0.05, entropy_coef_max=0.2, entropy_coef_min=0.0)
-    return SimpleNamespace(
-        current_gradient_accumulation_steps=accumulation, use_adaptive_entropy=adaptive, entropy_coef=coef,
-        _last_world_entropy=last_world_entropy, _entropy_window_stats=None, _metrics=metrics(),
-        accelerator=FakeAccelerator(), args=SimpleNamespace(**{**settings, **args}),
-    )  # fmt: skip
-
-
-def add_bonus(host, mode="train", entropy_mask=None, inputs=None, loss=1.0, policy_loss=(0.5, float("nan"), 1.5)):
-    out = DHPOTrainer._add_entropy_bonus(
-        host, torch.tensor(loss), ENTROPIES, MASK, entropy_mask, torch.tensor(policy_loss), mode, inputs or {}
-    )
-    return out.item()
-
-
-# ------------------------------------------------------------------ entropy bonus
-def test_static_bonus_is_the_masked_mean_entropy_divided_by_accumulation_in_train():
-    host = bonus_host(coef=0.1, accumulation=2)
-    assert add_bonus(host) == pytest.approx(1.0 - 0.1 * (7 / 3) / 2)
-    assert host._metrics["train"]["policy_loss"] == [pytest.approx(1.0)]  # nan-mean of (0.5, nan, 1.5)
-    assert host._metrics["train"]["entropy_coef"] == [0.1]  # logged at the optimizer step
-
-
-def test_static_bonus_in_eval_is_not_divided_and_logs_no_coefficient():
-    host = bonus_host(coef=0.1, accumulation=2)
-    assert add_bonus(host, mode="eval") == pytest.approx(1.0 - 0.1 * 7 / 3)
-    assert "entropy_coef" not in host._metrics["eval"]
-    assert host._metrics["eval"]["policy_loss"] == [pytest.approx(1.0)]
-
-
-def test_entropy_mask_restricts_the_bonus_to_its_tokens():
-    entropy_mask = torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]])  # with MASK: entropies 1 and 4
-    host = bonus_host(coef=0.2, accumulation=1)
-    assert add_bonus(host, entropy_mask=entropy_mask) == pytest.approx(1.0 - 0.2 * 2.5)
-
-
-def test_dynamic_batching_divides_by_the_window_token_count_not_the_micro_batch():
-    host = bonus_host(coef=0.1, accumulation=4)  # the window count replaces both the mean and the accumulation
-    inputs = {batching.WINDOW_TOKENS: torch.tensor(10.0)}
-    assert add_bonus(host, inputs=inputs) == pytest.approx(1.0 - 0.1 * 7 / 10)
-    inputs = {batching.WINDOW_TOKENS: torch.tensor(0.0)}  # an empty window divides by 1, not 0
-    assert add_bonus(bonus_host(coef=0.1), inputs=inputs) == pytest.approx(1.0 - 0.1 * 7)
-
-
-def test_a_micro_batch_with_one_valid_token_takes_its_entropy():
-    one = torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])  # only the entropy 2.0
-    host = bonus_host(adaptive=True, coef=0.1, accumulation=1, last_world_entropy=0.0)
-    out = DHPOTrainer._add_entropy_bonus(host, torch.tensor(1.0), ENTROPIES, one, None, torch.tensor([0.0]), "train", {})
-    assert out.item() == pytest.approx(1.0 - 0.1 * 2.0)
-    assert host._last_world_entropy == 2.0  # the window's world entropy is that one token's too
-
-
-def test_a_micro_batch_without_valid_tokens_adds_no_bonus():
-    host = bonus_host(coef=0.1, accumulation=1)
-    out = DHPOTrainer._add_entropy_bonus(
-        host, torch.tensor(1.0), ENTROPIES, torch.zeros_like(MASK), None, torch.tensor([0.0]), "train", {}
-    )
-    assert out.item() == 1.0
-
-
-def test_adaptive_coefficient_applies_only_below_the_target_and_moves_once_per_optimizer_step():
-    # First window: no world entropy yet (inf > target), so no bonus; its entropy 7/3 <= 2.5 raises the coefficient.
-    host = bonus_host(adaptive=True, coef=0.1, accumulation=1)
-    host.accelerator.sync_gradients = False  # first micro-batch of a window of two: accumulate only
-    assert add_bonus(host) == 1.0
-    assert host.entropy_coef == 0.1 and host._last_world_entropy == math.inf
-    assert host._entropy_window_stats.tolist() == [7.0, 3.0]
-    assert "entropy_coef" not in host._metrics["train"]
-    host.accelerator.sync_gradients = True  # the step's last micro-batch (entropies 1 and 4): 12 over 5 tokens
-    assert add_bonus(host, entropy_mask=torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]])) == 1.0
-    assert host._last_world_entropy == pytest.approx(12 / 5)  # the whole window, not its last micro-batch (2.5)
-    assert host.entropy_coef == pytest.approx(0.15) and host._entropy_window_stats is None
-    assert host._metrics["train"]["entropy_coef"] == [pytest.approx(0.15)]
-    # Next step: the world entropy is below the target, so the raised coefficient applies.
-    assert add_bonus(host) == pytest.approx(1.0 - 0.15 * 7 / 3)
-    assert host.entropy_coef == pytest.approx(0.2)  # 0.15 + 0.05, at the cap
-    add_bonus(host)
-    assert host.entropy_coef == pytest.approx(0.2)  # capped at entropy_coef_max
-
-
-def test_adaptive_coefficient_falls_above_the_target_and_stops_at_the_floor():
-    host = bonus_host(adaptive=True, coef=0.08, accumulation=1, entropy_target=2.0, entropy_coef_min=0.01)
-    assert add_bonus(host) == 1.0  # world entropy still unknown
-    assert host._last_world_entropy == pytest.approx(7 / 3)  # above 2.0: lower the coefficient
-    assert host.entropy_coef == pytest.approx(0.03)
-    assert add_bonus(host) == 1.0  # above the target: no bonus at all
-    assert host.entropy_coef == pytest.approx(0.01)  # 0.03 - 0.05, floored at entropy_coef_min
-
-
-def test_adaptive_coefficient_at_exactly_the_target_counts_as_below():
-    entropy_mask = torch.tensor([[1.0, 0.0, 1.0], [1.0, 1.0, 1.0]])  # with MASK: entropies 1 and 4, mean 2.5
-    host = bonus_host(adaptive=True, coef=0.1, accumulation=1, last_world_entropy=2.5, entropy_target=2.5)
-    assert add_bonus(host, entropy_mask=entropy_mask) == pytest.approx(1.0 - 0.1 * 2.5)  # applied at the target
-    assert host._last_world_entropy == 2.5
-    assert host.entropy_coef == pytest.approx(0.15)  # and raised: a world entropy at the target is not above it
-
-
-def test_adaptive_coefficient_does_not_move_in_eval():
-    host = bonus_host(adaptive=True, coef=0.1, accumulation=1, last_world_entropy=1.0)
-    assert add_bonus(host, mode="eval") == pytest.approx(1.0 - 0.1 * 7 / 3)
-    assert host.entropy_coef == 0.1 and host._entropy_window_stats is None and host._last_world_entropy == 1.0
-
-
-# ------------------------------------------------------------------ cross-process reductions
-class OtherProcess:
-    """torch.distributed with one other process holding `other`: all_reduce(MAX) takes the element-wise max."""
-
-    ReduceOp = torch_dist.ReduceOp
-
-    def __init__(self, other, initialized=True):
-        self.other, self.initialized, self.calls = other, initialized, 0
-
-    def is_available(self):
-        return True
-
-    def is_initialized(self):
-        return self.initialized
-
-    def all_reduce(self, tensor, op):
-        assert op == torch_dist.ReduceOp.MAX, op
-        self.calls += 1
-        tensor.copy_(torch.maximum(tensor, torch.as_tensor(self.other, dtype=tensor.dtype)))
-
-
-def process_host(num_processes):
-    return SimpleNamespace(accelerator=SimpleNamespace(num_processes=num_processes, device=torch.device("cpu")))
-
-
-def test_pass_counts_are_the_maximum_over_processes(monkeypatch):
-    fake = OtherProcess([3, 1, 5])
-    monkeypatch.setattr(trainer_module, "dist", fake)
-    assert DHPOTrainer._max_over_processes(process_host(2), [2, 2, 5]) == [3, 2, 5]
-    assert fake.calls == 1
-    assert DHPOTrainer._max_over_processes(process_host(1), [2, 2, 5]) == [2, 2, 5]  # alone: no collective
-    assert fake.calls == 1
-
-
-def test_global_entropy_range_spans_every_process(monkeypatch):
-    # This process: valid entropies 1, 2, 4. The other: 0.5 .. 3 (sent as (-min, max)).
-    fake = OtherProcess([-0.5, 3.0])
-    monkeypatch.setattr(trainer_module, "dist", fake)
-    low, high = DHPOTrainer._global_entropy_range(process_host(2), ENTROPIES, MASK)
-    assert (float(low), float(high)) == (0.5, 4.0) and fake.calls == 1
-
-
-def test_an_all_padding_process_does_not_drag_the_global_range(monkeypatch):
-    fake = OtherProcess([-0.5, 3.0])
-    monkeypatch.setattr(trainer_module, "dist", fake)
-    low, high = DHPOTrainer._global_entropy_range(process_host(2), ENTROPIES, torch.zeros_like(MASK))
-    assert (float(low), float(high)) == (0.5, 3.0)
-
-
-def test_global_entropy_range_of_one_process_is_its_own_and_never_reduces(monkeypatch):
-    fake = OtherProcess([-0.0, 50.0])
-    monkeypatch.setattr(trainer_module, "dist", fake)
-    low, high = DHPOTrainer._global_entropy_range(process_host(1), ENTROPIES, MASK)
-    assert (float(low), float(high)) == (1.0, 4.0) and fake.calls == 0
-    # accelerate reports two processes but torch.distributed is not set up (no collective is possible)
-    monkeypatch.setattr(trainer_module, "dist", OtherProcess([-0.0, 50.0], initialized=False))
-    low, high = DHPOTrainer._global_entropy_range(process_host(2), ENTROPIES, MASK)
-    assert (float(low), float(high)) == (1.0, 4.0)
-
-
-def test_global_entropy_range_without_any_valid_token_is_finite():
-    low, high = DHPOTrainer._global_entropy_range(process_host(1), ENTROPIES, torch.zeros_like(MASK))
-    assert math.isfinite(low) and math.isfinite(high)
-
-
-# ------------------------------------------------------------------ backward of a token-budget pass
+# ------------------------------------------------------------------ the passes of a token-budget micro-step
 class RecordingAccelerator:
     def __init__(self, distributed_type, fail=False):
         self.distributed_type, self.sync_gradients, self.fail = distributed_type, True, fail
@@ -232,56 +44,73 @@ class RecordingAccelerator:
         return Context()
 
     def backward(self, loss, **kwargs):
-        self.seen.append(("backward", loss, kwargs, self.sync_gradients))
+        self.seen.append(("backward", loss.item(), kwargs, self.sync_gradients))
         if self.fail:
             raise RuntimeError("out of memory")
+
+
+@pytest.fixture
+def recorded_forwards(monkeypatch):
+    """TRL's compute_loss replaced by one that records the accelerator's `sync_gradients` during the forward."""
+    seen = []
+
+    def parent_compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        seen.append(("forward", inputs["name"], self.accelerator.sync_gradients))
+        if hasattr(self.accelerator, "seen"):
+            self.accelerator.seen.append(("forward", inputs["name"], self.accelerator.sync_gradients))
+        return torch.tensor(inputs["loss"], requires_grad=True)
+
+    monkeypatch.setattr(trainer_module.GRPOTrainer, "compute_loss", parent_compute_loss)
+    return seen
 
 
 @pytest.mark.parametrize(
     "distributed_type, kwargs",
     [(DistributedType.DEEPSPEED, {"scale_wrt_gas": False}), (DistributedType.MULTI_GPU, {}), (DistributedType.NO, {})],
 )
-def test_a_budget_pass_backpropagates_without_sync_or_step(distributed_type, kwargs):
-    """DeepSpeed: no gradient-accumulation rescaling (the loss is already normalised) and no engine step (not the
-    accumulation boundary); DDP: no all-reduce until the step's last pass; then the accelerator is as it was."""
+def test_a_pass_before_the_boundary_runs_forward_and_backward_without_sync_or_step(
+    distributed_type, kwargs, recorded_forwards, card_trainer, monkeypatch
+):
+    """The forward too runs with `sync_gradients` False (once-per-step work waits for the last pass) and inside
+    `no_sync` (DDP decides in the forward whether the backward all-reduces); DeepSpeed: no accumulation rescaling
+    (the loss is already normalised) and no engine step; then the accelerator is as it was."""
     accelerator = RecordingAccelerator(distributed_type)
-    model, loss = object(), torch.tensor(2.0)
-    DHPOTrainer._backward_without_sync(SimpleNamespace(accelerator=accelerator), model, loss)
-    assert accelerator.seen == [("no_sync", model), ("backward", loss, kwargs, False), ("synced", model)]
-    assert accelerator.sync_gradients is True
-
-
-def test_a_failed_budget_pass_restores_gradient_sync():
-    accelerator = RecordingAccelerator(DistributedType.DEEPSPEED, fail=True)
-    with pytest.raises(RuntimeError, match="out of memory"):
-        DHPOTrainer._backward_without_sync(SimpleNamespace(accelerator=accelerator), object(), torch.tensor(1.0))
-    assert accelerator.sync_gradients is True
-
-
-def test_a_micro_step_of_several_passes_backpropagates_each_and_reports_their_sum(card_trainer, monkeypatch):
-    """Passes before the last go through `_backward_without_sync`; the Trainer backpropagates the last one, and the
-    loss it logs is the sum over the passes (each pass is already normalised by the window)."""
-    seen, backward = [], []
-
-    def parent_compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        seen.append((model, inputs["name"], return_outputs, num_items_in_batch))
-        return torch.tensor(inputs["loss"], requires_grad=True)
-
-    monkeypatch.setattr(trainer_module.GRPOTrainer, "compute_loss", parent_compute_loss)
-    monkeypatch.setattr(card_trainer, "_backward_without_sync", lambda model, loss: backward.append((model, loss.item())))
+    monkeypatch.setattr(card_trainer, "accelerator", accelerator)
     model = object()
+    card_trainer._pass_before_the_boundary(model, {"name": "a", "loss": 2.0}, False, None)
+    assert accelerator.seen == [
+        ("no_sync", model), ("forward", "a", False), ("backward", 2.0, kwargs, False), ("synced", model)
+    ]  # fmt: skip
+    assert accelerator.sync_gradients is True
+
+
+def test_a_failed_budget_pass_restores_gradient_sync(recorded_forwards, card_trainer, monkeypatch):
+    accelerator = RecordingAccelerator(DistributedType.DEEPSPEED, fail=True)
+    monkeypatch.setattr(card_trainer, "accelerator", accelerator)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        card_trainer._pass_before_the_boundary(object(), {"name": "a", "loss": 1.0}, False, None)
+    assert accelerator.sync_gradients is True
+
+
+def test_a_micro_step_of_several_passes_backpropagates_each_and_reports_their_sum(card_trainer, recorded_forwards,
+                                                                                 monkeypatch):  # fmt: skip
+    """Passes before the last run forward and backward with `sync_gradients` off; the Trainer backpropagates the
+    last one, whose forward sees the step boundary, and the loss it logs is the sum over the passes."""
+    backward = []
+    monkeypatch.setattr(card_trainer.accelerator, "backward", lambda loss, **kw: backward.append(loss.item()))
+    model = card_trainer.model
     passes = batching.Passes([{"name": "a", "loss": 0.5}, {"name": "b", "loss": 0.25}, {"name": "c", "loss": 2.0}])
     total = card_trainer.compute_loss(model, passes, False, 7)
     assert total.item() == pytest.approx(2.75) and total.requires_grad
-    assert seen == [(model, "a", False, 7), (model, "b", False, 7), (model, "c", False, 7)]
-    assert backward == [(model, 0.5), (model, 0.25)]
+    assert recorded_forwards == [("forward", "a", False), ("forward", "b", False), ("forward", "c", True)]
+    assert backward == [0.5, 0.25]
     # one pass (a plain dict): TRL's compute_loss, untouched
-    seen.clear()
+    recorded_forwards.clear()
     assert card_trainer.compute_loss(model, {"name": "d", "loss": 1.5}, False, 3).item() == 1.5
-    assert seen == [(model, "d", False, 3)] and len(backward) == 2
+    assert recorded_forwards == [("forward", "d", True)] and len(backward) == 2
 
 
-# ------------------------------------------------------------------ batching warning
+# ------------------------------------------------------------------ planning and its warning
 def micro_batch(rows=2, extra=None):
     batch = {
         "prompt_ids": torch.ones(rows, 2, dtype=torch.long), "prompt_mask": torch.ones(rows, 2, dtype=torch.long),
@@ -293,13 +122,15 @@ def micro_batch(rows=2, extra=None):
 
 
 def planning_host(dynamic_batching=True, steps=1, pad_to_multiple_of=None):
-    logged = []
     host = SimpleNamespace(
         args=SimpleNamespace(dynamic_batching=dynamic_batching, gradient_accumulation_steps=steps,
-                             max_tokens_per_micro_batch=None),
-        pad_to_multiple_of=pad_to_multiple_of, _batching_warned=False, _log_padding=logged.append,
+                             steps_per_generation=steps, max_tokens_per_micro_batch=None),
+        pad_to_multiple_of=pad_to_multiple_of, _batching_warned=False, _metrics=metrics_store(),
+        accelerator=SimpleNamespace(num_processes=1),
+        _reduce=lambda sums, maxima: metrics.reduce_across(sums, maxima, metrics.local_all_reduce),
+        _max_over_processes=lambda values: values,
     )  # fmt: skip
-    return host, logged
+    return host
 
 
 def plan(host, buffered):
@@ -310,30 +141,30 @@ def plan(host, buffered):
 
 
 def test_dynamic_batching_off_keeps_trl_batches_without_a_warning():
-    host, logged = planning_host(dynamic_batching=False)
+    host = planning_host(dynamic_batching=False)
     buffered = [micro_batch(), micro_batch()]
     planned, messages = plan(host, buffered)
-    assert planned is buffered and messages == [] and logged == [buffered]
+    assert planned is buffered and messages == []
+    # padding of TRL's slices: 8 real of 10 tokens in each
+    assert host._metrics["train"]["batching/padding_fraction"] == [pytest.approx(0.2)]
 
 
 def test_an_unsupported_batch_warns_once_and_keeps_trl_batches():
-    host, logged = planning_host()
+    host = planning_host()
     buffered = [micro_batch(extra={"pixel_values": torch.zeros(2, 1)})]
     planned, messages = plan(host, buffered)
-    assert planned is buffered and logged == [buffered]
-    assert messages == ["dynamic_batching keeps TRL's micro-batches for this run: the batch holds multimodal input "
-                        "`pixel_values`."]  # fmt: skip
+    assert planned is buffered
+    assert len(messages) == 1 and "pixel_values" in messages[0]  # the input that keeps TRL's batching
     planned, messages = plan(host, buffered)  # the next generation batch: no second warning
     assert planned is buffered and messages == []
 
 
 def test_a_single_micro_batch_window_is_planned():
     """One micro-batch per generation batch (no accumulation): it is re-cut to its own widths."""
-    host, logged = planning_host(steps=1)
-    planned, messages = plan(host, [micro_batch()])
-    assert messages == [] and len(planned) == 1
+    planned = batching.plan_generation_batch([micro_batch()], micro_steps=1)
+    assert len(planned) == 1
     assert planned[0]["completion_ids"].shape == (2, 3)  # the long row needs all three columns
-    assert len(logged) == 1 and len(logged[0]) == 1
+    assert (planned[0][batching.WINDOW].sequences, planned[0][batching.WINDOW].tokens) == (2.0, 4.0)
 
 
 @pytest.mark.parametrize("multiple, width", [(None, 3), (2, 4), (8, 5)])
@@ -342,32 +173,23 @@ def test_planned_widths_honour_pad_to_multiple_of(multiple, width):
     batch = micro_batch()
     batch["completion_ids"] = torch.ones(2, 5, dtype=torch.long)
     batch["completion_mask"] = torch.tensor([[1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
-    host, _ = planning_host(pad_to_multiple_of=multiple)
-    planned, _ = plan(host, [batch])
+    planned = batching.plan_generation_batch([batch], micro_steps=1, pad_to_multiple_of=multiple)
     assert planned[0]["completion_ids"].shape == (2, width)
 
 
-class GatheringAccelerator:
-    """accelerate's gather with another process holding `other` rows."""
+def test_a_token_budget_takes_the_pass_count_agreed_over_processes():
+    """This process alone needs one pass; another needs three: the agreement callable decides, once per plan."""
+    asked = []
 
-    device = torch.device("cpu")
+    def agree(values):
+        asked.append(list(values))
+        return [3 for _ in values]
 
-    def __init__(self, other):
-        self.other = other
-
-    def gather(self, tensor):
-        return torch.cat([tensor, torch.tensor(self.other, dtype=tensor.dtype)])
-
-
-def test_padding_fraction_counts_every_process_tokens():
-    # Here: prompts 2 x 2 all real, completions 3 + 1 real of 2 x 3: 8 real of 10 forwarded tokens.
-    # The other process: 5 real of 10. Logged: 1 - 13 / 20.
-    host = SimpleNamespace(accelerator=GatheringAccelerator([[5, 10]]), _metrics=metrics())
-    DHPOTrainer._log_padding(host, [micro_batch()])
-    assert host._metrics["train"]["batching/padding_fraction"] == [pytest.approx(0.35)]
-    host = SimpleNamespace(accelerator=GatheringAccelerator([[0, 0]]), _metrics=metrics())
-    DHPOTrainer._log_padding(host, [micro_batch(), micro_batch()])
-    assert host._metrics["train"]["batching/padding_fraction"] == [pytest.approx(0.2)]
+    rows = [micro_batch(rows=4), micro_batch(rows=4)]
+    planned = batching.plan_generation_batch(rows, micro_steps=2, budget=1000, max_over_processes=agree)
+    assert asked == [[1]]  # one window, one agreement
+    assert [len(step) if isinstance(step, list) else 1 for step in planned] == [2, 2]  # ceil(3 / 2) passes a step
+    assert {part[batching.WINDOW].passes for part in batching.forward_passes(planned)} == {4.0}
 
 
 # ------------------------------------------------------------------ model card

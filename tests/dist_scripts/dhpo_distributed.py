@@ -41,8 +41,8 @@ class RecordingDHPOTrainer(DHPOTrainer):
         })  # fmt: skip
         return low, high
 
-    def _log_loss_metrics(self, mode, info, entropies, mask, per_token_kl):
-        super()._log_loss_metrics(mode, info, entropies, mask, per_token_kl)
+    def _log_loss_metrics(self, mode, info, entropies, mask, per_token_kl, *extra):
+        super()._log_loss_metrics(mode, info, entropies, mask, per_token_kl, *extra)
         fmask = mask.float()
         self.records["token_ratio"].append({
             "local_sum": (info["token_ratio"].detach() * fmask).sum().item(), "local_tokens": fmask.sum().item(),

@@ -22,7 +22,7 @@ from datasets import Dataset  # noqa: E402
 from metric_batch import GMPO_EPSILONS, WIDTH, build_policy, clip_info, epsilons_for, inputs_for  # noqa: E402
 from transformers import Qwen3ForCausalLM  # noqa: E402
 
-from dhpo_trl import DHPOConfig, DHPOTrainer  # noqa: E402
+from dhpo_trl import DHPOConfig, DHPOTrainer, metrics  # noqa: E402
 from dhpo_trl.tiny import build_char_tokenizer  # noqa: E402
 from _teardown import destroy_process_group  # noqa: E402 - this folder is sys.path[0] under torchrun
 
@@ -59,8 +59,8 @@ def main(out_dir):
         dumps[name] = {key: values[-1] for key, values in trainer._metrics["train"].items()}
     # TRL's clip metrics: rank 0 holds rows 0-1 of the CLIP_ tables, rank 1 rows 2-3 (the all-padding row and the
     # row that alone holds neither extreme); each rank must log those of all four rows.
-    trainer._log_trl_clip_metrics("eval", *clip_info([0, 1] if rank == 0 else [2, 3]))
-    dumps["trl_clip"] = {key: values[-1] for key, values in trainer._metrics["eval"].items()}
+    sums, maxima = metrics.clip_sums("clip_ratio", *clip_info([0, 1] if rank == 0 else [2, 3]))
+    dumps["trl_clip"] = metrics.clip_metrics("clip_ratio", *metrics.reduce_across(sums, maxima, trainer._all_reduce))
     (Path(out_dir) / f"metrics_rank{rank}.json").write_text(json.dumps(dumps))
 
 

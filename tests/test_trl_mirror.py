@@ -1,0 +1,46 @@
+"""`dhpo_trl.trl_mirror`: the installed TRL still holds every mirrored block at the listed lines, and TRL's tail
+corrections apply in TRL's order."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from dhpo_trl import trl_mirror
+
+
+def trl_lines():
+    origin = Path(importlib.util.find_spec("trl").origin).parent.parent
+    return (origin / trl_mirror.TRL_FILE).read_text().splitlines()
+
+
+@pytest.mark.parametrize("mirror", trl_mirror.MIRRORED, ids=lambda m: m.ours)
+def test_every_mirrored_trl_block_is_where_the_list_says(mirror):
+    """A TRL upgrade that moves or changes a mirrored block fails here: review that block, then update the list."""
+    lines = trl_lines()
+    first, last = mirror.lines
+    assert 1 <= first <= last <= len(lines)
+    assert lines[first - 1].strip() == mirror.first
+    assert lines[last - 1].strip() == mirror.last
+    assert f"def {mirror.trl}(" in "\n".join(lines[:first])  # the block lies after TRL's method starts
+
+
+def test_corrections_multiply_in_trl_order_then_add_the_kl():
+    loss = torch.tensor([[2.0, 3.0]])
+    out = trl_mirror.apply_corrections(
+        loss, off_policy_mask=torch.tensor([[1.0, 0.0]]), entropy_mask=torch.tensor([[0.5, 1.0]]),
+        importance_sampling_ratio=torch.tensor([[3.0, 3.0]]), beta=0.1, kl=torch.tensor([[10.0, 20.0]]),
+    )  # fmt: skip
+    assert out[0].tolist() == pytest.approx([2.0 * 0.5 * 3.0 + 1.0, 0.0 + 2.0])
+    assert trl_mirror.apply_corrections(loss).tolist() == [[2.0, 3.0]]  # nothing given: unchanged
+
+
+def test_per_token_kl_is_k3_and_zero_on_padding():
+    ref = torch.tensor([[0.0, float("nan")]])  # padding holds no reference log-prob
+    logps = torch.tensor([[-1.0, -5.0]])
+    mask = torch.tensor([[1.0, 0.0]])
+    kl = trl_mirror.per_token_kl(ref, logps, mask)
+    assert kl[0].tolist() == pytest.approx([torch.e - 1.0 - 1.0, 0.0])
+    weighted = trl_mirror.per_token_kl(ref, logps, mask, weight=torch.tensor([[2.0, 2.0]]))
+    assert weighted[0].tolist() == pytest.approx([2 * (torch.e - 2.0), 0.0])
