@@ -17,7 +17,7 @@ import torch
 from datasets import Dataset
 from transformers import TrainerCallback
 
-from dhpo_trl import DHPOTrainer, batching, resume
+from dhpo_trl import aggregation, DHPOTrainer, batching, resume
 from dhpo_trl.presets import config_for
 from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
 
@@ -126,7 +126,7 @@ def test_mid_generation_batch_resume_equals_the_uninterrupted_run(name, uninterr
 
 
 def test_token_budget_checkpoint_holds_passes_and_window_tensors(uninterrupted):
-    """The saved buffer is the planned one: `Passes` lists and the 0-dim window normalisers, on the CPU."""
+    """The saved buffer is the planned one: `Passes` lists and each pass's accumulation `Window`, on the CPU."""
     full = uninterrupted["k4-token-budget"]
     path = os.path.join(full.args.output_dir, "checkpoint-1", "dhpo_generation_state_rank0.pt")
     state = torch.load(path, weights_only=True)
@@ -134,7 +134,8 @@ def test_token_budget_checkpoint_holds_passes_and_window_tensors(uninterrupted):
     assert resume.decode(state["_step"]) == 2  # one optimizer step of 2 micro-steps done
     assert len(buffered) == 8 and any(isinstance(micro, batching.Passes) for micro in buffered)
     part = next(micro for micro in buffered if isinstance(micro, batching.Passes))[0]
-    assert part[batching.WINDOW_PASSES].dim() == 0 and part[batching.WINDOW_PASSES].item() > 2
+    window = part[batching.WINDOW]
+    assert isinstance(window, aggregation.Window) and float(window.passes) > 2 and float(window.tokens) > 0
 
 
 def test_without_the_generation_state_the_resume_differs(uninterrupted, tok, tmp_path):
