@@ -67,21 +67,6 @@ CELLS = [  # (batching, entropy_bonus, tool_mask, top_entropy, moe, policy, mixi
     ("off", "adaptive", True, 0.5, True, "on", "entropy", "grpo"),
 ]  # fmt: skip
 
-DEFECT_A = ("issue 26 (a): with use_adaptive_entropy and max_tokens_per_micro_batch the coefficient is updated once "
-            "per forward pass of the step's last micro-step instead of once per optimizer step")  # fmt: skip
-DEFECT_B = ("issue 26 (b): with dynamic_batching the entropy bonus divides by all window tokens where TRL divides "
-            "by the top_entropy_quantile-masked count")  # fmt: skip
-
-
-def known_defect(cell) -> str | None:
-    batching, bonus, _, top_entropy = cell[:4]
-    if batching == "budget" and bonus == "adaptive":
-        return DEFECT_A
-    if batching != "off" and bonus != "none" and top_entropy < 1.0:
-        return DEFECT_B
-    return None
-
-
 def _name(cell):
     batching, bonus, tool, top, moe, policy, mixing, loss_type = cell
     return (f"{batching}-{bonus}-{'tool' if tool else 'notool'}-q{top}-{'moe' if moe else 'dense'}-{policy}policy-"
@@ -89,8 +74,7 @@ def _name(cell):
 
 
 def _params(cells):
-    return [pytest.param(c, id=_name(c), marks=[pytest.mark.xfail(strict=True, reason=known_defect(c))]
-                         if known_defect(c) else []) for c in cells]  # fmt: skip
+    return [pytest.param(c, id=_name(c)) for c in cells]
 
 
 def test_cells_cover_every_pair():
@@ -100,10 +84,6 @@ def test_cells_cover_every_pair():
 
     wanted = {(a, x, b, y) for a, b in itertools.combinations(FACTORS, 2) for x in LEVELS[a] for y in LEVELS[b]}
     assert pairs(CELLS) == wanted
-    # a known-defect cell fails as a whole: its pairs that do not make the defect are checked in a passing cell
-    defect_factors = {"batching", "entropy_bonus", "top_entropy"}
-    hidden = {p for c in CELLS if known_defect(c) for p in pairs([c]) if not {p[0], p[2]} <= defect_factors}
-    assert hidden <= pairs([c for c in CELLS if known_defect(c) is None])
 
 
 def configure(tmp_path, cell, **overrides):
@@ -207,7 +187,6 @@ def test_on_policy_gradient_is_the_policy_gradient_not_zero(tok, tmp_path):
         assert relative_gap(recording.grads[step], expected) < TOLERANCE
 
 
-@pytest.mark.xfail(strict=True, reason=DEFECT_A)
 def test_adaptive_coefficient_moves_once_per_optimizer_step_under_a_token_budget(tok, tmp_path):
     """TRL's controller: one update per optimizer step. The target is above any entropy, so after step k the
     logged coefficient is the start + k x delta, whatever the number of forward passes of a step."""
@@ -220,7 +199,6 @@ def test_adaptive_coefficient_moves_once_per_optimizer_step_under_a_token_budget
     assert logged == pytest.approx(expected, rel=1e-6)
 
 
-@pytest.mark.xfail(strict=True, reason=DEFECT_B)
 def test_windowed_entropy_bonus_divides_by_the_top_entropy_masked_tokens(tok, tmp_path):
     """TRL's bonus is the mean entropy over the tokens the top-entropy mask keeps; dynamic batching makes it the
     window's mean over those same tokens. Only the bonus differs from the plain run: the gradient difference is

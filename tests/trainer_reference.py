@@ -168,6 +168,7 @@ def reference_gradients(build_model, recordings: list[Recording], settings: Sett
         for p in range(processes):
             passes = windows[p][step]
             terms_total, entropy_sum, entropy_count, bonus_micro, aux_sum = 0.0, 0.0, 0.0, 0.0, 0.0
+            bonus_by_tokens, window_tokens = 0.0, 0.0
             for j, (part, (logps, entropies, aux)) in enumerate(zip(passes, forwards[p], strict=True)):
                 mask = _loss_mask(part).to(dtype)
                 old = part.get("old_per_token_logps")
@@ -194,7 +195,10 @@ def reference_gradients(build_model, recordings: list[Recording], settings: Sett
                 effective = mask * keep
                 entropy_sum = entropy_sum + (entropies * effective).sum()
                 entropy_count = entropy_count + effective.sum()
-                bonus_micro = bonus_micro + (entropies * effective).sum() / effective.sum().clamp(min=1.0)
+                pass_mean = (entropies * effective).sum() / effective.sum().clamp(min=1.0)
+                bonus_micro = bonus_micro + pass_mean
+                bonus_by_tokens = bonus_by_tokens + pass_mean * mask.sum()
+                window_tokens = window_tokens + mask.sum()
                 if aux is not None:
                     aux_sum = aux_sum + aux
             if s.loss_type == "grpo":  # eq. 7 over the process's window: B x accumulation responses
@@ -202,8 +206,13 @@ def reference_gradients(build_model, recordings: list[Recording], settings: Sett
             else:  # dapo: TRL's num_items_in_batch / processes x accumulation / steps_per_generation
                 loss = terms_total / (generation_tokens / processes * s.accumulation / s.steps_per_generation)
             if s.entropy_coef != 0.0 or s.adaptive is not None:
-                if s.dynamic_batching:  # the token mean over the window (the micro-batches vary)
-                    bonus = entropy_sum / max(float(entropy_count), 1.0)
+                if s.dynamic_batching:
+                    # The micro-batches vary: each pass's mean over the tokens the bonus acts on (TRL's per-micro-batch
+                    # mean), weighted by the pass's share of the window's loss tokens. Without a top-entropy mask this
+                    # is the token mean over the window, whatever the grouping. With one, the kept count of the other
+                    # passes is unknown when a pass computes its loss (each pass draws its own quantile), so the
+                    # share is by loss tokens, of which each pass keeps the same fraction.
+                    bonus = bonus_by_tokens / max(float(window_tokens), 1.0)
                 else:  # TRL: each micro-batch's mean, divided by the accumulation steps
                     bonus = bonus_micro / s.accumulation
                 applied = coef
