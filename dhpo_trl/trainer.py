@@ -19,7 +19,7 @@ import torch.distributed as dist
 from accelerate.utils import DistributedType
 from trl import GRPOTrainer
 
-from . import batching
+from . import batching, packing
 from .config import DHPOConfig
 from .moe import maybe_set_zero3_leaf_modules, zero3_leaf_modules_for_trl_prepared_models
 from .losses import masked_log_ratio
@@ -76,6 +76,14 @@ class DHPOTrainer(GRPOTrainer):
         self.zero3_leaf_modules = maybe_set_zero3_leaf_modules(self.model, self.accelerator)
         self._tag_names = ["trl", "dhpo", args.algorithm]
         self._batching_warned = False
+        # ---- padding_free (issue 27; dhpo_trl/packing.py): refuse a model packed rows would give wrong outputs
+        self._padding_free = args.padding_free
+        for name, checked in (("model", self.model), ("ref_model", self.ref_model)) if args.padding_free else ():
+            reason = checked is not None and packing.unsupported_model_reason(checked)
+            if reason:
+                raise ValueError(f"DHPOConfig.padding_free=True cannot run on this {name}: {reason}. Set "
+                                 "padding_free=False (dynamic batching, same update) or change the model.")  # fmt: skip
+        # ---- end padding_free
 
     # --------------------------------------------------------------- batching
     def _prepare_inputs(self, generation_batch):
@@ -95,12 +103,21 @@ class DHPOTrainer(GRPOTrainer):
         reason = batching.unsupported_reason(buffered[0]) if self.args.dynamic_batching else "off"
         if reason is not None:
             if reason != "off" and not self._batching_warned:
-                warnings.warn(f"dynamic_batching keeps TRL's micro-batches for this run: {reason}.", stacklevel=2)
+                which = "padding_free and dynamic_batching keep" if self._padding_free else "dynamic_batching keeps"
+                warnings.warn(f"{which} TRL's micro-batches for this run: {reason}.", stacklevel=2)
                 self._batching_warned = True
             self._log_padding(buffered)
             return buffered
         steps = self.args.gradient_accumulation_steps
         windows = [batching.concat(buffered[i : i + steps]) for i in range(0, len(buffered), steps)]
+        if self._padding_free:  # ---- padding_free (issue 27): rows of whole sequences, see dhpo_trl/packing.py
+            lengths = [packing.token_counts(window["prompt_mask"], window["completion_mask"]) for window in windows]
+            plans = packing.plan_windows(lengths, steps, self.args.max_tokens_per_micro_batch, self._max_over_processes)
+            planned = [micro for window, plan in zip(windows, plans, strict=True)
+                       for micro in packing.split_window(window, plan)]  # fmt: skip
+            parts = [part for micro in planned for part in (micro if isinstance(micro, list) else [micro])]
+            self._log_padding(parts, counter=packing.packed_fraction)
+            return planned
         plans = [batching.plan_for(window, self.pad_to_multiple_of) for window in windows]
         passes = [1] * len(windows)
         if self.args.max_tokens_per_micro_batch is not None:
@@ -122,9 +139,9 @@ class DHPOTrainer(GRPOTrainer):
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
         return tensor.tolist()
 
-    def _log_padding(self, micro_batches: list[dict]) -> None:
+    def _log_padding(self, micro_batches: list[dict], counter=batching.padded_fraction) -> None:
         """`batching/padding_fraction`: share of the training forwards' tokens that are padding, all processes."""
-        real, forwarded = batching.padded_fraction(micro_batches)
+        real, forwarded = counter(micro_batches)
         totals = self.accelerator.gather(torch.tensor([[real, forwarded]], device=self.accelerator.device)).sum(0)
         self._metrics["train"]["batching/padding_fraction"].append(1.0 - totals[0].item() / max(totals[1].item(), 1))
 
@@ -153,7 +170,23 @@ class DHPOTrainer(GRPOTrainer):
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, **multimodal):  # fmt: skip
         """TRL's chunked forward; with `dynamic_batching`, the no-grad passes over the whole generation batch
-        (`batch_size` given: old and reference log-probs) run on length-sorted, trimmed chunks instead."""
+        (`batch_size` given: old and reference log-probs) run on length-sorted, trimmed chunks instead; with
+        `padding_free`, every forward runs on packed rows (`dhpo_trl/packing.py`)."""
+        # ---- padding_free (issue 27): a policy pass is one packed row (its micro-batch was planned to fit the
+        # budget); the generation-batch passes run TRL's number of rows, or more under the budget, agreed.
+        if self._padding_free and all(v is None for v in multimodal.values()):
+            lengths = attention_mask.sum(1).clamp(min=1).tolist()
+            count = 1
+            if batch_size is not None:
+                count = math.ceil(input_ids.size(0) / batch_size)
+                if self.args.max_tokens_per_micro_batch is not None:
+                    needed = packing.rows_needed(lengths, self.args.max_tokens_per_micro_batch)
+                    count = self._max_over_processes([max(count, needed)])[0]
+            rows = packing.plan_rows(lengths, count, self.args.max_tokens_per_micro_batch if count > 1 else None)
+            packed = packing.pack(input_ids, attention_mask, logits_to_keep, rows)
+            return packing.forward_packed(model, packed, (input_ids.size(0), logits_to_keep), compute_entropy,
+                                          compute_aux_loss, self.accelerator.autocast)  # fmt: skip
+        # ---- end padding_free
         if batch_size is None or not self.args.dynamic_batching or any(v is not None for v in multimodal.values()):
             return super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
