@@ -5,9 +5,15 @@ References are independent computations: attention against a per-sequence softma
 log-probs against the unpacked padded forward TRL runs, parameter changes against runs that never pack.
 """
 
+import json
 import math
+import os
 import random
+import signal
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -383,3 +389,53 @@ def test_multimodal_batches_fall_back_with_one_warning(tok, tmp_path):
         trainer._plan_micro_batches([batch, batch])
     messages = [str(w.message) for w in caught if "micro-batches" in str(w.message)]
     assert len(messages) == 1 and "padding_free" in messages[0] and "pixel_values" in messages[0]
+
+
+# ------------------------------------------------------------------------------------- two processes (gloo)
+def run_in_own_group(command, env, timeout):
+    """Run `command` in a new session; on timeout or failure of the test, kill its whole process group."""
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)  # fmt: skip
+    try:
+        _, stderr = process.communicate(timeout=timeout)
+    except BaseException:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        raise
+    return process.returncode, stderr
+
+
+@pytest.mark.parametrize("engine", ["ddp", "zero3"])
+def test_two_processes_agree_on_rows_and_update_as_trl(tmp_path, engine):
+    """2 ranks with a budget of real tokens: each micro-step runs the same number of packed rows on both ranks (the
+    larger of what each rank's windows need), and the update equals TRL's batching on the same 2 ranks."""
+    if engine == "zero3":
+        pytest.importorskip("deepspeed")
+    script = Path(__file__).parent / "dist_scripts" / "padding_free_distributed.py"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    env.pop("ACCELERATE_USE_CPU", None)  # set, it would keep accelerate from using the DeepSpeed plugin
+    if engine == "ddp":
+        env["ACCELERATE_USE_CPU"] = "1"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+               str(tmp_path), *(["--zero3"] if engine == "zero3" else [])]  # fmt: skip
+    returncode, stderr = run_in_own_group(command, env, timeout=300)
+    assert returncode == 0, stderr[-4000:]
+    trl = torch.load(tmp_path / "trl" / "params.pt")
+    packed = torch.load(tmp_path / "packed" / "params.pt")
+    start = dict(build_tiny_qwen3(build_char_tokenizer(), seed=0).named_parameters())
+    change_trl = torch.cat([(trl[n] - start[n]).flatten() for n in trl])
+    change_packed = torch.cat([(packed[n] - start[n]).flatten() for n in trl])
+    assert change_trl.norm() > 1e-3 and relative_gap(change_packed, change_trl) < 1e-3
+    plans = [json.loads((tmp_path / "packed" / f"plan_rank{rank}.json").read_text()) for rank in (0, 1)]
+    agreed_by_max = False
+    for plan0, plan1 in zip(*plans, strict=True):  # one entry per generation batch
+        assert [len(step) for step in plan0["rows_per_pass"]] == [len(step) for step in plan1["rows_per_pass"]]
+        assert sum(map(sum, plan0["rows_per_pass"])) == sum(map(sum, plan1["rows_per_pass"])) == 16
+        for plan in (plan0, plan1):
+            for rows, tokens in zip(sum(plan["rows_per_pass"], []), sum(plan["tokens_per_pass"], []), strict=True):
+                assert tokens <= 45 or rows == 1
+        for window, (own0, own1) in enumerate(zip(plan0["own_needed"], plan1["own_needed"], strict=True)):
+            passes = sum(len(step) for step in plan0["rows_per_pass"][2 * window : 2 * window + 2])
+            assert passes == 2 * math.ceil(max(own0, own1) / 2)
+            agreed_by_max |= own0 != own1
+    assert agreed_by_max  # the ranks' own needs differed somewhere, so the all-reduce mattered
