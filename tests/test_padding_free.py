@@ -5,6 +5,7 @@ References are independent computations: attention against a per-sequence softma
 log-probs against the unpacked padded forward TRL runs, parameter changes against runs that never pack.
 """
 
+import contextlib
 import json
 import math
 import os
@@ -393,14 +394,24 @@ def test_multimodal_batches_fall_back_with_one_warning(tok, tmp_path):
 
 # ------------------------------------------------------------------------------------- two processes (gloo)
 def run_in_own_group(command, env, timeout):
-    """Run `command` in a new session; on timeout or failure of the test, kill its whole process group."""
+    """Run `command` in a new session; on timeout or failure of the test, stop its whole process group.
+
+    SIGTERM first: torchrun starts its workers in sessions of their own, out of the launcher's group, and stops
+    them only when it is terminated itself; then SIGKILL for whatever is left of the group."""
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                start_new_session=True)  # fmt: skip
     try:
         _, stderr = process.communicate(timeout=timeout)
     except BaseException:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
         raise
     return process.returncode, stderr
 
@@ -418,7 +429,7 @@ def test_two_processes_agree_on_rows_and_update_as_trl(tmp_path, engine):
         env["ACCELERATE_USE_CPU"] = "1"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
                str(tmp_path), *(["--zero3"] if engine == "zero3" else [])]  # fmt: skip
-    returncode, stderr = run_in_own_group(command, env, timeout=300)
+    returncode, stderr = run_in_own_group(command, env, timeout=240)
     assert returncode == 0, stderr[-4000:]
     trl = torch.load(tmp_path / "trl" / "params.pt")
     packed = torch.load(tmp_path / "packed" / "params.pt")
