@@ -237,14 +237,14 @@ def packed_sdpa_attention(module, query, key, value, attention_mask, scaling=Non
                 "attn_implementation='flash_attention_2', or set padding_free=False."
             )
     bounds = bounds.tolist()
+    lengths = [end - start for start, end in zip(bounds[:-1], bounds[1:], strict=False)]
     gqa = key.size(1) != query.size(1)
+    # split, not slicing: the backward of one split is one concatenation, while each slice's backward would
+    # allocate and fill a zero gradient of the whole row (sequences x row length of memory traffic).
     pieces = [
-        F.scaled_dot_product_attention(
-            query[:, :, start:end], key[:, :, start:end], value[:, :, start:end],
-            dropout_p=dropout, is_causal=True, scale=scaling, enable_gqa=gqa,
-        )  # fmt: skip
-        for start, end in zip(bounds[:-1], bounds[1:], strict=False)
-        if end > start
+        F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scaling, enable_gqa=gqa)
+        if q.size(2) else q
+        for q, k, v in zip(query.split(lengths, 2), key.split(lengths, 2), value.split(lengths, 2), strict=True)
     ]
     return torch.cat(pieces, dim=2).transpose(1, 2).contiguous(), None
 
