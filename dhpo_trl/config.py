@@ -110,14 +110,17 @@ class DHPOConfig(GRPOConfig):
             Run every forward of the update (policy, old and reference log-prob passes) on packed rows: the real
             prompt and completion tokens of several sequences end to end, `position_ids` restarting at 0 for each,
             attention confined to each sequence (transformers' varlen path with `flash_attention_2`/`_3`/`_4`;
-            otherwise a per-sequence `scaled_dot_product_attention` registered in `AttentionInterface` and used only
-            inside the packed forwards, so generation keeps the model's attention). Within each accumulation window
-            the sequences are packed first-fit-decreasing (balanced rows when they fit) into the same number of
-            forwards as dynamic batching runs, the same on every process; log-probs and entropies are scattered
+            with `sdpa`/`eager`, a dispatching implementation registered in `AttentionInterface` that runs
+            `scaled_dot_product_attention` over each packed sequence and the model's own attention for every other
+            call, so generation is unchanged). Within each accumulation window
+            the sequences are packed into one balanced row per micro-step (TRL's number of forwards) or, under
+            `max_tokens_per_micro_batch`, into the rows first-fit-decreasing needs (balanced when they fit), the
+            count agreed across processes; the old/reference passes run TRL's number of rows (more under the
+            budget). A sequence longer than the budget gets a row of its own. Log-probs and entropies are scattered
             back to TRL's layout, so objectives, masks and metrics are unchanged and the update equals
             `padding_free=False` to float rounding, except for what depends on the grouping (as for
             `dynamic_batching`: per-micro-batch entropy statistics, the MoE aux loss). Needs `dynamic_batching=True`
-            (it packs the windows dynamic batching plans). A model whose attention cannot be confined to a packed
+            (it re-cuts each accumulation window as dynamic batching does, with the same window normalisers). A model whose attention cannot be confined to a packed
             sequence (linear-attention or state-space layers, sliding windows or logit soft-capping without flash
             attention, an attention that bypasses `AttentionInterface`) is refused when the trainer is built;
             multimodal batches keep TRL's micro-batches (one warning).
