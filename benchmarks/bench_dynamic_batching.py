@@ -9,8 +9,9 @@ Three trainers run the same locally built Qwen3, the same prompts, seed and comp
              real tokens of one packed row)
 
 Completions come from a `rollout_func` with the long tail of RLVR responses: lognormal lengths with median
-max/8 (--median-fraction), some cut at the maximum; prompts of 16 to --max-prompt (64) tokens. Sampling costs nothing here, so
-the figures are the policy update's. Two optimizer steps per generation batch (the paper's off-policy setting).
+max/8 (--median-fraction), some cut at the maximum; prompts of 16 to --max-prompt (64) tokens. Sampling costs
+nothing here, so the figures are the policy update's. Two optimizer steps per generation batch (the paper's
+off-policy setting).
 
 Figures per trainer (medians over repeats):
 * update time per optimizer step: forward + backward of the policy update (all `training_step` time minus the

@@ -62,7 +62,8 @@ def main() -> None:
           f"heads={options.heads} head_dim={options.head_dim}, threads=1")  # fmt: skip
     for name, values in per_token.items():
         print(f"{name:18s} {statistics.median(values):8.2f} us/token (median, forward + backward)")
-    print(f"sequences sharing their length with another in the row: {shared / (options.trials * options.sequences):.1%}")
+    share = shared / (options.trials * options.sequences)
+    print(f"sequences sharing their length with another in the row: {share:.1%}")
 
 
 if __name__ == "__main__":

@@ -110,7 +110,8 @@ def plan_rows(lengths: list[int], count: int, budget: int | None = None) -> list
     return [sorted(row) for row in rows]
 
 
-def plan_windows(window_lengths: list[list[int]], micro_steps: int, budget: int | None, agree) -> list[list[list[list[int]]]]:
+def plan_windows(window_lengths: list[list[int]], micro_steps: int, budget: int | None,
+                 agree) -> list[list[list[list[int]]]]:  # fmt: skip
     """For every accumulation window (its sequences' token counts), `micro_steps` micro-steps of rows.
 
     Without a budget a micro-step is one row, as in TRL (one forward per micro-step). With one, every window needs

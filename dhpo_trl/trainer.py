@@ -82,7 +82,7 @@ class DHPOTrainer(GRPOTrainer):
             reason = checked is not None and packing.unsupported_model_reason(checked)
             if reason:
                 raise ValueError(f"DHPOConfig.padding_free=True cannot run on this {name}: {reason}. Set "
-                                 "padding_free=False (dynamic batching, same update) or change the model.")  # fmt: skip
+                                 "padding_free=False (dynamic batching) or change the model.")  # fmt: skip
         # ---- end padding_free
 
     # --------------------------------------------------------------- batching
@@ -112,7 +112,8 @@ class DHPOTrainer(GRPOTrainer):
         windows = [batching.concat(buffered[i : i + steps]) for i in range(0, len(buffered), steps)]
         if self._padding_free:  # ---- padding_free (issue 27): rows of whole sequences, see dhpo_trl/packing.py
             lengths = [packing.token_counts(window["prompt_mask"], window["completion_mask"]) for window in windows]
-            plans = packing.plan_windows(lengths, steps, self.args.max_tokens_per_micro_batch, self._max_over_processes)
+            budget = self.args.max_tokens_per_micro_batch
+            plans = packing.plan_windows(lengths, steps, budget, self._max_over_processes)
             planned = [micro for window, plan in zip(windows, plans, strict=True)
                        for micro in packing.split_window(window, plan)]  # fmt: skip
             parts = [part for micro in planned for part in (micro if isinstance(micro, list) else [micro])]

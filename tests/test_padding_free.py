@@ -371,7 +371,8 @@ def test_same_micro_batches_same_gradient_with_kl_masks_and_vllm_correction(tok,
     window = padded_window(tok, model)
     features = dict(beta=0.05, off_policy_mask_threshold=0.05, top_entropy_quantile=0.5)
     args = config_for("DHPO-A", output_dir=str(tmp_path), **{**RUN, "max_completion_length": 32}, **features, **CPU)
-    trainer = DHPOTrainer(model=model, reward_funcs=length_reward, args=args, train_dataset=dataset(), processing_class=tok)
+    trainer = DHPOTrainer(model=model, reward_funcs=length_reward, args=args, train_dataset=dataset(),
+                          processing_class=tok)  # fmt: skip
     trainer.use_vllm = trainer.vllm_importance_sampling_correction = True
     micro = batching.split_window(window, micro_steps=2)
     reference = window_gradient(trainer, micro)

@@ -297,7 +297,7 @@ def planning_host(dynamic_batching=True, steps=1, pad_to_multiple_of=None):
     host = SimpleNamespace(
         args=SimpleNamespace(dynamic_batching=dynamic_batching, gradient_accumulation_steps=steps,
                              max_tokens_per_micro_batch=None),
-        pad_to_multiple_of=pad_to_multiple_of, _batching_warned=False, _log_padding=logged.append,
+        pad_to_multiple_of=pad_to_multiple_of, _batching_warned=False, _padding_free=False, _log_padding=logged.append,
     )  # fmt: skip
     return host, logged
 
