@@ -5,10 +5,13 @@ Three trainers run the same locally built Qwen3, the same prompts, seed and comp
     trl      trl.GRPOTrainer (the GRPO row's clip settings)
     fixed    DHPOTrainer, the chosen row, dynamic_batching=False (TRL's batching)
     dynamic  DHPOTrainer, the chosen row, dynamic_batching=True (and --max-tokens as its token budget)
+    packed   DHPOTrainer, the chosen row, dynamic_batching=True, padding_free=True (--max-tokens then counts the
+             real tokens of one packed row)
 
 Completions come from a `rollout_func` with the long tail of RLVR responses: lognormal lengths with median
-max/8 (--median-fraction), some cut at the maximum; prompts of 16 to 64 tokens. Sampling costs nothing here, so
-the figures are the policy update's. Two optimizer steps per generation batch (the paper's off-policy setting).
+max/8 (--median-fraction), some cut at the maximum; prompts of 16 to --max-prompt (64) tokens. Sampling costs
+nothing here, so the figures are the policy update's. Two optimizer steps per generation batch (the paper's
+off-policy setting).
 
 Figures per trainer (medians over repeats):
 * update time per optimizer step: forward + backward of the policy update (all `training_step` time minus the
@@ -46,11 +49,11 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from transformers.trainer_callback import PrinterCallback  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
-from dhpo_trl import DHPOTrainer, batching  # noqa: E402
+from dhpo_trl import DHPOTrainer, batching, packing  # noqa: E402
 from dhpo_trl.presets import PAPER_ALGORITHMS, config_for  # noqa: E402
 from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
 
-TRAINERS = ("trl", "fixed", "dynamic")
+TRAINERS = ("trl", "fixed", "dynamic", "packed")
 
 
 def long_tailed_rollout(tokenizer, max_completion: int, median_fraction: float, sigma: float):
@@ -114,7 +117,8 @@ class Probe:
             self.step_seconds += time.perf_counter() - start
         if self.scored:  # the buffer was just filled: the micro-batches this generation batch trains on
             parts = [p for m in self.trainer._buffered_inputs for p in (m if isinstance(m, list) else [m])]
-            real, forwarded = batching.padded_fraction(parts)
+            packed = getattr(self.trainer.args, "padding_free", False)
+            real, forwarded = (packing.packed_fraction if packed else batching.padded_fraction)(parts)
             self.real, self.forwarded, self.scored = self.real + real, self.forwarded + forwarded, False
         return output
 
@@ -151,8 +155,10 @@ def run_once(name: str, options, tokenizer, dataset, output_dir: str, measure_me
         args = GRPOConfig(loss_type="grpo", **{k: v for k, v in row.items() if k != "algorithm"}, **common)
         trainer_cls = GRPOTrainer
     else:
-        budget = {"max_tokens_per_micro_batch": options.max_tokens} if name == "dynamic" and options.max_tokens else {}
-        args = config_for(options.algorithm, dynamic_batching=name == "dynamic", **budget, **common)
+        dynamic = name in ("dynamic", "packed")
+        budget = {"max_tokens_per_micro_batch": options.max_tokens} if dynamic and options.max_tokens else {}
+        args = config_for(options.algorithm, dynamic_batching=dynamic, padding_free=name == "packed", **budget,
+                          **common)  # fmt: skip
         trainer_cls = DHPOTrainer
     model = build_tiny_qwen3(tokenizer, hidden_size=options.hidden_size, num_layers=options.layers,
                              num_heads=options.heads, seed=0, max_position_embeddings=4 * options.max_completion)  # fmt: skip
@@ -186,6 +192,7 @@ def main() -> None:
     parser.add_argument("--generations", type=int, default=8, help="completions per prompt")
     parser.add_argument("--accumulation", type=int, default=8, help="gradient_accumulation_steps")
     parser.add_argument("--max-completion", type=int, default=512)
+    parser.add_argument("--max-prompt", type=int, default=64, help="longest prompt, in tokens (shortest: 16)")
     parser.add_argument("--median-fraction", type=float, default=1 / 8, help="median completion length / max")
     parser.add_argument("--sigma", type=float, default=1.0, help="lognormal sigma of completion lengths")
     parser.add_argument("--max-tokens", type=int, default=None, help="dynamic run's max_tokens_per_micro_batch")
@@ -205,21 +212,22 @@ def main() -> None:
     tokenizer = build_char_tokenizer()
     rng = random.Random(0)
     # 16 to 64 tokens: about what a MATH prompt is next to the paper's 4096-token completions, scaled to the maximum
-    prompts = [f"{'Q' * rng.randint(6, 54)} {a}+{3 * a + 7}=" for a in range(512)]
+    prompts = [f"{'Q' * rng.randint(6, options.max_prompt - 10)} {a}+{3 * a + 7}=" for a in range(512)]
     dataset = Dataset.from_dict({"prompt": prompts})
     results = {name: [] for name in TRAINERS}
     with tempfile.TemporaryDirectory() as output_dir:
         for name in TRAINERS:  # warm-up and memory: allocator, kernels, caches
             results[name].append(run_once(name, options, tokenizer, dataset, output_dir, measure_memory=True))
         for repeat in range(options.repeats):
-            order = TRAINERS[repeat % 3 :] + TRAINERS[: repeat % 3]
+            order = TRAINERS[repeat % len(TRAINERS) :] + TRAINERS[: repeat % len(TRAINERS)]
             for name in order:
                 results[name].append(run_once(name, options, tokenizer, dataset, output_dir, measure_memory=False))
 
     first = results["trl"][0][0]
     print(f"device={options.device} dtype={options.dtype} threads={torch.get_num_threads()} row={options.algorithm} "
           f"hidden={options.hidden_size} layers={options.layers} params={results['trl'][0][2] / 1e6:.2f}M "
-          f"batch={options.batch_size} accumulation={options.accumulation} max_completion={options.max_completion} "
+          f"batch={options.batch_size} accumulation={options.accumulation} max_prompt={options.max_prompt} "
+          f"max_completion={options.max_completion} "
           f"median={options.median_fraction:.3f}*max sigma={options.sigma} max_tokens={options.max_tokens} "
           f"steps={options.steps} repeats={options.repeats} trained tokens/run={first.trained_tokens}")  # fmt: skip
     reference = float(results["trl"][0][1].norm())
@@ -246,6 +254,12 @@ def main() -> None:
     memory = summary["dynamic"][2] / summary["trl"][2]
     print(f"dynamic / trl: update throughput {throughput:.2f}x (target >= 2.5x), peak step memory {memory:.2f}x "
           f"(target <= 0.6x); fixed / trl throughput {summary['fixed'][1] / summary['trl'][1]:.2f}x")  # fmt: skip
+    print(f"packed / dynamic: update throughput {summary['packed'][1] / summary['dynamic'][1]:.2f}x (target >= 1.4x), "
+          f"peak step memory {summary['packed'][2] / summary['dynamic'][2]:.2f}x (target <= 1x); packed / trl: "
+          f"update throughput {summary['packed'][1] / summary['trl'][1]:.2f}x (target >= 3x)")  # fmt: skip
+    for name in TRAINERS:  # the per-repeat spread, for a noisy shared machine
+        rates = [p.trained_tokens / (p.step_seconds - p.score_seconds) for p, _, _ in results[name][1:]]
+        print(f"{name:8s} trained tok/s per repeat: " + " ".join(f"{rate:.0f}" for rate in rates))
 
 
 if __name__ == "__main__":

@@ -107,6 +107,25 @@ class DHPOConfig(GRPOConfig):
             longest sequence times the batch size. Every process runs the same number of passes (agreed by one
             all-reduce per generation batch). A sequence longer than the budget gets a pass of its own; nothing is
             dropped or truncated. Also bounds the old/reference log-prob passes. `None`: one pass per micro-step.
+            With `padding_free`, the budget counts real tokens: the tokens of one packed row (one forward).
+        padding_free (`bool`, *optional*, defaults to `False`):
+            Run every forward of the update (policy, old and reference log-prob passes) on packed rows: the real prompt
+            and completion tokens of several sequences end to end, `position_ids` restarting at 0 for each, attention
+            confined to each sequence (transformers' varlen path with `flash_attention_2`/`_3`/`_4`; with
+            `sdpa`/`eager`, a dispatching implementation registered in `AttentionInterface` that runs
+            `scaled_dot_product_attention` over each packed sequence and the model's own attention for every other
+            call, so generation is unchanged). Within each accumulation window the sequences are packed into one
+            balanced row per micro-step (TRL's number of forwards) or, under `max_tokens_per_micro_batch`, into the
+            rows first-fit-decreasing needs (balanced when they fit), the count agreed across processes; the
+            old/reference passes run TRL's number of rows (more under the budget). A sequence longer than the budget
+            gets a row of its own. Log-probs and entropies are scattered back to TRL's layout, so objectives, masks and
+            metrics are unchanged and the update equals `padding_free=False` to float rounding, except for what depends
+            on the grouping (as for `dynamic_batching`: per-micro-batch entropy statistics, the MoE aux loss). Needs
+            `dynamic_batching=True` (it re-cuts each accumulation window as dynamic batching does, with the same window
+            normalisers). A model whose attention cannot be confined to a packed sequence (linear-attention or
+            state-space layers, sliding windows or logit soft-capping without flash attention, an attention that
+            bypasses `AttentionInterface`) is refused when the trainer is built; multimodal batches keep TRL's
+            micro-batches (one warning).
         loss_type (`str`, *optional*, defaults to `"grpo"`):
             TRL's aggregation of the per-token loss, the same for every objective. `"grpo"` is eq. 7 (mean over
             responses of the per-response token mean); `"bnpo"`, `"dr_grpo"` and `"dapo"` (token-weighted) work for
@@ -158,6 +177,11 @@ class DHPOConfig(GRPOConfig):
         default=None,
         metadata={"help": "With dynamic_batching: the padded-token budget of one forward pass; larger micro-batches "
                           "run as several passes in the same optimizer step. None: one pass per micro-step."},
+    )  # fmt: skip
+    padding_free: bool = field(
+        default=False,
+        metadata={"help": "With dynamic_batching: pack each forward's sequences end to end (no padding, attention "
+                          "per sequence); max_tokens_per_micro_batch then counts real tokens per packed row."},
     )  # fmt: skip
     loss_type: str = field(
         default="grpo",
@@ -285,6 +309,13 @@ class DHPOConfig(GRPOConfig):
             raise ValueError(f"DHPOConfig.dynamic_batching={self.dynamic_batching!r} must be True or False.")
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
             raise ValueError(f"DHPOConfig.max_tokens_per_micro_batch={budget!r} must be a positive integer or None.")
+        if not isinstance(self.padding_free, bool):
+            raise ValueError(f"DHPOConfig.padding_free={self.padding_free!r} must be True or False.")
+        if self.padding_free and not self.dynamic_batching:
+            raise ValueError(
+                "DHPOConfig.padding_free=True packs the micro-batches that dynamic batching plans: set "
+                "dynamic_batching=True, or padding_free=False."
+            )
         if not self.dynamic_batching:
             if budget is not None:
                 raise ValueError(

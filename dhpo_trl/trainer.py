@@ -19,7 +19,7 @@ from accelerate.utils import DistributedType
 from transformers.trainer_utils import rotate_checkpoints
 from trl import GRPOTrainer
 
-from . import aggregation, batching, metrics, resume, trl_mirror
+from . import aggregation, batching, metrics, packing, resume, trl_mirror
 from .config import DHPOConfig
 from .moe import maybe_set_zero3_leaf_modules, zero3_leaf_modules_for_trl_prepared_models
 from .losses import masked_log_ratio
@@ -77,6 +77,14 @@ class DHPOTrainer(GRPOTrainer):
         self._tag_names = ["trl", "dhpo", args.algorithm]
         self._batching_warned = False
         self.graceful_stop = None  # set by train(): how a stop signal ended the run (see resume.py)
+        # ---- padding_free (issue 27; dhpo_trl/packing.py): refuse a model packed rows would give wrong outputs
+        self._padding_free = args.padding_free
+        for name, checked in (("model", self.model), ("ref_model", self.ref_model)) if args.padding_free else ():
+            reason = checked is not None and packing.unsupported_model_reason(checked)
+            if reason:
+                raise ValueError(f"DHPOConfig.padding_free=True cannot run on this {name}: {reason}. Set "
+                                 "padding_free=False (dynamic batching) or change the model.")  # fmt: skip
+        # ---- end padding_free
 
     # --------------------------------------------------------------- batching
     def _prepare_inputs(self, generation_batch):
@@ -94,17 +102,23 @@ class DHPOTrainer(GRPOTrainer):
     def _plan_micro_batches(self, buffered: list) -> list:
         """Cut every accumulation window of the buffered generation batch into length-sorted micro-batches."""
         reason = batching.unsupported_reason(buffered[0]) if self.args.dynamic_batching else "off"
+        steps, budget, counter = self.args.gradient_accumulation_steps, self.args.max_tokens_per_micro_batch, None
         if reason is None:
-            share = self.args.gradient_accumulation_steps / self.args.steps_per_generation
+            share = steps / self.args.steps_per_generation
             window_of = batching.planned_windows(self.accelerator.num_processes, share)
-            buffered = batching.plan_generation_batch(
-                buffered, self.args.gradient_accumulation_steps, self.args.max_tokens_per_micro_batch,
-                self.pad_to_multiple_of, self._max_over_processes, window_of,
-            )  # fmt: skip
+            if self._padding_free:  # rows of whole sequences, each row one packed forward (dhpo_trl/packing.py)
+                buffered = packing.plan_generation_batch(buffered, steps, budget, self._max_over_processes, window_of)
+                counter = packing.packed_fraction
+            else:
+                buffered = batching.plan_generation_batch(
+                    buffered, steps, budget, self.pad_to_multiple_of, self._max_over_processes, window_of
+                )
         elif reason != "off" and not self._batching_warned:
-            warnings.warn(f"dynamic_batching keeps TRL's micro-batches for this run: {reason}.", stacklevel=2)
+            which = "padding_free and dynamic_batching keep" if self._padding_free else "dynamic_batching keeps"
+            warnings.warn(f"{which} TRL's micro-batches for this run: {reason}.", stacklevel=2)
             self._batching_warned = True
-        sums, _ = self._reduce(metrics.padding_sums(*batching.padded_fraction(batching.forward_passes(buffered))), {})
+        counter = counter or batching.padded_fraction
+        sums, _ = self._reduce(metrics.padding_sums(*counter(batching.forward_passes(buffered))), {})
         self._metrics["train"]["batching/padding_fraction"].append(metrics.padding_fraction(sums))
         return buffered
 
@@ -153,8 +167,14 @@ class DHPOTrainer(GRPOTrainer):
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
                                            compute_entropy=False, compute_aux_loss=False, **multimodal):  # fmt: skip
         """TRL's chunked forward; with `dynamic_batching`, the no-grad passes over the whole generation batch
-        (`batch_size` given: old and reference log-probs) run on length-sorted, trimmed chunks instead."""
+        (`batch_size` given: old and reference log-probs) run on length-sorted, trimmed chunks instead; with
+        `padding_free`, every forward runs on packed rows (`dhpo_trl/packing.py`)."""
         parent = super()._get_per_token_logps_and_entropies
+        if self._padding_free and all(v is None for v in multimodal.values()):
+            return packing.packed_forward(
+                model, input_ids, attention_mask, logits_to_keep, batch_size, self.args.max_tokens_per_micro_batch,
+                self._max_over_processes, compute_entropy, compute_aux_loss, self.accelerator.autocast,
+            )  # fmt: skip
         if batch_size is None or not self.args.dynamic_batching or any(v is not None for v in multimodal.values()):
             return parent(model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
                           compute_aux_loss, **multimodal)  # fmt: skip

@@ -125,7 +125,8 @@ def planning_host(dynamic_batching=True, steps=1, pad_to_multiple_of=None):
     host = SimpleNamespace(
         args=SimpleNamespace(dynamic_batching=dynamic_batching, gradient_accumulation_steps=steps,
                              steps_per_generation=steps, max_tokens_per_micro_batch=None),
-        pad_to_multiple_of=pad_to_multiple_of, _batching_warned=False, _metrics=metrics_store(),
+        pad_to_multiple_of=pad_to_multiple_of, _batching_warned=False, _padding_free=False,
+        _metrics=metrics_store(),
         accelerator=SimpleNamespace(num_processes=1),
         _reduce=lambda sums, maxima: metrics.reduce_across(sums, maxima, metrics.local_all_reduce),
         _max_over_processes=lambda values: values,

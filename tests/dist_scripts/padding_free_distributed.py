@@ -1,0 +1,97 @@
+"""Run under `torchrun --nproc_per_node N` on CPU (gloo): a few off-policy DHPO-A steps, packed and not.
+
+Usage: torchrun --nproc_per_node N tests/dist_scripts/padding_free_distributed.py OUT_DIR [--zero3]
+
+Two runs in one launch: `trl`, TRL's batching (dynamic_batching=False), then `packed`, padding_free with a budget
+of real tokens small enough that micro-steps split into several packed rows, and into different numbers on
+different ranks before the ranks agree. Rank 0 saves each run's final parameters (OUT_DIR/<run>/params.pt); every
+rank dumps, per planned generation batch of the packed run, the sequences of each row of each micro-step and the
+rows its own windows needed (OUT_DIR/packed/plan_rank{r}.json). --zero3: both runs under DeepSpeed ZeRO-3 on CPU.
+"""
+
+import contextlib
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+if "--zero3" in sys.argv:
+    from dhpo_trl.tiny import use_deepspeed_on_cpu
+
+    use_deepspeed_on_cpu()  # before deepspeed is first imported
+
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared long-tailed rollout
+
+from long_tail import dataset, length_reward, long_tailed_rollout  # noqa: E402
+
+from dhpo_trl import DHPOTrainer, batching, packing  # noqa: E402
+from dhpo_trl.presets import config_for  # noqa: E402
+from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
+from _teardown import destroy_process_group  # noqa: E402 - this folder is sys.path[0] under torchrun
+
+BUDGET = 45
+ZERO3 = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto",
+         "gradient_accumulation_steps": "auto", "bf16": {"enabled": False}}  # fmt: skip
+
+
+class RecordingTrainer(DHPOTrainer):
+    plans = []
+
+    def _plan_micro_batches(self, buffered):
+        steps = self.args.gradient_accumulation_steps
+        windows = [batching.concat(buffered[i : i + steps]) for i in range(0, len(buffered), steps)]
+        own = [packing.rows_needed(packing.token_counts(w["prompt_mask"], w["completion_mask"]), BUDGET)
+               for w in windows]  # fmt: skip
+        planned = super()._plan_micro_batches(buffered)
+        rows = [[part["completion_mask"].size(0) for part in (m if isinstance(m, list) else [m])] for m in planned]
+        tokens = [[sum(packing.token_counts(part["prompt_mask"], part["completion_mask"]))
+                   for part in (m if isinstance(m, list) else [m])] for m in planned]  # fmt: skip
+        self.plans.append({"own_needed": own, "rows_per_pass": rows, "tokens_per_pass": tokens})
+        return planned
+
+
+def train(out_dir: Path, mode: str, tok, zero3: bool) -> None:
+    RecordingTrainer.plans = []
+    model = build_tiny_qwen3(tok, seed=0)  # before the config: a ZeRO-3 config switches model construction
+    extra = {"padding_free": True, "max_tokens_per_micro_batch": BUDGET}
+    if mode == "trl":
+        extra = {"dynamic_batching": False}
+    args = config_for(
+        "DHPO-A", output_dir=str(out_dir / "run"), per_device_train_batch_size=4, num_generations=4,
+        gradient_accumulation_steps=2, steps_per_generation=4, max_completion_length=40, max_steps=4,
+        optim="sgd", learning_rate=0.5, use_cpu=True, bf16=False, report_to="none", seed=0, data_seed=0,
+        save_strategy="no", logging_steps=1, disable_tqdm=True, deepspeed=ZERO3 if zero3 else None, **extra,
+    )  # fmt: skip
+    trainer = RecordingTrainer(model=model, reward_funcs=length_reward, args=args, train_dataset=dataset(32),
+                               processing_class=tok, rollout_func=long_tailed_rollout(tok))  # fmt: skip
+    trainer.train()
+    rank = trainer.accelerator.process_index
+    (out_dir / f"plan_rank{rank}.json").write_text(json.dumps(RecordingTrainer.plans))
+    gather = contextlib.nullcontext()
+    if zero3:  # parameters are partitioned across ranks: gather them to save the full tensors
+        import deepspeed
+
+        gather = deepspeed.zero.GatheredParameters(list(model.parameters()))
+    with gather:
+        if rank == 0:
+            torch.save({name: p.detach().clone() for name, p in model.named_parameters()}, out_dir / "params.pt")
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    tok = build_char_tokenizer()
+    for mode in ("trl", "packed"):
+        out_dir = Path(sys.argv[1]) / mode
+        out_dir.mkdir(parents=True, exist_ok=True)
+        train(out_dir, mode, tok, zero3="--zero3" in sys.argv)
+
+
+if __name__ == "__main__":
+    main()
+    destroy_process_group()

@@ -1,0 +1,453 @@
+"""padding_free: the packing plan (pure), the per-sequence attention, packed forwards, and the update through the
+real trainer against `padding_free=False` (dynamic batching) and TRL's `GRPOTrainer`.
+
+References are independent computations: attention against a per-sequence softmax written out here, packed
+log-probs against the unpacked padded forward TRL runs, parameter changes against runs that never pack.
+"""
+
+import contextlib
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import MambaConfig, MambaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.utils import add_fused_lm_head
+
+from dhpo_trl import DHPOConfig, DHPOTrainer, batching, packing
+from dhpo_trl.presets import PAPER_ALGORITHMS, config_for
+from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
+
+from long_tail import MAX_COMPLETION, dataset, length_reward, long_tailed_rollout
+
+CPU = dict(use_cpu=True, bf16=False, report_to="none", seed=0, data_seed=0, save_strategy="no", logging_steps=1)
+RUN = dict(
+    per_device_train_batch_size=4, num_generations=4, gradient_accumulation_steps=2, steps_per_generation=4,
+    max_completion_length=MAX_COMPLETION, max_steps=4, optim="sgd", learning_rate=0.5, mask_truncated_completions=True,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_char_tokenizer()
+
+
+# ----------------------------------------------------------------------------------------------- the plan
+def check_rows(rows, lengths, count, budget):
+    assert len(rows) == count and all(rows)
+    assert sorted(i for row in rows for i in row) == list(range(len(lengths)))  # every sequence exactly once
+    for row in rows:
+        assert len(row) == 1 or budget is None or sum(lengths[i] for i in row) <= budget
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_plan_rows_properties(seed):
+    rng = random.Random(seed)
+    lengths = [rng.choice([rng.randint(1, 30), rng.randint(1, 300)]) for _ in range(rng.randint(1, 40))]
+    budget = rng.choice([None, 1, rng.randint(20, 200), 10_000])
+    needed = packing.rows_needed(lengths, budget)
+    for count in sorted({needed, min(len(lengths), needed + rng.randint(0, 5)), len(lengths)}):
+        check_rows(packing.plan_rows(lengths, count, budget), lengths, count, budget)
+    if budget is not None:  # first-fit-decreasing: no two of its rows would fit together
+        rows = packing.first_fit_decreasing(lengths, budget)
+        loads = sorted(sum(lengths[i] for i in row) for row in rows)
+        assert len(loads) < 2 or loads[0] + loads[1] > budget
+        with pytest.raises(ValueError, match="rows are needed"):
+            if needed > 1:
+                packing.plan_rows(lengths, needed - 1, budget)
+            else:
+                raise ValueError("rows are needed")
+    with pytest.raises(ValueError, match="cannot pack"):
+        packing.plan_rows(lengths, len(lengths) + 1, budget)
+
+
+def test_plan_rows_examples():
+    # a sequence above the budget gets a row of its own; the rest fill rows up to the budget
+    assert packing.first_fit_decreasing([50, 10, 200, 30, 20], 60) == [[2], [0, 1], [3, 4]]
+    assert packing.rows_needed([50, 10, 200, 30, 20], 60) == 3
+    assert packing.rows_needed([50, 10, 200, 30, 20], None) == 1
+    # without a budget, balanced rows: 4 sequences of 10 and one of 40 in two rows -> 40 | 40
+    rows = packing.plan_rows([10, 10, 40, 10, 10], 2)
+    assert sorted(sum([10, 10, 40, 10, 10][i] for i in row) for row in rows) == [40, 40]
+    # balanced rows that break the budget fall back to first-fit-decreasing, then split to the count
+    rows = packing.plan_rows([6, 5, 5, 4], 3, budget=10)
+    check_rows(rows, [6, 5, 5, 4], 3, 10)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_plan_windows_same_forwards_on_every_process_and_no_cross_window_rows(seed):
+    rng = random.Random(seed)
+    micro_steps, windows, per_window = rng.randint(1, 4), rng.randint(1, 3), rng.randint(1, 4)
+    budget = rng.choice([None, rng.randint(30, 400)])
+    processes = [[[rng.randint(1, 200) for _ in range(per_window * micro_steps)] for _ in range(windows)]
+                 for _ in range(3)]  # fmt: skip
+    needed = [[packing.rows_needed(window, budget) for window in process] for process in processes]
+    calls = []
+
+    def agree(values):  # the element-wise max over the three simulated processes
+        calls.append(values)
+        return [max(column) for column in zip(*needed, strict=True)]
+
+    plans = [packing.plan_windows(process, micro_steps, budget, agree) for process in processes]
+    assert len(calls) == (0 if budget is None else 3)  # one agreement per generation batch and process
+    for process, plan in zip(processes, plans, strict=True):
+        assert len(plan) == windows
+        for lengths, steps in zip(process, plan, strict=True):
+            assert len(steps) == micro_steps
+            rows = [row for step in steps for row in step]
+            check_rows(rows, lengths, len(rows), budget)  # indices are the window's own: no row crosses windows
+    forwards = [[[len(step) for step in steps] for steps in plan] for plan in plans]
+    assert forwards[0] == forwards[1] == forwards[2]  # the same forwards per micro-step on every process
+    if budget is None:  # TRL's one forward per micro-step
+        assert all(count == 1 for window in forwards[0] for count in window)
+
+
+# ----------------------------------------------------------------------------------------------- attention
+def per_sequence_attention(query, key, value, bounds, scale):
+    """Causal softmax attention of each sequence on its own, written out (key/value heads repeated for GQA)."""
+    groups = query.size(1) // key.size(1)
+    key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    out = torch.zeros_like(query)
+    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
+        scores = query[0, :, start:end] @ key[0, :, start:end].transpose(-1, -2) * scale
+        causal = torch.ones(end - start, end - start, dtype=torch.bool).tril()
+        out[0, :, start:end] = scores.masked_fill(~causal, -math.inf).softmax(-1) @ value[0, :, start:end]
+    return out.transpose(1, 2)
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_packed_attention_equals_per_sequence_attention(kv_heads):
+    gen = torch.Generator().manual_seed(0)
+    bounds = [0, 5, 6, 19, 40]
+    query = torch.randn(1, 4, 40, 8, generator=gen)
+    key, value = torch.randn(1, kv_heads, 40, 8, generator=gen), torch.randn(1, kv_heads, 40, 8, generator=gen)
+    out, weights = packing.packed_sdpa_attention(None, query, key, value, None, scaling=0.3,
+                                                 cu_seq_lens_q=torch.tensor(bounds, dtype=torch.int32))  # fmt: skip
+    assert weights is None and out.shape == (1, 40, 4, 8)
+    torch.testing.assert_close(out, per_sequence_attention(query, key, value, bounds, 0.3), atol=1e-5, rtol=1e-5)
+    # one attention over the whole row (what a packed row without boundaries would get) differs
+    whole = per_sequence_attention(query, key, value, [0, 40], 0.3)
+    assert (whole[:, 5:] - out[:, 5:]).abs().max() > 1e-2
+    with pytest.raises(ValueError, match="cu_seq_lens_q"):
+        packing.packed_sdpa_attention(None, query, key, value, None)
+    with pytest.raises(ValueError, match="sliding_window"):
+        packing.packed_sdpa_attention(None, query, key, value, None, cu_seq_lens_q=torch.tensor(bounds),
+                                      sliding_window=4)  # fmt: skip
+
+
+# -------------------------------------------------------------------------------------------- packed forward
+def padded_batch(tok, vocab, seed=0):
+    """Left-padded prompts, right-padded completions (one empty completion), as TRL concatenates them."""
+    gen = torch.Generator().manual_seed(seed)
+    prompt_lengths, completion_lengths = [3, 10, 1, 7, 5, 10, 2], [20, 4, 1, 12, 0, 9, 17]
+    prompt_width, completion_width = 10, 20
+    rows = len(prompt_lengths)
+    ids = torch.full((rows, prompt_width + completion_width), tok.pad_token_id)
+    mask = torch.zeros_like(ids)
+    for row, (p, c) in enumerate(zip(prompt_lengths, completion_lengths, strict=True)):
+        ids[row, prompt_width - p : prompt_width + c] = torch.randint(3, vocab, (p + c,), generator=gen)
+        mask[row, prompt_width - p : prompt_width + c] = 1
+    return ids, mask, completion_width
+
+
+def unpacked(model, ids, mask, keep):
+    labels = ids.masked_fill(mask == 0, -100)
+    labels[:, :-keep] = -100
+    out = model(input_ids=ids, attention_mask=mask, labels=labels, fused_lm_head=True)
+    return out.log_probs[:, -keep:], out.entropy[:, -keep:]
+
+
+@pytest.mark.parametrize("rows", [[[0, 1, 2, 3, 4, 5, 6]], [[6, 0, 3], [1, 2], [4, 5]]])
+def test_packed_forward_equals_the_unpacked_model(tok, rows):
+    model = build_tiny_qwen3(tok, seed=3)
+    add_fused_lm_head(model, outputs=("log_probs", "entropy"))
+    ids, mask, keep = padded_batch(tok, model.config.vocab_size)
+    with torch.no_grad():
+        ref_logps, ref_entropies = unpacked(model, ids, mask, keep)
+        packed = packing.pack(ids, mask, keep, rows)
+        logps, entropies, aux = packing.forward_packed(model, packed, (7, keep), True, False, torch.enable_grad)
+        again_logps, _ = unpacked(model, ids, mask, keep)  # padded forwards keep the model's own attention
+    assert aux is None and model.config._attn_implementation == "dhpo_packed_sdpa"
+    torch.testing.assert_close(again_logps, ref_logps, atol=0, rtol=0)
+    assert sum(row.input_ids.numel() for row in packed) == int(mask.sum())  # no padding forwarded
+    torch.testing.assert_close(logps, ref_logps, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(entropies, ref_entropies, atol=1e-5, rtol=1e-5)
+    assert (logps[mask[:, -keep:] == 0] == 0).all() and (logps[mask[:, -keep:] == 1] != 0).all()
+    first = packed[0]
+    assert first.position_ids[0, 0] == 0 and (first.position_ids[0, first.cu_seqlens[1:-1].long()] == 0).all()
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_generation_keeps_the_models_attention(tok, implementation):
+    model = build_tiny_qwen3(tok, seed=5)
+    model.config._attn_implementation = implementation
+    add_fused_lm_head(model, outputs=("log_probs", "entropy"))
+    ids, mask, keep = padded_batch(tok, model.config.vocab_size)
+    prompts, prompt_mask = ids[:, :-keep], mask[:, :-keep]
+    with torch.no_grad():
+        before = model.generate(input_ids=prompts, attention_mask=prompt_mask, max_new_tokens=8, do_sample=False)
+        packed = packing.pack(ids, mask, keep, [[0, 1, 2, 3], [4, 5, 6]])
+        logps, _, _ = packing.forward_packed(model, packed, (7, keep), False, False, torch.enable_grad)
+        ref_logps, _ = unpacked(model, ids, mask, keep)
+        after = model.generate(input_ids=prompts, attention_mask=prompt_mask, max_new_tokens=8, do_sample=False)
+    assert model.config._attn_implementation == f"dhpo_packed_{implementation}"
+    assert torch.equal(before, after)  # left-padded generation: the model's own attention and mask
+    torch.testing.assert_close(logps, ref_logps, atol=1e-5, rtol=1e-5)
+
+
+def test_with_a_cache_packed_sequences_attend_across_each_other(tok):
+    """Why every packed forward passes use_cache=False: with a cache, transformers skips its packed-sequence
+    detection (position_ids restarting at 0) and the second sequence attends to the first."""
+    model = build_tiny_qwen3(tok, seed=4)
+    gen = torch.Generator().manual_seed(0)
+    first, second = torch.randint(3, 90, (1, 6), generator=gen), torch.randint(3, 90, (1, 9), generator=gen)
+    row = torch.cat([first, second], 1)
+    positions = torch.cat([torch.arange(6), torch.arange(9)]).unsqueeze(0)
+    with torch.no_grad():
+        alone = model(input_ids=second).logits
+        without_cache = model(input_ids=row, position_ids=positions, use_cache=False).logits[:, 6:]
+        with_cache = model(input_ids=row, position_ids=positions, use_cache=True).logits[:, 6:]
+    torch.testing.assert_close(without_cache, alone, atol=1e-5, rtol=1e-5)
+    assert (with_cache - alone).abs().max() > 1e-2
+
+
+def test_models_packing_cannot_serve_are_named(tok):
+    assert packing.unsupported_model_reason(build_tiny_qwen3(tok)) is None
+    mamba = MambaForCausalLM(MambaConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, state_size=4))
+    assert "AttentionInterface" in packing.unsupported_model_reason(mamba)
+    config = Qwen3Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, use_sliding_window=True, sliding_window=4,
+                         max_window_layers=1)  # fmt: skip
+    sliding = Qwen3ForCausalLM(config)
+    assert "sliding" in packing.unsupported_model_reason(sliding)
+    sliding.config._attn_implementation = "flash_attention_2"  # the varlen path applies the window per sequence
+    assert packing.unsupported_model_reason(sliding) is None
+
+
+# ------------------------------------------------------------------------------------------ through the trainer
+def parameter_change(tok, config, trainer_cls=DHPOTrainer, model=None, truncated_every=5, **trainer_kwargs):
+    trainer = trainer_cls(
+        model=model or build_tiny_qwen3(tok, seed=0), reward_funcs=length_reward, args=config,
+        train_dataset=dataset(), processing_class=tok, rollout_func=long_tailed_rollout(tok, truncated_every),
+        **trainer_kwargs,
+    )  # fmt: skip
+    trained = [p for p in trainer.model.parameters() if p.requires_grad]
+    start = [p.detach().clone() for p in trained]
+    trainer.train()
+    return torch.cat([(p.detach() - s).flatten() for p, s in zip(trained, start, strict=True)]), trainer
+
+
+def relative_gap(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+def passes_of(trainer):
+    return [part for micro in trainer._buffered_inputs for part in (micro if isinstance(micro, list) else [micro])]
+
+
+def test_settings_padding_free_cannot_honour_are_refused(tok, tmp_path):
+    base = dict(output_dir=str(tmp_path), **CPU, **RUN)
+    with pytest.raises(ValueError, match=r"padding_free=True .*dynamic_batching=True"):
+        DHPOConfig(padding_free=True, dynamic_batching=False, **base)
+    with pytest.raises(ValueError, match=r"padding_free='yes' must be True or False"):
+        DHPOConfig(padding_free="yes", **base)
+    assert DHPOConfig(**base).padding_free is False  # the default: dynamic batching
+    config = Qwen3Config(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, use_sliding_window=True, sliding_window=4,
+                         max_window_layers=1, pad_token_id=tok.pad_token_id)  # fmt: skip
+    with pytest.raises(ValueError, match=r"padding_free=True cannot run on this model: sliding.*padding_free=False"):
+        DHPOTrainer(model=Qwen3ForCausalLM(config), reward_funcs=length_reward, processing_class=tok,
+                    args=config_for("GRPO", padding_free=True, **base), train_dataset=dataset())  # fmt: skip
+
+
+@pytest.mark.parametrize("row", ["GRPO", "GSPO", "GMPO", "CISPO", "DHPO-A", "DHPO-E"])
+def test_rows_update_as_without_packing(tok, row, tmp_path):
+    # DHPO-E's default entropy min-max is per micro-batch, which any regrouping changes: per sequence here
+    extra = dict(entropy_norm_scope="sequence") if row == "DHPO-E" else {}
+    base, _ = parameter_change(tok, config_for(row, output_dir=str(tmp_path), **extra, **RUN, **CPU))
+    packed, trainer = parameter_change(tok, config_for(row, output_dir=str(tmp_path), padding_free=True, **extra,
+                                                       **RUN, **CPU))  # fmt: skip
+    assert base.norm() > 1e-3 and relative_gap(packed, base) < 1e-3
+    padding = [entry["batching/padding_fraction"] for entry in trainer.state.log_history
+               if "batching/padding_fraction" in entry]  # fmt: skip
+    assert padding and all(value == 0.0 for value in padding)
+
+
+def test_grpo_row_updates_as_trl_grpo_trainer(tok, tmp_path):
+    row = {key: value for key, value in PAPER_ALGORITHMS["GRPO"].items() if key != "algorithm"}
+    trl, _ = parameter_change(tok, GRPOConfig(str(tmp_path / "trl"), loss_type="grpo", **row, **RUN, **CPU),
+                              trainer_cls=GRPOTrainer)  # fmt: skip
+    ours, _ = parameter_change(tok, config_for("GRPO", output_dir=str(tmp_path), padding_free=True, **RUN, **CPU))
+    assert trl.norm() > 1e-3 and relative_gap(ours, trl) < 1e-3
+
+
+def test_token_budget_counts_real_tokens_with_the_same_update(tok, tmp_path):
+    run = {**RUN, "num_iterations": 2}
+    base, _ = parameter_change(tok, config_for("DHPO-A", output_dir=str(tmp_path), **run, **CPU))
+    budget = 45  # below the longest sequences (prompt + 40 completion tokens + ...): those get a row of their own
+    packed, trainer = parameter_change(tok, config_for("DHPO-A", output_dir=str(tmp_path), padding_free=True,
+                                                       max_tokens_per_micro_batch=budget, **run, **CPU))  # fmt: skip
+    assert relative_gap(packed, base) < 1e-3
+    passes = passes_of(trainer)
+    real = [sum(packing.token_counts(part["prompt_mask"], part["completion_mask"])) for part in passes]
+    assert all(tokens <= budget or part["completion_mask"].size(0) == 1 for tokens, part in zip(real, passes))
+    assert any(part["completion_mask"].size(0) > 1 for part in passes)  # rows hold several sequences
+    assert sum(part["completion_mask"].size(0) for part in passes) == 16  # every sequence once
+    for window in (trainer._buffered_inputs[0:2], trainer._buffered_inputs[2:4]):
+        parts = [part for micro in window for part in (micro if isinstance(micro, list) else [micro])]
+        assert {float(part[batching.WINDOW].passes) for part in parts} == {len(parts)}
+        assert {float(part[batching.WINDOW].sequences) for part in parts} == {8}
+
+
+def test_kl_and_every_forward_packed(tok, tmp_path):
+    """KL (a reference pass) and num_iterations=2 (an old-log-prob pass): each forward of the run is one packed
+    row, and the update is the unpacked one. (TRL's top-entropy threshold is per micro-batch, so a regrouping
+    changes it: it is compared on identical micro-batches below.)"""
+    build_tiny_qwen3(tok, seed=0).save_pretrained(tmp_path / "model")
+    features = dict(beta=0.05, num_iterations=2)
+
+    def run(**overrides):
+        model = Qwen3ForCausalLM.from_pretrained(tmp_path / "model")
+        shapes = []
+        hook = model.model.register_forward_hook(
+            lambda module, args, kwargs, output: shapes.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+        )
+        config = config_for("DHPO-A", output_dir=str(tmp_path), **features, **overrides, **RUN, **CPU)
+        change, trainer = parameter_change(tok, config, model=model)
+        hook.remove()
+        return change, trainer, shapes
+
+    base, _, base_shapes = run(max_tokens_per_micro_batch=200)
+    packed, trainer, shapes = run(padding_free=True, max_tokens_per_micro_batch=200)
+    assert trainer.ref_model is not None and relative_gap(packed, base) < 1e-3
+    assert shapes and all(rows == 1 for rows, _ in shapes)  # policy and old-log-prob passes: one packed row each
+    assert sum(rows * width for rows, width in shapes) < sum(rows * width for rows, width in base_shapes)
+
+
+def test_gradient_checkpointing_lora_and_moe(tok, tmp_path):
+    from peft import LoraConfig
+
+    def pair(build, args=None, **kwargs):
+        common = dict(output_dir=str(tmp_path), **RUN, **CPU, **(args or {}))
+        packed, trainer = parameter_change(tok, config_for("DHPO-A", padding_free=True, **common), model=build(),
+                                           **kwargs)  # fmt: skip
+        base, _ = parameter_change(tok, config_for("DHPO-A", **common), model=build(), **kwargs)
+        return packed, base, trainer
+
+    packed, base, _ = pair(lambda: build_tiny_qwen3(tok, seed=0), args=dict(gradient_checkpointing=True))
+    assert relative_gap(packed, base) < 1e-3
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    packed, base, _ = pair(lambda: build_tiny_qwen3(tok, seed=0), peft_config=lora)
+    assert base.norm() > 0 and relative_gap(packed, base) < 1e-3
+
+    def moe():
+        model = build_tiny_qwen3(tok, seed=0, moe=True)
+        model.config.output_router_logits = False
+        return model
+
+    # routing is per token: without the aux term the update is the unpacked one; the aux loss is a per-forward mean
+    packed, base, _ = pair(moe, args=dict(router_aux_loss_coef=0.0))
+    assert relative_gap(packed, base) < 1e-3
+    _, _, trainer = pair(moe)
+    aux = [entry["aux_loss"] for entry in trainer.state.log_history if "aux_loss" in entry]
+    assert aux and all(math.isfinite(value) and value > 0 for value in aux)
+
+
+def test_same_micro_batches_same_gradient_with_kl_masks_and_vllm_correction(tok, tmp_path):
+    """On identical micro-batches, packing changes nothing that TRL computes per micro-batch either: KL,
+    off-policy mask, top-entropy threshold, vLLM IS correction; the gradient is the unpacked one."""
+    from test_dynamic_batching import padded_window, window_gradient
+
+    build_tiny_qwen3(tok, seed=1).save_pretrained(tmp_path / "model")
+    model = Qwen3ForCausalLM.from_pretrained(tmp_path / "model")
+    window = padded_window(tok, model)
+    features = dict(beta=0.05, off_policy_mask_threshold=0.05, top_entropy_quantile=0.5)
+    args = config_for("DHPO-A", output_dir=str(tmp_path), **{**RUN, "max_completion_length": 32}, **features, **CPU)
+    trainer = DHPOTrainer(model=model, reward_funcs=length_reward, args=args, train_dataset=dataset(),
+                          processing_class=tok)  # fmt: skip
+    trainer.use_vllm = trainer.vllm_importance_sampling_correction = True
+    micro = batching.split_window(window, micro_steps=2)
+    reference = window_gradient(trainer, micro)
+    trainer._padding_free = True
+    assert relative_gap(window_gradient(trainer, micro), reference) < 1e-5
+
+
+def test_multimodal_batches_fall_back_with_one_warning(tok, tmp_path):
+    args = config_for("DHPO-A", output_dir=str(tmp_path), padding_free=True, **RUN, **CPU)
+    trainer = DHPOTrainer(model=build_tiny_qwen3(tok), reward_funcs=length_reward, args=args, train_dataset=dataset(),
+                          processing_class=tok)  # fmt: skip
+    batch = {"prompt_mask": torch.ones(4, 3), "completion_mask": torch.ones(4, 5), "pixel_values": torch.ones(2, 3)}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert trainer._plan_micro_batches([batch, batch]) == [batch, batch]
+        trainer._plan_micro_batches([batch, batch])
+    messages = [str(w.message) for w in caught if "micro-batches" in str(w.message)]
+    assert len(messages) == 1 and "padding_free" in messages[0] and "pixel_values" in messages[0]
+
+
+# ------------------------------------------------------------------------------------- two processes (gloo)
+def run_in_own_group(command, env, timeout):
+    """Run `command` in a new session; on timeout or failure of the test, stop its whole process group.
+
+    SIGTERM first: torchrun starts its workers in sessions of their own, out of the launcher's group, and stops
+    them only when it is terminated itself; then SIGKILL for whatever is left of the group."""
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True)  # fmt: skip
+    try:
+        _, stderr = process.communicate(timeout=timeout)
+    except BaseException:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        raise
+    return process.returncode, stderr
+
+
+@pytest.mark.parametrize("engine", ["ddp", "zero3"])
+def test_two_processes_agree_on_rows_and_update_as_trl(tmp_path, engine):
+    """2 ranks with a budget of real tokens: each micro-step runs the same number of packed rows on both ranks (the
+    larger of what each rank's windows need), and the update equals TRL's batching on the same 2 ranks."""
+    if engine == "zero3":
+        pytest.importorskip("deepspeed")
+    script = Path(__file__).parent / "dist_scripts" / "padding_free_distributed.py"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    env.pop("ACCELERATE_USE_CPU", None)  # set, it would keep accelerate from using the DeepSpeed plugin
+    if engine == "ddp":
+        env["ACCELERATE_USE_CPU"] = "1"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+               str(tmp_path), *(["--zero3"] if engine == "zero3" else [])]  # fmt: skip
+    returncode, stderr = run_in_own_group(command, env, timeout=240)
+    assert returncode == 0, stderr[-4000:]
+    trl = torch.load(tmp_path / "trl" / "params.pt")
+    packed = torch.load(tmp_path / "packed" / "params.pt")
+    start = dict(build_tiny_qwen3(build_char_tokenizer(), seed=0).named_parameters())
+    change_trl = torch.cat([(trl[n] - start[n]).flatten() for n in trl])
+    change_packed = torch.cat([(packed[n] - start[n]).flatten() for n in trl])
+    assert change_trl.norm() > 1e-3 and relative_gap(change_packed, change_trl) < 1e-3
+    plans = [json.loads((tmp_path / "packed" / f"plan_rank{rank}.json").read_text()) for rank in (0, 1)]
+    agreed_by_max = False
+    for plan0, plan1 in zip(*plans, strict=True):  # one entry per generation batch
+        assert [len(step) for step in plan0["rows_per_pass"]] == [len(step) for step in plan1["rows_per_pass"]]
+        assert sum(map(sum, plan0["rows_per_pass"])) == sum(map(sum, plan1["rows_per_pass"])) == 16
+        for plan in (plan0, plan1):
+            for rows, tokens in zip(sum(plan["rows_per_pass"], []), sum(plan["tokens_per_pass"], []), strict=True):
+                assert tokens <= 45 or rows == 1
+        for window, (own0, own1) in enumerate(zip(plan0["own_needed"], plan1["own_needed"], strict=True)):
+            passes = sum(len(step) for step in plan0["rows_per_pass"][2 * window : 2 * window + 2])
+            assert passes == 2 * math.ceil(max(own0, own1) / 2)
+            agreed_by_max |= own0 != own1
+    assert agreed_by_max  # the ranks' own needs differed somewhere, so the all-reduce mattered
