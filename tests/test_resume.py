@@ -102,6 +102,8 @@ MID_BATCH = {
     "k4-token-budget": (dict(gradient_accumulation_steps=2, steps_per_generation=8, max_steps=4,
                              max_tokens_per_micro_batch=24), 1),  # fmt: skip
     "iterations": (dict(steps_per_generation=2, num_iterations=2, max_steps=6), 3),
+    "k4-padding-free-budget": (dict(gradient_accumulation_steps=2, steps_per_generation=8, max_steps=4,
+                                    padding_free=True, max_tokens_per_micro_batch=24), 1),  # fmt: skip
 }
 
 
