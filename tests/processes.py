@@ -12,9 +12,26 @@ import signal
 import subprocess
 import tempfile
 
+DEVNULL = subprocess.DEVNULL
 
-def kill_group(pid: int) -> None:
-    """SIGKILL every process of the group led by `pid` (nothing if the group is already gone)."""
+
+def kill_group(process: subprocess.Popen | int, grace: float = 10.0) -> None:
+    """Stop the process group led by `process` (a Popen, or a pid): SIGTERM, up to `grace` seconds for the leader
+    to exit, then SIGKILL to whatever is left of the group (nothing if it is already gone).
+
+    SIGTERM first because torchrun starts its workers in sessions of their own, outside the launcher's group, and
+    stops them only when it is terminated itself; a bare SIGKILL of the group would leave them running. The leader
+    is polled through its Popen, which keeps its exit status (a bare pid is only waited for the grace period)."""
+    pid = process.pid if isinstance(process, subprocess.Popen) else process
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except (ProcessLookupError, PermissionError):
+        return
+    if isinstance(process, subprocess.Popen):
+        try:
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -38,7 +55,7 @@ def run(command, *, timeout: float, check: bool = False, capture_output: bool = 
         except subprocess.TimeoutExpired:
             timed_out = True
         finally:
-            kill_group(process.pid)
+            kill_group(process)
             process.wait()  # reap the leader (killed above if it was still running)
         stdout, stderr = (_read(out, text), _read(err, text)) if capture_output else (None, None)
     if timed_out:
@@ -56,5 +73,5 @@ def _read(handle, text: bool):
 
 
 def popen(command, **popen_kwargs) -> subprocess.Popen:
-    """`subprocess.Popen` in a new session: pair it with `kill_group(process.pid)` in a `finally`."""
+    """`subprocess.Popen` in a new session: pair it with `kill_group(process)` in a `finally`."""
     return subprocess.Popen(command, start_new_session=True, **popen_kwargs)

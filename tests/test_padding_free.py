@@ -5,13 +5,10 @@ References are independent computations: attention against a per-sequence softma
 log-probs against the unpacked padded forward TRL runs, parameter changes against runs that never pack.
 """
 
-import contextlib
 import json
 import math
 import os
 import random
-import signal
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -22,6 +19,7 @@ from transformers import MambaConfig, MambaForCausalLM, Qwen3Config, Qwen3ForCau
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
+import processes
 from dhpo_trl import DHPOConfig, DHPOTrainer, batching, packing
 from dhpo_trl.presets import PAPER_ALGORITHMS, config_for
 from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
@@ -395,26 +393,10 @@ def test_multimodal_batches_fall_back_with_one_warning(tok, tmp_path):
 
 # ------------------------------------------------------------------------------------- two processes (gloo)
 def run_in_own_group(command, env, timeout):
-    """Run `command` in a new session; on timeout or failure of the test, stop its whole process group.
-
-    SIGTERM first: torchrun starts its workers in sessions of their own, out of the launcher's group, and stops
-    them only when it is terminated itself; then SIGKILL for whatever is left of the group."""
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)  # fmt: skip
-    try:
-        _, stderr = process.communicate(timeout=timeout)
-    except BaseException:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        raise
-    return process.returncode, stderr
+    """Run `command` in a new session; its whole process group is stopped on the way out (tests/processes.py,
+    which terminates torchrun first so that it stops its workers, whose sessions are their own)."""
+    result = processes.run(command, timeout=timeout, env=env)
+    return result.returncode, result.stderr
 
 
 @pytest.mark.parametrize("engine", ["ddp", "zero3"])

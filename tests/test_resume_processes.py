@@ -6,8 +6,6 @@ Every process is started in its own session and its whole group is killed if the
 
 import json
 import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import processes
 from dhpo_trl import batching, resume
 from dhpo_trl.cli import main
 from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
@@ -26,19 +25,9 @@ ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1", "OMP_NUM
 
 
 def run_own_group(command, timeout=240):
-    """Run `command` in a new session; kill its whole process group if anything goes wrong."""
-    process = subprocess.Popen(command, env=ENV, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)  # fmt: skip
-    try:
-        out, err = process.communicate(timeout=timeout)
-        return process.returncode, out, err
-    finally:
-        if process.poll() is None or process.returncode != 0:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            process.wait()
+    """Run `command` in a new session; its whole process group is stopped on the way out (tests/processes.py)."""
+    result = processes.run(command, timeout=timeout, env=ENV, cwd=REPO)
+    return result.returncode, result.stdout, result.stderr
 
 
 # ------------------------------------------------------------------------------------------- two processes

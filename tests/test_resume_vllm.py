@@ -8,9 +8,7 @@ trainer starts at -1, so it must sync before its first generation, whatever the 
 
 import os
 import random
-import signal
 import socket
-import subprocess
 import sys
 import time
 import urllib.request
@@ -20,6 +18,7 @@ import pytest
 import torch
 from datasets import Dataset
 
+import processes
 import dhpo_trl.vllm_utils as vllm_utils
 from dhpo_trl import DHPOTrainer
 from dhpo_trl.presets import config_for
@@ -37,8 +36,7 @@ def fake_server(tmp_path_factory):
     log = tmp_path_factory.mktemp("fake_vllm")
     env = {**os.environ, "FAKE_CLUSTER_LOG": str(log), "FAKE_VLLM_DELAY": "0"}
     command = [sys.executable, str(SERVER), "vllm-serve", "--model", "tiny", "--host", "127.0.0.1", "--port", str(port)]
-    server = subprocess.Popen(command, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)  # fmt: skip
+    server = processes.popen(command, env=env, stdout=processes.DEVNULL, stderr=processes.DEVNULL)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -52,7 +50,7 @@ def fake_server(tmp_path_factory):
             pytest.fail("the fake vLLM server never answered /health")
         yield port
     finally:
-        os.killpg(server.pid, signal.SIGKILL)
+        processes.kill_group(server)
         server.wait()
 
 

@@ -302,7 +302,7 @@ def test_a_stuck_worker_is_killed_at_the_deadline():
         assert stuck.poll() is not None  # killed
         assert worker._process is None  # the next request starts a fresh worker
     finally:
-        processes.kill_group(stuck.pid)
+        processes.kill_group(stuck)
 
 
 def test_deadline_survives_a_swallowed_alarm(monkeypatch):

@@ -278,19 +278,21 @@ def test_slurm_passes_sigusr1_to_training_then_requeues_the_job(tmp_path):
         PYTHONPATH=str(ROOT), SERVER_PORT=str(_free_port()), SERVER_POLL_S="0.2", LOG_DIR=str(tmp_path / "logs"),
         FAKE_VLLM_DELAY="0.2", FAKE_TRAIN_UNTIL_SIGNAL="1", **_slurm_env(),
     )  # fmt: skip
-    script = subprocess.Popen(["bash", str(ROOT / SLURM)], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
-    try:
-        deadline = time.monotonic() + 60
-        while not (fake_log / "accelerate.training").exists():
-            assert time.monotonic() < deadline and script.poll() is None, script.communicate()[1][-3000:]
-            time.sleep(0.1)
-        os.kill(script.pid, signal.SIGUSR1)
-        _, err = script.communicate(timeout=60)
-    finally:
-        if script.poll() is None:
-            os.killpg(script.pid, signal.SIGKILL)
+    err_path = tmp_path / "slurm.err"
+    with open(err_path, "w") as err_file:  # a file, not a pipe: a grandchild holding a pipe would block the read
+        script = processes.popen(["bash", str(ROOT / SLURM)], env=env, cwd=tmp_path, stdout=processes.DEVNULL,
+                                 stderr=err_file)  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            while not (fake_log / "accelerate.training").exists():
+                assert time.monotonic() < deadline and script.poll() is None, err_path.read_text()[-3000:]
+                time.sleep(0.1)
+            os.kill(script.pid, signal.SIGUSR1)
+            script.wait(timeout=60)
+        finally:
+            processes.kill_group(script)  # the fake cluster's background jobs too, whatever happened
             script.wait()
+    err = err_path.read_text()
     assert script.returncode == 0, err[-3000:]
     assert (fake_log / "accelerate.stopped").read_text() == "ignored_at_start=True signalled=True"
     assert (fake_log / "scontrol.log").read_text().splitlines() == ["requeue 4242"]

@@ -4,7 +4,6 @@ the model card copied into every checkpoint. Expected values are written out by 
 cross-process reductions are pure functions, tested in test_aggregation.py and test_metric_functions.py.
 """
 
-import math
 import os
 import warnings
 from collections import defaultdict
@@ -12,7 +11,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.distributed as torch_dist
 from accelerate.utils import DistributedType
 from datasets import Dataset
 
