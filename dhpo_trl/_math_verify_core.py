@@ -388,15 +388,48 @@ def answers_match(answer: str, gold: str) -> bool:
         # `100 = 3` or `1 = 2 = 3` cannot pass against 3 (math-verify would compare only the last side).
         values = [side for side in sides if not _LABEL.fullmatch(side.replace(" ", ""))]
         return bool(values) and all(_math_matches(form, side, percent) for side in values)
+    if "=" in value and not isinstance(form[1], sympy.core.relational.Relational) and not _relations_hold(value):
+        return False  # `100 = 3 \text{ or } 100 = 3`, `x = 3, 1 = 2`: a list with a false relation in it
     return _math_matches(form, value, percent)
+
+
+def _relations_hold(text: str) -> bool:
+    """True if, in each item of a list (split at `,` `;` `or` `and` outside brackets), the sides of `a = b = ...` that
+    are not names are equal to each other."""
+    items = re.split(r"[,;]", _CONNECTIVE.sub(",", text)) if _top_level_only(text) else [text]
+    for item in items:
+        sides = [side for side in _chain_sides(item) if not _LABEL.fullmatch(side.replace(" ", ""))]
+        for left, right in zip(sides, sides[1:]):
+            a, b = to_sympy(left, units=False), to_sympy(right, units=False)
+            if a is None or b is None or not _equivalent(a, b):
+                return False
+    return True
+
+
+def _top_level_only(text: str) -> bool:
+    # items are split only when no bracket holds a separator: `(1, 2) = (1, 2)` is one relation between pairs
+    depth = 0
+    for char in text:
+        if char in _OPENERS:
+            depth += 1
+        elif char in _CLOSERS:
+            depth = max(depth - 1, 0)
+        elif char in ",;" and depth:
+            return False
+    return True
 
 
 _LABEL = re.compile(r"(?:\\angle\s*+)?(?:\\[A-Za-z]++|[A-Za-z]++)(?:_\{[^{}]*+\}|_[A-Za-z0-9])?(?:\([^()=]*+\))?")
 
 
+_CONNECTIVE = re.compile(r"\\(?:text|mbox|mathrm|textrm)\s*+\{\s*+(?:or|and)\s*+\}|\\l(?:or|and)\b|\b(?:or|and)\b")
+
+
 def _chain_sides(text: str) -> list[str]:
     """The sides of `a = b = c` split at each `=` outside brackets (not `<=`, `>=`, `!=`, `==`); one side if no `=`,
     or when the text is a list (`x = 1, y = 2` is read by math-verify as a whole)."""
+    if _CONNECTIVE.search(text):
+        return [text]  # `x=1 \text{or} x=2`: a list of solutions, read by math-verify as a whole
     sides, depth, start = [], 0, 0
     for index, char in enumerate(text):
         if char in _OPENERS:
