@@ -1,9 +1,9 @@
 r"""The answer grader: is one extracted answer equivalent to one gold answer? math-verify is the engine.
 
-Self-contained on purpose (imports nothing from `dhpo_trl`): `dhpo_trl.rewards` imports it in-process, and runs
-this same file by path as a worker process (`python _math_verify_core.py`) when it is called outside the main
-thread, where no signal-based timeout exists. Worker protocol: one JSON request per stdin line
-(`{"answer": str, "gold": str, "timeout_s": float}`), one line `1` or `0` back.
+Self-contained on purpose (imports nothing from `dhpo_trl`): `dhpo_trl.rewards` runs this same file by path as a
+long-lived worker process (`python _math_verify_core.py`, protocol in `_serve`) that does every comparison, with a
+memory limit and a CPU limit, and that the caller kills at the deadline; in-process it is used for cheap checks
+(`refusal`, `clean`) and by the audits.
 
 The gold is expected already normalised (`dhpo_trl.golds.normalise_gold`). Its form decides how it is compared:
 
@@ -58,7 +58,9 @@ for _name in ("math_verify.parser", "math_verify.grader"):
 
 
 # ------------------------------------------------------------------ text clean-up, for golds and answers alike
-_E_NOTATION = re.compile(r"(?<![\w.\\])(\d+\.?\d*|\.\d+)[eE]([+-]?)0*(\d+)(?![\w.])")
+# Possessive quantifiers (`++`, `*+`): the mantissa and the exponent are each read in one way only, so the time is
+# linear in the text (the backtracking version took 2 s on 1,000 digits with an `e` in the middle).
+_E_NOTATION = re.compile(r"(?<![\w.\\])(\d++(?:\.\d*+)?|\.\d++)[eE]([+-]?+)(\d++)(?![\w.])")
 _GREEK = {
     *("alpha", "beta", "gamma", "delta", "epsilon", "varepsilon", "zeta", "eta", "theta", "vartheta", "iota"),
     *("kappa", "lambda", "mu", "nu", "xi", "pi", "varpi", "rho", "varrho", "sigma", "varsigma", "tau", "upsilon"),
@@ -71,7 +73,7 @@ _WRAPPER = re.compile(r"\\(?:text|mathrm|textrm|mathit|operatorname|rm)\s*\{([^{
 
 def e_notation_to_latex(text: str) -> str:
     r"""`4.5e33` -> `4.5 \times 10^{33}`: math-verify reads the `e` as Euler's number (4.5 * e * 33)."""
-    return _E_NOTATION.sub(lambda m: f"{m[1]} \\times 10^{{{m[2].replace('+', '')}{m[3]}}}", text)
+    return _E_NOTATION.sub(lambda m: f"{m[1]} \\times 10^{{{m[2].replace('+', '')}{m[3].lstrip('0') or '0'}}}", text)
 
 
 def _plain_subscript(match: re.Match) -> str:
@@ -120,6 +122,157 @@ def clean(text: str) -> str:
     text = re.sub(r"(?<!\\mathcal\{)\\[gG]amma(?![A-Za-z])(?!\s*\()", r"\\mathcal{\\gamma}", text)  # not Euler's
     text = text.replace("''", "^{\\prime\\prime}")
     return re.sub(r"(?<=[A-Za-z0-9})])'", r"^{\\prime}", text)  # the parser deletes quotes: y' would read as y
+
+
+# ------------------------------------------------------------------ cost guards, before any parsing
+# sympy evaluates integer arithmetic while it parses (`2^{10^{7}}` is computed, not kept symbolic), and some of it
+# runs in C code that no signal interrupts; latex2sympy builds matrices whose size comes from the text. These limits
+# refuse (score 0) such answers with a linear scan of the text, before the parser sees it. No answer of the seven
+# benchmarks comes near them (largest integer: 11 digits, exponent: 1009, factorial: 100!, nesting: 4, matrix
+# separators: 3); docs/grading.md lists them. The worker process's deadline and memory limit bound what they miss.
+MAX_INTEGER_DIGITS = 100  # digits in one integer literal
+MAX_EXPONENT = 10_000  # an exponent's value, times the exponents inside its base: `(x^{100})^{100}` counts 10^4
+MAX_POWER_DIGITS = 20_000  # digits of all the powers of integers together (2^{1009} counts 1009)
+MAX_FACTORIAL = 1_000  # n in n!; a factorial of a power or factorial of numbers (`(10^{5})!`) is refused
+MAX_BINOMIAL = 10_000  # n in \binom{n}{k}
+MAX_SUM_TERMS = 1_000  # the bounds of \sum and \prod
+MAX_NESTING = 32  # brackets inside brackets
+MAX_MATRIX_SEPARATORS = 64  # `&` and `\\` in the text: a 9x8 matrix at most
+# latex2sympy's `\operatorname{eye}(n)`, `zeros(n, m)`, ... build or decompose matrices of a size the text chooses
+MATRIX_OPERATORS = frozenset(
+    "eye zeros ones diag hstack vstack rank rref nullspace norm cols rows eig eigen diagonalize eigenvals "
+    "eigenvalues eigenvects eigenvectors svd SVD orth ortho orthogonal orthogonalize trace tr".split()
+)
+_OPENERS, _CLOSERS = "([{", ")]}"
+_DIGIT_RUN = re.compile(r"\d++")
+_LETTER = re.compile(r"(?<!\\)[A-Za-z]")  # a letter that is not part of a command: a variable
+_COMMAND_WORDS = re.compile(r"\\[A-Za-z]++")
+_OPERATOR_NAME = re.compile(r"\\operatorname\s*+\{\s*+([^{}]*+)\}")
+_NESTED = re.compile(r"\^|!|binom|choose")
+
+
+def refusal(text: str) -> str | None:
+    """Why `text` is refused before parsing (the name of the limit it breaks), or None. Linear time in `text`."""
+    if "__" in text:
+        return "dunder"  # `__import__`, `__class__`: no mathematics has them
+    if any(len(run) > MAX_INTEGER_DIGITS for run in _DIGIT_RUN.findall(text)):
+        return "MAX_INTEGER_DIGITS"
+    if text.count("&") + text.count("\\\\") > MAX_MATRIX_SEPARATORS:
+        return "MAX_MATRIX_SEPARATORS"
+    if any(name.strip() in MATRIX_OPERATORS for name in _OPERATOR_NAME.findall(text)):
+        return "MATRIX_OPERATORS"
+    opener, depth = {}, 0
+    stack = []
+    for index, char in enumerate(text):
+        if char in _OPENERS:
+            stack.append(index)
+            depth = max(depth, len(stack))
+        elif char in _CLOSERS and stack:
+            opener[index] = stack.pop()  # any closer ends the innermost bracket: `[0, 1)` is one group
+    if depth > MAX_NESTING:
+        return "MAX_NESTING"
+    return _power_refusal(text, opener) or _factorial_refusal(text, opener) or _bounds_refusal(text)
+
+
+def _numbers_only(text: str) -> bool:
+    return not _LETTER.search(_COMMAND_WORDS.sub(" ", text))
+
+
+def _literal_bound(text: str) -> int:
+    """An upper bound on any integer that + - * / of the integer literals of `text` make (letters ignored)."""
+    bound = 1
+    for run in _DIGIT_RUN.findall(text):
+        bound *= max(int(run), 2)
+        if bound > 10**9:
+            return bound
+    return bound
+
+
+def _group_after(text: str, index: int) -> tuple[str, int]:
+    """The operand that starts at `index` (spaces skipped): a `{...}` group, a digit run, a command or one character."""
+    while index < len(text) and text[index] == " ":
+        index += 1
+    if index >= len(text):
+        return "", index
+    if text[index] == "{":
+        depth = 0
+        for end in range(index, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[end], 0)
+            if depth == 0:
+                return text[index + 1 : end], end + 1
+        return text[index + 1 :], len(text)
+    match = _DIGIT_RUN.match(text, index) or _COMMAND_WORDS.match(text, index)
+    end = match.end() if match else index + 1
+    return text[index:end], end
+
+
+def _start_of_operand(text: str, end: int, opener: dict[int, int]) -> int:
+    """Where the operand that ends just before `end` starts: `\\frac{a}{b}`, `(x+1)`, `12`, `x_{1}`, `\\pi`."""
+    index = end
+    while index > 0 and text[index - 1] == " ":
+        index -= 1
+    start = index
+    while start > 0 and text[start - 1] in _CLOSERS and start - 1 in opener:
+        start = opener[start - 1]  # `\frac{a}{b}`: both groups, then the command
+        while start > 0 and text[start - 1] in "_^ ":
+            start -= 1  # `x_{1}`, `x^{2}`: the subscript's or power's own base comes next
+    if start == index or text[start - 1 : start].isalpha() or text[start - 1 : start].isdigit():
+        while start > 0 and (text[start - 1].isalnum() or text[start - 1] == "."):
+            start -= 1
+        if start > 0 and text[start - 1] == "\\":
+            start -= 1
+    return start
+
+
+def _power_refusal(text: str, opener: dict[int, int]) -> str | None:
+    effective: dict[int, int] = {}  # position of each `^` -> its exponent bound times the exponents inside its base
+    digits = 0
+    for position in (i for i, char in enumerate(text) if char == "^"):
+        exponent, _ = _group_after(text, position + 1)
+        if _NESTED.search(exponent) and _numbers_only(exponent):
+            return "MAX_EXPONENT"  # a tower of numbers (`9^{9^{9}}`): letters keep `2^{2^{n}}` symbolic
+        start = _start_of_operand(text, position, opener)
+        inner = max((e for p, e in effective.items() if start <= p < position), default=1)
+        effective[position] = _literal_bound(exponent) * inner
+        if effective[position] > MAX_EXPONENT:
+            return "MAX_EXPONENT"
+        base = text[start:position]
+        digits += max(1, sum(len(run) for run in _DIGIT_RUN.findall(base))) * effective[position]
+        if digits > MAX_POWER_DIGITS:
+            return "MAX_POWER_DIGITS"
+    return None
+
+
+def _factorial_refusal(text: str, opener: dict[int, int]) -> str | None:
+    for position in (i for i, char in enumerate(text) if char == "!" and text[i + 1 : i + 2] != "="):
+        operand = text[_start_of_operand(text, position, opener) : position]
+        if _NESTED.search(operand) and _numbers_only(operand):
+            return "MAX_FACTORIAL"  # `(10^{5})!`, `(5!)!`, `\frac{10^{9}}{2}!`
+        if _DIGIT_RUN.search(operand) and _literal_bound(operand) > MAX_FACTORIAL:
+            return "MAX_FACTORIAL"
+    return None
+
+
+_BINOMIAL = re.compile(r"\\[dt]?binom\s*+")
+_BIG_OPERATOR = re.compile(r"\\(?:sum|prod)(?![A-Za-z])\s*+(?:\\limits\s*+)?")
+
+
+def _bounds_refusal(text: str) -> str | None:
+    for match in _BINOMIAL.finditer(text):
+        top, _ = _group_after(text, match.end())
+        if (_NESTED.search(top) and _numbers_only(top)) or _literal_bound(top) > MAX_BINOMIAL:
+            return "MAX_BINOMIAL"
+    for match in _BIG_OPERATOR.finditer(text):
+        index = match.end()
+        for _ in range(2):  # _{i=1}^{n}, in either order
+            if text[index : index + 1] not in ("_", "^"):
+                break
+            bound, index = _group_after(text, index + 1)
+            if (_NESTED.search(bound) and _numbers_only(bound)) or _literal_bound(bound) > MAX_SUM_TERMS:
+                return "MAX_SUM_TERMS"
+            while index < len(text) and text[index] == " ":
+                index += 1
+    return None
 
 
 # ------------------------------------------------------------------ parsing
@@ -176,6 +329,8 @@ def gold_form(gold: str) -> tuple:
     """How a (normalised) gold is compared: ("choice", letter), ("base", digits, base), ("text", words),
     ("math", sympy object, is_percent, answer_units, complex_numbers) or ("unreadable", text)."""
     text = clean(gold)
+    if refusal(text):
+        return ("unreadable", re.sub(r"\s+", "", text))
     if match := _CHOICE_GOLD.fullmatch(text) or re.fullmatch(r"\(([A-E])\)", text):
         return ("choice", match[1])
     if base := _base_number(text):
@@ -208,7 +363,7 @@ def answers_match(answer: str, gold: str) -> bool:
     """True if `answer` is equivalent to `gold` (see the module docstring). No time bound."""
     form = gold_form(gold)
     answer = clean(answer)
-    if not answer:
+    if not answer or refusal(answer):
         return False
     kind = form[0]
     if kind == "choice":
@@ -226,8 +381,75 @@ def answers_match(answer: str, gold: str) -> bool:
             _WARNED.add(gold)
             logger.warning("Gold answer %r cannot be read as mathematics: only an identical answer matches.", gold)
         return re.sub(r"\s+", "", answer) == form[1]
-    _, gold_expr, gold_percent, answer_units, complex_numbers = form
     value, percent = split_percent(answer)
+    sides = _chain_sides(value)
+    if len(sides) > 1 and not isinstance(form[1], sympy.core.relational.Relational):
+        # `x = 2 + 3 = 5` against 5: every side but a name (`x`, `f(x)`, `a_{n}`) must equal the gold, so that
+        # `100 = 3` or `1 = 2 = 3` cannot pass against 3 (math-verify would compare only the last side).
+        values = [side for side in sides if not _LABEL.fullmatch(side.replace(" ", ""))]
+        return bool(values) and all(_math_matches(form, side, percent) for side in values)
+    if "=" in value and not isinstance(form[1], sympy.core.relational.Relational) and not _relations_hold(value):
+        return False  # `100 = 3 \text{ or } 100 = 3`, `x = 3, 1 = 2`: a list with a false relation in it
+    return _math_matches(form, value, percent)
+
+
+def _relations_hold(text: str) -> bool:
+    """True if, in each item of a list (split at `,` `;` `or` `and` outside brackets), the sides of `a = b = ...` that
+    are not names are equal to each other."""
+    items = re.split(r"[,;]", _CONNECTIVE.sub(",", text)) if _top_level_only(text) else [text]
+    for item in items:
+        sides = [side for side in _chain_sides(item) if not _LABEL.fullmatch(side.replace(" ", ""))]
+        for left, right in zip(sides, sides[1:]):
+            a, b = to_sympy(left, units=False), to_sympy(right, units=False)
+            if a is None or b is None or not _equivalent(a, b):
+                return False
+    return True
+
+
+def _top_level_only(text: str) -> bool:
+    # items are split only when no bracket holds a separator: `(1, 2) = (1, 2)` is one relation between pairs
+    depth = 0
+    for char in text:
+        if char in _OPENERS:
+            depth += 1
+        elif char in _CLOSERS:
+            depth = max(depth - 1, 0)
+        elif char in ",;" and depth:
+            return False
+    return True
+
+
+_LABEL = re.compile(r"(?:\\angle\s*+)?(?:\\[A-Za-z]++|[A-Za-z]++)(?:_\{[^{}]*+\}|_[A-Za-z0-9])?(?:\([^()=]*+\))?")
+
+
+_CONNECTIVE = re.compile(r"\\(?:text|mbox|mathrm|textrm)\s*+\{\s*+(?:or|and)\s*+\}|\\l(?:or|and)\b|\b(?:or|and)\b")
+
+
+def _chain_sides(text: str) -> list[str]:
+    """The sides of `a = b = c` split at each `=` outside brackets (not `<=`, `>=`, `!=`, `==`); one side if no `=`,
+    or when the text is a list (`x = 1, y = 2` is read by math-verify as a whole)."""
+    if _CONNECTIVE.search(text):
+        return [text]  # `x=1 \text{or} x=2`: a list of solutions, read by math-verify as a whole
+    sides, depth, start = [], 0, 0
+    for index, char in enumerate(text):
+        if char in _OPENERS:
+            depth += 1
+        elif char in _CLOSERS:
+            depth = max(depth - 1, 0)
+        elif depth == 0 and char in ",;":
+            return [text]
+        elif char == "=" and depth == 0 and text[index - 1 : index] not in ("<", ">", "!", "\\", "="):
+            if text[index + 1 : index + 2] == "=":
+                return [text]
+            sides.append(text[start:index].strip())
+            start = index + 1
+    return [*sides, text[start:].strip()] if sides else [text]
+
+
+def _math_matches(form: tuple, value: str, percent: bool) -> bool:
+    _, gold_expr, gold_percent, answer_units, complex_numbers = form
+    if not value:
+        return False
     answer_expr = _parse_answer(value, gold_expr, answer_units, complex_numbers)
     if answer_expr is None:
         return False
@@ -313,7 +535,9 @@ def _numbers_equal(gold, answer) -> bool:
         return gold == answer and not gold.has(sympy.zoo)  # zoo, as in 1/0, is no value
     if gold.is_Rational and answer.is_Rational:
         return gold == answer
-    decimal = gold.has(sympy.Float) or answer.has(sympy.Float)
+    # The tolerance is for a decimal answer to a non-integer gold (0.33333 for 1/3); against an integer gold only an
+    # equal value scores (12345.0 and 12345 + 0.0 do, 12346.0 does not), else a policy learns to add `.0`.
+    decimal = (gold.has(sympy.Float) or answer.has(sympy.Float)) and not gold.is_Integer
     tolerance = NUMBER_REL_TOL if decimal else 1e-30  # exact forms (sqrt(2)/2 vs 1/sqrt(2)) compared at 50 digits
     try:
         a, b = sympy.N(gold, 50), sympy.N(answer, 50)
@@ -353,16 +577,54 @@ def answers_match_with_deadline(answer: str, gold: str, timeout_s: float) -> boo
             signal.setitimer(signal.ITIMER_REAL, max(previous_delay - (time.monotonic() - started), 1e-3))
 
 
+# ------------------------------------------------------------------ the worker process
+# The parent (`dhpo_trl.rewards`) kills the worker at the deadline plus a margin; inside the worker, SIGALRM ends
+# Python-level overruns at the deadline, and two kernel limits hold even where C code never returns to Python:
+WORKER_MEMORY_HEADROOM_BYTES = 768 * 2**20  # RLIMIT_AS: the address space after start-up plus this much
+WORKER_CPU_MARGIN_S = 2  # RLIMIT_CPU per comparison: its deadline plus this, also if the parent is gone
+
+
+def _limit_memory() -> None:
+    import resource
+
+    with open("/proc/self/statm") as statm:  # first field: the address space, in pages
+        size = int(statm.read().split()[0]) * resource.getpagesize()
+    limit = size + WORKER_MEMORY_HEADROOM_BYTES
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    resource.setrlimit(resource.RLIMIT_AS, (limit if hard == resource.RLIM_INFINITY else min(limit, hard), hard))
+
+
+def _limit_cpu(timeout_s: float) -> None:
+    # SIGXCPU (whose default action ends the process) once this comparison has used its deadline in CPU time and
+    # WORKER_CPU_MARGIN_S more: the wall-clock kill by the parent comes first, unless the parent died.
+    import resource
+
+    used = resource.getrusage(resource.RUSAGE_SELF)
+    seconds = math.ceil(used.ru_utime + used.ru_stime + timeout_s) + WORKER_CPU_MARGIN_S
+    _, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    resource.setrlimit(resource.RLIMIT_CPU, (seconds if hard == resource.RLIM_INFINITY else min(seconds, hard), hard))
+
+
 def _serve() -> None:
-    """Worker loop: answer requests from stdin until it closes."""
+    """Worker loop. Request, one JSON line on stdin: `{"id": int, "timeout_s": float, "pairs": [[answer, gold], ...]}`.
+    Reply, one line per pair as soon as it is compared: `<id> <index> <1|0>`. The id lets the parent skip replies to a
+    request it gave up on. Ends when stdin closes."""
+    _limit_memory()
     print("ready", flush=True)
     for line in sys.stdin:
         try:
             request = json.loads(line)
-            matched = answers_match_with_deadline(request["answer"], request["gold"], request["timeout_s"])
-        except Exception:  # noqa: BLE001 - a bad request scores 0, the worker keeps serving
-            matched = False
-        print("1" if matched else "0", flush=True)
+            request_id, timeout_s, pairs = int(request["id"]), float(request["timeout_s"]), list(request["pairs"])
+        except Exception:  # noqa: BLE001 - not a request: nothing to answer
+            continue
+        for index, pair in enumerate(pairs):
+            try:
+                _limit_cpu(timeout_s)
+                answer, gold = pair
+                matched = answers_match_with_deadline(str(answer), str(gold), timeout_s)
+            except Exception:  # noqa: BLE001 - a bad pair (or MemoryError) scores 0, the worker keeps serving
+                matched = False
+            print(f"{request_id} {index} {1 if matched else 0}", flush=True)
 
 
 if __name__ == "__main__":

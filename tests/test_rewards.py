@@ -447,68 +447,56 @@ def test_equal_values_in_other_forms_and_near_misses(completion, truth, reward):
 
 
 # ------------------------------------------------------------------ the verifier is called with what and how long
-def test_verifier_arguments_errors_and_timeouts_on_the_main_thread(monkeypatch):
+class FakeWorker:
+    def __init__(self, result):
+        self.result, self.calls = result, []
+
+    def match_many(self, pairs, timeout_s):
+        self.calls.append((list(pairs), timeout_s))
+        if isinstance(self.result, BaseException):
+            raise self.result
+        return [self.result] * len(pairs)
+
+
+def test_verifier_arguments_errors_and_timeouts(monkeypatch):
+    """Every comparison goes to the worker process, with the extracted answer, the normalised gold and the deadline;
+    from the main thread (where TRL calls the reward) and from any other thread alike."""
     from dhpo_trl import rewards
 
-    calls = []
-
-    def verifier(answer, gold, timeout_s):
-        calls.append((answer, gold, timeout_s))
-        return True
-
-    monkeypatch.setattr(rewards._math_verify_core, "answers_match_with_deadline", verifier)
+    worker = FakeWorker(True)
+    monkeypatch.setattr(rewards, "_WORKER", worker)
     assert DEFAULT_TIMEOUT_S == 2.0
     assert score_answer(r"so \boxed{\frac{1}{2}}.", "$0.5$.") == 1.0
     assert score_answer(r"\boxed{3}", "4.5e33", timeout_s=0.7) == 1.0
-    assert math_verify_reward([r"\boxed{9}"], answer=["#### 9"]) == [1.0]
-    assert calls == [(r"\frac{1}{2}", "0.5", 2.0), ("3", r"4.5 \times 10^{33}", 0.7), ("9", "9", 2.0)]
-    assert score_answer(r"\boxed{3}", None) == 0.0 and len(calls) == 3  # no gold: the verifier is not asked
-    assert score_answer(r"\boxed{ }", "0") == 0.0 and len(calls) == 3  # nor for a blank answer
-    assert score_answer("no box", "0") == 0.0 and len(calls) == 3
+    assert math_verify_reward([r"\boxed{9}", "no box", r"\boxed{8}"], answer=["#### 9", "1", "8"]) == [1.0, 0.0, 1.0]
+    out = []
+    thread = threading.Thread(target=lambda: out.append(score_answer(r"\boxed{2}", "2", timeout_s=0.3)))
+    thread.start()
+    thread.join(10)
+    assert out == [1.0]
+    assert worker.calls == [
+        ([(r"\frac{1}{2}", "0.5")], 2.0),
+        ([("3", r"4.5 \times 10^{33}")], 0.7),
+        ([("9", "9"), ("8", "8")], 2.0),  # one round trip for the whole list, the box-less completion not asked
+        ([("2", "2")], 0.3),
+    ]
+    assert score_answer(r"\boxed{3}", None) == 0.0 and len(worker.calls) == 4  # no gold: the verifier is not asked
+    assert score_answer(r"\boxed{ }", "0") == 0.0 and len(worker.calls) == 4  # nor for a blank answer
+    assert score_answer("no box", "0") == 0.0 and len(worker.calls) == 4
+    assert score_answer(r"\boxed{9^{9^{9}}}", "0") == 0.0 and len(worker.calls) == 4  # nor for a refused one
+    for bad in (0, -1.0, float("inf"), float("nan"), "2"):
+        with pytest.raises(ValueError, match="timeout_s"):
+            score_answer(r"\boxed{3}", "3", timeout_s=bad)
 
-    def broken(answer, gold, timeout_s):
-        raise RuntimeError("parser crashed")
-
-    monkeypatch.setattr(rewards._math_verify_core, "answers_match_with_deadline", broken)
+    monkeypatch.setattr(rewards, "_WORKER", FakeWorker(RuntimeError("parser crashed")))
     assert score_answer(r"\boxed{3}", "3") == 0.0  # a crash scores 0 instead of taking the step down
     assert math_verify_reward([r"\boxed{3}", r"\boxed{4}"], answer=["3", "4"]) == [0.0, 0.0]
-    monkeypatch.setattr(rewards._math_verify_core, "answers_match_with_deadline", lambda a, g, t: False)
-    assert score_answer(r"\boxed{3}", "3") == 0.0  # a deadline overrun reads as no match
-
-
-def test_off_the_main_thread_the_worker_is_asked(monkeypatch):
-    from dhpo_trl import rewards
-
-    class FakeWorker:
-        def __init__(self, result):
-            self.result, self.calls = result, []
-
-        def answers_match(self, answer, gold, timeout_s):
-            self.calls.append((answer, gold, timeout_s))
-            if isinstance(self.result, Exception):
-                raise self.result
-            return self.result
-
-    def in_thread(*args, **kwargs):
-        out = []
-        thread = threading.Thread(target=lambda: out.append(score_answer(*args, **kwargs)))
-        thread.start()
-        thread.join(10)
-        return out[0]
-
-    def main_thread_verifier(*args):
-        raise AssertionError("SIGALRM deadline used off the main thread")
-
-    monkeypatch.setattr(rewards._math_verify_core, "answers_match_with_deadline", main_thread_verifier)
-    worker = FakeWorker(True)
-    monkeypatch.setattr(rewards, "_WORKER", worker)
-    assert in_thread(r"\boxed{\frac{2}{4}}", "0.5", timeout_s=0.3) == 1.0
-    assert in_thread(r"\boxed{2}", "#### 2") == 1.0
-    assert worker.calls == [(r"\frac{2}{4}", "0.5", 0.3), ("2", "2", 2.0)]
     monkeypatch.setattr(rewards, "_WORKER", FakeWorker(False))
-    assert in_thread(r"\boxed{2}", "2") == 0.0
-    monkeypatch.setattr(rewards, "_WORKER", FakeWorker(OSError("worker died")))
-    assert in_thread(r"\boxed{2}", "2") == 0.0
+    assert score_answer(r"\boxed{3}", "3") == 0.0  # a deadline overrun reads as no match
+    unavailable = rewards.GraderUnavailableError("the grading worker process did not start")
+    monkeypatch.setattr(rewards, "_WORKER", FakeWorker(unavailable))
+    with pytest.raises(rewards.GraderUnavailableError):  # loud: never an unbounded grade, never silent zeros
+        math_verify_reward([r"\boxed{3}"], answer=["3"])
 
 
 def test_reward_answers_broadcast_pad_and_truncate(caplog):
@@ -560,12 +548,19 @@ if mode == "exit-after-ready":
 for line in sys.stdin:
     request = json.loads(line)
     log.write(line); log.flush()
-    if mode == "slow-reply":
-        time.sleep(request["timeout_s"] + 0.3)  # past its deadline, as a worker whose alarm fires at the end
-    reply = {"padded": " 1 ", "ten": "10"}.get(mode, "1" if request["answer"] == request["gold"] else "0")
-    print(reply, flush=True)
-    if mode == "one-reply":
-        sys.exit(0)
+    for index, (answer, gold) in enumerate(request["pairs"]):
+        if mode == "slow-reply":
+            time.sleep(request["timeout_s"] + 0.3)  # past its deadline, as a worker whose alarm fires at the end
+        if mode == "stuck-on-x" and answer == "x":
+            time.sleep(600)  # C code that never returns to Python
+        if mode == "stale":  # first a reply to an older request, and one to a wrong index
+            print(f"{request['id'] - 1} {index} 1", flush=True)
+            print(f"{request['id']} {index + 5} 1", flush=True)
+        matched = {"padded": True, "ten": False}.get(mode, answer == gold)
+        reply = f"{request['id']} {index} {'10' if mode == 'ten' else int(matched)}"
+        print(f"  {reply}  " if mode == "padded" else reply, flush=True)
+        if mode == "one-reply":
+            sys.exit(0)
 """
 
 
@@ -573,11 +568,12 @@ for line in sys.stdin:
 def fake_worker(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    from dhpo_trl import rewards
+    from dhpo_trl import _math_verify_core, rewards
 
     script = tmp_path / "fake_core.py"
     script.write_text(FAKE_WORKER)
-    monkeypatch.setattr(rewards, "_math_verify_core", SimpleNamespace(__file__=str(script)))
+    fake_core = SimpleNamespace(__file__=str(script), clean=_math_verify_core.clean, refusal=_math_verify_core.refusal)
+    monkeypatch.setattr(rewards, "_math_verify_core", fake_core)
     workers = []
 
     def make(mode):
@@ -601,15 +597,17 @@ def test_worker_protocol_and_reuse(fake_worker):
     make, log = fake_worker
     worker = make("compare")
     assert worker.answers_match("1", "1", 0.5) is True
-    assert worker.answers_match("1", "2", 0.25) is False
-    assert worker.answers_match("x", "x", 2.0) is True
+    assert worker.match_many([("1", "2"), ("3", "3")], 0.25) == [False, True]
+    pairs = [(str(i), str(i % 3)) for i in range(40)]  # more than one request's worth
+    assert worker.match_many(pairs, 2.0) == [a == g for a, g in pairs]
     lines = log()
     assert lines[0] == "start" and lines.count("start") == 1  # one process for every request
-    assert [json.loads(line) for line in lines[1:]] == [
-        {"answer": "1", "gold": "1", "timeout_s": 0.5},
-        {"answer": "1", "gold": "2", "timeout_s": 0.25},
-        {"answer": "x", "gold": "x", "timeout_s": 2.0},
+    requests = [json.loads(line) for line in lines[1:]]
+    assert requests[:2] == [
+        {"id": 1, "timeout_s": 0.5, "pairs": [["1", "1"]]},
+        {"id": 2, "timeout_s": 0.25, "pairs": [["1", "2"], ["3", "3"]]},
     ]
+    assert [len(r["pairs"]) for r in requests[2:]] == [16, 16, 8] and [r["id"] for r in requests[2:]] == [3, 4, 5]
     process = worker._process
     worker.close()
     assert process.poll() is not None and worker._process is None
@@ -630,13 +628,36 @@ def test_worker_reply_is_read_stripped(fake_worker, mode, matched):
     assert make(mode).answers_match("1", "2", 1.0) is matched
 
 
+def test_replies_to_other_requests_are_never_read_as_the_answer(fake_worker):
+    """A stale line (a reply to a request whose caller was interrupted) is skipped, not taken for the next answer."""
+    make, _ = fake_worker
+    worker = make("stale")
+    assert worker.match_many([("1", "2"), ("3", "3"), ("4", "5")], 1.0) == [False, True, False]
+
+
 def test_a_reply_just_after_the_deadline_is_still_read(fake_worker):
-    """The worker's own alarm fires at timeout_s and its "0" arrives just after: the caller waits a second more
+    """The worker's own alarm fires at timeout_s and its "0" arrives just after: the caller waits a little more
     before it kills the worker, instead of restarting it for every slow answer."""
     make, _ = fake_worker
     worker = make("slow-reply")
     assert worker.answers_match("1", "1", 0.1) is True
     assert worker._process is not None and worker._process.poll() is None  # kept for the next request
+
+
+def test_a_stuck_comparison_is_killed_and_the_rest_of_the_list_goes_on(fake_worker):
+    """A comparison stuck in C code ignores SIGALRM: the caller kills the worker at the deadline plus the margin;
+    the stuck answer scores 0, the answers before and after it are compared (by a fresh worker)."""
+    from dhpo_trl.rewards import _KILL_MARGIN_S
+
+    make, log = fake_worker
+    worker = make("stuck-on-x")
+    worker.answers_match("0", "0", 1.0)
+    first = worker._process
+    start = time.perf_counter()
+    assert worker.match_many([("1", "1"), ("x", "x"), ("2", "2"), ("3", "4")], 0.2) == [True, False, True, False]
+    assert time.perf_counter() - start < 0.2 + _KILL_MARGIN_S + 5.0  # one deadline, one restart of a tiny script
+    assert first.poll() is not None  # killed
+    assert log().count("start") == 2
 
 
 def test_a_dead_worker_is_restarted(fake_worker):
@@ -648,45 +669,57 @@ def test_a_dead_worker_is_restarted(fake_worker):
     assert log().count("start") == 2
 
 
-@pytest.mark.parametrize("mode", ["wrong-greeting", "exit-after-ready"])
-def test_a_worker_that_does_not_serve_scores_no_match(fake_worker, mode):
+def test_a_worker_that_dies_after_its_greeting_scores_no_match(fake_worker):
     make, _ = fake_worker
-    worker = make(mode)
-    assert worker.answers_match("1", "1", 1.0) is False
+    worker = make("exit-after-ready")
+    assert worker.match_many([("1", "1"), ("2", "2")], 1.0) == [False, False]
     assert worker._process is None
 
 
-def test_a_worker_that_does_not_start_in_time_is_killed(fake_worker, monkeypatch):
+def test_a_worker_that_does_not_start_in_time_is_refused_loudly(fake_worker, monkeypatch):
     from dhpo_trl import rewards
 
     make, log = fake_worker
     monkeypatch.setattr(rewards, "_WORKER_START_TIMEOUT_S", 0.2)
     worker = make("slow-start")
     start = time.perf_counter()
-    with pytest.raises(OSError, match="math-verify worker process did not start"):
-        worker._ensure_started()
+    with pytest.raises(rewards.GraderUnavailableError, match="did not start within 0 s"):
+        worker.answers_match("1", "1", 1.0)
     assert time.perf_counter() - start < 5.0  # not the worker's 30 s
     assert worker._process is None
-    assert worker.answers_match("1", "1", 1.0) is False
+    monkeypatch.setattr(rewards, "_WORKER", worker)
+    with pytest.raises(rewards.GraderUnavailableError):
+        score_answer(r"\boxed{1}", "1")  # the scoring function raises it, it does not score 0 for ever
     assert log().count("start") == 2
+    from pathlib import Path
+
+    Path(rewards._math_verify_core.__file__ + ".mode").write_text("wrong-greeting")
+    with pytest.raises(rewards.GraderUnavailableError):
+        worker.answers_match("1", "1", 1.0)
 
 
 def test_worker_read_stops_at_its_deadline_even_with_a_line_waiting(monkeypatch):
     """The reply deadline is a hard limit: at exactly the deadline nothing more is read, even a line already there."""
-    import io
+    import os
     import types
 
     from dhpo_trl import rewards
 
-    process = types.SimpleNamespace(stdout=io.StringIO("late\n"))
-    monkeypatch.setattr(rewards.select, "select", lambda r, w, x, timeout: (r, [], []))  # always readable
-    clock = iter([10.0, 12.0])  # the deadline is 10 + 2: the check runs at exactly 12
-    monkeypatch.setattr(rewards.time, "monotonic", lambda: next(clock))
-    assert rewards._VerifyWorker._read_line(process, 2.0) is None
-    clock = iter([10.0, 11.5])  # half a second left: the waiting line is read
-    assert rewards._VerifyWorker._read_line(process, 2.0) == "late\n"
-    clock = iter([10.0, 11.5])
-    assert rewards._VerifyWorker._read_line(process, 2.0) is None  # "" at the end: the worker died
+    read_end, write_end = os.pipe()
+    os.write(write_end, b"late\n")
+    process = types.SimpleNamespace(stdout=types.SimpleNamespace(fileno=lambda: read_end))
+    worker = rewards._VerifyWorker()
+    try:
+        clock = iter([10.0, 12.0])  # the deadline is 10 + 2: the check runs at exactly 12
+        monkeypatch.setattr(rewards.time, "monotonic", lambda: next(clock))
+        assert worker._read_line(process, 2.0) is None
+        clock = iter([10.0, 11.5])  # half a second left: the waiting line is read
+        assert worker._read_line(process, 2.0) == "late"
+        os.close(write_end)
+        clock = iter([10.0, 11.5])
+        assert worker._read_line(process, 2.0) is None  # end of file: the worker died
+    finally:
+        os.close(read_end)
 
 
 def test_math_verify_timeout_warning_is_dropped_and_nothing_else():
@@ -719,10 +752,7 @@ def test_a_crashing_comparison_is_logged_at_debug_with_its_traceback(monkeypatch
 
     from dhpo_trl import rewards
 
-    def broken(answer, gold, timeout_s):
-        raise RuntimeError("parser crashed")
-
-    monkeypatch.setattr(rewards._math_verify_core, "answers_match_with_deadline", broken)
+    monkeypatch.setattr(rewards, "_WORKER", FakeWorker(RuntimeError("parser crashed")))
     with caplog.at_level(logging.DEBUG, logger=rewards.logger.name):
         assert score_answer(r"\boxed{3}", "3") == 0.0
     (record,) = [r for r in caplog.records if r.name == rewards.logger.name]
