@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dhpo_trl import _math_verify_core
+from dhpo_trl import _math_verify_core, rewards
 from dhpo_trl.evaluation import audit
 from dhpo_trl.golds import normalise_gold
 
@@ -110,7 +110,14 @@ def test_the_audit_fails_a_grader_that_accepts_anything(monkeypatch):
 
 
 def test_the_audit_fails_a_grader_that_reads_a_base_subscript_as_a_number(monkeypatch):
-    """The bug the real audit found: 52_8 read as 52, so 52_9 scored 1."""
+    """The bug the real audit found: 52_8 read as 52, so 52_9 scored 1. Grading runs in a worker process, out of
+    this test's reach, so the planted grader runs in-process behind a stand-in worker."""
+
+    class InProcessWorker:
+        def match_many(self, pairs, timeout_s):
+            return [_math_verify_core.answers_match(answer, gold) for answer, gold in pairs]
+
+    monkeypatch.setattr(rewards, "_WORKER", InProcessWorker())
     monkeypatch.setattr(_math_verify_core, "_base_number", lambda text: None)
     _math_verify_core.gold_form.cache_clear()
     try:
