@@ -97,7 +97,9 @@ def _derivative_symbol(match: re.Match) -> str:
     return f"\\mathcal{{D}}_{{{match[1] or ''}{name}{match[3]}{match[4] or ''}}}"
 
 
-_E_SUBSCRIPT = re.compile(r"(?<!\\mathcal\{)(?<![\\A-Za-z])(\d[0-9A-Z]*)?([Ee])(?=\s*_\s*(\{[^{}]*\}|\w)?)")
+# The number group starts only where a run of digits and capitals starts: from inside a run, each position would
+# rescan the rest of it (quadratic time on a long run of digits before an `e`).
+_E_SUBSCRIPT = re.compile(r"(?<!\\mathcal\{)(?<![\\A-Za-z])((?<![0-9A-Z])\d[0-9A-Z]*)?([Ee])(?=\s*_\s*(\{[^{}]*\}|\w)?)")
 
 
 def _e_symbol(match: re.Match) -> str:
@@ -276,10 +278,12 @@ def _bounds_refusal(text: str) -> str | None:
 
 
 # ------------------------------------------------------------------ parsing
-_PERCENT = re.compile(r"\s*(?:\\%|%|\\text\{\s*\\?%\s*\}|\\text\{\s*percent\s*\}|\bpercent)\s*$")
+# No leading `\s*`: searched from every position of a long run of spaces, it would rescan the run (quadratic time);
+# `split_percent` strips the spaces before the sign instead.
+_PERCENT = re.compile(r"(?:\\%|%|\\text\{\s*\\?%\s*\}|\\text\{\s*percent\s*\}|\bpercent)\s*$")
 _CHOICE_GOLD = re.compile(r"\\text\{\(([A-Z])\)\}")
 _CHOICE_ANSWER = re.compile(r"\(?([A-Za-z])\)?(?:[\s.:)].*)?")
-_BASE = re.compile(r"\(?([0-9A-Za-z]+)\)?_\{?\(?(\d{1,2})\)?\}?")
+_BASE = re.compile(r"\(?(?<![0-9A-Za-z])([0-9A-Za-z]+)\)?_\{?\(?(\d{1,2})\)?\}?")  # a run's start only: linear
 _TEXT_GOLD = re.compile(r"\\text\{\s*([A-Za-z][A-Za-z .'-]*?)\s*\}")
 _TEXT_WRAPPERS = re.compile(r"\\(?:text|textbf|textit|mathrm|mathbf|mathit|emph)\s*\{([^{}]*)\}")
 
@@ -321,6 +325,8 @@ def _last_of_chain(text: str) -> str:
 
 def split_percent(text: str) -> tuple[str, bool]:
     stripped = _PERCENT.sub("", text)
+    if stripped != text:
+        stripped = stripped.rstrip()
     return stripped, stripped != text
 
 

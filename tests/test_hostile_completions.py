@@ -1,0 +1,159 @@
+"""Completions a policy could learn to write against the grader: each scores 0 within the deadline plus a margin,
+from the main thread (where TRL calls synchronous reward functions) and from a thread, with bounded memory, no
+code run, no process left behind, and correct answers still scoring 1 afterwards (issue 24).
+
+The lexical guards (`_math_verify_core.refusal`) stop most of these before parsing; the worker process's deadline
+and memory limit bound what gets past them (tests/test_rewards.py kills a worker stuck in C code).
+"""
+
+import os
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import psutil
+import pytest
+
+from dhpo_trl import _math_verify_core, golds, rewards
+
+TIMEOUT_S = 1.0
+MARGIN_S = 1.0  # the issue's bound: deadline + 1 s of wall time per completion
+MARKER = "/tmp/dhpo_hostile_marker"
+
+HOSTILE = {
+    # huge numbers: sympy evaluates integer powers and factorials at parse time, in C code SIGALRM cannot stop
+    "fraction-of-huge-powers": r"\boxed{\frac{2^{9999999}}{3^{9999999}}}",  # the issue's 80 s answer
+    "power-tower": r"\boxed{10^{10^{10^{10}}}}",
+    "power-of-a-product": r"\boxed{(123456789 \cdot 987654321)^{123456789}}",
+    "long-integer": r"\boxed{" + "9" * 900 + "}",
+    "factorial": r"\boxed{100000!}",
+    "factorial-of-factorial": r"\boxed{(10!)!}",
+    "double-factorial": r"\boxed{99999!!}",
+    "binomial": r"\boxed{\binom{1000000}{500000}}",
+    "sum": r"\boxed{\sum_{k=1}^{10^{9}} k^{k}}",
+    "product": r"\boxed{\prod_{k=1}^{10^{7}} k}",
+    # matrix constructors whose size comes from the text (an identity of size 2*10^4 took 3 GB)
+    "identity-matrix": r"\boxed{\mathbf{I}_{20000}}",
+    "identity-squared": r"\boxed{(\mathbf{I}_{10000} + \mathbf{I}_{10000})^{2}}",
+    "wide-pmatrix": r"\boxed{\begin{pmatrix}" + "&".join(["1"] * 400) + r"\end{pmatrix}}",
+    "tall-bmatrix": r"\boxed{\begin{bmatrix}" + r"\\".join(["1"] * 400) + r"\end{bmatrix}}",
+    # code-execution payloads: nothing may run
+    "python-import": r"\boxed{__import__('os').system('touch " + MARKER + r"')}",
+    "operatorname-import": r"\boxed{\operatorname{__import__}(\text{os}).system(\text{touch " + MARKER + "})}",
+    "dunder-walk": r"\boxed{().__class__.__bases__[0].__subclasses__()}",
+    "eval-call": r"\boxed{\operatorname{eval}(\text{open('" + MARKER + r"','w')})}",
+    "lambda": r"\boxed{(lambda: open('" + MARKER + r"', 'w'))()}",
+    # shapes: nesting, length, repetition, malformed LaTeX
+    "nested-braces": r"\boxed{" + "{" * 400 + "1" + "}" * 400 + "}",
+    "nested-fractions": r"\boxed{" + r"\frac{1}{" * 150 + "2" + "}" * 150 + "}",
+    "nested-sqrt": r"\boxed{" + r"\sqrt{" * 200 + "2" + "}" * 200 + "}",
+    "many-boxes": r"\boxed{1}" * 20000,
+    "box-of-1000-chars": r"\boxed{" + "x+" * 499 + "1}",
+    "e-notation-backtrack": r"\boxed{" + "1" * 495 + "e" + "1" * 495 + "}",
+    "malformed": r"\boxed{\frac{1}{}^^__\sqrt[}",
+    "unterminated-box": r"\boxed{" + "1" * 100_000,
+    "control-characters": "\\boxed{1\x00\x07\x1b[2J}",
+    "equation-chain-to-the-gold": r"\boxed{100 = 12}",
+    "chain-with-the-gold-last": r"\boxed{1 = 2 = 12}",
+    "decimal-near-an-integer-gold": r"\boxed{12.0001}",
+    "plus-zero-near-an-integer-gold": r"\boxed{12.001 + 0.0}",
+}
+
+
+def tree_rss() -> int:
+    """Resident memory of this process and all its descendants (the grading worker included), in bytes."""
+    me = psutil.Process()
+    total = 0
+    for process in [me, *me.children(recursive=True)]:
+        try:
+            total += process.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def graders() -> list[psutil.Process]:
+    return [p for p in psutil.Process().children(recursive=True)
+            if any("_math_verify_core" in part for part in p.cmdline())]  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def no_marker():
+    if os.path.exists(MARKER):
+        os.remove(MARKER)
+    yield
+    assert not os.path.exists(MARKER), "a completion ran code"
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_completion_scores_0_in_time_from_the_main_thread(name):
+    assert threading.current_thread() is threading.main_thread()
+    start = time.perf_counter()
+    assert rewards.score_answer(HOSTILE[name], "12", timeout_s=TIMEOUT_S) == 0.0
+    assert time.perf_counter() - start < TIMEOUT_S + MARGIN_S
+
+
+def test_hostile_completions_from_a_thread_in_time_and_memory_and_correct_answers_still_score_1():
+    before = tree_rss()
+    names = list(HOSTILE)
+
+    def timed(name):
+        start = time.perf_counter()
+        value = rewards.score_answer(HOSTILE[name], "12", timeout_s=TIMEOUT_S)
+        return value, time.perf_counter() - start
+
+    with ThreadPoolExecutor(max_workers=1) as pool:  # not the main thread: no SIGALRM there
+        results = dict(zip(names, pool.map(timed, names)))
+        correct = list(pool.map(lambda answer: rewards.score_answer(answer, "12"), [r"\boxed{12}", r"\boxed{12.0}"]))
+    assert {name: value for name, (value, _) in results.items() if value != 0.0} == {}
+    assert {name: round(t, 2) for name, (_, t) in results.items() if t >= TIMEOUT_S + MARGIN_S} == {}
+    assert correct == [1.0, 1.0]
+    assert tree_rss() - before < 1 << 30  # the process tree grew by less than 1 GiB
+    assert len(graders()) <= 1  # one reused worker, none left behind by a kill
+
+
+def test_a_batch_with_hostile_completions_scores_the_rest_as_usual():
+    completions = [HOSTILE["fraction-of-huge-powers"], r"\boxed{12}", HOSTILE["identity-matrix"], r"\boxed{13}",
+                   HOSTILE["dunder-walk"], r"The answer is \boxed{\frac{24}{2}}."]  # fmt: skip
+    start = time.perf_counter()
+    assert rewards.math_verify_reward(completions, answer=["12"] * len(completions)) == [0, 1, 0, 0, 0, 1]
+    assert time.perf_counter() - start < len(completions) * (rewards.DEFAULT_TIMEOUT_S + MARGIN_S)
+
+
+@pytest.mark.parametrize("answer", [
+    "12", "12.0", "12.00", "1.2 \\times 10^{1}", "\\frac{24}{2}", "2^{2} \\cdot 3", "3! \\cdot 2", "\\binom{12}{1}",
+    "\\sqrt{144}", "12 = 12",
+])  # fmt: skip
+def test_ordinary_forms_of_the_gold_pass_the_guards(answer):
+    assert _math_verify_core.refusal(_math_verify_core.clean(answer)) is None
+    assert rewards.score_answer(f"\\boxed{{{answer}}}", "12") == 1.0
+
+
+# ------------------------------------------------------------------------------------ every regex, linear time
+def _patterns():
+    for module in (rewards, golds, _math_verify_core):
+        for name, value in vars(module).items():
+            if isinstance(value, re.Pattern):
+                yield f"{module.__name__.split('.')[-1]}.{name}", value
+
+
+ADVERSARIAL = [  # runs that make nested quantifiers backtrack, each cut to the length asked
+    "1" * 4000 + "e" + "1" * 4000, "1." * 4000, "\\frac{" * 2000, "{" * 4000 + "}" * 10, "_{" * 3000,
+    " " * 8000 + "x", "a" * 8000 + "!", "\\text{" + "a " * 4000, "(" * 4000, "1,2" * 2700, "d" * 8000 + "/", "$" * 8000,
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "pattern"), list(_patterns()), ids=[name for name, _ in _patterns()])
+def test_every_pattern_is_fast_on_adversarial_strings(name, pattern):
+    """No pattern of the reward, the golds or the grader may take superlinear time: 8,000 characters of any
+    backtracking bait take well under 0.5 s (a cubic pattern takes minutes there; 1,000 characters of the old
+    e-notation pattern took the whole 2 s deadline)."""
+    slowest = 0.0
+    for text in ADVERSARIAL:
+        text = text[:8000]
+        start = time.perf_counter()
+        pattern.search(text)
+        list(pattern.finditer(text))
+        slowest = max(slowest, time.perf_counter() - start)
+    assert slowest < 0.5, f"{name} took {slowest:.2f} s"
