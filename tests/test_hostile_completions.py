@@ -180,3 +180,37 @@ def test_every_pattern_is_fast_on_adversarial_strings(name, pattern, call):
         USES[call](pattern, text)
         slowest = max(slowest, time.perf_counter() - start)
     assert slowest < 0.5, f"{name} ({call}) took {slowest:.2f} s"
+
+
+# ------------------------------------------------------------------------------- the worker's own bounds
+@pytest.mark.parametrize("answer", [r"\frac{2^{9999999}}{3^{9999999}}", r"\mathbf{I}_{20000} + \mathbf{I}_{20000}"])
+def test_the_worker_refuses_on_its_own(answer):
+    """The guards also run inside the worker: a caller that reaches it directly (`match_many`) cannot skip them."""
+    start = time.perf_counter()
+    assert rewards._WORKER.match_many([(answer, "12"), ("12", "12")], TIMEOUT_S) == [False, True]
+    assert time.perf_counter() - start < TIMEOUT_S + MARGIN_S
+
+
+def test_the_worker_runs_under_a_memory_and_a_cpu_limit():
+    """What gets past the guards is bounded by the worker's address-space and CPU limits (a kill past the deadline
+    is tested in tests/test_rewards.py with a worker stuck in C code)."""
+    assert rewards.score_answer(r"\boxed{12}", "12") == 1.0  # the worker is up
+    (worker,) = graders()
+    rows = Path(f"/proc/{worker.pid}/limits").read_text().splitlines()[1:]
+    limits = {row[:26].strip(): row[26:].split() for row in rows}
+    address_space, cpu = limits["Max address space"][0], limits["Max cpu time"][0]
+    assert address_space != "unlimited" and int(address_space) < worker.memory_info().vms + (1 << 30)
+    assert cpu != "unlimited" and int(cpu) <= 60
+
+
+# ------------------------------------------------------------ no reward for a learnable tolerance or chain
+@pytest.mark.parametrize(("answer", "gold", "score"), [
+    ("12346.0", "12345", 0.0),  # the relative 1e-4 tolerance never applies against an integer gold
+    ("12345.0", "12345", 1.0), ("12345 + 0.0", "12345", 1.0), ("1.2345 \\times 10^{4}", "12345", 1.0),
+    ("0.33333", "\\frac{1}{3}", 1.0),  # a decimal answer to a non-integer gold keeps the tolerance
+    ("3.14159", "\\pi", 1.0), ("3.15", "\\pi", 0.0),
+    ("100 = 3", "3", 0.0), ("1 = 2 = 3", "3", 0.0), ("3 = 3", "3", 1.0),  # every side of a chain must hold
+    ("x = 2 + 3 = 5", "5", 1.0), ("x = 5", "5", 1.0), ("y = 4 = 5", "5", 0.0),
+])  # fmt: skip
+def test_training_reward_has_no_exploitable_tolerance_or_chain(answer, gold, score):
+    assert rewards.score_answer(f"\\boxed{{{answer}}}", gold) == score
