@@ -151,6 +151,43 @@ BUGS = {
         "return numbers[0] if numbers else None",
         ["tests/test_rewards.py"], "the fallback answer is the first number of the completion, not the last",
     ),
+    # The kinds issue 26 names, anchored in today's code (the issue's own list, re-planted after the refactor).
+    "on-policy-pi-old-not-detached": (
+        "dhpo_trl/trainer.py",
+        "old_per_token_logps = per_token_logps.detach()",
+        "old_per_token_logps = per_token_logps",
+        MATRIX, "on-policy pi_old keeps its graph: every ratio's gradient cancels and GRPO stops learning",
+    ),
+    "sort-key-ignores-prompt-length": (
+        "dhpo_trl/batching.py",
+        "self.order = sorted(range(len(prompt)), key=lambda row: (completion[row], prompt[row]))",
+        "self.order = sorted(range(len(prompt)), key=lambda row: completion[row])",
+        ["tests/test_batching.py", "tests/test_plan_optimum.py"], "rows sorted by one of their two lengths",
+    ),
+    "round-up-an-aligned-width": (
+        "dhpo_trl/batching.py",
+        "width = math.ceil(width / multiple) * multiple",
+        "width = (width // multiple + 1) * multiple",
+        ["tests/test_batching.py", "tests/test_plan_optimum.py"], "pad_to_multiple_of adds a block to a width already aligned",
+    ),
+    "window-tokens-drop-the-tool-mask": (
+        "dhpo_trl/batching.py",
+        "return planned_window(loss_mask(window), passes, dapo)",
+        'return planned_window(window["completion_mask"], passes, dapo)',
+        MATRIX, "the window's token count includes tool-output tokens that some runs mask",
+    ),
+    "pass-count-not-agreed": (
+        "dhpo_trl/trainer.py",
+        "_, maxima = self._reduce({}, {str(index): value for index, value in enumerate(values)})",
+        "maxima = {str(index): value for index, value in enumerate(values)}",
+        MATRIX, "each process runs its own number of forwards: ZeRO-3 hangs, DDP desynchronises",
+    ),
+    "question-rule-case-sensitive": (
+        "dhpo_trl/golds.py",
+        "    re.IGNORECASE,\n)",
+        "    0,\n)",
+        ["tests/test_golds.py"], "'Find the Equation of the line' no longer keeps the equation",
+    ),
 }
 
 
