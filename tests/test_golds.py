@@ -302,3 +302,13 @@ def test_fingerprint_is_sha256_of_the_stripped_text():
 )
 def test_split_top_level(text, separator, parts):
     assert golds.split_top_level(text, separator) == parts
+
+
+@pytest.mark.parametrize("question", [
+    "Find An Equation For the line through (0, 3) with slope 2.", "FIND AN EQUATION OF THE LINE with slope 2.",
+    "What Is The Relationship between x and y?", "Write the answer In The Form y = mx + b.",
+])  # fmt: skip
+def test_questions_asking_for_an_equation_keep_it_whatever_their_case(question):
+    """Titles and shouted questions ask for the same thing: the equation stays, the value rule does not apply."""
+    assert normalise_gold("$y=2x+3$", question=question) == "y=2x+3"
+    assert normalise_gold("$y=2x+3$", question="Find the value of y.") == "2x+3"
