@@ -392,10 +392,18 @@ def test_multimodal_batches_fall_back_with_one_warning(tok, tmp_path):
 
 
 # ------------------------------------------------------------------------------------- two processes (gloo)
+GLOO_ABORT = "terminate called without an active exception"  # pytorch/pytorch#179291, see dist_scripts/_teardown.py
+
+
 def run_in_own_group(command, env, timeout):
     """Run `command` in a new session; its whole process group is stopped on the way out (tests/processes.py,
-    which terminates torchrun first so that it stops its workers, whose sessions are their own)."""
+    which terminates torchrun first so that it stops its workers, whose sessions are their own).
+
+    One rerun when a rank died of gloo's thread abort alone (SIGABRT with that message, seen once in a fresh-clone
+    CI run of the ZeRO-3 case under the suite's load; 3/3 passed alone): any other failure fails at once."""
     result = processes.run(command, timeout=timeout, env=env)
+    if result.returncode != 0 and GLOO_ABORT in result.stderr and "exitcode: -6" in result.stderr:
+        result = processes.run(command, timeout=timeout, env=env)
     return result.returncode, result.stderr
 
 
