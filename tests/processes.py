@@ -66,6 +66,18 @@ def run(command, *, timeout: float, check: bool = False, capture_output: bool = 
     return result
 
 
+GLOO_ABORT = "terminate called without an active exception"  # pytorch/pytorch#179291, see dist_scripts/_teardown.py
+
+
+def run_ranks(command, *, timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """`run` for a torchrun command, rerun once when a rank died of gloo's thread abort alone (SIGABRT, exit code
+    -6, with that message: seen under the suite's load, never alone); any other failure is returned at once."""
+    result = run(command, timeout=timeout, **kwargs)
+    if result.returncode != 0 and GLOO_ABORT in (result.stderr or "") and "exitcode: -6" in (result.stderr or ""):
+        result = run(command, timeout=timeout, **kwargs)
+    return result
+
+
 def _read(handle, text: bool):
     handle.seek(0)
     data = handle.read()

@@ -343,7 +343,7 @@ def test_two_processes_agree_on_passes_and_update_as_trl(tmp_path, engine):
         env["ACCELERATE_USE_CPU"] = "1"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
                str(tmp_path), *(["--zero3"] if engine == "zero3" else [])]  # fmt: skip
-    result = processes.run(command, env=env, timeout=300)
+    result = processes.run_ranks(command, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     trl = torch.load(tmp_path / "trl" / "params.pt")
     dynamic = torch.load(tmp_path / "budget" / "params.pt")

@@ -392,21 +392,6 @@ def test_multimodal_batches_fall_back_with_one_warning(tok, tmp_path):
 
 
 # ------------------------------------------------------------------------------------- two processes (gloo)
-GLOO_ABORT = "terminate called without an active exception"  # pytorch/pytorch#179291, see dist_scripts/_teardown.py
-
-
-def run_in_own_group(command, env, timeout):
-    """Run `command` in a new session; its whole process group is stopped on the way out (tests/processes.py,
-    which terminates torchrun first so that it stops its workers, whose sessions are their own).
-
-    One rerun when a rank died of gloo's thread abort alone (SIGABRT with that message, seen once in a fresh-clone
-    CI run of the ZeRO-3 case under the suite's load; 3/3 passed alone): any other failure fails at once."""
-    result = processes.run(command, timeout=timeout, env=env)
-    if result.returncode != 0 and GLOO_ABORT in result.stderr and "exitcode: -6" in result.stderr:
-        result = processes.run(command, timeout=timeout, env=env)
-    return result.returncode, result.stderr
-
-
 @pytest.mark.parametrize("engine", ["ddp", "zero3"])
 def test_two_processes_agree_on_rows_and_update_as_trl(tmp_path, engine):
     """2 ranks with a budget of real tokens: each micro-step runs the same number of packed rows on both ranks (the
@@ -420,8 +405,8 @@ def test_two_processes_agree_on_rows_and_update_as_trl(tmp_path, engine):
         env["ACCELERATE_USE_CPU"] = "1"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
                str(tmp_path), *(["--zero3"] if engine == "zero3" else [])]  # fmt: skip
-    returncode, stderr = run_in_own_group(command, env, timeout=240)
-    assert returncode == 0, stderr[-4000:]
+    result = processes.run_ranks(command, env=env, timeout=240)  # its process group stopped on the way out
+    assert result.returncode == 0, result.stderr[-4000:]
     trl = torch.load(tmp_path / "trl" / "params.pt")
     packed = torch.load(tmp_path / "packed" / "params.pt")
     start = dict(build_tiny_qwen3(build_char_tokenizer(), seed=0).named_parameters())

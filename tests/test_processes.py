@@ -73,3 +73,23 @@ def test_an_interrupt_while_waiting_kills_the_group(monkeypatch, tmp_path):
         processes.run([sys.executable, "-c", HANGING_PARENT, str(tmp_path / "pid")], timeout=60)
     grandchild = int((tmp_path / "pid").read_text())
     assert wait_gone([started[0], grandchild]) == []
+
+
+FLAKY_RANK = r"""
+import pathlib, sys
+marker = pathlib.Path(sys.argv[1])
+if not marker.exists():
+    marker.write_text("1")
+    sys.stderr.write(sys.argv[2])
+    sys.exit(1)
+"""
+
+
+@pytest.mark.parametrize(("stderr", "runs"), [
+    (processes.GLOO_ABORT + "\nfailed (exitcode: -6) local_rank: 1", 2),  # the gloo abort alone: one rerun
+    ("AssertionError: the update differs\nfailed (exitcode: 1) local_rank: 1", 1),  # any other failure: none
+])  # fmt: skip
+def test_run_ranks_reruns_only_the_gloo_abort(tmp_path, stderr, runs):
+    marker = tmp_path / "ran"
+    result = processes.run_ranks([sys.executable, "-c", FLAKY_RANK, str(marker), stderr], timeout=30)
+    assert result.returncode == (0 if runs == 2 else 1)
