@@ -49,9 +49,10 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 from transformers.trainer_callback import PrinterCallback  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
-from dhpo_trl import DHPOTrainer, batching, packing  # noqa: E402
-from dhpo_trl.presets import PAPER_ALGORITHMS, config_for  # noqa: E402
-from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
+from dhpo_trl import DHPOTrainer  # noqa: E402
+from dhpo_trl.core.presets import PAPER_ALGORITHMS, config_for  # noqa: E402
+from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
+from dhpo_trl.training import batching, packing  # noqa: E402
 
 TRAINERS = ("trl", "fixed", "dynamic", "packed")
 

@@ -23,9 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-from dhpo_trl import _math_verify_core, rewards
 from dhpo_trl.evaluation.audit import near_misses, rewrite
 from dhpo_trl.evaluation.benchmarks import BENCHMARKS, load_benchmark
+from dhpo_trl.scoring import _math_verify_core, rewards
 
 DEFAULT_DIR = next(
     (p / "shared" / "benchmarks" for p in Path(__file__).resolve().parents if (p / "shared" / "benchmarks").is_dir()),

@@ -17,7 +17,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from dhpo_trl import packing
+from dhpo_trl.training import packing
 
 
 def row_lengths(rng: random.Random, count: int) -> list[int]:

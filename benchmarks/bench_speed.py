@@ -35,8 +35,8 @@ from transformers.trainer_callback import PrinterCallback  # noqa: E402
 from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from dhpo_trl import DHPOTrainer  # noqa: E402
-from dhpo_trl.presets import config_for  # noqa: E402
-from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
+from dhpo_trl.core.presets import config_for  # noqa: E402
+from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
 
 
 def digit_share(completions, **kwargs):

@@ -2,7 +2,7 @@
 
     python benchmarks/staleness.py --ks 2 4 8 16 --seeds 0 1 2 --generation-batches 24 --workers 2
 
-Every cell (objective, k, seed) is `dhpo_trl.embedded.run_embedded` on the warm-started tiny Qwen3 and synthetic
+Every cell (objective, k, seed) is `dhpo_trl.demo.embedded.run_embedded` on the warm-started tiny Qwen3 and synthetic
 addition. One generation batch (32 prompts x 8 completions) is split into k optimizer steps (TRL's
 `steps_per_generation = k`, each completion used once), so step j of a batch updates a policy j - 1 steps away
 from pi_old: k is the staleness. Every cell has the same prompts (the sampler's seed), the same first sampled
@@ -29,8 +29,8 @@ import sys
 import time
 from pathlib import Path
 
-from dhpo_trl.embedded import EmbeddedSettings, load_task, run_embedded
-from dhpo_trl.presets import PAPER_ALGORITHMS
+from dhpo_trl.core.presets import PAPER_ALGORITHMS
+from dhpo_trl.demo.embedded import EmbeddedSettings, load_task, run_embedded
 
 OBJECTIVES = ["GRPO", "GSPO", "GMPO", "CISPO", "DHPO-A", "DHPO-E"]
 # Rows beyond the paper's, as (preset, DHPOConfig fields on top). The DHPO presets follow the paper's equations,
@@ -170,7 +170,7 @@ def markdown(table, meta: dict) -> str:
         "# Staleness study: which objective holds as updates go off-policy",
         "",
         "**Small-scale study on the embedded CPU task, not the paper's experiment**: the warm-started tiny Qwen3",
-        f"(dhpo_trl.tiny, {meta['parameters']:,} parameters) on synthetic two-digit addition, completions of at most",
+        f"(dhpo_trl.demo.tiny, {meta['parameters']:,} parameters) on synthetic two-digit addition, completions of at most",
         f"{meta['max_completion_length']} tokens, reward 1/0 from math-verify. Each generation batch (32 prompts x 8",
         "completions) is split into k optimizer steps, every completion used once, so the last step of a batch updates a",
         "policy k - 1 steps away from the one that sampled. Same prompts, same first batch, same learning rate",

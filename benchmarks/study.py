@@ -2,7 +2,7 @@
 
     python benchmarks/study.py --seeds 0 1 2 --workers 2 --out-dir outputs/study --docs-dir docs/study
 
-Every (algorithm, seed) run is `dhpo_trl.embedded.run_embedded`: the same warm-started tiny Qwen3, the same
+Every (algorithm, seed) run is `dhpo_trl.demo.embedded.run_embedded`: the same warm-started tiny Qwen3, the same
 synthetic addition task, the same budget (optimizer steps, batch, learning rate), off-policy (two optimizer steps
 per generation batch); only the objective and the RL seed change. Runs whose `summary.json` already exists are
 reused, so an interrupted study resumes. Writes to `--docs-dir`: `README.md` (the table and the command),
@@ -21,9 +21,9 @@ import sys
 import time
 from pathlib import Path
 
-from dhpo_trl.embedded import run_embedded
-from dhpo_trl.plotting import plot_runs
-from dhpo_trl.presets import PAPER_ALGORITHMS
+from dhpo_trl.core.presets import PAPER_ALGORITHMS
+from dhpo_trl.demo.embedded import run_embedded
+from dhpo_trl.evaluation.plotting import plot_runs
 
 
 def _run_one(job: tuple[str, int, Path, int | None]) -> dict:

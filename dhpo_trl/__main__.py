@@ -1,4 +1,4 @@
-"""`python -m dhpo_trl`: the embedded CPU default (DHPO-E on a warm-started tiny model), see `dhpo_trl.embedded`."""
+"""`python -m dhpo_trl`: the embedded CPU default (DHPO-E on a warm-started tiny model), see `dhpo_trl.demo.embedded`."""
 
 import os
 import sys
@@ -8,7 +8,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from dhpo_trl.embedded import main  # noqa: E402
+from dhpo_trl.demo.embedded import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

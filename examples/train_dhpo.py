@@ -7,7 +7,7 @@
     # the recipes' own vllm_mode, server: examples/vllm_server/ start the server, wait for it, then run this script
     bash examples/vllm_server/serve_and_train_single_node.sh
 
-Every flag of `DHPOScriptArguments`, `DHPOConfig` and TRL's `ModelConfig` is accepted; see `dhpo_trl/cli.py`.
+Every flag of `DHPOScriptArguments`, `DHPOConfig` and TRL's `ModelConfig` is accepted; see `dhpo_trl/scale_out/cli.py`.
 The same entry point is installed as the `dhpo-train` command.
 """
 
@@ -19,7 +19,7 @@ import sys
 if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
     sys.path.pop(0)
 
-from dhpo_trl.cli import main
+from dhpo_trl.scale_out.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

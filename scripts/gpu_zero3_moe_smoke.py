@@ -25,8 +25,7 @@ import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 
 from dhpo_trl import DHPOConfig, DHPOTrainer  # noqa: E402
-from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3, use_deepspeed_on_cpu  # noqa: E402
-
+from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3, use_deepspeed_on_cpu  # noqa: E402
 
 # DeepSpeed config for the CPU check (on GPU, accelerate_configs/zero3_moe.yaml supplies the plugin instead).
 CPU_ZERO3 = {

@@ -2,7 +2,7 @@
 # Mutation testing of dhpo_trl/ with mutmut 3 (configured in pyproject.toml, [tool.mutmut]); see docs/testing.md.
 #
 #   scripts/mutation.sh                    # every module of dhpo_trl/
-#   scripts/mutation.sh losses moe         # only these modules (names under dhpo_trl/, with or without .py)
+#   scripts/mutation.sh core/losses training/moe  # only these modules (paths under dhpo_trl/, with or without .py)
 #   scripts/mutation.sh evaluation/metrics  # a module of a subpackage
 #
 # Each mutant runs, in one worker process, only the tests that call the mutated function (mutmut's per-function

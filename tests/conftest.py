@@ -17,7 +17,7 @@ import torch  # noqa: E402
 # Tiny models run 15-25x faster on one thread than on two on a shared 2-core machine (intra-op overhead).
 torch.set_num_threads(1)
 
-from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
+from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -52,7 +52,7 @@ def lengths(rows=None):
 def build_policy(tokenizer):
     """The tiny Qwen3 with its (tied) embeddings scaled up, so that token entropies spread over several nats
     instead of sitting near log(vocab): the min-max mixing weight is then well conditioned in float32."""
-    from dhpo_trl.tiny import build_tiny_qwen3
+    from dhpo_trl.demo.tiny import build_tiny_qwen3
 
     model = build_tiny_qwen3(tokenizer, hidden_size=32, seed=SEED)
     with torch.no_grad():

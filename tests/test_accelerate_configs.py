@@ -7,12 +7,11 @@ import sys
 import time
 from pathlib import Path
 
+import processes
 import pytest
 from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
 from accelerate.commands.launch import _validate_launch_command, launch_command_parser
 from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env, prepare_simple_launcher_cmd_env
-
-import processes
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "accelerate_configs"
@@ -133,7 +132,7 @@ def stale_extension_locks(ops=("cpu_adam",), older_than_s=1800) -> list:
     """torch loads a JIT-built op under a `lock` file in its build directory and waits on that file forever. A process
     killed while loading leaves it behind, and every later load hangs (CI once spent 600 s waiting on one). No build
     of these ops takes 30 minutes here, so an older lock is stale. (The one other op DeepSpeed's CPU accelerator
-    builds, its shared-memory all-reduce, is off in the child: see dhpo_trl.tiny.use_deepspeed_on_cpu.)"""
+    builds, its shared-memory all-reduce, is off in the child: see dhpo_trl.demo.tiny.use_deepspeed_on_cpu.)"""
     locks = [_build_directory(op) / "lock" for op in ops]
     return [lock for lock in locks if lock.exists() and time.time() - lock.stat().st_mtime > older_than_s]
 

@@ -1,4 +1,4 @@
-"""`dhpo_trl.aggregation` on hand-made tensors: every expected value is written out by hand or summed in a naive
+"""`dhpo_trl.core.aggregation` on hand-made tensors: every expected value is written out by hand or summed in a naive
 loop here, never recomputed with the module."""
 
 import math
@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from dhpo_trl import aggregation
-from dhpo_trl.aggregation import Window, aggregate, entropy_bonus
+from dhpo_trl.core import aggregation
+from dhpo_trl.core.aggregation import Window, aggregate, entropy_bonus
 
 # Two rows of three columns; padding holds huge values, so any leak into a sum shows.
 LOSS = torch.tensor([[1.0, 2.0, 100.0], [4.0, 100.0, 100.0]])

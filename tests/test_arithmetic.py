@@ -3,7 +3,7 @@ disjoint, seed-determined splits."""
 
 import pytest
 
-from dhpo_trl.arithmetic import PROMPT_TEMPLATE, Problem, generate_problems, make_splits, to_dataset
+from dhpo_trl.demo.arithmetic import PROMPT_TEMPLATE, Problem, generate_problems, make_splits, to_dataset
 
 
 def test_problem_text():

@@ -1,4 +1,4 @@
-"""`dhpo_trl.batching` on its own: spans from masks, the min-max partition, trimming, and window splitting."""
+"""`dhpo_trl.training.batching` on its own: spans from masks, the min-max partition, trimming, and window splitting."""
 
 import itertools
 import random
@@ -6,8 +6,8 @@ import random
 import pytest
 import torch
 
-from dhpo_trl import batching
-from dhpo_trl.batching import LengthPlan
+from dhpo_trl.training import batching
+from dhpo_trl.training.batching import LengthPlan
 
 
 def trl_batch(prompt_lengths, completion_lengths, prompt_width=None, completion_width=None, seed=0):

@@ -1,4 +1,4 @@
-"""Every limit in dhpo_trl/losses.py, at the limit and just past it: trust-region edges and epsilon 0, token weight
+"""Every limit in dhpo_trl/core/losses.py, at the limit and just past it: trust-region edges and epsilon 0, token weight
 exactly 0 and 1, the 1e-8 entropy-range threshold, the +-20 log-ratio clamp, one-token and empty sequences, and the
 paper's defaults.
 
@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from dhpo_trl.losses import (
+from dhpo_trl.core.losses import (
     cispo_per_token_loss,
     dhpo_per_token_loss,
     entropy_mixing_weight,

@@ -8,15 +8,14 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import processes
 import pytest
 from datasets import Dataset
 from safetensors.torch import load_file
 
-from dhpo_trl.cli import load_recipe, main, parse_args
-from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
+from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
+from dhpo_trl.scale_out.cli import load_recipe, main, parse_args
 from dhpo_trl.user_errors import pop_debug_flag
-
-import processes
 
 REPO = Path(__file__).resolve().parents[1]
 CITATION_KEY = "min-etal-2026-orchestrating"
@@ -260,7 +259,7 @@ def test_bugs_and_failures_during_training_keep_their_traceback(local_model, loc
     def bug_in_setup(*args, **kwargs):
         raise KeyError("prompt")
 
-    monkeypatch.setattr("dhpo_trl.cli.drop_long_prompts", bug_in_setup)
+    monkeypatch.setattr("dhpo_trl.scale_out.cli.drop_long_prompts", bug_in_setup)
     with pytest.raises(KeyError):  # another exception type while reading the input: a bug, with its traceback
         main([*cli_args(local_model, local_jsonl, tmp_path / "out"), "--max_prompt_length", "50"])
     assert "error:" not in capsys.readouterr().err
@@ -384,8 +383,8 @@ def test_prompts_follow_the_tokenizer_read_after_the_data(local_jsonl, tmp_path,
 
 
 def test_max_prompt_length_keeps_a_prompt_exactly_at_the_limit():
-    from dhpo_trl.cli import drop_long_prompts
-    from dhpo_trl.data import load_math_dataset
+    from dhpo_trl.scale_out.cli import drop_long_prompts
+    from dhpo_trl.scoring.data import load_math_dataset
 
     tokenizer = build_char_tokenizer()  # no special tokens added: the prompt's own tokens are all there is
     dataset = load_math_dataset(Dataset.from_dict({"question": ["1+1?", "22+22?"], "answer": ["2", "44"]}),
@@ -401,8 +400,8 @@ def test_max_prompt_length_keeps_a_prompt_exactly_at_the_limit():
 
 @pytest.mark.parametrize("chat", [False, True], ids=["plain", "chat-template"])
 def test_max_prompt_length_drops_longer_prompts(chat):
-    from dhpo_trl.cli import drop_long_prompts
-    from dhpo_trl.data import load_math_dataset
+    from dhpo_trl.scale_out.cli import drop_long_prompts
+    from dhpo_trl.scoring.data import load_math_dataset
 
     tokenizer = build_char_tokenizer()  # one token per character
     if chat:
@@ -426,8 +425,8 @@ def test_max_prompt_length_drops_longer_prompts(chat):
 )
 def test_the_paper_subset_is_the_default_only_for_the_paper_dataset(monkeypatch, settings, subset):
     seen = {}
-    monkeypatch.setattr("dhpo_trl.cli.load_math_dataset", lambda name, **kwargs: seen.update(name=name, **kwargs))
-    from dhpo_trl.cli import DHPOScriptArguments, load_training_data
+    monkeypatch.setattr("dhpo_trl.scale_out.cli.load_math_dataset", lambda name, **kwargs: seen.update(name=name, **kwargs))
+    from dhpo_trl.scale_out.cli import DHPOScriptArguments, load_training_data
 
     load_training_data(DHPOScriptArguments(**settings))
     assert seen["subset"] == subset

@@ -12,8 +12,9 @@ from types import SimpleNamespace
 import pytest
 from datasets import Dataset, DatasetDict
 
-from dhpo_trl import cli
-from dhpo_trl.cli import (
+from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
+from dhpo_trl.scale_out import cli
+from dhpo_trl.scale_out.cli import (
     DHPOScriptArguments,
     _pop_all,
     batch_plan,
@@ -25,9 +26,8 @@ from dhpo_trl.cli import (
     parse_args,
     run_training,
 )
-from dhpo_trl.data import load_math_dataset
-from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
-from dhpo_trl.trainer import DHPOTrainer
+from dhpo_trl.scoring.data import load_math_dataset
+from dhpo_trl.training.trainer import DHPOTrainer
 
 CPU = ["--use_cpu", "true", "--bf16", "false", "--report_to", "none"]
 OFF_POLICY = ["--steps_per_generation", "2"]  # no on-policy warning
@@ -345,7 +345,7 @@ def test_the_data_must_fill_one_generation_batch(model_dir, data_file, tmp_path,
 
 def test_a_data_warning_is_given_once(model_dir, tmp_path, trainer_kwargs, caplog):
     data = _jsonl(tmp_path / "train.jsonl", [("What is 1 + 1?", "2"), ("What is 2 + 2?", ""), ("What is 3 + 3?", "6")])
-    with caplog.at_level(logging.WARNING, logger="dhpo_trl.data"):
+    with caplog.at_level(logging.WARNING, logger="dhpo_trl.scoring.data"):
         build_trainer(*parse_args(run_flags(model_dir, data, tmp_path / "out")))
     assert [record.getMessage() for record in caplog.records] == [
         "Dropped 1 of 3 rows with an empty question or answer."
@@ -376,9 +376,9 @@ def test_the_train_split_flag_picks_the_split(tmp_path):
 
 def test_a_silenced_data_logger_stays_silenced(tmp_path, monkeypatch, caplog):
     data = _jsonl(tmp_path / "train.jsonl", [("What is 1 + 1?", "2"), ("What is 2 + 2?", "")])
-    monkeypatch.setattr(logging.getLogger("dhpo_trl.data"), "disabled", True)
+    monkeypatch.setattr(logging.getLogger("dhpo_trl.scoring.data"), "disabled", True)
     script_args = DHPOScriptArguments(dataset_name=str(data))
-    with caplog.at_level(logging.WARNING, logger="dhpo_trl.data"):
+    with caplog.at_level(logging.WARNING, logger="dhpo_trl.scoring.data"):
         load_training_data(script_args)
         assert load_training_data(script_args)["answer"] == ["2"]
     assert caplog.records == []

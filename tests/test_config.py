@@ -7,8 +7,8 @@ import pytest
 from trl import TrlParser
 
 from dhpo_trl import DHPOConfig
-from dhpo_trl.objectives import OBJECTIVE_SETTINGS, OBJECTIVES, SETTING_SCOPES
-from dhpo_trl.presets import PAPER_ALGORITHMS, config_for
+from dhpo_trl.core.objectives import OBJECTIVE_SETTINGS, OBJECTIVES, SETTING_SCOPES
+from dhpo_trl.core.presets import PAPER_ALGORITHMS, config_for
 
 CPU = dict(use_cpu=True, bf16=False, report_to="none")
 OFF_POLICY = dict(gradient_accumulation_steps=1, steps_per_generation=2)

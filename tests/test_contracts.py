@@ -5,10 +5,10 @@ checks assert those names, never the wording around them, so a message can be re
 and no test asserts another library's wording. Values are checked only where the message's job is to echo the
 offending value (`<setting>=<value>`).
 
-Sources (grep `raise ValueError`, `raise TypeError`, `warnings.warn`): dhpo_trl/config.py (every branch of
+Sources (grep `raise ValueError`, `raise TypeError`, `warnings.warn`): dhpo_trl/core/config.py (every branch of
 `_validate_dhpo_fields`, `_refuse_settings_without_effect`, `_validate_batching`, `_warn_if_on_policy`),
-dhpo_trl/trainer.py (`args` type; the multimodal dynamic-batching notice is covered by test_trainer_paths.py;
-`_aggregate`'s loss_type branch is unreachable past the config), dhpo_trl/objectives.py, dhpo_trl/losses.py and
+dhpo_trl/training/trainer.py (`args` type; the multimodal dynamic-batching notice is covered by test_trainer_paths.py;
+`_aggregate`'s loss_type branch is unreachable past the config), dhpo_trl/core/objectives.py, dhpo_trl/core/losses.py and
 dhpo_trl/user_errors.py.
 """
 
@@ -19,9 +19,10 @@ import warnings
 import pytest
 import torch
 
-from dhpo_trl import DHPOConfig, DHPOTrainer, losses
-from dhpo_trl.objectives import get_objective
-from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
+from dhpo_trl import DHPOConfig, DHPOTrainer
+from dhpo_trl.core import losses
+from dhpo_trl.core.objectives import get_objective
+from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
 from dhpo_trl.user_errors import check_model_path, make_folder
 
 CPU = dict(use_cpu=True, bf16=False, report_to="none")

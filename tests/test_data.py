@@ -15,9 +15,9 @@ import pytest
 from datasets import Dataset, DatasetDict
 from huggingface_hub.hf_api import RepoFile, RepoFolder
 
-from dhpo_trl import data
-from dhpo_trl.data import SIMPLERL_INSTRUCTION, SIMPLERL_SYSTEM_PROMPT, format_prompt, load_math_dataset
-from dhpo_trl.tiny import build_char_tokenizer
+from dhpo_trl.demo.tiny import build_char_tokenizer
+from dhpo_trl.scoring import data
+from dhpo_trl.scoring.data import SIMPLERL_INSTRUCTION, SIMPLERL_SYSTEM_PROMPT, format_prompt, load_math_dataset
 
 ROWS = {"question": ["What is 1+1?", "Compute $3^2$.", "Solve x+1=3."], "gt_answer": ["2", "9", "2"]}
 PLAIN = (
@@ -542,7 +542,7 @@ def test_nested_columns():
 def test_a_nested_column_of_a_row_whose_parent_is_null_is_blank(caplog):
     """A struct column may be null in some rows: those rows have no question or answer and are dropped."""
     rows = Dataset.from_dict({"extra_info": [NESTED["extra_info"][0], None, NESTED["extra_info"][1]]})
-    with caplog.at_level(logging.WARNING, logger="dhpo_trl.data"):
+    with caplog.at_level(logging.WARNING, logger="dhpo_trl.scoring.data"):
         dataset = load_math_dataset(rows, question_column="extra_info.question", answer_column="extra_info.answer")
     assert dataset["answer"] == ["4", "0"]
     assert dataset["prompt"] == [PLAIN.format("What is 2+2?"), PLAIN.format("What is 0+0?")]
@@ -593,12 +593,12 @@ def test_rows_without_question_or_answer_are_dropped_with_a_warning(caplog):
         "question": ["a?", "b?", "c?", "", None, "  \n", "g?"],
         "answer": ["1", "", None, "4", "5", "6", "  "],
     }
-    with caplog.at_level(logging.WARNING, logger="dhpo_trl.data"):
+    with caplog.at_level(logging.WARNING, logger="dhpo_trl.scoring.data"):
         dataset = load_math_dataset(Dataset.from_dict(rows))
     assert dataset["answer"] == ["1"] and dataset["prompt"] == [PLAIN.format("a?")]
     assert caplog.messages == ["Dropped 6 of 7 rows with an empty question or answer."]
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="dhpo_trl.data"):
+    with caplog.at_level(logging.WARNING, logger="dhpo_trl.scoring.data"):
         load_math_dataset(Dataset.from_dict({"question": ["x?"], "answer": ["3"]}))
     assert caplog.messages == []  # nothing dropped, nothing said
 

@@ -17,10 +17,9 @@ import os
 import sys
 from pathlib import Path
 
+import processes
 import pytest
 import torch
-
-import processes
 
 SCRIPT = Path(__file__).parent / "dist_scripts" / "dhpo_distributed.py"
 B = 3  # sequences per process in the fixed batch

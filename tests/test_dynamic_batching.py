@@ -13,18 +13,17 @@ import os
 import sys
 from pathlib import Path
 
+import processes
 import pytest
 import torch
+from long_tail import MAX_COMPLETION, dataset, length_reward, long_tailed_rollout
 from transformers import Qwen3ForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
-from dhpo_trl import DHPOTrainer, batching
-from dhpo_trl.presets import PAPER_ALGORITHMS, config_for
-from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
-
-from long_tail import MAX_COMPLETION, dataset, length_reward, long_tailed_rollout
-
-import processes
+from dhpo_trl import DHPOTrainer
+from dhpo_trl.core.presets import PAPER_ALGORITHMS, config_for
+from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
+from dhpo_trl.training import batching
 
 CPU = dict(use_cpu=True, bf16=False, report_to="none", seed=0, data_seed=0, save_strategy="no", logging_steps=1)
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from dhpo_trl.arithmetic import generate_problems, make_splits, to_dataset
-from dhpo_trl import embedded
-from dhpo_trl.embedded import EmbeddedSettings, main, run_embedded
-from dhpo_trl.rewards import math_verify_reward
+from dhpo_trl.demo import embedded
+from dhpo_trl.demo.arithmetic import generate_problems, make_splits, to_dataset
+from dhpo_trl.demo.embedded import EmbeddedSettings, main, run_embedded
+from dhpo_trl.scoring.rewards import math_verify_reward
 
 # A few seconds of everything: 20 warm-start steps, 4 RL steps (two generation batches), 16 held-out problems.
 SHORT = EmbeddedSettings(num_train=64, num_heldout=16, warmup_steps=20, max_steps=4, prompts_per_generation=8,
@@ -89,7 +89,7 @@ def test_cli_rejects_unknown_algorithm():
 
 
 def test_summary_prints_each_phase_and_where_to_go_next(capsys):
-    from dhpo_trl.embedded import _print_summary
+    from dhpo_trl.demo.embedded import _print_summary
 
     summary = {
         "algorithm": "DHPO-E", "heldout_accuracy_before": 0.25, "heldout_accuracy_after": 0.5, "num_heldout": 200,

@@ -18,9 +18,9 @@ from transformers import TrainerState
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 import dhpo_trl
-from dhpo_trl import embedded
-from dhpo_trl.arithmetic import make_splits
-from dhpo_trl.embedded import (
+from dhpo_trl.demo import embedded
+from dhpo_trl.demo.arithmetic import make_splits
+from dhpo_trl.demo.embedded import (
     CompactProgressCallback,
     EmbeddedSettings,
     HeldoutAccuracyCallback,
@@ -455,7 +455,7 @@ def test_command_line_errors_are_one_line_and_debug_raises(monkeypatch, tmp_path
 
 
 def test_source_commit_is_git_head_of_the_package_with_its_dirty_state(monkeypatch):
-    root = Path(embedded.__file__).resolve().parents[1]
+    root = Path(embedded.__file__).resolve().parents[2]
     git = ["git", "-C", str(root)]
     head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     changed = subprocess.run([*git, "status", "--porcelain", "--", "dhpo_trl"], capture_output=True, text=True,

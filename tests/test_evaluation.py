@@ -168,7 +168,7 @@ def test_evaluate_problems_scores_and_records(tokenizer):
 
 
 def test_prompts_are_simplerl(tokenizer):
-    from dhpo_trl.data import SIMPLERL_INSTRUCTION
+    from dhpo_trl.scoring.data import SIMPLERL_INSTRUCTION
 
     (ids,) = encode_prompts(tokenizer, ["What is 1+1?"])
     text = tokenizer.decode(ids)

@@ -8,11 +8,11 @@ import types
 import pytest
 import torch
 
+from dhpo_trl.demo.tiny import build_char_tokenizer
 from dhpo_trl.evaluation import backends
 from dhpo_trl.evaluation.backends import SamplingSettings, TransformersBackend, VLLMBackend
-from dhpo_trl.tiny import build_char_tokenizer
 
-# Character tokenizer ids (dhpo_trl.tiny): pad 0, end-of-text 1, 'a'..'z' 13..38.
+# Character tokenizer ids (dhpo_trl.demo.tiny): pad 0, end-of-text 1, 'a'..'z' 13..38.
 PAD, EOS = 0, 1
 A, B, C, X, Y, Z = 13, 14, 15, 36, 37, 38
 

@@ -3,13 +3,12 @@ the other callbacks' on_log (the tracker integrations) when attached, and leave 
 
 
 import pytest
+from benchmark_fixtures import FIXTURES
 from datasets import Dataset
 from transformers import TrainerCallback
 
 from dhpo_trl import DHPOConfig, DHPOTrainer
 from dhpo_trl.evaluation import BenchmarkEvalCallback
-
-from benchmark_fixtures import FIXTURES
 
 
 class LogRecorder(TrainerCallback):

@@ -11,14 +11,13 @@ import random
 import sys
 from pathlib import Path
 
+import processes
 import pytest
 import torch
 
-from dhpo_trl.data import format_prompt
+from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
 from dhpo_trl.evaluation import BenchmarkEvalCallback
-from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
-
-import processes
+from dhpo_trl.scoring.data import format_prompt
 
 SCRIPT = Path(__file__).parent / "dist_scripts" / "eval_callback_distributed.py"
 # Small batches, so that each benchmark makes several units: gsm8k 12 units of 1 problem x 3 samples, math500 3

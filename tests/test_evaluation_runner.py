@@ -5,10 +5,10 @@ asserted as hand-computed literals; prompt encoding with and without a chat temp
 import pytest
 from tokenizers import processors
 
+from dhpo_trl.demo.tiny import build_char_tokenizer
 from dhpo_trl.evaluation.backends import SamplingSettings
 from dhpo_trl.evaluation.benchmarks import Problem
 from dhpo_trl.evaluation.runner import encode_prompts, evaluate_problems
-from dhpo_trl.tiny import build_char_tokenizer
 
 SYSTEM = "You are a helpful assistant."
 INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."

@@ -28,16 +28,22 @@ import sys
 import warnings
 from pathlib import Path
 
+import processes
 import pytest
 import torch
 from datasets import Dataset
-
-import processes
-from dhpo_trl import DHPOConfig, DHPOTrainer
-from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
 from trainer_reference import (
-    MAX_COMPLETION, Settings, record_training, reference_gradients, relative_gap, reward, rollout,
+    MAX_COMPLETION,
+    Settings,
+    record_training,
+    reference_gradients,
+    relative_gap,
+    reward,
+    rollout,
 )  # fmt: skip
+
+from dhpo_trl import DHPOConfig, DHPOTrainer
+from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
 
 CPU = dict(use_cpu=True, bf16=False, report_to="none", seed=0, data_seed=0, save_strategy="no", logging_steps=1)
 ROWS, ACCUMULATION, BUDGET = 4, 2, 60

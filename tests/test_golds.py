@@ -1,4 +1,4 @@
-"""Gold normalisation (dhpo_trl.golds): every rule on invented golds, idempotence, lists/tuples/numbers, the
+"""Gold normalisation (dhpo_trl.scoring.golds): every rule on invented golds, idempotence, lists/tuples/numbers, the
 hand-fix table and the report of golds that cannot be read."""
 
 import json
@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from dhpo_trl import golds
-from dhpo_trl._math_verify_core import clean, gold_form
-from dhpo_trl.golds import HAND_FIXES, fingerprint, normalise_gold, unreadable_golds
+from dhpo_trl.scoring import golds
+from dhpo_trl.scoring._math_verify_core import clean, gold_form
+from dhpo_trl.scoring.golds import HAND_FIXES, fingerprint, normalise_gold, unreadable_golds
 
 FIXTURE = Path(__file__).parent / "fixtures" / "grader_golds.jsonl"
 ROWS = [json.loads(line) for line in FIXTURE.read_text().splitlines()]
@@ -265,7 +265,7 @@ def test_numbers_in_scientific_notation_and_nested_lists(raw, expected):
 
 
 def test_huge_float_golds_score_the_value_they_hold():
-    from dhpo_trl.rewards import score_answer
+    from dhpo_trl.scoring.rewards import score_answer
 
     assert score_answer(r"\boxed{10^{23}}", 1e23) == 1.0
     assert score_answer(r"\boxed{100000000000000000000000}", 1e23) == 1.0
@@ -274,7 +274,7 @@ def test_huge_float_golds_score_the_value_they_hold():
 
 
 def test_python_sqrt_gold_scores():
-    from dhpo_trl.rewards import score_answer
+    from dhpo_trl.scoring.rewards import score_answer
 
     assert score_answer(r"\boxed{\sqrt{2}}", "np.sqrt(2)") == 1.0
     assert score_answer(r"\boxed{\frac{\sqrt{2}}{2}}", "np.sqrt(2)/2") == 1.0

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from dhpo_trl import _math_verify_core, rewards
 from dhpo_trl.evaluation import audit
-from dhpo_trl.golds import normalise_gold
+from dhpo_trl.scoring import _math_verify_core, rewards
+from dhpo_trl.scoring.golds import normalise_gold
 
 FIXTURE = Path(__file__).parent / "fixtures" / "grader_golds.jsonl"
 ROWS = [json.loads(line) for line in FIXTURE.read_text().splitlines()]

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from dhpo_trl import _math_verify_core, golds, rewards
+from dhpo_trl.scoring import _math_verify_core, golds, rewards
 
 TIMEOUT_S = 1.0
 MARGIN_S = 1.0  # the bound: deadline + 1 s of wall time per completion

@@ -17,8 +17,9 @@ import pytest
 import torch
 from datasets import Dataset
 
-from dhpo_trl import DHPOConfig, DHPOTrainer, aggregation
-from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
+from dhpo_trl import DHPOConfig, DHPOTrainer
+from dhpo_trl.core import aggregation
+from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
 
 PROMPT_LEN, WIDTH, MAX_COMPLETION_LENGTH = 4, 6, 10
 ACCUMULATION, STEPS_PER_GENERATION = 2, 4

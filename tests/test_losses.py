@@ -1,6 +1,6 @@
 """The pure losses against independent, loop-based implementations of the paper's equations and of TRL's.
 
-The references below deliberately share no code with `dhpo_trl.losses`: they walk over each sequence and its
+The references below deliberately share no code with `dhpo_trl.core.losses`: they walk over each sequence and its
 valid tokens with Python loops, exactly as eqs. 2, 4, 5, 7, 8, 10, 11 and 16 of the paper (and GMPO's
 geometric-mean objective) read, and TRL's formulas are copied from `GRPOTrainer._compute_loss` (trl 1.16).
 """
@@ -21,7 +21,7 @@ from reference_losses import (
     verl_vanilla_terms,
 )
 
-from dhpo_trl.losses import (
+from dhpo_trl.core.losses import (
     cispo_per_token_loss,
     dhpo_per_token_loss,
     entropy_mixing_weight,

@@ -14,8 +14,14 @@ import time
 import pytest
 import sympy
 
-from dhpo_trl._math_verify_core import (
-    _POINTS, _differ_at_a_point, _equivalent, _last_of_chain, _numbers_equal, answers_match, answers_match_with_deadline,
+from dhpo_trl.scoring._math_verify_core import (
+    _POINTS,
+    _differ_at_a_point,
+    _equivalent,
+    _last_of_chain,
+    _numbers_equal,
+    answers_match,
+    answers_match_with_deadline,
     gold_form,
 )
 
@@ -168,7 +174,7 @@ def test_math_verify_leaves_the_deadline_timer_alone():
 
 
 def test_an_unreadable_gold_matches_only_its_own_text_and_is_reported_once(monkeypatch, caplog):
-    from dhpo_trl import _math_verify_core
+    from dhpo_trl.scoring import _math_verify_core
 
     monkeypatch.setattr(_math_verify_core, "_WARNED", set())  # warned golds are remembered for the process
     with caplog.at_level("WARNING", logger=_math_verify_core.logger.name):

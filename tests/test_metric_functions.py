@@ -1,4 +1,4 @@
-"""`dhpo_trl.metrics`' pure functions and its one cross-process reduction, with a stand-in second process.
+"""`dhpo_trl.core.metrics`' pure functions and its one cross-process reduction, with a stand-in second process.
 
 Expected values are written out by hand; the trainer-level metrics are in test_metrics.py."""
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from dhpo_trl import metrics
+from dhpo_trl.core import metrics
 
 
 class OtherProcess:

@@ -11,22 +11,23 @@ import torch
 from datasets import Dataset
 from metric_batch import (
     CLIP_EXPECTED,
-    clip_info,
-    epsilons_for,
     GMPO_EPSILONS,
     KL_SHIFTS,
     LOG_RATIOS,
     WIDTH,
     _per_token,
     build_policy,
+    clip_info,
+    epsilons_for,
     expected_metrics,
     full_batch_entropies,
     inputs_for,
 )
 from transformers import Qwen3ForCausalLM
 
-from dhpo_trl import DHPOConfig, DHPOTrainer, metrics
-from dhpo_trl.tiny import build_char_tokenizer
+from dhpo_trl import DHPOConfig, DHPOTrainer
+from dhpo_trl.core import metrics
+from dhpo_trl.demo.tiny import build_char_tokenizer
 
 CASES = {  # name: (config overrides, expected_metrics arguments)
     "dhpo_e": (dict(), dict()),

@@ -9,12 +9,11 @@ import os
 import sys
 from pathlib import Path
 
+import processes
 import pytest
 from metric_batch import CLIP_EXPECTED, build_policy, expected_metrics, full_batch_entropies
 
-from dhpo_trl.tiny import build_char_tokenizer
-
-import processes
+from dhpo_trl.demo.tiny import build_char_tokenizer
 
 SCRIPT = Path(__file__).parent / "dist_scripts" / "metrics_distributed.py"
 EXPECTATIONS = {"dhpo_split": {}, "dhpo_padding_rank": {}, "gmpo_split": {"algorithm": "gmpo"}}

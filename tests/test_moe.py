@@ -6,9 +6,9 @@ from types import SimpleNamespace
 import pytest
 from datasets import Dataset
 
-import dhpo_trl.trainer as trainer_module
+import dhpo_trl.training.trainer as trainer_module
 from dhpo_trl import DHPOConfig, DHPOTrainer
-from dhpo_trl.moe import (
+from dhpo_trl.training.moe import (
     maybe_set_zero3_leaf_modules,
     moe_block_classes,
     zero3_leaf_modules_for_trl_prepared_models,

@@ -1,4 +1,4 @@
-"""dhpo_trl.moe on hand-built modules and configs: which configs count as MoE, which blocks are found, where the
+"""dhpo_trl.training.moe on hand-built modules and configs: which configs count as MoE, which blocks are found, where the
 ZeRO stage is read from, and what is logged. No DeepSpeed needed (its leaf-module setter is replaced by a spy)."""
 
 import logging
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dhpo_trl.moe import (
+from dhpo_trl.training.moe import (
     _zero_stage,
     is_moe_config,
     maybe_set_zero3_leaf_modules,
@@ -114,7 +114,7 @@ def test_zero_stage_sources(holder, stage):
 def test_leaf_modules_from_a_json_plugin_and_the_warning_names_them(leaf_spy, caplog):
     model = Model(BlockWithExperts(), OtherBlockWithExperts())
     holder = SimpleNamespace(deepspeed_plugin=plugin(deepspeed_config={"zero_optimization": {"stage": 3}}))
-    with caplog.at_level(logging.WARNING, logger="dhpo_trl.moe"):
+    with caplog.at_level(logging.WARNING, logger="dhpo_trl.training.moe"):
         names = maybe_set_zero3_leaf_modules(model, holder)
     assert names == ["BlockWithExperts", "OtherBlockWithExperts"]
     assert leaf_spy == [(model, [BlockWithExperts, OtherBlockWithExperts])]
@@ -128,7 +128,7 @@ def test_leaf_modules_from_a_json_plugin_and_the_warning_names_them(leaf_spy, ca
 
 
 def test_no_leaf_modules_and_no_warning_for_a_dense_model_under_zero3(leaf_spy, caplog):
-    with caplog.at_level(logging.WARNING, logger="dhpo_trl.moe"):
+    with caplog.at_level(logging.WARNING, logger="dhpo_trl.training.moe"):
         assert (
             maybe_set_zero3_leaf_modules(
                 Model(torch.nn.Linear(2, 2)), SimpleNamespace(deepspeed_plugin=plugin(zero_stage=3))

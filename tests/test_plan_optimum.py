@@ -14,7 +14,7 @@ import math
 import pytest
 import torch
 
-from dhpo_trl import batching
+from dhpo_trl.training import batching
 
 
 def window(prompt_lengths, completion_lengths, prompt_width=None, completion_width=None):

@@ -1,10 +1,10 @@
-"""dhpo_trl.plotting: figures hold exactly the logged series, labelled per run; files are written; gaps noted."""
+"""dhpo_trl.evaluation.plotting: figures hold exactly the logged series, labelled per run; files are written; gaps noted."""
 
 import json
 
 import pytest
 
-from dhpo_trl import plotting
+from dhpo_trl.evaluation import plotting
 
 
 def _log_history(scale: float, with_dhpo: bool = True) -> list[dict]:

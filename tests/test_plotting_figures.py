@@ -1,4 +1,4 @@
-"""dhpo_trl.plotting, figure content: which points each line holds, titles, axis labels, legends and integer steps,
+"""dhpo_trl.evaluation.plotting, figure content: which points each line holds, titles, axis labels, legends and integer steps,
 which accuracy series is drawn, and how a run's trainer_state.json is found. (main() is tested in test_plotting.)"""
 
 import json
@@ -6,8 +6,8 @@ import json
 import matplotlib.pyplot as plt
 import pytest
 
-from dhpo_trl import plotting
-from dhpo_trl.plotting import Run, build_figures, find_trainer_state, load_run
+from dhpo_trl.evaluation import plotting
+from dhpo_trl.evaluation.plotting import Run, build_figures, find_trainer_state, load_run
 
 
 @pytest.fixture(autouse=True)

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from accelerate.commands.launch import _validate_launch_command, launch_command_parser
 
-from dhpo_trl.cli import parse_args
+from dhpo_trl.scale_out.cli import parse_args
 
 ROOT = Path(__file__).resolve().parents[1]
 MARKDOWN = [
@@ -237,7 +237,7 @@ def check(where, block, monkeypatch):
             compile(args[1], where, "exec")
         elif program in ("python", "python3") and args[0] == "-m":
             assert args[1] == "dhpo_trl", where
-            from dhpo_trl.embedded import main
+            from dhpo_trl.demo.embedded import main
 
             _parse_with_main(main, args[2:], monkeypatch)
         elif program in ("python", "python3", "dhpo-train"):
@@ -257,7 +257,7 @@ def check(where, block, monkeypatch):
 
             build_parser().parse_args(args)
         elif program == "dhpo-plot":
-            from dhpo_trl.plotting import main
+            from dhpo_trl.evaluation.plotting import main
 
             _parse_with_main(main, args, monkeypatch)
         elif program in ("bash", "sbatch"):
@@ -271,7 +271,7 @@ def check(where, block, monkeypatch):
                 processes = (nodes - 1) * 8 if program == "sbatch" else _gpu_count(env, "TRAIN_GPUS") or 4
                 parse_args(["--config", recipe, *extra, *CPU], num_processes=processes)
             elif path == "scripts/train_cpu.sh":
-                from dhpo_trl.embedded import main
+                from dhpo_trl.demo.embedded import main
 
                 _parse_with_main(main, extra, monkeypatch)
             elif path == "scripts/gpu_zero3_moe_smoke.sh":

@@ -4,9 +4,8 @@ import subprocess
 import sys
 import time
 
-import pytest
-
 import processes
+import pytest
 
 # The child starts a sleeping grandchild in its own process group (inherited), prints the grandchild's pid, hangs.
 HANGING_PARENT = (

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from dhpo_trl.cli import load_recipe
-from dhpo_trl.presets import PAPER_ALGORITHMS
+from dhpo_trl.core.presets import PAPER_ALGORITHMS
+from dhpo_trl.scale_out.cli import load_recipe
 
 RECIPES = Path(__file__).resolve().parents[1] / "examples" / "recipes"
 CPU = {"use_cpu": True, "bf16": False}  # parse on a machine without GPU; the recipes themselves set bf16

@@ -1,4 +1,4 @@
-"""Exact resume from any checkpoint (dhpo_trl/resume.py): a run resumed mid-generation-batch ends with the
+"""Exact resume from any checkpoint (dhpo_trl/training/resume.py): a run resumed mid-generation-batch ends with the
 uninterrupted run's parameters, logged metrics and data; half-written checkpoints are skipped; settings mismatches
 are refused; the pure pieces (state encoding, discovery, settings, signal handlers, the stop callback) directly.
 
@@ -17,9 +17,11 @@ import torch
 from datasets import Dataset
 from transformers import TrainerCallback
 
-from dhpo_trl import aggregation, DHPOTrainer, batching, resume
-from dhpo_trl.presets import config_for
-from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
+from dhpo_trl import DHPOTrainer
+from dhpo_trl.core import aggregation
+from dhpo_trl.core.presets import config_for
+from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
+from dhpo_trl.training import batching, resume
 
 CPU = dict(use_cpu=True, bf16=False, report_to="none", seed=0, data_seed=0)
 BASE = dict(per_device_train_batch_size=4, num_generations=4, max_completion_length=8, logging_steps=1,

@@ -9,14 +9,14 @@ import os
 import sys
 from pathlib import Path
 
+import processes
 import pytest
 import torch
 from safetensors.torch import load_file
 
-import processes
-from dhpo_trl import batching, resume
-from dhpo_trl.cli import main
-from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
+from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
+from dhpo_trl.scale_out.cli import main
+from dhpo_trl.training import batching, resume
 
 TESTS = Path(__file__).parent
 REPO = TESTS.parent

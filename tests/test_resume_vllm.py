@@ -14,15 +14,15 @@ import time
 import urllib.request
 from pathlib import Path
 
+import processes
 import pytest
 import torch
 from datasets import Dataset
 
-import processes
-import dhpo_trl.vllm_utils as vllm_utils
+import dhpo_trl.training.vllm_utils as vllm_utils
 from dhpo_trl import DHPOTrainer
-from dhpo_trl.presets import config_for
-from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
+from dhpo_trl.core.presets import config_for
+from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
 
 SERVER = Path(__file__).parent / "fake_cluster" / "fake_vllm_server.py"
 CPU = dict(use_cpu=True, bf16=False, report_to="none", seed=0, data_seed=0)

@@ -11,7 +11,7 @@ import torch
 from datasets import Dataset
 
 from dhpo_trl import DHPOConfig, DHPOTrainer
-from dhpo_trl.reward_checks import _as_reward, check_reward_functions, checked_reward_function
+from dhpo_trl.training.reward_checks import _as_reward, check_reward_functions, checked_reward_function
 
 
 def constant_reward(completions, **kwargs):

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from dhpo_trl.rewards import (
+from dhpo_trl.scoring.rewards import (
     DEFAULT_TIMEOUT_S,
     completion_text,
     extract_answer,
@@ -285,7 +285,7 @@ def test_a_stuck_worker_is_killed_at_the_deadline():
     import subprocess
     import sys
 
-    from dhpo_trl.rewards import _VerifyWorker
+    from dhpo_trl.scoring.rewards import _VerifyWorker
 
     worker = _VerifyWorker()
     import processes
@@ -307,7 +307,7 @@ def test_a_stuck_worker_is_killed_at_the_deadline():
 
 def test_deadline_survives_a_swallowed_alarm(monkeypatch):
     """An alarm raised where Python swallows it (a weakref callback) must not disarm the deadline."""
-    from dhpo_trl import _math_verify_core as core
+    from dhpo_trl.scoring import _math_verify_core as core
 
     def swallows_first_alarm_then_spins(answer, gold):
         try:
@@ -461,7 +461,7 @@ class FakeWorker:
 def test_verifier_arguments_errors_and_timeouts(monkeypatch):
     """Every comparison goes to the worker process, with the extracted answer, the normalised gold and the deadline;
     from the main thread (where TRL calls the reward) and from any other thread alike."""
-    from dhpo_trl import rewards
+    from dhpo_trl.scoring import rewards
 
     worker = FakeWorker(True)
     monkeypatch.setattr(rewards, "_WORKER", worker)
@@ -507,7 +507,7 @@ def test_reward_answers_broadcast_pad_and_truncate(caplog):
     assert math_verify_reward(completions, answer=("1", "2")) == [1.0, 1.0]  # a tuple column, one gold each
     assert math_verify_reward(iter(completions), answer=["1", "2"]) == [1.0, 1.0]  # read once
     assert math_verify_reward([], answer=[]) == []
-    with caplog.at_level(logging.WARNING, logger="dhpo_trl.rewards"):
+    with caplog.at_level(logging.WARNING, logger="dhpo_trl.scoring.rewards"):
         assert math_verify_reward(completions, answer=["1", "2", "3"]) == [1.0, 1.0]
         assert math_verify_reward(completions, answer=["2"]) == [0.0, 0.0]
         assert math_verify_reward(5, answer=["1"]) == []
@@ -526,7 +526,7 @@ def test_an_answer_column_that_cannot_be_read_scores_every_completion_0(caplog):
         def __iter__(self):
             raise OSError("the answer column could not be read")
 
-    with caplog.at_level(logging.WARNING, logger="dhpo_trl.rewards"):
+    with caplog.at_level(logging.WARNING, logger="dhpo_trl.scoring.rewards"):
         rewards = math_verify_reward([r"\boxed{1}", r"\boxed{2}"], answer=UnreadableColumn(["1", "2"]))
     assert rewards == [0.0, 0.0]
     assert caplog.records == []  # as many (missing) answers as completions: no count warning
@@ -568,7 +568,7 @@ for line in sys.stdin:
 def fake_worker(tmp_path, monkeypatch):
     from types import SimpleNamespace
 
-    from dhpo_trl import _math_verify_core, rewards
+    from dhpo_trl.scoring import _math_verify_core, rewards
 
     script = tmp_path / "fake_core.py"
     script.write_text(FAKE_WORKER)
@@ -647,7 +647,7 @@ def test_a_reply_just_after_the_deadline_is_still_read(fake_worker):
 def test_a_stuck_comparison_is_killed_and_the_rest_of_the_list_goes_on(fake_worker):
     """A comparison stuck in C code ignores SIGALRM: the caller kills the worker at the deadline plus the margin;
     the stuck answer scores 0, the answers before and after it are compared (by a fresh worker)."""
-    from dhpo_trl.rewards import _KILL_MARGIN_S
+    from dhpo_trl.scoring.rewards import _KILL_MARGIN_S
 
     make, log = fake_worker
     worker = make("stuck-on-x")
@@ -677,7 +677,7 @@ def test_a_worker_that_dies_after_its_greeting_scores_no_match(fake_worker):
 
 
 def test_a_worker_that_does_not_start_in_time_is_refused_loudly(fake_worker, monkeypatch):
-    from dhpo_trl import rewards
+    from dhpo_trl.scoring import rewards
 
     make, log = fake_worker
     monkeypatch.setattr(rewards, "_WORKER_START_TIMEOUT_S", 0.2)
@@ -703,7 +703,7 @@ def test_worker_read_stops_at_its_deadline_even_with_a_line_waiting(monkeypatch)
     import os
     import types
 
-    from dhpo_trl import rewards
+    from dhpo_trl.scoring import rewards
 
     read_end, write_end = os.pipe()
     os.write(write_end, b"late\n")
@@ -727,7 +727,7 @@ def test_math_verify_timeout_warning_is_dropped_and_nothing_else():
     that one line is filtered, any other warning of its logger passes."""
     import logging
 
-    from dhpo_trl._math_verify_core import _DropTimeoutDisabledWarning
+    from dhpo_trl.scoring._math_verify_core import _DropTimeoutDisabledWarning
 
     def record(message):
         return logging.LogRecord("math_verify.grader", logging.WARNING, __file__, 1, message, None, None)
@@ -750,7 +750,7 @@ def test_a_crashing_comparison_is_logged_at_debug_with_its_traceback(monkeypatch
     """The reward swallows a verifier crash (scores 0); `--log_level debug` must still show what crashed."""
     import logging
 
-    from dhpo_trl import rewards
+    from dhpo_trl.scoring import rewards
 
     monkeypatch.setattr(rewards, "_WORKER", FakeWorker(RuntimeError("parser crashed")))
     with caplog.at_level(logging.DEBUG, logger=rewards.logger.name):

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dhpo_trl.losses import cispo_per_token_loss, gmpo_per_token_loss, grpo_per_token_loss, gspo_per_token_loss
-from dhpo_trl.objectives import get_objective
+from dhpo_trl.core.losses import cispo_per_token_loss, gmpo_per_token_loss, grpo_per_token_loss, gspo_per_token_loss
+from dhpo_trl.core.objectives import get_objective
 
 # One sequence of two tokens with log-ratios 0.5 and -0.5 (r = e^0.5, e^-0.5), plus a padded third position.
 LOG_R = [[0.5, -0.5, 0.0]]
@@ -149,7 +149,7 @@ def dhpo_args(**overrides):
     ],
 )
 def test_dhpo_row_passes_each_clip_setting_to_the_loss(setting, value, log_r, advantage):
-    from dhpo_trl.losses import dhpo_per_token_loss
+    from dhpo_trl.core.losses import dhpo_per_token_loss
 
     logps, old, advantages, mask = batch(log_r=[[*log_r, 0.0]], advantage=advantage)
     averaged = dict(mixing="averaged", token_weight=0.5)  # both branches weigh on every token
@@ -163,7 +163,7 @@ def test_dhpo_row_passes_each_clip_setting_to_the_loss(setting, value, log_r, ad
 
 
 def test_dhpo_row_passes_the_global_entropy_range():
-    from dhpo_trl.losses import dhpo_per_token_loss
+    from dhpo_trl.core.losses import dhpo_per_token_loss
 
     logps, old, advantages, mask = batch(log_r=[[0.6, -0.5, 0.0]], advantage=1.0)
     entropies = torch.tensor([[0.3, 1.1, 9.0]])
@@ -197,7 +197,7 @@ def test_grpo_ratio_exactly_at_a_clip_bound_is_not_counted_as_clipped(side):
 
 
 def test_dhpo_ratio_exactly_at_delta_is_not_counted_as_dual_clipped():
-    from dhpo_trl.losses import dhpo_per_token_loss
+    from dhpo_trl.core.losses import dhpo_per_token_loss
 
     logps, old, advantages, mask = batch(log_r=[[1.5, 0.0, 0.0]], advantage=-1.0)
     ratio = float(torch.exp(logps.detach() - old)[0, 0])  # 4.48 in float32; w = 1, so m = r

@@ -19,9 +19,8 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
 import processes
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE_BIN = ROOT / "tests" / "fake_cluster" / "bin"
@@ -108,7 +107,7 @@ def _parse_launch(argv):
     """The recorded `accelerate launch` command through accelerate's parser, then train_dhpo.py's (on CPU)."""
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
 
-    from dhpo_trl.cli import parse_args
+    from dhpo_trl.scale_out.cli import parse_args
 
     launch, _, _ = _validate_launch_command(launch_command_parser().parse_args(argv[1:]))
     assert launch.training_script == "examples/train_dhpo.py"

@@ -1,15 +1,15 @@
 """Reward and evaluation agree: the training loader and the benchmark loader normalise the same rows to the same
 golds, and `math_verify_reward` and `evaluate_problems` score the same completions the same way, because both go
-through `dhpo_trl.rewards.score_answer`."""
+through `dhpo_trl.scoring.rewards.score_answer`."""
 
 import pytest
 from benchmark_fixtures import FIXTURES
 
-from dhpo_trl.data import load_math_dataset
 from dhpo_trl.evaluation import SamplingSettings, evaluate_problems
 from dhpo_trl.evaluation.audit import near_misses, rewrite
 from dhpo_trl.evaluation.benchmarks import load_benchmark
-from dhpo_trl.rewards import math_verify_reward
+from dhpo_trl.scoring.data import load_math_dataset
+from dhpo_trl.scoring.rewards import math_verify_reward
 
 # benchmark -> (question column, answer column) for the training loader; Minerva keeps its gold inside a worked
 # solution, which only the benchmark loader extracts, so it has no training-loader counterpart here.

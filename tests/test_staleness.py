@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dhpo_trl.embedded import EmbeddedSettings, memoized_reward
+from dhpo_trl.demo.embedded import EmbeddedSettings, memoized_reward
 
 SPEC = importlib.util.spec_from_file_location("staleness", Path(__file__).parents[1] / "benchmarks" / "staleness.py")
 staleness = importlib.util.module_from_spec(SPEC)
@@ -201,7 +201,7 @@ def test_embedded_batch_must_split_into_k_steps():
 
 
 def test_config_overrides_reach_the_config_before_the_warm_start(monkeypatch, tmp_path):
-    from dhpo_trl import embedded
+    from dhpo_trl.demo import embedded
 
     monkeypatch.setattr(embedded, "load_task", lambda *a, **k: pytest.fail("warm start before checking the config"))
     with pytest.raises(ValueError, match="delta"):  # DHPOConfig refuses delta <= 1: the override reached it

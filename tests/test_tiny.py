@@ -9,8 +9,8 @@ from types import ModuleType, SimpleNamespace
 import pytest
 import torch
 
-from dhpo_trl.data import format_prompt
-from dhpo_trl.tiny import SPECIAL_TOKENS, build_char_tokenizer, build_tiny_qwen3, use_deepspeed_on_cpu
+from dhpo_trl.demo.tiny import SPECIAL_TOKENS, build_char_tokenizer, build_tiny_qwen3, use_deepspeed_on_cpu
+from dhpo_trl.scoring.data import format_prompt
 
 
 def test_char_tokenizer_ids_and_round_trip():

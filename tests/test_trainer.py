@@ -24,10 +24,10 @@ from transformers import Qwen3ForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
 from dhpo_trl import DHPOConfig, DHPOTrainer
-from dhpo_trl.losses import dhpo_per_token_loss
-from dhpo_trl.objectives import OBJECTIVE_SETTINGS, get_objective
-from dhpo_trl.presets import PAPER_ALGORITHMS, config_for
-from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
+from dhpo_trl.core.losses import dhpo_per_token_loss
+from dhpo_trl.core.objectives import OBJECTIVE_SETTINGS, get_objective
+from dhpo_trl.core.presets import PAPER_ALGORITHMS, config_for
+from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
 
 CPU = dict(use_cpu=True, bf16=False, report_to="none", seed=0, data_seed=0)
 # One group of 4 completions per micro-batch; 2 optimizer steps per generation batch: steps 2, 4, ... are off-policy.

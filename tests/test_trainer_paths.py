@@ -14,9 +14,12 @@ import torch
 from accelerate.utils import DistributedType
 from datasets import Dataset
 
-from dhpo_trl import DHPOConfig, DHPOTrainer, batching, metrics
-from dhpo_trl import trainer as trainer_module
-from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
+from dhpo_trl import DHPOConfig, DHPOTrainer
+from dhpo_trl.core import metrics
+from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
+from dhpo_trl.training import batching
+from dhpo_trl.training import trainer as trainer_module
+
 
 def metrics_store():
     return defaultdict(lambda: defaultdict(list))
@@ -311,7 +314,7 @@ def test_without_args_the_run_is_named_after_the_model(name, run, tmp_path, monk
 def test_only_the_first_process_waits_for_the_vllm_server(process_index, probed, tmp_path, monkeypatch):
     """In TRL only the main process talks to a vLLM server; the others (maybe on nodes that cannot reach its host)
     must not probe it. A second process is faked through the config's `process_index`."""
-    from dhpo_trl import vllm_utils
+    from dhpo_trl.training import vllm_utils
 
     class Stop(Exception):
         pass

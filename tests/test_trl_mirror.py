@@ -1,4 +1,4 @@
-"""`dhpo_trl.trl_mirror`: the installed TRL still holds every mirrored block at the listed lines, and TRL's tail
+"""`dhpo_trl.training.trl_mirror`: the installed TRL still holds every mirrored block at the listed lines, and TRL's tail
 corrections apply in TRL's order."""
 
 import importlib.util
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dhpo_trl import trl_mirror
+from dhpo_trl.training import trl_mirror
 
 
 def trl_lines():

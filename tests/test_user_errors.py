@@ -7,8 +7,9 @@ import json
 import pytest
 from benchmark_fixtures import FIXTURES
 
-from dhpo_trl import embedded, plotting
+from dhpo_trl.demo import embedded
 from dhpo_trl.evaluation import cli as evaluate_cli
+from dhpo_trl.evaluation import plotting
 from dhpo_trl.user_errors import (
     DEBUG_FLAG,
     check_model_path,

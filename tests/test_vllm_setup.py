@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from datasets import Dataset
 
-import dhpo_trl.vllm_utils as vllm_utils
+import dhpo_trl.training.vllm_utils as vllm_utils
 from dhpo_trl import DHPOConfig, DHPOTrainer
 
 MISSING_MODEL = "no-such-org/no-such-model"  # loading it would fail: an error naming vLLM proves the check ran first

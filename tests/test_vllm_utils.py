@@ -1,4 +1,4 @@
-"""dhpo_trl.vllm_utils without a server: the URL TRL's client will use, what counts as a healthy server, the retry
+"""dhpo_trl.training.vllm_utils without a server: the URL TRL's client will use, what counts as a healthy server, the retry
 schedule (on a fake clock), and when the checks run at all."""
 
 import urllib.error
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-import dhpo_trl.vllm_utils as vllm_utils
+import dhpo_trl.training.vllm_utils as vllm_utils
 
 
 def args(**overrides):

@@ -8,10 +8,10 @@ import random
 import pytest
 import torch
 
-from dhpo_trl import arithmetic, warmstart
-from dhpo_trl.arithmetic import Problem
-from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3
-from dhpo_trl.warmstart import WarmStartSettings, load_or_warm_start, warm_start
+from dhpo_trl.demo import arithmetic, warmstart
+from dhpo_trl.demo.arithmetic import Problem
+from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
+from dhpo_trl.demo.warmstart import WarmStartSettings, load_or_warm_start, warm_start
 
 PROBLEMS = [Problem(12, 34), Problem(5, 678), Problem(90, 1), Problem(23, 45), Problem(7, 7)]
 TINY = dict(hidden_size=16, num_layers=1, num_heads=2, steps=3, batch_size=3, learning_rate=1e-2, seed=4)

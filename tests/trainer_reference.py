@@ -20,9 +20,8 @@ import random
 from dataclasses import dataclass, field
 
 import torch
-from transformers import TrainerCallback
-
 from reference_losses import constant_weights, reference_dhpo, reference_entropy_weights
+from transformers import TrainerCallback
 
 EPS = dict(epsilon_low_token=0.2, epsilon_high_token=0.28, epsilon_low_seq=0.2, epsilon_high_seq=0.28)
 MAX_COMPLETION = 24

@@ -2,7 +2,7 @@
 
 - `benchmarks`: the seven benchmarks of Table 1, their samples per problem, and loaders for their real formats.
 - `backends`: vLLM offline inference (GPU) and transformers `generate` (CPU, tests, in-training evaluation).
-- `runner` / `metrics`: sampling, scoring (`dhpo_trl.rewards.score_answer`, the training reward's function), Avg@k /
+- `runner` / `metrics`: sampling, scoring (`dhpo_trl.scoring.rewards.score_answer`, the training reward's function), Avg@k /
   Pass@1, the AVG column and the Table-1 layout.
 - `audit`: the scorer audit (generated correct rewrites, near misses, rotated golds), run by scripts/audit_scorer.py.
 - `callback.BenchmarkEvalCallback`: scores a subset every N training steps and logs `eval/<benchmark>`.

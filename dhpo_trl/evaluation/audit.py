@@ -22,9 +22,9 @@ from fractions import Fraction
 
 import sympy
 
-from .._math_verify_core import _TEXT_GOLD, clean, gold_form, to_sympy
-from ..golds import split_top_level
-from ..rewards import DEFAULT_TIMEOUT_S, score_answer
+from ..scoring._math_verify_core import _TEXT_GOLD, clean, gold_form, to_sympy
+from ..scoring.golds import split_top_level
+from ..scoring.rewards import DEFAULT_TIMEOUT_S, score_answer
 
 
 @dataclass

@@ -3,7 +3,7 @@
 Each benchmark is read from a local JSONL file (or a directory holding `test.jsonl`) or from a Hub dataset id, and
 normalised to `Problem(question, answer)`: the answer is taken from wherever that benchmark keeps it (a plain field, a
 float, the last `\\boxed{}` of a worked solution, a list, or the text after `####`) and rewritten by
-`dhpo_trl.golds.normalise_gold` (with the question, and OlympiadBench's `unit`) into LaTeX the grader reads as meant,
+`dhpo_trl.scoring.golds.normalise_gold` (with the question, and OlympiadBench's `unit`) into LaTeX the grader reads as meant,
 exactly as the training loader does. A row without the field raises a ValueError naming the file, the line and the
 field, so bad data fails before any model is loaded.
 """
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..golds import normalise_gold
-from ..rewards import extract_boxed_answer
+from ..scoring.golds import normalise_gold
+from ..scoring.rewards import extract_boxed_answer
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Sample, score and aggregate: the part of an evaluation shared by the CLI and the training callback.
 
-Prompts use the SimpleRL format from `dhpo_trl.data.format_prompt`; completions are scored by
-`dhpo_trl.rewards.score_answer`, the function the training reward uses, against the normalised gold, whatever
+Prompts use the SimpleRL format from `dhpo_trl.scoring.data.format_prompt`; completions are scored by
+`dhpo_trl.scoring.rewards.score_answer`, the function the training reward uses, against the normalised gold, whatever
 backend sampled them.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ..data import format_prompt
-from ..rewards import FALLBACKS, extract_answer, score_answer
+from ..scoring.data import format_prompt
+from ..scoring.rewards import FALLBACKS, extract_answer, score_answer
 from .backends import SamplingSettings
 from .benchmarks import BENCHMARKS, Problem
 from .metrics import average_score, benchmark_score

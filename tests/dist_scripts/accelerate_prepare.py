@@ -13,13 +13,13 @@ import os
 import sys
 
 import torch
+from _teardown import destroy_process_group  # noqa: E402 - this folder is sys.path[0] under torchrun
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import FullyShardedDataParallelPlugin
 from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
 
-from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3, use_deepspeed_on_cpu
-from _teardown import destroy_process_group  # noqa: E402 - this folder is sys.path[0] under torchrun
+from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3, use_deepspeed_on_cpu
 
 
 def prepare_and_step(model, cpu: bool) -> dict:

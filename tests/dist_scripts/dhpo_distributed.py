@@ -18,11 +18,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
+from _teardown import destroy_process_group  # noqa: E402 - this folder is sys.path[0] under torchrun
 from datasets import Dataset  # noqa: E402
 
 from dhpo_trl import DHPOConfig, DHPOTrainer  # noqa: E402
-from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
-from _teardown import destroy_process_group  # noqa: E402 - this folder is sys.path[0] under torchrun
+from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
 
 FIXED_SEQUENCES_PER_PROCESS_PAIR = 2  # the fixed batch always holds 2*B sequences: one slice per process of a pair
 PROMPT_LEN, COMPLETION_LEN = 6, 10

@@ -21,7 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 if "--zero3" in sys.argv:
-    from dhpo_trl.tiny import use_deepspeed_on_cpu
+    from dhpo_trl.demo.tiny import use_deepspeed_on_cpu
 
     use_deepspeed_on_cpu()  # before deepspeed is first imported
 
@@ -29,12 +29,13 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared long-tailed rollout
 
+from _teardown import destroy_process_group  # noqa: E402 - this folder is sys.path[0] under torchrun
 from long_tail import dataset, length_reward, long_tailed_rollout  # noqa: E402
 
-from dhpo_trl import DHPOTrainer, batching  # noqa: E402
-from dhpo_trl.presets import config_for  # noqa: E402
-from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
-from _teardown import destroy_process_group  # noqa: E402 - this folder is sys.path[0] under torchrun
+from dhpo_trl import DHPOTrainer  # noqa: E402
+from dhpo_trl.core.presets import config_for  # noqa: E402
+from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
+from dhpo_trl.training import batching  # noqa: E402
 
 BUDGET = 30
 ZERO3 = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto",

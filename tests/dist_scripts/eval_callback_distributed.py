@@ -21,18 +21,18 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 if "--zero3" in sys.argv:
-    from dhpo_trl.tiny import use_deepspeed_on_cpu
+    from dhpo_trl.demo.tiny import use_deepspeed_on_cpu
 
     use_deepspeed_on_cpu()  # before deepspeed is first imported
 
 import torch  # noqa: E402
+from _teardown import destroy_process_group  # noqa: E402 - this folder is sys.path[0] under torchrun
 from datasets import Dataset  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationMixin  # noqa: E402
 
 from dhpo_trl import DHPOConfig, DHPOTrainer  # noqa: E402
 from dhpo_trl.evaluation import BenchmarkEvalCallback  # noqa: E402
 from dhpo_trl.evaluation.backends import TransformersBackend  # noqa: E402
-from _teardown import destroy_process_group  # noqa: E402 - this folder is sys.path[0] under torchrun
 
 CPU_ZERO3 = {
     "zero_optimization": {"stage": 3},

@@ -23,7 +23,8 @@ torch.set_num_threads(1)
 
 import test_feature_matrix as matrix  # noqa: E402
 from _teardown import destroy_process_group  # noqa: E402 - this folder is sys.path[0] under torchrun
-from dhpo_trl.tiny import build_char_tokenizer  # noqa: E402
+
+from dhpo_trl.demo.tiny import build_char_tokenizer  # noqa: E402
 
 
 def main():

@@ -24,13 +24,13 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 import torch  # noqa: E402
+from _teardown import destroy_process_group  # noqa: E402 - this folder is sys.path[0] under torchrun
 from datasets import Dataset  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
 from dhpo_trl import DHPOTrainer  # noqa: E402
-from dhpo_trl.presets import config_for  # noqa: E402
-from dhpo_trl.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
-from _teardown import destroy_process_group  # noqa: E402 - this folder is sys.path[0] under torchrun
+from dhpo_trl.core.presets import config_for  # noqa: E402
+from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
 
 CPU = dict(use_cpu=True, bf16=False, report_to="none", seed=0, data_seed=0)
 SETTINGS = dict(per_device_train_batch_size=4, num_generations=4, max_completion_length=8, logging_steps=1,

@@ -9,7 +9,7 @@ import sys
 
 from transformers import TrainerCallback
 
-from dhpo_trl import cli
+from dhpo_trl.scale_out import cli
 
 
 class SignalAt(TrainerCallback):

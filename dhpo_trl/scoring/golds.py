@@ -1,8 +1,8 @@
 r"""Gold answers rewritten, once at load time, so that the grader reads the mathematics their authors meant.
 
-`normalise_gold(raw, question=..., unit=...)` is applied by both loaders (`dhpo_trl.data.load_math_dataset` for
+`normalise_gold(raw, question=..., unit=...)` is applied by both loaders (`dhpo_trl.scoring.data.load_math_dataset` for
 training, `dhpo_trl.evaluation.benchmarks.load_benchmark` for evaluation), and again without a question by the
-reward (`dhpo_trl.rewards.score_answer`), which is a no-op on a gold that was already normalised. The rules, in order:
+reward (`dhpo_trl.scoring.rewards.score_answer`), which is a no-op on a gold that was already normalised. The rules, in order:
 
 1. A list or tuple is one answer with several components (OlympiadBench's `final_answer`): blank entries are
    dropped and the rest joined with ", ". Numbers become text (27.0 -> "27"; a float from 1e16 on keeps its

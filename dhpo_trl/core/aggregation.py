@@ -2,10 +2,10 @@
 
 A micro-batch's loss is its share of the loss of its gradient-accumulation window (the micro-batches of one
 optimizer step on one process). How large that share is depends on the batching: TRL's fixed slices make every
-micro-batch 1 / `gradient_accumulation_steps` of the window; dynamic batching (`dhpo_trl.batching`) cuts the window
+micro-batch 1 / `gradient_accumulation_steps` of the window; dynamic batching (`dhpo_trl.training.batching`) cuts the window
 into micro-batches of varying rows and tokens, and under a token budget into more passes than micro-steps. The
 `Window` attached to every micro-batch says which, so the share is computed here and nowhere else. The TRL lines
-these functions mirror are listed in `dhpo_trl.trl_mirror`.
+these functions mirror are listed in `dhpo_trl.training.trl_mirror`.
 """
 
 from __future__ import annotations

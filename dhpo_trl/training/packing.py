@@ -25,8 +25,8 @@ from __future__ import annotations
 import math
 import sys
 import threading
-from contextlib import contextmanager
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch

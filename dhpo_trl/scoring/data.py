@@ -2,10 +2,10 @@ r"""Math training data in the SimpleRL-Zoo format: prompts with a `\boxed{}` ins
 
 `load_math_dataset` reads a Hub dataset id, a local parquet / JSONL / JSON / CSV file or folder, or an in-memory
 `datasets.Dataset`, checks it (columns present, not empty, reachable) and returns the two columns that
-`DHPOTrainer` and `dhpo_trl.rewards.math_verify_reward` consume: `prompt` and `answer`. Every problem is raised as
+`DHPOTrainer` and `dhpo_trl.scoring.rewards.math_verify_reward` consume: `prompt` and `answer`. Every problem is raised as
 a `ValueError` that names the fix, before the caller loads a model.
 
-Answers go through `dhpo_trl.golds.normalise_gold` with their question, exactly as the benchmark loader's do, so the
+Answers go through `dhpo_trl.scoring.golds.normalise_gold` with their question, exactly as the benchmark loader's do, so the
 reward reads a gold the way the evaluation does: GSM8K's "... #### 72" keeps the text after the last `####`, a
 list (or tuple) is one answer with several components ("1, 2"), `4.5e33` becomes `4.5 \times 10^{33}`, and so on.
 

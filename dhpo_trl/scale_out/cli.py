@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 import yaml
 from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_quantization_config
 
-from .config import DHPOConfig
-from .data import load_math_dataset
-from .rewards import math_verify_reward
-from .user_errors import check_model_path, make_folder, pop_debug_flag, run_command
+from ..core.config import DHPOConfig
+from ..scoring.data import load_math_dataset
+from ..scoring.rewards import math_verify_reward
+from ..user_errors import check_model_path, make_folder, pop_debug_flag, run_command
 
 # The paper's training data and its subset (a folder of the repository); the subset is the default only for it.
 PAPER_DATASET, PAPER_SUBSET = "hkust-nlp/SimpleRL-Zoo-Data", "simplelr_qwen_level3to5"
@@ -268,7 +268,7 @@ def build_trainer(script_args: DHPOScriptArguments, training_args: DHPOConfig, m
     """
     from transformers import AutoTokenizer
 
-    from .trainer import DHPOTrainer
+    from ..training.trainer import DHPOTrainer
 
     if not model_args.model_name_or_path:
         raise ValueError(
@@ -321,7 +321,7 @@ def resolve_resume(training_args: DHPOConfig) -> str | None:
     """The checkpoint `--resume_from_checkpoint` names (`latest` / `True`: the newest complete one in output_dir), checked
     before anything loads: a folder that is not a complete checkpoint, or one saved under other settings (objective,
     batch geometry, `steps_per_generation`, number of processes), is refused naming the difference."""
-    from . import resume
+    from ..training import resume
 
     value = training_args.resume_from_checkpoint
     if not value:
@@ -353,7 +353,7 @@ def check_trackers(report_to) -> None:
 
 
 def load_training_data(script_args: DHPOScriptArguments, tokenizer=None, *, quiet: bool = False):
-    """The `prompt` / `answer` dataset of the script's data flags (see `dhpo_trl.data.load_math_dataset`)."""
+    """The `prompt` / `answer` dataset of the script's data flags (see `dhpo_trl.scoring.data.load_math_dataset`)."""
     data_logger = logging.getLogger(load_math_dataset.__module__)
     was_disabled, data_logger.disabled = data_logger.disabled, quiet or data_logger.disabled  # warned once already
     try:
@@ -425,7 +425,7 @@ def main(argv=None) -> int:
     Returns 0, or 2 after a one-line `dhpo-train: error: ...` for bad input (see `dhpo_trl.user_errors`).
     """
     argv, debug = pop_debug_flag(sys.argv[1:] if argv is None else argv)
-    from . import trainer  # noqa: F401 - imported outside the input checks: an ImportError in it is a bug
+    from ..training import trainer  # noqa: F401 - imported outside the input checks: an ImportError in it is a bug
 
     def setup():
         script_args, training_args, model_args = parse_args(argv)

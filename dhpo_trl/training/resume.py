@@ -34,7 +34,8 @@ from dataclasses import dataclass
 import torch
 from transformers import TrainerCallback
 
-from . import aggregation, batching
+from ..core import aggregation
+from . import batching
 
 GENERATION_STATE = "dhpo_generation_state_rank{rank}.pt"
 COMPLETE_MARKER = "dhpo_checkpoint_complete.json"
@@ -60,7 +61,7 @@ TRAINER_ATTRIBUTES = ("_step", "_buffered_inputs", "entropy_coef", "_last_world_
 # ----------------------------------------------------------------------------------------------- settings
 def run_settings(args, world_size: int) -> dict:
     """The settings a resume must agree with (see `RESUME_SETTINGS`), with the objective's own settings."""
-    from .objectives import get_objective
+    from ..core.objectives import get_objective
 
     names = (*RESUME_SETTINGS, *get_objective(args.algorithm).settings(args))
     settings = {name: getattr(args, name, None) for name in dict.fromkeys(names)}

@@ -1,11 +1,11 @@
 r"""The answer grader: is one extracted answer equivalent to one gold answer? math-verify is the engine.
 
-Self-contained on purpose (imports nothing from `dhpo_trl`): `dhpo_trl.rewards` runs this same file by path as a
+Self-contained on purpose (imports nothing from `dhpo_trl`): `dhpo_trl.scoring.rewards` runs this same file by path as a
 long-lived worker process (`python _math_verify_core.py`, protocol in `_serve`) that does every comparison, with a
 memory limit and a CPU limit, and that the caller kills at the deadline; in-process it is used for cheap checks
 (`refusal`, `clean`) and by the audits.
 
-The gold is expected already normalised (`dhpo_trl.golds.normalise_gold`). Its form decides how it is compared:
+The gold is expected already normalised (`dhpo_trl.scoring.golds.normalise_gold`). Its form decides how it is compared:
 
 - `\text{(C)}` is a multiple-choice letter: the answer must name that letter (`C`, `(C)`, `\textbf{(C)} Plane`).
 - `52_{8}` is a number in base 8: the answer must have the same digits, in base 8 or without a base.
@@ -16,7 +16,7 @@ The gold is expected already normalised (`dhpo_trl.golds.normalise_gold`). Its f
   2.89e-19). A percentage gold also accepts its value divided by 100 (`62.5\%` accepts `62.5` and `0.625`).
 
 No answer passes because its text equals the gold's text: a gold that cannot be parsed only matches an identical
-answer, with a warning naming it (`dhpo_trl.golds` reports such golds at load time).
+answer, with a warning naming it (`dhpo_trl.scoring.golds` reports such golds at load time).
 """
 
 from __future__ import annotations
@@ -584,7 +584,7 @@ def answers_match_with_deadline(answer: str, gold: str, timeout_s: float) -> boo
 
 
 # ------------------------------------------------------------------ the worker process
-# The parent (`dhpo_trl.rewards`) kills the worker at the deadline plus a margin; inside the worker, SIGALRM ends
+# The parent (`dhpo_trl.scoring.rewards`) kills the worker at the deadline plus a margin; inside the worker, SIGALRM ends
 # Python-level overruns at the deadline, and two kernel limits hold even where C code never returns to Python:
 WORKER_MEMORY_HEADROOM_BYTES = 768 * 2**20  # RLIMIT_AS: the address space after start-up plus this much
 WORKER_CPU_MARGIN_S = 2  # RLIMIT_CPU per comparison: its deadline plus this, also if the parent is gone

@@ -2,8 +2,8 @@ r"""The paper's verifiable reward: 1.0 if the last `\boxed{}` answer is equivale
 
 `score_answer` is the one scoring function: the reward (`math_verify_reward`, TRL's reward-function signature with
 `answer` the dataset column) and the benchmark evaluation (`dhpo_trl.evaluation.runner`) both call it. The gold is
-normalised by `dhpo_trl.golds.normalise_gold` (a no-op for golds the loaders already normalised) and compared by
-`dhpo_trl._math_verify_core` (math-verify as the engine; docs/grading.md lists how it differs from SimpleRL-Zoo's
+normalised by `dhpo_trl.scoring.golds.normalise_gold` (a no-op for golds the loaders already normalised) and compared by
+`dhpo_trl.scoring._math_verify_core` (math-verify as the engine; docs/grading.md lists how it differs from SimpleRL-Zoo's
 grader). A list or tuple gold is one answer with several components, never a list of alternatives.
 
 It never raises (except `GraderUnavailableError` when no grading process can start) and bounds the time and
@@ -12,7 +12,7 @@ memory spent on each completion:
 - the answer is located with `str.rfind`, so a megabyte of text costs microseconds, and an answer longer than
   `MAX_ANSWER_CHARS` (or an unterminated `\boxed{`) scores 0 without being parsed;
 - an answer with a number, power, factorial, sum or matrix larger than any answer needs
-  (`dhpo_trl._math_verify_core.refusal`, a linear scan) scores 0 without being parsed;
+  (`dhpo_trl.scoring._math_verify_core.refusal`, a linear scan) scores 0 without being parsed;
 - every comparison, from the main thread or any other, runs in one long-lived worker process (`_VerifyWorker`)
   under a deadline (`timeout_s`, default `DEFAULT_TIMEOUT_S`) and a memory limit; an overrun scores 0 and the
   worker is killed and replaced.

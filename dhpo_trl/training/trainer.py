@@ -1,7 +1,7 @@
 """`DHPOTrainer`: TRL's `GRPOTrainer` with the policy loss of the chosen objective (DHPO or a paper baseline).
 
 Generation (vLLM included), rewards, advantages, distributed training and checkpointing are inherited. `_compute_loss`
-is ours for every row: it takes the objective's pure per-token loss from `dhpo_trl.objectives`, applies TRL's masks
+is ours for every row: it takes the objective's pure per-token loss from `dhpo_trl.core.objectives`, applies TRL's masks
 and corrections in TRL's order and aggregates by `loss_type`, so all seven rows share one code path. The model card
 and the `dhpo/` / `gmpo/` metrics are ours too; TRL's metric keys keep their meaning.
 """
@@ -19,13 +19,14 @@ from accelerate.utils import DistributedType
 from transformers.trainer_utils import rotate_checkpoints
 from trl import GRPOTrainer
 
-from . import aggregation, batching, metrics, packing, resume, trl_mirror
-from .config import DHPOConfig
+from ..core import aggregation, metrics
+from ..core.config import DHPOConfig
+from ..core.losses import masked_log_ratio
+from ..core.objectives import get_objective
 from .moe import maybe_set_zero3_leaf_modules, zero3_leaf_modules_for_trl_prepared_models
-from .losses import masked_log_ratio
-from .objectives import get_objective
-from .reward_checks import check_reward_functions
 from .vllm_utils import check_vllm_setup
+from . import batching, packing, resume, trl_mirror
+from .reward_checks import check_reward_functions
 
 CITATION = textwrap.dedent("""\
     @inproceedings{min-etal-2026-orchestrating,
@@ -77,7 +78,7 @@ class DHPOTrainer(GRPOTrainer):
         self._tag_names = ["trl", "dhpo", args.algorithm]
         self._batching_warned = False
         self.graceful_stop = None  # set by train(): how a stop signal ended the run (see resume.py)
-        # ---- padding_free (issue 27; dhpo_trl/packing.py): refuse a model packed rows would give wrong outputs
+        # ---- padding_free (issue 27; dhpo_trl/training/packing.py): refuse a model packed rows would give wrong outputs
         self._padding_free = args.padding_free
         for name, checked in (("model", self.model), ("ref_model", self.ref_model)) if args.padding_free else ():
             reason = checked is not None and packing.unsupported_model_reason(checked)
@@ -106,7 +107,7 @@ class DHPOTrainer(GRPOTrainer):
         if reason is None:
             share = steps / self.args.steps_per_generation
             window_of = batching.planned_windows(self.accelerator.num_processes, share)
-            if self._padding_free:  # rows of whole sequences, each row one packed forward (dhpo_trl/packing.py)
+            if self._padding_free:  # rows of whole sequences, each row one packed forward (dhpo_trl/training/packing.py)
                 buffered = packing.plan_generation_batch(buffered, steps, budget, self._max_over_processes, window_of)
                 counter = packing.packed_fraction
             else:
@@ -168,7 +169,7 @@ class DHPOTrainer(GRPOTrainer):
                                            compute_entropy=False, compute_aux_loss=False, **multimodal):  # fmt: skip
         """TRL's chunked forward; with `dynamic_batching`, the no-grad passes over the whole generation batch
         (`batch_size` given: old and reference log-probs) run on length-sorted, trimmed chunks instead; with
-        `padding_free`, every forward runs on packed rows (`dhpo_trl/packing.py`)."""
+        `padding_free`, every forward runs on packed rows (`dhpo_trl/training/packing.py`)."""
         parent = super()._get_per_token_logps_and_entropies
         if self._padding_free and all(v is None for v in multimodal.values()):
             return packing.packed_forward(
@@ -314,7 +315,7 @@ class DHPOTrainer(GRPOTrainer):
         for name, value in logged.items():
             self._metrics[mode][name].append(value)
 
-    # ---------------------------------------------- resume and graceful stop (the logic: dhpo_trl/resume.py)
+    # ---------------------------------------------- resume and graceful stop (the logic: dhpo_trl/training/resume.py)
     def train(self, resume_from_checkpoint=None, trial=None, ignore_keys_for_eval=None, **kwargs):
         """TRL's `train()`, resuming exactly from any checkpoint (`True` / `"latest"`: the newest complete one in
         `output_dir`), and stopping gracefully on SIGTERM / SIGUSR1: after the optimizer step in progress, with a

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import torch
 
-from .aggregation import dapo_tokens, planned_window
+from ..core.aggregation import dapo_tokens, planned_window
 
 PROMPT_KEYS = ("prompt_ids", "prompt_mask")
 # Multimodal inputs index images/tiles, not rows, and `token_type_ids` spans prompt + completion: such batches are
@@ -33,7 +33,7 @@ UNSUPPORTED_KEYS = (
     "pixel_values", "image_grid_thw", "num_images", "pixel_attention_mask", "spatial_shapes", "num_tiles",
     "image_sizes", "token_type_ids", "mm_token_type_ids", "image_position_ids",
 )  # fmt: skip
-# The `dhpo_trl.aggregation.Window` of the accumulation window, attached to every micro-batch cut from it: the loss
+# The `dhpo_trl.core.aggregation.Window` of the accumulation window, attached to every micro-batch cut from it: the loss
 # of a micro-batch is its share of the window's loss, whatever the number of rows it holds.
 WINDOW = "dhpo_window"
 

@@ -4,8 +4,8 @@
 text of the first and last line of that range. `tests/test_trl_mirror.py` checks the installed TRL still has that
 text at those lines, so a TRL upgrade fails there, and the review is this list. The code below is the part of
 TRL's `_compute_loss` tail we copy rather than call (TRL's loss is one method; we need its pieces around our
-objective's per-token loss); aggregation and the entropy bonus are in `dhpo_trl.aggregation`, the metrics in
-`dhpo_trl.metrics`, the chunked forward and micro-batch cutting in `dhpo_trl.batching`, all listed here.
+objective's per-token loss); aggregation and the entropy bonus are in `dhpo_trl.core.aggregation`, the metrics in
+`dhpo_trl.core.metrics`, the chunked forward and micro-batch cutting in `dhpo_trl.training.batching`, all listed here.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ class DHPOConfig(GRPOConfig):
 
     Parameters:
         algorithm (`str`, *optional*, defaults to `"dhpo"`):
-            Policy objective, each a pure loss of `dhpo_trl.losses` registered in `dhpo_trl.objectives`, aggregated
+            Policy objective, each a pure loss of `dhpo_trl.core.losses` registered in `dhpo_trl.core.objectives`, aggregated
             by `loss_type` like every other row. `"dhpo"`: the hybrid ratio of the paper; reads `mixing`,
             `token_weight` (averaged mixing), `entropy_norm_scope` (entropy mixing), `clipping`, the token epsilons,
             the sequence epsilons (branch clipping) and `delta`. Baselines of the paper's Table 1: `"grpo"` (TRL's

@@ -1,6 +1,6 @@
 """Training-dynamics plots (the paper's Figs. 1-3) from one or more runs' `trainer_state.json` log histories.
 
-    python -m dhpo_trl.plotting outputs/grpo outputs/dhpo-e --labels GRPO DHPO-E --out plots/
+    python -m dhpo_trl.evaluation.plotting outputs/grpo outputs/dhpo-e --labels GRPO DHPO-E --out plots/
 
 A run is a `trainer_state.json` file or an output directory (its top-level `trainer_state.json`, else the one in its
 last `checkpoint-N/`). Each figure overlays the runs, one labelled line per run, against the optimizer step, and is
@@ -24,7 +24,7 @@ matplotlib.use("Agg")  # files only: no display on training machines
 import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 
-from .user_errors import DEBUG_FLAG, DEBUG_HELP, run_command
+from ..user_errors import DEBUG_FLAG, DEBUG_HELP, run_command
 
 CLIP_BRANCHES = ("token_low", "token_high", "sequence_low", "sequence_high")
 # Accuracy: benchmark average from BenchmarkEvalCallback, else the embedded task's held-out accuracy, else reward.

@@ -1,7 +1,7 @@
 """A synthetic, verifiable math task for the embedded CPU default: multi-digit addition answered in `\\boxed{}`.
 
 Problems are drawn deterministically from a seed; train and held-out splits never share a problem. Each problem
-has a target completion (the boxed sum) that the warm start teaches, and a ground truth that `dhpo_trl.rewards.math_verify_reward` checks, exactly as for the real recipes' datasets.
+has a target completion (the boxed sum) that the warm start teaches, and a ground truth that `dhpo_trl.scoring.rewards.math_verify_reward` checks, exactly as for the real recipes' datasets.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The policy objectives by name, as VERL's `core_algos` registry: `algorithm` -> loss, settings, metrics.
 
-Each `Objective` names the pure loss of `dhpo_trl.losses` it computes, the `DHPOConfig` fields that loss reads
+Each `Objective` names the pure loss of `dhpo_trl.core.losses` it computes, the `DHPOConfig` fields that loss reads
 (the config refuses the others when set, the model card lists only these) and how its metrics are logged. The
 trainer looks the objective up and never branches on the algorithm itself.
 """
@@ -23,7 +23,6 @@ from .losses import (
     sequence_log_ratio,
     unit_ratio,
 )
-
 
 # Where each objective-specific setting acts, for the message that refuses it elsewhere.
 SETTING_SCOPES = {

@@ -10,8 +10,15 @@ from __future__ import annotations
 
 from .config import DHPOConfig
 from .paper import (
-    CISPO_CAP, EPSILON_HIGH, EPSILON_LOW, GMPO_EPSILON, GRPO_DELTA, GRPO_EPSILON, GSPO_EPSILON_HIGH, GSPO_EPSILON_LOW,
     AVERAGED_TOKEN_WEIGHT,
+    CISPO_CAP,
+    EPSILON_HIGH,
+    EPSILON_LOW,
+    GMPO_EPSILON,
+    GRPO_DELTA,
+    GRPO_EPSILON,
+    GSPO_EPSILON_HIGH,
+    GSPO_EPSILON_LOW,
 )  # fmt: skip
 
 PAPER_ALGORITHMS: dict[str, dict] = {

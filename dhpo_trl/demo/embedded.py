@@ -1,11 +1,11 @@
 """The embedded CPU default: DHPO-E on a warm-started tiny Qwen3 and synthetic addition, offline, in minutes.
 
     python -m dhpo_trl                      # DHPO-E, the paper's off-policy setting, a few minutes on 2 cores
-    python -m dhpo_trl --algorithm GRPO     # any row of dhpo_trl.presets.PAPER_ALGORITHMS
+    python -m dhpo_trl --algorithm GRPO     # any row of dhpo_trl.core.presets.PAPER_ALGORITHMS
 
 Steps: build the synthetic task (train / held-out splits from the seed), load or create the cached warm start
-(`dhpo_trl.warmstart`), measure greedy held-out accuracy, train with `DHPOTrainer` scored by
-`dhpo_trl.rewards.math_verify_reward` (the real recipes' reward), re-measure the held-out accuracy every
+(`dhpo_trl.demo.warmstart`), measure greedy held-out accuracy, train with `DHPOTrainer` scored by
+`dhpo_trl.scoring.rewards.math_verify_reward` (the real recipes' reward), re-measure the held-out accuracy every
 `eval_every` steps, then save the checkpoint, the log history, a plot and a JSON summary. `run_embedded` is the
 Python entry point used by the study script, the notebook and the tests.
 """
@@ -26,10 +26,10 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
+from ..core.presets import PAPER_ALGORITHMS, config_for
+from ..scoring.rewards import math_verify_reward
+from ..user_errors import DEBUG_FLAG, DEBUG_HELP, make_folder, positive_int, run_command
 from .arithmetic import Problem, make_splits, to_dataset
-from .presets import PAPER_ALGORITHMS, config_for
-from .rewards import math_verify_reward
-from .user_errors import DEBUG_FLAG, DEBUG_HELP, make_folder, positive_int, run_command
 from .warmstart import WarmStartSettings, greedy_completions, load_or_warm_start
 
 
@@ -180,7 +180,7 @@ def source_commit() -> str | None:
     """The git commit of the `dhpo_trl` that ran (`<sha>-dirty` with uncommitted changes to it), None outside git.
 
     Study pages state it, so a reader can check out the code that produced every figure."""
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # dhpo_trl/, not demo/
     try:
         sha = subprocess.run(["git", "-C", str(package), "rev-parse", "--short=10", "HEAD"], capture_output=True,
                              text=True, timeout=10, check=True).stdout.strip()  # fmt: skip
@@ -225,7 +225,7 @@ def run_embedded(
 
 def _run(algorithm, seed, max_steps, output_dir, eval_every, num_heldout, cache_dir, use_cache, settings, disable_tqdm,
          config_overrides):  # fmt: skip
-    from . import DHPOTrainer  # heavy import, deferred so that `--help` answers at once
+    from .. import DHPOTrainer  # heavy import, deferred so that `--help` answers at once
 
     if algorithm not in PAPER_ALGORITHMS:
         raise ValueError(f"algorithm={algorithm!r} is unknown: choose one of {list(PAPER_ALGORITHMS)}.")

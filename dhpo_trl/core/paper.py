@@ -1,5 +1,5 @@
 """The paper's numbers (Min et al., 2026, appendix D), in one place: `DHPOConfig`'s defaults, the keyword defaults
-of `dhpo_trl.losses` and the rows of `dhpo_trl.presets` all read them from here."""
+of `dhpo_trl.core.losses` and the rows of `dhpo_trl.core.presets` all read them from here."""
 
 # DHPO's trust regions: [1 - 0.2, 1 + 0.28] on the token and on the sequence branch.
 EPSILON_LOW = 0.2
