@@ -395,3 +395,46 @@ def test_every_objective_knob_changes_the_update(tmp_path, row, knob, value):
     changed = config_for(row, output_dir=str(tmp_path), **{knob: value}, **OFF_POLICY, **CPU)
     assert getattr(changed, knob) == value != getattr(base, knob)
     assert not torch.allclose(_loss_and_gradient(base), _loss_and_gradient(changed))
+
+
+# ------------------------------------------------------------- DeepSpeed that accelerate would silently drop
+ZERO3 = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto",
+         "gradient_accumulation_steps": "auto"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("deepspeed", "environ", "refused"),
+    [
+        (ZERO3, {"ACCELERATE_USE_CPU": "1"}, "DHPOConfig.deepspeed"),
+        ("ds_config.json", {"ACCELERATE_USE_CPU": "True"}, "DHPOConfig.deepspeed"),
+        (None, {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_USE_CPU": "yes"}, "ACCELERATE_USE_DEEPSPEED"),
+        (ZERO3, {"ACCELERATE_USE_CPU": "False"}, None),  # what `accelerate launch` writes without --cpu
+        (ZERO3, {}, None),
+        (None, {"ACCELERATE_USE_CPU": "1"}, None),  # a plain CPU run
+        (None, {"ACCELERATE_USE_DEEPSPEED": "false", "ACCELERATE_USE_CPU": "1"}, None),
+    ],
+)
+def test_deepspeed_that_accelerate_would_drop_is_refused(deepspeed, environ, refused):
+    from dhpo_trl.core.config import refuse_deepspeed_dropped_by_accelerate
+
+    if refused is None:
+        refuse_deepspeed_dropped_by_accelerate(deepspeed, environ)
+        return
+    with pytest.raises(ValueError, match=refused) as caught:
+        refuse_deepspeed_dropped_by_accelerate(deepspeed, environ)
+    assert "ACCELERATE_USE_CPU" in str(caught.value)
+
+
+def test_the_config_refuses_it_before_transformers_registers_deepspeed(tmp_path, monkeypatch):
+    """Refused in __post_init__, before transformers' global ZeRO-3 flag is set (TRL's gathers read that flag)."""
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
+
+    assert not is_deepspeed_zero3_enabled()
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "1")
+    with pytest.raises(ValueError, match="ACCELERATE_USE_CPU"):
+        make_config(tmp_path, deepspeed=ZERO3)
+    assert not is_deepspeed_zero3_enabled()
+    config = make_config(tmp_path)  # without DeepSpeed the variable is an ordinary CPU run
+    config.deepspeed = ZERO3  # set after construction: DHPOTrainer's validate() refuses it too
+    with pytest.raises(ValueError, match="DHPOConfig.deepspeed"):
+        config.validate()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from dataclasses import dataclass, field, fields
 
@@ -191,6 +192,7 @@ class DHPOConfig(GRPOConfig):
     def __post_init__(self):
         self._validate_dhpo_fields()
         self._apply_algorithm()
+        refuse_deepspeed_dropped_by_accelerate(self.deepspeed, os.environ)  # before transformers registers it
         super().__post_init__()  # TRL resolves steps_per_generation here
         self._validate_batching()
         self._warn_if_on_policy()
@@ -200,6 +202,7 @@ class DHPOConfig(GRPOConfig):
         mutated after construction) and re-apply what `algorithm` implies."""
         self._validate_dhpo_fields()
         self._apply_algorithm()
+        refuse_deepspeed_dropped_by_accelerate(self.deepspeed, os.environ)
         self._validate_batching()
         self._warn_if_on_policy()
 
@@ -339,6 +342,34 @@ class DHPOConfig(GRPOConfig):
 
 
 _FIELD_DEFAULTS = {f.name: f.default for f in fields(DHPOConfig)}
+_TRUE = ("y", "yes", "t", "true", "on", "1")  # what accelerate's parse_flag_from_env counts as set
+
+
+def refuse_deepspeed_dropped_by_accelerate(deepspeed, environ) -> None:
+    """Refuse a DeepSpeed config that accelerate would silently drop: with `ACCELERATE_USE_CPU` set (`accelerate
+    launch --cpu`, `use_cpu: true` in an accelerate config, or exported by hand) accelerate 1.15 forces `cpu=True`
+    and then takes the DeepSpeed branch only `and not cpu` (accelerate/state.py, `AcceleratorState.__init__`, lines
+    915 and 974): the model is wrapped in DDP, not DeepSpeed. transformers still registers the config globally
+    (`HfTrainerDeepSpeedConfig`), so `is_deepspeed_zero3_enabled()` stays True and TRL 1.16 gathers the LM head as a
+    ZeRO-3 parameter (trl/trainer/utils.py:230, `maybe_gather_lm_head_ctx`, on the first log-prob forward): it fails
+    with `'Parameter' object has no attribute 'ds_status'`; under ZeRO-1/2 DeepSpeed would simply not act.
+    The device plays no part: a GPU run with the variable set is a CPU run without DeepSpeed all the same.
+
+    `deepspeed` is `TrainingArguments.deepspeed`; `ACCELERATE_USE_DEEPSPEED=true` is how `accelerate launch` with a
+    DeepSpeed config asks for it (accelerate/utils/launch.py, `prepare_deepspeed_cmd_env`)."""
+
+    def flag(name: str) -> bool:
+        return str(environ.get(name, "")).strip().lower() in _TRUE
+
+    asked = deepspeed not in (None, "", {}) or flag("ACCELERATE_USE_DEEPSPEED")
+    if asked and flag("ACCELERATE_USE_CPU"):
+        setting = "DHPOConfig.deepspeed" if deepspeed not in (None, "", {}) else "ACCELERATE_USE_DEEPSPEED=true"
+        raise ValueError(
+            f"{setting} has no effect with ACCELERATE_USE_CPU={environ.get('ACCELERATE_USE_CPU')!r} in the "
+            "environment: accelerate then ignores DeepSpeed (and TRL fails on the first ZeRO-3 gather). Unset "
+            "ACCELERATE_USE_CPU (and do not pass accelerate launch --cpu); DeepSpeed runs on CPU with "
+            "DS_ACCELERATOR=cpu and --use_cpu true. Or drop the DeepSpeed config."
+        )
 
 
 def _is_number(value) -> bool:
