@@ -1,6 +1,6 @@
 """Run under `torchrun --nproc_per_node 2` on CPU (gloo): exact resume and graceful stop across processes.
 
-Usage: torchrun --nproc_per_node 2 tests/dist_scripts/resume_distributed.py OUT_DIR
+Usage: torchrun --nproc_per_node 2 tests/dist_scripts/resume_distributed.py OUT_DIR [--zero3]
 
 Four short DHPO-E runs (k = 4 optimizer steps per generation batch, a checkpoint every step), in one launch:
   full     uninterrupted, 6 steps;
@@ -11,8 +11,18 @@ Four short DHPO-E runs (k = 4 optimizer steps per generation batch, a checkpoint
            whose count the ranks agree on, 2 accumulation steps, k = 4; resumed from checkpoint-1.
 Every rank dumps OUT_DIR/<run>_rank{r}.json: final parameters, per-step logs, the data of every step, the step it
 stopped at and the signal handlers after train() (they must be the previous ones again).
+
+--zero3: instead, under DeepSpeed ZeRO-3 on CPU (gloo), with real generation (TRL's model.generate) and 2
+accumulation steps per optimizer step, k = 2 optimizer steps per generation batch (steps_per_generation=4), 4 steps:
+  z3_full     uninterrupted;
+  z3_resumed  from z3_full's checkpoint-1 (mid generation batch) to step 4;
+  z3_stopped  rank 0 sends itself SIGTERM at the end of step 1 (mid generation batch); no scheduled checkpoint;
+  z3_after    from z3_stopped's newest complete checkpoint (`latest`) to step 4.
+The parameters dumped are the full ones, gathered from both ranks' partitions; every checkpoint also holds them
+whole in model.safetensors (`stage3_gather_16bit_weights_on_model_save`; the model's dtype, float32 here).
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -22,6 +32,11 @@ from pathlib import Path
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+if "--zero3" in sys.argv:
+    from dhpo_trl.demo.tiny import use_deepspeed_on_cpu
+
+    use_deepspeed_on_cpu()  # before deepspeed is first imported
 
 import torch  # noqa: E402
 from _teardown import destroy_process_group  # noqa: E402 - this folder is sys.path[0] under torchrun
@@ -65,6 +80,21 @@ def digit_share(completions, **kwargs):
 
 
 BUDGET = dict(gradient_accumulation_steps=2, steps_per_generation=8, max_steps=4, max_tokens_per_micro_batch=24)
+ZERO3 = dict(gradient_accumulation_steps=2, steps_per_generation=4, max_steps=4,
+             deepspeed={"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True},
+                        "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+                        "gradient_clipping": "auto", "bf16": {"enabled": False}})  # fmt: skip
+
+
+def full_parameters(model) -> dict:
+    """Every parameter whole: under ZeRO-3 each rank holds a partition, gathered here (a collective: all ranks)."""
+    gather = contextlib.nullcontext()
+    if hasattr(next(model.parameters()), "ds_id"):
+        import deepspeed
+
+        gather = deepspeed.zero.GatheredParameters(list(model.parameters()))
+    with gather:
+        return {k: v.detach().flatten().tolist() for k, v in model.named_parameters()}
 
 
 def run(out_dir: Path, name: str, output_dir: Path, tok, resume=None, callbacks=(), **overrides):
@@ -80,10 +110,11 @@ def run(out_dir: Path, name: str, output_dir: Path, tok, resume=None, callbacks=
         "global_step": trainer.state.global_step,
         "graceful_stop": trainer.graceful_stop,
         "handlers_restored": signal.getsignal(signal.SIGTERM) == before,
-        "params": {k: v.detach().flatten().tolist() for k, v in trainer.model.named_parameters()},
+        "params": full_parameters(trainer.model),
         "logs": {str(e["step"]): {k: v for k, v in e.items() if k not in TIMINGS}
                  for e in trainer.state.log_history if "loss" in e},  # fmt: skip
         "seen": trainer.seen,
+        "checkpoints": sorted(p.name for p in output_dir.glob("checkpoint-*")),
     }
     rank = trainer.accelerator.process_index
     (out_dir / f"{name}_rank{rank}.json").write_text(json.dumps(dump))
@@ -107,6 +138,15 @@ def main() -> None:
     torch.load = _cpu_map_location(torch.load)
     out_dir = Path(sys.argv[1])
     tok = build_char_tokenizer()
+    if "--zero3" in sys.argv:
+        run(out_dir, "z3_full", out_dir / "z3_full", tok, **ZERO3)
+        run(out_dir, "z3_resumed", out_dir / "z3_resumed", tok, resume=str(out_dir / "z3_full" / "checkpoint-1"),
+            **ZERO3)
+        run(out_dir, "z3_stopped", out_dir / "z3_stopped", tok, callbacks=[SignalRankZeroAt(1)],
+            **{**ZERO3, "save_steps": 10})  # its only checkpoint is the one the stop writes
+        run(out_dir, "z3_after", out_dir / "z3_stopped", tok, resume="latest", **ZERO3)
+        destroy_process_group()
+        return
     run(out_dir, "full", out_dir / "full", tok)
     run(out_dir, "resumed", out_dir / "resumed", tok, resume=str(out_dir / "full" / "checkpoint-3"))
     run(out_dir, "stopped", out_dir / "stopped", tok, callbacks=[SignalRankZeroAt(2)])
