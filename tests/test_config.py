@@ -425,15 +425,10 @@ def test_deepspeed_that_accelerate_would_drop_is_refused(deepspeed, environ, ref
     assert "ACCELERATE_USE_CPU" in str(caught.value)
 
 
-def test_the_config_refuses_it_before_transformers_registers_deepspeed(tmp_path, monkeypatch):
-    """Refused in __post_init__, before transformers' global ZeRO-3 flag is set (TRL's gathers read that flag)."""
-    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled
-
-    assert not is_deepspeed_zero3_enabled()
+def test_the_config_refuses_it_at_construction_and_in_validate(tmp_path, monkeypatch):
     monkeypatch.setenv("ACCELERATE_USE_CPU", "1")
-    with pytest.raises(ValueError, match="ACCELERATE_USE_CPU"):
+    with pytest.raises(ValueError, match="DHPOConfig.deepspeed"):
         make_config(tmp_path, deepspeed=ZERO3)
-    assert not is_deepspeed_zero3_enabled()
     config = make_config(tmp_path)  # without DeepSpeed the variable is an ordinary CPU run
     config.deepspeed = ZERO3  # set after construction: DHPOTrainer's validate() refuses it too
     with pytest.raises(ValueError, match="DHPOConfig.deepspeed"):

@@ -192,7 +192,7 @@ class DHPOConfig(GRPOConfig):
     def __post_init__(self):
         self._validate_dhpo_fields()
         self._apply_algorithm()
-        refuse_deepspeed_dropped_by_accelerate(self.deepspeed, os.environ)  # before transformers registers it
+        refuse_deepspeed_dropped_by_accelerate(self.deepspeed, os.environ)  # before transformers builds its DeepSpeed config
         super().__post_init__()  # TRL resolves steps_per_generation here
         self._validate_batching()
         self._warn_if_on_policy()
