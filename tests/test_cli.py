@@ -218,6 +218,18 @@ def test_user_errors_are_one_line_with_exit_status_2(case, local_model, local_js
     assert expected.format(**fill) in _one_error_line(capsys)
 
 
+def test_deepspeed_with_accelerate_use_cpu_is_one_line_before_loading(local_model, local_jsonl, tmp_path, monkeypatch,
+                                                                       capsys):  # fmt: skip
+    """accelerate would drop the DeepSpeed config (and TRL then fail mid-step, see DHPOConfig): refused at parse."""
+    config = tmp_path / "zero3.json"
+    config.write_text(json.dumps({"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto"}))
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
+    _no_loading(monkeypatch)
+    assert main([*cli_args(local_model, local_jsonl, tmp_path / "out"), "--deepspeed", str(config)]) == 2
+    line = _one_error_line(capsys)
+    assert "DHPOConfig.deepspeed" in line and "ACCELERATE_USE_CPU='true'" in line
+
+
 def _without_gpu(monkeypatch, *, cuda: bool):
     monkeypatch.setattr("transformers.utils.is_torch_bf16_gpu_available", lambda: False)
     monkeypatch.setattr("torch.cuda.is_available", lambda: cuda)
