@@ -1,0 +1,88 @@
+"""Exact resume and the graceful stop under DeepSpeed ZeRO-3: 2 ranks under torchrun on CPU (DeepSpeed's CPU
+accelerator, gloo), DHPO-E with real generation (TRL's model.generate), one launch of
+`tests/dist_scripts/resume_distributed.py --zero3` (its docstring lists the runs). A file of its own so that the
+suite's per-file workers run it beside the DDP twin in test_resume_processes.py.
+
+Every process is started in its own session and its whole group is killed if the test fails or times out.
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import processes
+import pytest
+from safetensors.torch import load_file
+
+from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
+from dhpo_trl.training import resume
+
+TESTS = Path(__file__).parent
+REPO = TESTS.parent
+# No ACCELERATE_USE_CPU: with it accelerate leaves DeepSpeed out (DHPOConfig refuses the pair, see test_config.py).
+ENV = {**{k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"}, "CUDA_VISIBLE_DEVICES": "",
+       "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+       "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+
+
+def _max_gap(a: dict, b: dict) -> float:
+    return max(abs(x - y) for name in a for x, y in zip(a[name], b[name], strict=True))
+
+
+@pytest.fixture(scope="module")
+def zero3_ranks(tmp_path_factory):
+    pytest.importorskip("deepspeed")
+    out = tmp_path_factory.mktemp("resume_zero3")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               str(TESTS / "dist_scripts" / "resume_distributed.py"), str(out), "--zero3"]  # fmt: skip
+    result = processes.run_ranks(command, timeout=300, env=ENV, cwd=REPO)  # its process group stopped on the way out
+    assert result.returncode == 0, result.stderr[-4000:]
+    runs = ("z3_full", "z3_resumed", "z3_stopped", "z3_after")
+    dumps = {(run, rank): json.loads((out / f"{run}_rank{rank}.json").read_text()) for run in runs for rank in (0, 1)}
+    return {**dumps, "out": out}
+
+
+def _relative_gap(a: dict, b: dict) -> float:
+    """max |a - b| over max |b|, over all parameters (issue 25's target: 1e-5)."""
+    return _max_gap(a, b) / max(abs(x) for name in b for x in b[name])
+
+
+@pytest.mark.parametrize("run", ["z3_resumed", "z3_after"])
+def test_zero3_resumes_mid_generation_batch_to_the_uninterrupted_run(zero3_ranks, run):
+    """ZeRO-3 (CPU, 2 ranks, real generation), k = 2 optimizer steps per generation batch: from the mid-batch
+    checkpoint-1, whether saved on schedule or by the SIGTERM stop, both ranks end with the uninterrupted run's
+    full (gathered) parameters, its logged metrics and its data at every step, and so do the saved model files."""
+    start = {name: p.detach().flatten().tolist()
+             for name, p in build_tiny_qwen3(build_char_tokenizer(), hidden_size=32, seed=0).named_parameters()}  # fmt: skip
+    for rank in (0, 1):
+        full, resumed = zero3_ranks["z3_full", rank], zero3_ranks[run, rank]
+        assert full["world_size"] == resumed["world_size"] == 2 and resumed["global_step"] == 4
+        assert _max_gap(full["params"], start) > 1e-2  # training moved the weights
+        assert _relative_gap(resumed["params"], full["params"]) <= 1e-5
+        assert sorted(resumed["seen"], key=int) == ["2", "3", "4"]  # step 2 ends the batch generated at step 1
+        assert all(resumed["seen"][step] == full["seen"][step] for step in resumed["seen"])
+        assert all(resumed["logs"][step] == pytest.approx(full["logs"][step], rel=1e-5, abs=1e-7)
+                   for step in resumed["seen"])  # fmt: skip
+    assert zero3_ranks["z3_full", 0]["params"] == zero3_ranks["z3_full", 1]["params"]  # the gathered whole
+    assert zero3_ranks["z3_full", 0]["seen"]["2"] != zero3_ranks["z3_full", 1]["seen"]["2"]  # each rank its own rows
+    folder = {"z3_resumed": "z3_resumed", "z3_after": "z3_stopped"}[run]
+    full_file = load_file(zero3_ranks["out"] / "z3_full" / "checkpoint-4" / "model.safetensors")
+    resumed_file = load_file(zero3_ranks["out"] / folder / "checkpoint-4" / "model.safetensors")
+    assert set(full_file) == set(resumed_file) and set(full_file) <= set(full["params"])  # (tied head: saved once)
+    scale = max(tensor.abs().max().item() for tensor in full_file.values())
+    for name, tensor in full_file.items():  # the saved files hold the whole tensors, equal to the gathered ones
+        assert (resumed_file[name] - tensor).abs().max().item() <= 1e-5 * scale
+        assert tensor.flatten().tolist() == pytest.approx(full["params"][name], abs=1e-7)
+
+
+def test_zero3_sigterm_to_one_rank_stops_both_with_a_checkpoint(zero3_ranks):
+    """SIGTERM to rank 0 at the end of step 1 (mid generation batch): both ranks stop after step 1, the checkpoint
+    is complete, the handlers are restored; resuming it is the test above (`z3_after`)."""
+    stop0, stop1 = zero3_ranks["z3_stopped", 0], zero3_ranks["z3_stopped", 1]
+    assert stop0["global_step"] == stop1["global_step"] == 1
+    assert stop0["graceful_stop"]["signal"] == "SIGTERM" and stop1["graceful_stop"]["step"] == 1
+    assert stop0["graceful_stop"]["checkpoint"].endswith("checkpoint-1")
+    assert stop0["checkpoints"] == ["checkpoint-1"]  # save_steps=10: the stop wrote it
+    assert resume.incomplete_reason(stop0["graceful_stop"]["checkpoint"]) is None
+    assert all(zero3_ranks[run, rank]["handlers_restored"] for run in ("z3_full", "z3_stopped") for rank in (0, 1))
