@@ -176,10 +176,10 @@ def test_every_pattern_is_fast_on_adversarial_strings(name, pattern, call):
     slowest = 0.0
     for text in ADVERSARIAL:
         text = text[:8000]
-        start = time.perf_counter()
+        start = time.thread_time()  # CPU time of this thread: other jobs on a shared machine do not count
         USES[call](pattern, text)
-        slowest = max(slowest, time.perf_counter() - start)
-    assert slowest < 0.5, f"{name} ({call}) took {slowest:.2f} s"
+        slowest = max(slowest, time.thread_time() - start)
+    assert slowest < 0.5, f"{name} ({call}) took {slowest:.2f} s of CPU"
 
 
 # ------------------------------------------------------------------------------- the worker's own bounds
