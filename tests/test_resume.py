@@ -254,6 +254,25 @@ def test_sigusr1_stops_after_the_step_with_a_checkpoint_unless_the_run_had_finis
         assert trainer.graceful_stop is None  # it had reached max_steps: a finished run, not a stopped one
 
 
+def test_a_stop_checkpoint_is_full_under_save_only_model_and_resumes_exactly(uninterrupted, tok, tmp_path):
+    """The periodic checkpoints of a save_only_model run hold the weights only; the one a signal writes is full, so
+    the requeued job resumes from it (`latest` skips the weights-only ones) and ends as the uninterrupted run."""
+    settings, _ = MID_BATCH["k2"]
+    stopped = tmp_path / "stopped"
+    args = config_for("DHPO-E", output_dir=str(stopped), **{**BASE, **settings, "save_only_model": True}, **CPU)
+    trainer = RecordingTrainer(model=build_tiny_qwen3(tok, hidden_size=32, seed=0), reward_funcs=digit_share,
+                               args=args, train_dataset=prompts(), processing_class=tok,
+                               callbacks=[SignalSelfAt(3)])  # fmt: skip
+    trainer.seen = {}
+    trainer.train()
+    assert trainer.graceful_stop["step"] == 3 and trainer.args.save_only_model is True  # the setting is restored
+    assert "save_only_model" in resume.incomplete_reason(str(stopped / "checkpoint-2"))  # a periodic one
+    assert resume.incomplete_reason(str(stopped / "checkpoint-3")) is None
+    assert any(name.startswith("optimizer") for name in os.listdir(stopped / "checkpoint-3"))
+    resumed = train(tok, stopped, resume_from="latest", **settings, save_only_model=True)
+    assert_resumed_exactly(uninterrupted["k2"], resumed, 3)
+
+
 # ------------------------------------------------------------------------------------------------ pure parts
 def test_encode_decode_round_trip_keeps_types_devices_and_order():
     window = torch.tensor(3.0)

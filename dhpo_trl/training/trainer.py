@@ -334,10 +334,12 @@ class DHPOTrainer(GRPOTrainer):
         with resume.stop_on_signals() as request:
             callback = resume.GracefulStopCallback(request, lambda flag: resume.agree_any(flag, self.accelerator.device))
             self.add_callback(callback)
+            self._stop_callback = callback
             try:
                 output = super().train(checkpoint, trial, ignore_keys_for_eval, **kwargs)
             finally:
                 self.remove_callback(callback)
+                self._stop_callback = None
         if callback.stopped_at is not None and callback.stopped_at < self.state.max_steps:  # not if it had finished
             path = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{callback.stopped_at}")
             signalled = request.name if request is not None and request.requested else "a signal to another process"
@@ -353,10 +355,15 @@ class DHPOTrainer(GRPOTrainer):
             resume.unmark(checkpoint)
         resume.save_generation_state(checkpoint, self.accelerator.process_index, resume.capture(self))
         limit, self.args.save_total_limit = self.args.save_total_limit, None  # delete old checkpoints only once
+        # The checkpoint of a graceful stop is the run's only way back: it is always a full one (optimizer, RNG and
+        # generation states), also where `save_only_model` keeps the periodic ones small.
+        stop = getattr(self, "_stop_callback", None)
+        weights_only = self.args.save_only_model and not (stop is not None and stop.stopped_at == self.state.global_step)
+        only_model, self.args.save_only_model = self.args.save_only_model, weights_only
         try:  # this one is marked complete, never before
             super()._save_checkpoint(model, trial)
         finally:
-            self.args.save_total_limit = limit
+            self.args.save_total_limit, self.args.save_only_model = limit, only_model
         # TRL writes the card to output_dir only; copy it so every checkpoint (and every Hub push of one) carries it.
         card = os.path.join(self.args.output_dir, "README.md")
         if self.args.should_save and os.path.isfile(card) and os.path.isdir(checkpoint):
@@ -364,7 +371,7 @@ class DHPOTrainer(GRPOTrainer):
         self.accelerator.wait_for_everyone()  # every process's files are written
         if self.args.should_save:
             settings = resume.run_settings(self.args, self.accelerator.num_processes)
-            resume.mark_complete(checkpoint, settings, self.state.global_step, self.args.save_only_model)
+            resume.mark_complete(checkpoint, settings, self.state.global_step, weights_only)
             rotate_checkpoints(run_dir, save_total_limit=limit, best_model_checkpoint=self.state.best_model_checkpoint,
                                use_mtime=True)  # fmt: skip
 
