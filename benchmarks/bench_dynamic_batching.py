@@ -52,7 +52,7 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 from dhpo_trl import DHPOTrainer  # noqa: E402
 from dhpo_trl.core.presets import PAPER_ALGORITHMS, config_for  # noqa: E402
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
-from dhpo_trl.training import batching, packing  # noqa: E402
+from dhpo_trl.training import batching  # noqa: E402
 
 TRAINERS = ("trl", "fixed", "dynamic", "packed")
 
@@ -119,7 +119,7 @@ class Probe:
         if self.scored:  # the buffer was just filled: the micro-batches this generation batch trains on
             parts = [p for m in self.trainer._buffered_inputs for p in (m if isinstance(m, list) else [m])]
             packed = getattr(self.trainer.args, "padding_free", False)
-            real, forwarded = (packing.packed_fraction if packed else batching.padded_fraction)(parts)
+            real, forwarded = (batching.packed_fraction if packed else batching.padded_fraction)(parts)
             self.real, self.forwarded, self.scored = self.real + real, self.forwarded + forwarded, False
         return output
 

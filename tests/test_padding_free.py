@@ -1,5 +1,6 @@
-"""padding_free: the packing plan (pure), the per-sequence attention, packed forwards, and the update through the
-real trainer against `padding_free=False` (dynamic batching) and TRL's `GRPOTrainer`.
+"""padding_free: the per-sequence attention, packed forwards, and the update through the real trainer against
+`padding_free=False` (dynamic batching) and TRL's `GRPOTrainer`. The packing plan is tested on its own in
+tests/test_batching.py.
 
 References are independent computations: attention against a per-sequence softmax written out here, packed
 log-probs against the unpacked padded forward TRL runs, parameter changes against runs that never pack.
@@ -8,7 +9,6 @@ log-probs against the unpacked padded forward TRL runs, parameter changes agains
 import json
 import math
 import os
-import random
 import sys
 import warnings
 from pathlib import Path
@@ -36,76 +36,6 @@ RUN = dict(
 @pytest.fixture(scope="module")
 def tok():
     return build_char_tokenizer()
-
-
-# ----------------------------------------------------------------------------------------------- the plan
-def check_rows(rows, lengths, count, budget):
-    assert len(rows) == count and all(rows)
-    assert sorted(i for row in rows for i in row) == list(range(len(lengths)))  # every sequence exactly once
-    for row in rows:
-        assert len(row) == 1 or budget is None or sum(lengths[i] for i in row) <= budget
-
-
-@pytest.mark.parametrize("seed", range(40))
-def test_plan_rows_properties(seed):
-    rng = random.Random(seed)
-    lengths = [rng.choice([rng.randint(1, 30), rng.randint(1, 300)]) for _ in range(rng.randint(1, 40))]
-    budget = rng.choice([None, 1, rng.randint(20, 200), 10_000])
-    needed = packing.rows_needed(lengths, budget)
-    for count in sorted({needed, min(len(lengths), needed + rng.randint(0, 5)), len(lengths)}):
-        check_rows(packing.plan_rows(lengths, count, budget), lengths, count, budget)
-    if budget is not None:  # first-fit-decreasing: no two of its rows would fit together
-        rows = packing.first_fit_decreasing(lengths, budget)
-        loads = sorted(sum(lengths[i] for i in row) for row in rows)
-        assert len(loads) < 2 or loads[0] + loads[1] > budget
-        with pytest.raises(ValueError, match="rows are needed"):
-            if needed > 1:
-                packing.plan_rows(lengths, needed - 1, budget)
-            else:
-                raise ValueError("rows are needed")
-    with pytest.raises(ValueError, match="cannot pack"):
-        packing.plan_rows(lengths, len(lengths) + 1, budget)
-
-
-def test_plan_rows_examples():
-    # a sequence above the budget gets a row of its own; the rest fill rows up to the budget
-    assert packing.first_fit_decreasing([50, 10, 200, 30, 20], 60) == [[2], [0, 1], [3, 4]]
-    assert packing.rows_needed([50, 10, 200, 30, 20], 60) == 3
-    assert packing.rows_needed([50, 10, 200, 30, 20], None) == 1
-    # without a budget, balanced rows: 4 sequences of 10 and one of 40 in two rows -> 40 | 40
-    rows = packing.plan_rows([10, 10, 40, 10, 10], 2)
-    assert sorted(sum([10, 10, 40, 10, 10][i] for i in row) for row in rows) == [40, 40]
-    # balanced rows that break the budget fall back to first-fit-decreasing, then split to the count
-    rows = packing.plan_rows([6, 5, 5, 4], 3, budget=10)
-    check_rows(rows, [6, 5, 5, 4], 3, 10)
-
-
-@pytest.mark.parametrize("seed", range(20))
-def test_plan_windows_same_forwards_on_every_process_and_no_cross_window_rows(seed):
-    rng = random.Random(seed)
-    micro_steps, windows, per_window = rng.randint(1, 4), rng.randint(1, 3), rng.randint(1, 4)
-    budget = rng.choice([None, rng.randint(30, 400)])
-    processes = [[[rng.randint(1, 200) for _ in range(per_window * micro_steps)] for _ in range(windows)]
-                 for _ in range(3)]  # fmt: skip
-    needed = [[packing.rows_needed(window, budget) for window in process] for process in processes]
-    calls = []
-
-    def agree(values):  # the element-wise max over the three simulated processes
-        calls.append(values)
-        return [max(column) for column in zip(*needed, strict=True)]
-
-    plans = [packing.plan_windows(process, micro_steps, budget, agree) for process in processes]
-    assert len(calls) == (0 if budget is None else 3)  # one agreement per generation batch and process
-    for process, plan in zip(processes, plans, strict=True):
-        assert len(plan) == windows
-        for lengths, steps in zip(process, plan, strict=True):
-            assert len(steps) == micro_steps
-            rows = [row for step in steps for row in step]
-            check_rows(rows, lengths, len(rows), budget)  # indices are the window's own: no row crosses windows
-    forwards = [[[len(step) for step in steps] for steps in plan] for plan in plans]
-    assert forwards[0] == forwards[1] == forwards[2]  # the same forwards per micro-step on every process
-    if budget is None:  # TRL's one forward per micro-step
-        assert all(count == 1 for window in forwards[0] for count in window)
 
 
 # ----------------------------------------------------------------------------------------------- attention
@@ -295,7 +225,7 @@ def test_token_budget_counts_real_tokens_with_the_same_update(tok, tmp_path):
                                                        max_tokens_per_micro_batch=budget, **run, **CPU))  # fmt: skip
     assert relative_gap(packed, base) < 1e-3
     passes = passes_of(trainer)
-    real = [sum(packing.token_counts(part["prompt_mask"], part["completion_mask"])) for part in passes]
+    real = [sum(batching.token_counts(part["prompt_mask"], part["completion_mask"])) for part in passes]
     assert all(tokens <= budget or part["completion_mask"].size(0) == 1 for tokens, part in zip(real, passes))
     assert any(part["completion_mask"].size(0) > 1 for part in passes)  # rows hold several sequences
     assert sum(part["completion_mask"].size(0) for part in passes) == 16  # every sequence once

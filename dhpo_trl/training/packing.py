@@ -15,9 +15,9 @@ for every sequence, and attention never crosses a sequence boundary:
 The per-token log-probs and entropies are scattered back to TRL's (B, logits_to_keep) layout, 0 where there is no
 completion token (as TRL's fused head leaves them), so every objective, mask and metric downstream is unchanged.
 
-The plan (which sequences share a row) lives in one process's accumulation window: rows never mix two optimizer
-steps, and every process runs the same number of forwards (the caller passes the cross-process maximum as
-`agree`). Everything but `forward_packed` and `packed_attention` is a pure function of tensors and lengths.
+The plan (which sequences share a row, within one process's accumulation window, the same number of forwards on
+every process) is `batching.py`'s, pure and tested on its own. Everything here but `forward_packed` and
+`packed_attention` is a pure function of tensors and lengths.
 """
 
 from __future__ import annotations
@@ -43,141 +43,6 @@ VARLEN_IMPLEMENTATIONS = ("flash_attention_2", "flash_attention_3", "flash_atten
 REPLACEABLE_IMPLEMENTATIONS = ("eager", "sdpa")
 
 
-# ------------------------------------------------------------------------------------------------ the plan
-def first_fit_decreasing(lengths: list[int], budget: int) -> list[list[int]]:
-    """Sequence indices in rows of at most `budget` tokens: longest first, each into the first row it fits.
-
-    A sequence longer than the budget gets a row of its own (nothing is cut or dropped). Deterministic: ties keep
-    index order.
-    """
-    order = sorted(range(len(lengths)), key=lambda index: (-lengths[index], index))
-    rows: list[list[int]] = []
-    loads: list[int] = []
-    for index in order:
-        for row, load in enumerate(loads):
-            if load + lengths[index] <= budget:
-                rows[row].append(index)
-                loads[row] += lengths[index]
-                break
-        else:
-            rows.append([index])
-            loads.append(lengths[index])
-    return rows
-
-
-def balanced(lengths: list[int], count: int) -> list[list[int]]:
-    """`count` rows, longest sequence first into the lightest row (LPT): the heaviest row is at most 4/3 of optimal,
-    so the forwards of one step (and of every process) cost about the same."""
-    rows: list[list[int]] = [[] for _ in range(count)]
-    loads = [0] * count
-    for index in sorted(range(len(lengths)), key=lambda index: (-lengths[index], index)):
-        row = min(range(count), key=lambda r: (loads[r], r))
-        rows[row].append(index)
-        loads[row] += lengths[index]
-    return rows
-
-
-def rows_needed(lengths: list[int], budget: int | None) -> int:
-    """The fewest rows first-fit-decreasing needs under `budget` (1 without a budget, 0 without sequences)."""
-    if not lengths:
-        return 0
-    return 1 if budget is None else len(first_fit_decreasing(lengths, budget))
-
-
-def plan_rows(lengths: list[int], count: int, budget: int | None = None) -> list[list[int]]:
-    """Exactly `count` non-empty rows of sequence indices, each within `budget` tokens unless it holds a single
-    longer sequence; every sequence in exactly one row.
-
-    Balanced rows (LPT) when they respect the budget; otherwise the first-fit-decreasing rows, with the heaviest
-    splittable row halved until there are `count` (halving never breaks the budget).
-    """
-    if not 1 <= count <= len(lengths):
-        raise ValueError(f"cannot pack {len(lengths)} sequences into {count} non-empty rows")
-    rows = balanced(lengths, count)
-
-    def fits(row):
-        return budget is None or len(row) == 1 or sum(lengths[i] for i in row) <= budget
-
-    if all(fits(row) for row in rows):
-        return [sorted(row) for row in rows]
-    rows = first_fit_decreasing(lengths, budget)
-    if len(rows) > count:
-        raise ValueError(f"{len(rows)} rows are needed under budget {budget}, but only {count} were agreed")
-    while len(rows) < count:
-        splittable = [r for r in range(len(rows)) if len(rows[r]) > 1]
-        widest = max(splittable, key=lambda r: (sum(lengths[i] for i in rows[r]), -r))
-        halves = balanced([lengths[i] for i in rows[widest]], 2)
-        rows[widest : widest + 1] = [[rows[widest][i] for i in half] for half in halves]
-    return [sorted(row) for row in rows]
-
-
-def plan_windows(window_lengths: list[list[int]], micro_steps: int, budget: int | None,
-                 agree) -> list[list[list[list[int]]]]:  # fmt: skip
-    """For every accumulation window (its sequences' token counts), `micro_steps` micro-steps of rows.
-
-    Without a budget a micro-step is one row, as in TRL (one forward per micro-step). With one, every window needs
-    `rows_needed` rows; `agree` (a list of ints -> the element-wise maximum over processes, one collective) makes
-    the count the same on every process, rounded up to a multiple of `micro_steps`. Result: windows -> micro-steps
-    -> rows -> sequence indices (of the window).
-    """
-    passes = [1] * len(window_lengths)
-    if budget is not None:
-        needed = agree([rows_needed(lengths, budget) for lengths in window_lengths])
-        passes = [math.ceil(count / micro_steps) for count in needed]
-    plans = []
-    for lengths, per_step in zip(window_lengths, passes, strict=True):
-        rows = plan_rows(lengths, micro_steps * per_step, budget)
-        plans.append([rows[step * per_step : (step + 1) * per_step] for step in range(micro_steps)])
-    return plans
-
-
-def token_counts(prompt_mask: torch.Tensor, completion_mask: torch.Tensor) -> list[int]:
-    """Tokens each sequence forwards when packed: its attended prompt and completion tokens, at least 1 (a
-    sequence with none forwards its last prompt column, so that every row is non-empty)."""
-    return (prompt_mask.sum(1) + completion_mask.sum(1)).clamp(min=1).tolist()
-
-
-def split_window(window: dict, steps: list[list[list[int]]], window_of: Callable | None = None,
-                 ) -> list[dict | batching.Passes]:  # fmt: skip
-    """The window's micro-batches for `steps` (micro-steps -> rows -> sequence indices): each row becomes one pass,
-    a (rows, columns) sub-batch trimmed to its own widest prompt and completion, carrying the window's
-    `aggregation.Window` under `batching.WINDOW` (`window_of(window, total passes)`, as `batching.split_window`).
-
-    The loss is computed on this padded layout (cheap, element-wise); only the forward is packed."""
-    prompt = batching.prompt_spans(window["prompt_mask"]).tolist()
-    completion = batching.completion_spans(window["completion_mask"]).tolist()
-    prompt_limit, completion_limit = window["prompt_mask"].size(1), window["completion_mask"].size(1)
-    total = sum(len(step) for step in steps)
-    shared = {batching.WINDOW: (window_of or batching.planned_windows())(window, total)}
-    micro = []
-    for step in steps:
-        passes = []
-        for row in step:
-            widths = (min(max(1, *(prompt[i] for i in row)), prompt_limit),
-                      min(max(1, *(completion[i] for i in row)), completion_limit))  # fmt: skip
-            passes.append({**batching.take(window, row, *widths), **shared})
-        micro.append(passes[0] if len(passes) == 1 else batching.Passes(passes))
-    return micro
-
-
-def plan_generation_batch(buffered: list[dict], micro_steps: int, budget: int | None = None,
-                          max_over_processes: Callable = lambda counts: counts, window_of: Callable | None = None,
-                          ) -> list[dict | batching.Passes]:  # fmt: skip
-    """`batching.plan_generation_batch` for packed forwards: every accumulation window of TRL's buffered generation
-    batch becomes rows of whole sequences (`plan_windows`), each row one pass."""
-    windows = [batching.concat(buffered[i : i + micro_steps]) for i in range(0, len(buffered), micro_steps)]
-    lengths = [token_counts(window["prompt_mask"], window["completion_mask"]) for window in windows]
-    plans = plan_windows(lengths, micro_steps, budget, max_over_processes)
-    return [micro for window, plan in zip(windows, plans, strict=True)
-            for micro in split_window(window, plan, window_of)]  # fmt: skip
-
-
-def packed_fraction(micro_batches: list[dict]) -> tuple[int, int]:
-    """(real tokens, forwarded tokens) of packed passes: a packed forward carries only real tokens."""
-    real = sum(sum(token_counts(part["prompt_mask"], part["completion_mask"])) for part in micro_batches)
-    return real, real
-
-
 def packed_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
                    batch_size: int | None, budget: int | None, max_over_processes: Callable, compute_entropy: bool,
                    compute_aux_loss: bool, autocast):  # fmt: skip
@@ -192,8 +57,8 @@ def packed_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     if batch_size is not None:
         count = math.ceil(input_ids.size(0) / batch_size)
         if budget is not None:
-            count = max_over_processes([max(count, rows_needed(lengths, budget))])[0]
-    rows = plan_rows(lengths, count, budget if count > 1 else None)
+            count = max_over_processes([max(count, batching.rows_needed(lengths, budget))])[0]
+    rows = batching.plan_rows(lengths, count, budget if count > 1 else None)
     packed = pack(input_ids, attention_mask, logits_to_keep, rows)
     return forward_packed(model, packed, (input_ids.size(0), logits_to_keep), compute_entropy, compute_aux_loss,
                           autocast)  # fmt: skip

@@ -108,8 +108,9 @@ class DHPOTrainer(GRPOTrainer):
             share = steps / self.args.steps_per_generation
             window_of = batching.planned_windows(self.accelerator.num_processes, share)
             if self._padding_free:  # rows of whole sequences, each row one packed forward (dhpo_trl/training/packing.py)
-                buffered = packing.plan_generation_batch(buffered, steps, budget, self._max_over_processes, window_of)
-                counter = packing.packed_fraction
+                buffered = batching.plan_packed_generation_batch(buffered, steps, budget, self._max_over_processes,
+                                                                  window_of)
+                counter = batching.packed_fraction
             else:
                 buffered = batching.plan_generation_batch(
                     buffered, steps, budget, self.pad_to_multiple_of, self._max_over_processes, window_of
