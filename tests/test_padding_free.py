@@ -93,24 +93,37 @@ def unpacked(model, ids, mask, keep):
     return out.log_probs[:, -keep:], out.entropy[:, -keep:]
 
 
-@pytest.mark.parametrize("rows", [[[0, 1, 2, 3, 4, 5, 6]], [[6, 0, 3], [1, 2], [4, 5]]])
+@pytest.mark.parametrize("rows", [[[0, 1, 2, 3, 4, 5, 6]], [[6, 0, 3], [1, 2], [4, 5]], [[4], [0, 1, 2, 3, 5, 6]]])
 def test_packed_forward_equals_the_unpacked_model(tok, rows):
+    """Values and gradients; the third plan has a row whose only sequence has no completion token (nothing scored)."""
     model = build_tiny_qwen3(tok, seed=3)
     add_fused_lm_head(model, outputs=("log_probs", "entropy"))
     ids, mask, keep = padded_batch(tok, model.config.vocab_size)
+    weights = torch.randn(7, keep, generator=torch.Generator().manual_seed(1))
+
+    def gradient(logps, entropies):
+        model.zero_grad()
+        ((logps * weights).sum() + entropies.sum()).backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    ref_logps, ref_entropies = unpacked(model, ids, mask, keep)
+    ref_gradient = gradient(ref_logps, ref_entropies)
+    packed = packing.pack(ids, mask, keep, rows)
+    logps, entropies, aux = packing.forward_packed(model, packed, (7, keep), True, False, torch.enable_grad)
+    packed_gradient = gradient(logps, entropies)
     with torch.no_grad():
-        ref_logps, ref_entropies = unpacked(model, ids, mask, keep)
-        packed = packing.pack(ids, mask, keep, rows)
-        logps, entropies, aux = packing.forward_packed(model, packed, (7, keep), True, False, torch.enable_grad)
         again_logps, _ = unpacked(model, ids, mask, keep)  # padded forwards keep the model's own attention
     assert aux is None and model.config._attn_implementation == "dhpo_packed_sdpa"
     torch.testing.assert_close(again_logps, ref_logps, atol=0, rtol=0)
     assert sum(row.input_ids.numel() for row in packed) == int(mask.sum())  # no padding forwarded
     torch.testing.assert_close(logps, ref_logps, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(entropies, ref_entropies, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(packed_gradient, ref_gradient, atol=1e-5, rtol=1e-4)
     assert (logps[mask[:, -keep:] == 0] == 0).all() and (logps[mask[:, -keep:] == 1] != 0).all()
     first = packed[0]
     assert first.position_ids[0, 0] == 0 and (first.position_ids[0, first.cu_seqlens[1:-1].long()] == 0).all()
+    # the head runs on the scored positions only: one per completion token that has a previous token
+    assert sum(row.predictors.numel() for row in packed if row.rows.numel()) == int(mask[:, -keep:].sum())
 
 
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])

@@ -67,24 +67,25 @@ def packed_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
 # ------------------------------------------------------------------------------------------------- packing
 @dataclass
 class PackedRow:
-    """One forward: (1, L) ids, positions and fused-head labels, the sequences' boundaries, and where each scored
-    token goes back in the (B, logits_to_keep) layout."""
+    """One forward: (1, L) ids and positions, the sequences' boundaries, the scored tokens and where each goes back in
+    the (B, logits_to_keep) layout."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
-    labels: torch.Tensor  # -100 except on completion tokens that have a previous token in their sequence
     cu_seqlens: torch.Tensor  # int32 (sequences + 1,): row offsets of the sequences
     max_length: int
+    predictors: torch.Tensor  # (K,) row positions whose hidden state predicts a scored token (its position - 1)
+    targets: torch.Tensor  # (1, K) the scored tokens: completion tokens with a previous token in their sequence
     rows: torch.Tensor  # (M,) batch row of each scored token
     columns: torch.Tensor  # (M,) its completion column
-    outputs: torch.Tensor  # (M,) its index in the fused head's (1, L - 1) outputs (label position - 1)
 
 
 def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
          rows: list[list[int]]) -> list[PackedRow]:  # fmt: skip
     """Pack the (B, T) batch (the last `logits_to_keep` columns are completions) into one `PackedRow` per row of
     sequence indices. A sequence keeps its attended tokens in column order; one with none keeps its last prompt
-    column."""
+    column. A row without a scored token keeps one ignored target (-100), so that its forward still has an output
+    connected to the model, as TRL's head gives a fully masked micro-batch."""
     mask = attention_mask.bool().clone()
     prompt_width = input_ids.size(1) - logits_to_keep
     empty = ~mask.any(1)
@@ -100,19 +101,36 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: 
         position = torch.arange(ids.numel(), device=ids.device) - starts.repeat_interleave(lengths)
         scored = (column >= prompt_width) & (position > 0)  # the first token of a sequence has no prediction
         where = scored.nonzero(as_tuple=True)[0]
+        targets = ids[where] if where.numel() else ids.new_full((1,), -100)
         packed.append(PackedRow(
             input_ids=ids.unsqueeze(0), position_ids=position.unsqueeze(0),
-            labels=torch.where(scored, ids, torch.full_like(ids, -100)).unsqueeze(0),
-            cu_seqlens=torch.cat([starts, lengths.sum().reshape(1)]).to(torch.int32),
-            max_length=int(lengths.max()), rows=index[row_of[where]], columns=column[where] - prompt_width,
-            outputs=where - 1,
+            cu_seqlens=torch.cat([starts, lengths.sum().reshape(1)]).to(torch.int32), max_length=int(lengths.max()),
+            predictors=where - 1 if where.numel() else where.new_zeros(1), targets=targets.unsqueeze(0),
+            rows=index[row_of[where]], columns=column[where] - prompt_width,
         ))  # fmt: skip
     return packed
 
 
 def scatter(values: torch.Tensor, row: PackedRow, out: torch.Tensor) -> None:
-    """Write the fused head's (1, L - 1) per-token `values` of `row` into `out` (B, logits_to_keep), in place."""
-    out[row.rows, row.columns] = values[0, row.outputs].to(out.dtype)
+    """Write the fused head's (1, K) per-token `values` of `row` (one per target) into `out` (B, logits_to_keep)."""
+    out[row.rows, row.columns] = values[0, : row.rows.numel()].to(out.dtype)
+
+
+@contextmanager
+def head_on_predictors(backbone, predictors: torch.Tensor):
+    """Within the block the backbone returns only the hidden states at `predictors`, so TRL's fused head (given
+    them as `shift_labels`) projects and scores the completion tokens alone. On CPU (no Triton) TRL's head scores
+    every position otherwise, prompts included: the LM head, log-softmax and entropy of tokens nobody reads."""
+
+    def select(module, args, output):
+        output.last_hidden_state = output.last_hidden_state.index_select(1, predictors)
+        return output
+
+    handle = backbone.register_forward_hook(select)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 # ----------------------------------------------------------------------------------------------- attention
@@ -139,12 +157,14 @@ def packed_sdpa_attention(module, query, key, value, attention_mask, scaling=Non
     gqa = key.size(1) != query.size(1)
     # split, not slicing: the backward of one split is one concatenation, while each slice's backward would
     # allocate and fill a zero gradient of the whole row (sequences x row length of memory traffic).
+    # Each piece is transposed to (1, length, heads, dim) before the one concatenation, which then writes the
+    # (1, L, heads, dim) layout the model expects: one copy of the output instead of two.
     pieces = [
-        F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scaling, enable_gqa=gqa)
-        if q.size(2) else q
+        (F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scaling, enable_gqa=gqa)
+         if q.size(2) else q).transpose(1, 2)
         for q, k, v in zip(query.split(lengths, 2), key.split(lengths, 2), value.split(lengths, 2), strict=True)
-    ]
-    return torch.cat(pieces, dim=2).transpose(1, 2).contiguous(), None
+    ]  # fmt: skip
+    return torch.cat(pieces, dim=1), None
 
 
 # The model keeps one of these dispatching implementations from its first packed forward on: a packed forward
@@ -242,22 +262,24 @@ def packed_attention(model):
 def forward_packed(model, packed: list[PackedRow], shape: tuple[int, int], compute_entropy: bool,
                    compute_aux_loss: bool, autocast):  # fmt: skip
     """Run every packed row through TRL's fused LM head (`fused_lm_head=True`, `use_cache=False`: with a cache
-    transformers skips packed-sequence detection) and scatter log-probs / entropies back to `shape`.
+    transformers skips packed-sequence detection), the head on the scored positions alone (`head_on_predictors`),
+    and scatter log-probs / entropies back to `shape`.
 
     Returns (logps, entropies or None, mean aux loss over the forwards or None), as TRL's method does.
     """
     logps = entropies = None
     aux_losses = []
+    backbone = base_model(model).base_model  # what TRL's fused head runs before the head
     with packed_attention(model):
         for row in packed:
             inputs = dict(
-                input_ids=row.input_ids, position_ids=row.position_ids, labels=row.labels, use_cache=False,
+                input_ids=row.input_ids, position_ids=row.position_ids, shift_labels=row.targets, use_cache=False,
                 cu_seq_lens_q=row.cu_seqlens, cu_seq_lens_k=row.cu_seqlens, max_length_q=row.max_length,
                 max_length_k=row.max_length,
             )  # fmt: skip
             if compute_aux_loss:
                 inputs["output_router_logits"] = True
-            with autocast():
+            with autocast(), head_on_predictors(backbone, row.predictors):
                 outputs = model(**inputs, fused_lm_head=True)
             if logps is None:
                 logps = outputs.log_probs.new_zeros(shape)
