@@ -118,7 +118,7 @@ class Probe:
             self.step_seconds += time.perf_counter() - start
         if self.scored:  # the buffer was just filled: the micro-batches this generation batch trains on
             parts = [p for m in self.trainer._buffered_inputs for p in (m if isinstance(m, list) else [m])]
-            packed = getattr(self.trainer.args, "padding_free", False)
+            packed = getattr(self.trainer, "_padding_free", False)  # None (automatic) resolved by the trainer
             real, forwarded = (batching.packed_fraction if packed else batching.padded_fraction)(parts)
             self.real, self.forwarded, self.scored = self.real + real, self.forwarded + forwarded, False
         return output

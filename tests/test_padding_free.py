@@ -194,19 +194,57 @@ def passes_of(trainer):
     return [part for micro in trainer._buffered_inputs for part in (micro if isinstance(micro, list) else [micro])]
 
 
+def sliding_qwen3(tok):
+    config = Qwen3Config(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, use_sliding_window=True, sliding_window=4,
+                         max_window_layers=1, pad_token_id=tok.pad_token_id)  # fmt: skip
+    return Qwen3ForCausalLM(config)
+
+
 def test_settings_padding_free_cannot_honour_are_refused(tok, tmp_path):
     base = dict(output_dir=str(tmp_path), **CPU, **RUN)
     with pytest.raises(ValueError, match=r"padding_free=True .*dynamic_batching=True"):
         DHPOConfig(padding_free=True, dynamic_batching=False, **base)
-    with pytest.raises(ValueError, match=r"padding_free='yes' must be True or False"):
+    with pytest.raises(ValueError, match=r"padding_free='yes'"):
         DHPOConfig(padding_free="yes", **base)
-    assert DHPOConfig(**base).padding_free is False  # the default: dynamic batching
-    config = Qwen3Config(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, use_sliding_window=True, sliding_window=4,
-                         max_window_layers=1, pad_token_id=tok.pad_token_id)  # fmt: skip
     with pytest.raises(ValueError, match=r"padding_free=True cannot run on this model: sliding.*padding_free=False"):
-        DHPOTrainer(model=Qwen3ForCausalLM(config), reward_funcs=length_reward, processing_class=tok,
+        DHPOTrainer(model=sliding_qwen3(tok), reward_funcs=length_reward, processing_class=tok,
                     args=config_for("GRPO", padding_free=True, **base), train_dataset=dataset())  # fmt: skip
+
+
+def test_automatic_choice_packs_on_cpu_and_on_cuda_with_flash_attention_only(tok):
+    model, reference = build_tiny_qwen3(tok), build_tiny_qwen3(tok)
+    assert packing.automatic_reason([model, reference], "cpu") is None
+    assert "padding_free=True" in packing.automatic_reason([model], "cuda")  # sdpa on a GPU: unmeasured, opt in
+    assert "padding_free=True" in packing.automatic_reason([model], "mps")
+    model.config._attn_implementation = "flash_attention_2"  # transformers' varlen path
+    assert packing.automatic_reason([model], "cuda") is None
+    assert "sliding" in packing.automatic_reason([build_tiny_qwen3(tok), sliding_qwen3(tok)], "cpu")  # ref model
+    mamba = MambaForCausalLM(MambaConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, state_size=4))
+    assert "AttentionInterface" in packing.automatic_reason([mamba], "cpu")
+
+
+def logged_padding(trainer):
+    return [entry["batching/padding_fraction"] for entry in trainer.state.log_history
+            if "batching/padding_fraction" in entry]  # fmt: skip
+
+
+def test_the_default_packs_on_cpu_and_keeps_dynamic_batching_where_packing_cannot_act(tok, tmp_path, capsys):
+    """padding_free=None (the default): packed rows on CPU with the same update as padding_free=True; dynamic
+    batching, with one printed line, on a model packing cannot serve; off with dynamic_batching=False."""
+    run = dict(output_dir=str(tmp_path), **{**RUN, "max_steps": 2}, **CPU)
+    assert DHPOConfig(**run).padding_free is None
+    automatic, trainer = parameter_change(tok, config_for("DHPO-A", **run))
+    assert logged_padding(trainer) and all(value == 0.0 for value in logged_padding(trainer))
+    explicit, _ = parameter_change(tok, config_for("DHPO-A", padding_free=True, **run))
+    assert automatic.norm() > 1e-3 and relative_gap(automatic, explicit) < 1e-6
+    capsys.readouterr()
+    _, trainer = parameter_change(tok, config_for("DHPO-A", **run), model=sliding_qwen3(tok))
+    printed = [line for line in capsys.readouterr().out.splitlines() if "padding_free" in line]
+    assert len(printed) == 1 and "sliding" in printed[0]
+    assert logged_padding(trainer) and all(value > 0.0 for value in logged_padding(trainer))
+    _, trainer = parameter_change(tok, config_for("DHPO-A", dynamic_batching=False, **run))
+    assert logged_padding(trainer) and all(value > 0.0 for value in logged_padding(trainer))
 
 
 @pytest.mark.parametrize("row", ["GRPO", "GSPO", "GMPO", "CISPO", "DHPO-A", "DHPO-E"])
@@ -266,7 +304,7 @@ def test_kl_and_every_forward_packed(tok, tmp_path):
         hook.remove()
         return change, trainer, shapes
 
-    base, _, base_shapes = run(max_tokens_per_micro_batch=200)
+    base, _, base_shapes = run(padding_free=False, max_tokens_per_micro_batch=200)
     packed, trainer, shapes = run(padding_free=True, max_tokens_per_micro_batch=200)
     assert trainer.ref_model is not None and relative_gap(packed, base) < 1e-3
     assert shapes and all(rows == 1 for rows, _ in shapes)  # policy and old-log-prob passes: one packed row each

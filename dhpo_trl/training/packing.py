@@ -217,6 +217,17 @@ def base_model(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
+def attention_implementation(model) -> str:
+    """The model's own attention implementation (the one before an earlier packed forward switched it)."""
+    implementation = base_model(model).config._attn_implementation or "eager"
+    return implementation.removeprefix("dhpo_packed_")
+
+
+def is_varlen(implementation: str) -> bool:
+    """Whether transformers' varlen flash path runs packed rows (`cu_seq_lens_*`) with this implementation."""
+    return implementation in VARLEN_IMPLEMENTATIONS or "flash" in str(implementation)
+
+
 def unsupported_model_reason(model) -> str | None:
     """Why packed rows would not give this model's per-sequence outputs, or None."""
     model = base_model(model)
@@ -224,14 +235,12 @@ def unsupported_model_reason(model) -> str | None:
     if config is None:
         return f"{type(model).__name__} has no transformers config"
     text = config.get_text_config()
-    implementation = config._attn_implementation or "eager"
-    if implementation.startswith("dhpo_packed_"):  # already switched by an earlier packed forward
-        implementation = implementation.removeprefix("dhpo_packed_")
+    implementation = attention_implementation(model)
     if not getattr(model, "_supports_attention_backend", False):
         return (f"{type(model).__name__}'s attention does not go through transformers' AttentionInterface, so "
                 "packed sequences could attend to each other")  # fmt: skip
     kinds = set(getattr(text, "layer_types", None) or ["full_attention"]) - {"full_attention"}
-    varlen = implementation in VARLEN_IMPLEMENTATIONS or "flash" in str(implementation)
+    varlen = is_varlen(implementation)
     if kinds - {"sliding_attention"}:
         return f"layers of type {sorted(kinds)} do not read position_ids (no per-sequence attention)"
     if kinds and not varlen:
@@ -241,6 +250,22 @@ def unsupported_model_reason(model) -> str | None:
     if not varlen and implementation not in REPLACEABLE_IMPLEMENTATIONS:
         return f"attn_implementation={implementation!r} cannot run packed rows (use 'sdpa' or 'flash_attention_2')"
     return None
+
+
+def automatic_reason(models: list, device_type: str) -> str | None:
+    """`padding_free=None`: why this run keeps dynamic batching, or None to pack. Packed where it is supported and
+    the faster path known: CPU (measured: benchmarks/bench_dynamic_batching.py) and CUDA with transformers' varlen
+    flash path (what VERL and OpenRLHF pack with; not measured here). The per-sequence SDPA loop launches a kernel
+    per sequence and layer, unmeasured on a GPU: dynamic batching there, and on every other device."""
+    for model in models:
+        reason = unsupported_model_reason(model)
+        if reason:
+            return reason
+    implementation = attention_implementation(models[0])
+    if device_type == "cpu" or (device_type == "cuda" and is_varlen(implementation)):
+        return None
+    return (f"packed rows are not measured faster on {device_type} with attn_implementation={implementation!r}; "
+            "set padding_free=True to pack anyway")
 
 
 @contextmanager
