@@ -4,7 +4,8 @@ Three trainers run the same locally built Qwen3, the same prompts, seed and comp
 
     trl      trl.GRPOTrainer (the GRPO row's clip settings)
     fixed    DHPOTrainer, the chosen row, dynamic_batching=False (TRL's batching)
-    dynamic  DHPOTrainer, the chosen row, dynamic_batching=True (and --max-tokens as its token budget)
+    dynamic  DHPOTrainer, the chosen row, dynamic_batching=True, padding_free=False (and --max-tokens as its token
+             budget)
     packed   DHPOTrainer, the chosen row, dynamic_batching=True, padding_free=True (--max-tokens then counts the
              real tokens of one packed row)
 
