@@ -4,7 +4,8 @@ Three trainers run the same locally built Qwen3, the same prompts, seed and comp
 
     trl      trl.GRPOTrainer (the GRPO row's clip settings)
     fixed    DHPOTrainer, the chosen row, dynamic_batching=False (TRL's batching)
-    dynamic  DHPOTrainer, the chosen row, dynamic_batching=True (and --max-tokens as its token budget)
+    dynamic  DHPOTrainer, the chosen row, dynamic_batching=True, padding_free=False (and --max-tokens as its token
+             budget)
     packed   DHPOTrainer, the chosen row, dynamic_batching=True, padding_free=True (--max-tokens then counts the
              real tokens of one packed row)
 
@@ -52,7 +53,7 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 from dhpo_trl import DHPOTrainer  # noqa: E402
 from dhpo_trl.core.presets import PAPER_ALGORITHMS, config_for  # noqa: E402
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
-from dhpo_trl.training import batching, packing  # noqa: E402
+from dhpo_trl.training import batching  # noqa: E402
 
 TRAINERS = ("trl", "fixed", "dynamic", "packed")
 
@@ -118,8 +119,8 @@ class Probe:
             self.step_seconds += time.perf_counter() - start
         if self.scored:  # the buffer was just filled: the micro-batches this generation batch trains on
             parts = [p for m in self.trainer._buffered_inputs for p in (m if isinstance(m, list) else [m])]
-            packed = getattr(self.trainer.args, "padding_free", False)
-            real, forwarded = (packing.packed_fraction if packed else batching.padded_fraction)(parts)
+            packed = getattr(self.trainer, "_padding_free", False)  # None (automatic) resolved by the trainer
+            real, forwarded = (batching.packed_fraction if packed else batching.padded_fraction)(parts)
             self.real, self.forwarded, self.scored = self.real + real, self.forwarded + forwarded, False
         return output
 

@@ -1,6 +1,7 @@
 """`dhpo_trl.training.batching` on its own: spans from masks, the min-max partition, trimming, and window splitting."""
 
 import itertools
+import math
 import random
 
 import pytest
@@ -259,3 +260,104 @@ def test_spans_of_an_empty_prompt_and_an_empty_selection():
     batch = {"prompt_mask": torch.ones(2, 3, dtype=torch.long), "completion_mask": torch.ones(2, 4, dtype=torch.long)}
     empty = batching.take(batch, [], 3, 4)
     assert empty["prompt_mask"].shape == (0, 3) and empty["completion_mask"].shape == (0, 4)
+
+
+# ------------------------------------------------------------------------------ the packing plan (padding_free)
+def check_rows(rows, lengths, count, budget):
+    assert len(rows) == count and all(rows)
+    assert sorted(i for row in rows for i in row) == list(range(len(lengths)))  # every sequence exactly once
+    for row in rows:
+        assert len(row) == 1 or budget is None or sum(lengths[i] for i in row) <= budget
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_plan_rows_properties(seed):
+    rng = random.Random(seed)
+    lengths = [rng.choice([rng.randint(1, 30), rng.randint(1, 300)]) for _ in range(rng.randint(1, 40))]
+    budget = rng.choice([None, 1, rng.randint(20, 200), 10_000])
+    needed = batching.rows_needed(lengths, budget)
+    for count in sorted({needed, min(len(lengths), needed + rng.randint(0, 5)), len(lengths)}):
+        check_rows(batching.plan_rows(lengths, count, budget), lengths, count, budget)
+    if budget is not None:  # first-fit-decreasing: no two of its rows would fit together
+        rows = batching.first_fit_decreasing(lengths, budget)
+        loads = sorted(sum(lengths[i] for i in row) for row in rows)
+        assert len(loads) < 2 or loads[0] + loads[1] > budget
+        with pytest.raises(ValueError, match="rows are needed"):
+            if needed > 1:
+                batching.plan_rows(lengths, needed - 1, budget)
+            else:
+                raise ValueError("rows are needed")
+    with pytest.raises(ValueError, match="cannot pack"):
+        batching.plan_rows(lengths, len(lengths) + 1, budget)
+
+
+def test_plan_rows_examples():
+    # a sequence above the budget gets a row of its own; the rest fill rows up to the budget
+    assert batching.first_fit_decreasing([50, 10, 200, 30, 20], 60) == [[2], [0, 1], [3, 4]]
+    assert batching.rows_needed([50, 10, 200, 30, 20], 60) == 3
+    assert batching.rows_needed([50, 10, 200, 30, 20], None) == 1
+    # without a budget, balanced rows: 4 sequences of 10 and one of 40 in two rows -> 40 | 40
+    rows = batching.plan_rows([10, 10, 40, 10, 10], 2)
+    assert sorted(sum([10, 10, 40, 10, 10][i] for i in row) for row in rows) == [40, 40]
+    # balanced rows that break the budget fall back to first-fit-decreasing, then split to the count
+    rows = batching.plan_rows([6, 5, 5, 4], 3, budget=10)
+    check_rows(rows, [6, 5, 5, 4], 3, 10)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_plan_windows_same_forwards_on_every_process_and_no_cross_window_rows(seed):
+    rng = random.Random(seed)
+    micro_steps, windows, per_window = rng.randint(1, 4), rng.randint(1, 3), rng.randint(1, 4)
+    budget = rng.choice([None, rng.randint(30, 400)])
+    processes = [[[rng.randint(1, 200) for _ in range(per_window * micro_steps)] for _ in range(windows)]
+                 for _ in range(3)]  # fmt: skip
+    needed = [[batching.rows_needed(window, budget) for window in process] for process in processes]
+    calls = []
+
+    def agree(values):  # the element-wise max over the three simulated processes
+        calls.append(values)
+        return [max(column) for column in zip(*needed, strict=True)]
+
+    plans = [batching.plan_windows(process, micro_steps, budget, agree) for process in processes]
+    assert len(calls) == (0 if budget is None else 3)  # one agreement per generation batch and process
+    for process, plan in zip(processes, plans, strict=True):
+        assert len(plan) == windows
+        for lengths, steps in zip(process, plan, strict=True):
+            assert len(steps) == micro_steps
+            rows = [row for step in steps for row in step]
+            check_rows(rows, lengths, len(rows), budget)  # indices are the window's own: no row crosses windows
+    forwards = [[[len(step) for step in steps] for steps in plan] for plan in plans]
+    assert forwards[0] == forwards[1] == forwards[2]  # the same forwards per micro-step on every process
+    if budget is None:  # TRL's one forward per micro-step
+        assert all(count == 1 for window in forwards[0] for count in window)
+
+
+@pytest.mark.parametrize("budget", [None, 40])
+def test_packed_generation_batch_keeps_each_window_its_sequences_once_in_rows_within_the_budget(budget):
+    rng = random.Random(7)
+    buffered = [trl_batch([rng.randint(2, 12) for _ in range(4)], [rng.choice([0, 3, 9, 30]) for _ in range(4)],
+                          prompt_width=12, completion_width=30, seed=seed) for seed in range(4)]  # fmt: skip
+    asked = []
+
+    def agree(counts):  # another process needs one more row in the first window
+        asked.append(list(counts))
+        return [counts[0] + 1, *counts[1:]]
+
+    steps = batching.plan_packed_generation_batch(buffered, 2, budget, agree)
+    assert asked == ([] if budget is None else [[batching.rows_needed(batching.token_counts(
+        w["prompt_mask"], w["completion_mask"]), budget) for w in (batching.concat(buffered[:2]),
+                                                                   batching.concat(buffered[2:]))]])  # fmt: skip
+    assert len(steps) == 4  # micro-steps: 2 windows x 2 accumulation steps
+    for index, window in enumerate((batching.concat(buffered[:2]), batching.concat(buffered[2:]))):
+        parts = [p for step in steps[2 * index : 2 * index + 2] for p in (step if isinstance(step, list) else [step])]
+        assert sorted(row for part in parts for row in rows_of(part)) == rows_of(window)  # each sequence once
+        agreed = None if budget is None else asked[0][index] + (index == 0)  # what `agree` answered
+        assert len(parts) == (2 if budget is None else 2 * math.ceil(agreed / 2))  # a multiple of the micro-steps
+        for part in parts:
+            assert part[batching.WINDOW].passes == len(parts) and part[batching.WINDOW].sequences == 8
+            assert part["prompt_mask"][:, 0].any()  # trimmed to its own widest prompt
+            tokens = sum(batching.token_counts(part["prompt_mask"], part["completion_mask"]))
+            assert budget is None or tokens <= budget or part["completion_mask"].size(0) == 1
+    real = sum(max(1, int(b["prompt_mask"][r].sum() + b["completion_mask"][r].sum())) for b in buffered
+               for r in range(4))  # fmt: skip
+    assert batching.packed_fraction(batching.forward_passes(steps)) == (real, real)

@@ -21,11 +21,18 @@ from transformers import Qwen3ForCausalLM
 from trl import GRPOConfig, GRPOTrainer
 
 from dhpo_trl import DHPOTrainer
-from dhpo_trl.core.presets import PAPER_ALGORITHMS, config_for
+from dhpo_trl.core.presets import PAPER_ALGORITHMS
+from dhpo_trl.core.presets import config_for as preset_config
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
 from dhpo_trl.training import batching
 
 CPU = dict(use_cpu=True, bf16=False, report_to="none", seed=0, data_seed=0, save_strategy="no", logging_steps=1)
+
+
+def config_for(name, **kwargs):
+    """This file tests dynamic batching itself: padding_free=False (the automatic default packs rows on CPU;
+    tests/test_padding_free.py tests packing)."""
+    return preset_config(name, padding_free=False, **kwargs)
 
 
 @pytest.fixture(scope="module")

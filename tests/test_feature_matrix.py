@@ -99,6 +99,7 @@ def configure(tmp_path, cell, **overrides):
         gradient_accumulation_steps=ACCUMULATION, steps_per_generation=ACCUMULATION * (1 if policy == "on" else 2),
         max_completion_length=MAX_COMPLETION, max_steps=2, optim="sgd", learning_rate=0.5, max_grad_norm=0.0,
         mixing=mixing, loss_type=loss_type, dynamic_batching=batching != "off",
+        padding_free=False,  # the matrix's batching axis is TRL's / dynamic batching (packing: test_padding_free.py)
         max_tokens_per_micro_batch=BUDGET if batching == "budget" else None, top_entropy_quantile=top_entropy,
     )  # fmt: skip
     if bonus == "fixed":

@@ -1,5 +1,6 @@
-"""padding_free: the packing plan (pure), the per-sequence attention, packed forwards, and the update through the
-real trainer against `padding_free=False` (dynamic batching) and TRL's `GRPOTrainer`.
+"""padding_free: the per-sequence attention, packed forwards, and the update through the real trainer against
+`padding_free=False` (dynamic batching) and TRL's `GRPOTrainer`. The packing plan is tested on its own in
+tests/test_batching.py.
 
 References are independent computations: attention against a per-sequence softmax written out here, packed
 log-probs against the unpacked padded forward TRL runs, parameter changes against runs that never pack.
@@ -8,7 +9,6 @@ log-probs against the unpacked padded forward TRL runs, parameter changes agains
 import json
 import math
 import os
-import random
 import sys
 import warnings
 from pathlib import Path
@@ -36,76 +36,6 @@ RUN = dict(
 @pytest.fixture(scope="module")
 def tok():
     return build_char_tokenizer()
-
-
-# ----------------------------------------------------------------------------------------------- the plan
-def check_rows(rows, lengths, count, budget):
-    assert len(rows) == count and all(rows)
-    assert sorted(i for row in rows for i in row) == list(range(len(lengths)))  # every sequence exactly once
-    for row in rows:
-        assert len(row) == 1 or budget is None or sum(lengths[i] for i in row) <= budget
-
-
-@pytest.mark.parametrize("seed", range(40))
-def test_plan_rows_properties(seed):
-    rng = random.Random(seed)
-    lengths = [rng.choice([rng.randint(1, 30), rng.randint(1, 300)]) for _ in range(rng.randint(1, 40))]
-    budget = rng.choice([None, 1, rng.randint(20, 200), 10_000])
-    needed = packing.rows_needed(lengths, budget)
-    for count in sorted({needed, min(len(lengths), needed + rng.randint(0, 5)), len(lengths)}):
-        check_rows(packing.plan_rows(lengths, count, budget), lengths, count, budget)
-    if budget is not None:  # first-fit-decreasing: no two of its rows would fit together
-        rows = packing.first_fit_decreasing(lengths, budget)
-        loads = sorted(sum(lengths[i] for i in row) for row in rows)
-        assert len(loads) < 2 or loads[0] + loads[1] > budget
-        with pytest.raises(ValueError, match="rows are needed"):
-            if needed > 1:
-                packing.plan_rows(lengths, needed - 1, budget)
-            else:
-                raise ValueError("rows are needed")
-    with pytest.raises(ValueError, match="cannot pack"):
-        packing.plan_rows(lengths, len(lengths) + 1, budget)
-
-
-def test_plan_rows_examples():
-    # a sequence above the budget gets a row of its own; the rest fill rows up to the budget
-    assert packing.first_fit_decreasing([50, 10, 200, 30, 20], 60) == [[2], [0, 1], [3, 4]]
-    assert packing.rows_needed([50, 10, 200, 30, 20], 60) == 3
-    assert packing.rows_needed([50, 10, 200, 30, 20], None) == 1
-    # without a budget, balanced rows: 4 sequences of 10 and one of 40 in two rows -> 40 | 40
-    rows = packing.plan_rows([10, 10, 40, 10, 10], 2)
-    assert sorted(sum([10, 10, 40, 10, 10][i] for i in row) for row in rows) == [40, 40]
-    # balanced rows that break the budget fall back to first-fit-decreasing, then split to the count
-    rows = packing.plan_rows([6, 5, 5, 4], 3, budget=10)
-    check_rows(rows, [6, 5, 5, 4], 3, 10)
-
-
-@pytest.mark.parametrize("seed", range(20))
-def test_plan_windows_same_forwards_on_every_process_and_no_cross_window_rows(seed):
-    rng = random.Random(seed)
-    micro_steps, windows, per_window = rng.randint(1, 4), rng.randint(1, 3), rng.randint(1, 4)
-    budget = rng.choice([None, rng.randint(30, 400)])
-    processes = [[[rng.randint(1, 200) for _ in range(per_window * micro_steps)] for _ in range(windows)]
-                 for _ in range(3)]  # fmt: skip
-    needed = [[packing.rows_needed(window, budget) for window in process] for process in processes]
-    calls = []
-
-    def agree(values):  # the element-wise max over the three simulated processes
-        calls.append(values)
-        return [max(column) for column in zip(*needed, strict=True)]
-
-    plans = [packing.plan_windows(process, micro_steps, budget, agree) for process in processes]
-    assert len(calls) == (0 if budget is None else 3)  # one agreement per generation batch and process
-    for process, plan in zip(processes, plans, strict=True):
-        assert len(plan) == windows
-        for lengths, steps in zip(process, plan, strict=True):
-            assert len(steps) == micro_steps
-            rows = [row for step in steps for row in step]
-            check_rows(rows, lengths, len(rows), budget)  # indices are the window's own: no row crosses windows
-    forwards = [[[len(step) for step in steps] for steps in plan] for plan in plans]
-    assert forwards[0] == forwards[1] == forwards[2]  # the same forwards per micro-step on every process
-    if budget is None:  # TRL's one forward per micro-step
-        assert all(count == 1 for window in forwards[0] for count in window)
 
 
 # ----------------------------------------------------------------------------------------------- attention
@@ -163,24 +93,37 @@ def unpacked(model, ids, mask, keep):
     return out.log_probs[:, -keep:], out.entropy[:, -keep:]
 
 
-@pytest.mark.parametrize("rows", [[[0, 1, 2, 3, 4, 5, 6]], [[6, 0, 3], [1, 2], [4, 5]]])
+@pytest.mark.parametrize("rows", [[[0, 1, 2, 3, 4, 5, 6]], [[6, 0, 3], [1, 2], [4, 5]], [[4], [0, 1, 2, 3, 5, 6]]])
 def test_packed_forward_equals_the_unpacked_model(tok, rows):
+    """Values and gradients; the third plan has a row whose only sequence has no completion token (nothing scored)."""
     model = build_tiny_qwen3(tok, seed=3)
     add_fused_lm_head(model, outputs=("log_probs", "entropy"))
     ids, mask, keep = padded_batch(tok, model.config.vocab_size)
+    weights = torch.randn(7, keep, generator=torch.Generator().manual_seed(1))
+
+    def gradient(logps, entropies):
+        model.zero_grad()
+        ((logps * weights).sum() + entropies.sum()).backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    ref_logps, ref_entropies = unpacked(model, ids, mask, keep)
+    ref_gradient = gradient(ref_logps, ref_entropies)
+    packed = packing.pack(ids, mask, keep, rows)
+    logps, entropies, aux = packing.forward_packed(model, packed, (7, keep), True, False, torch.enable_grad)
+    packed_gradient = gradient(logps, entropies)
     with torch.no_grad():
-        ref_logps, ref_entropies = unpacked(model, ids, mask, keep)
-        packed = packing.pack(ids, mask, keep, rows)
-        logps, entropies, aux = packing.forward_packed(model, packed, (7, keep), True, False, torch.enable_grad)
         again_logps, _ = unpacked(model, ids, mask, keep)  # padded forwards keep the model's own attention
     assert aux is None and model.config._attn_implementation == "dhpo_packed_sdpa"
     torch.testing.assert_close(again_logps, ref_logps, atol=0, rtol=0)
     assert sum(row.input_ids.numel() for row in packed) == int(mask.sum())  # no padding forwarded
     torch.testing.assert_close(logps, ref_logps, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(entropies, ref_entropies, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(packed_gradient, ref_gradient, atol=1e-5, rtol=1e-4)
     assert (logps[mask[:, -keep:] == 0] == 0).all() and (logps[mask[:, -keep:] == 1] != 0).all()
     first = packed[0]
     assert first.position_ids[0, 0] == 0 and (first.position_ids[0, first.cu_seqlens[1:-1].long()] == 0).all()
+    # the head runs on the scored positions only: one per completion token that has a previous token
+    assert sum(row.predictors.numel() for row in packed if row.rows.numel()) == int(mask[:, -keep:].sum())
 
 
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
@@ -251,19 +194,57 @@ def passes_of(trainer):
     return [part for micro in trainer._buffered_inputs for part in (micro if isinstance(micro, list) else [micro])]
 
 
+def sliding_qwen3(tok):
+    config = Qwen3Config(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, use_sliding_window=True, sliding_window=4,
+                         max_window_layers=1, pad_token_id=tok.pad_token_id)  # fmt: skip
+    return Qwen3ForCausalLM(config)
+
+
 def test_settings_padding_free_cannot_honour_are_refused(tok, tmp_path):
     base = dict(output_dir=str(tmp_path), **CPU, **RUN)
     with pytest.raises(ValueError, match=r"padding_free=True .*dynamic_batching=True"):
         DHPOConfig(padding_free=True, dynamic_batching=False, **base)
-    with pytest.raises(ValueError, match=r"padding_free='yes' must be True or False"):
+    with pytest.raises(ValueError, match=r"padding_free='yes'"):
         DHPOConfig(padding_free="yes", **base)
-    assert DHPOConfig(**base).padding_free is False  # the default: dynamic batching
-    config = Qwen3Config(vocab_size=len(tok), hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, use_sliding_window=True, sliding_window=4,
-                         max_window_layers=1, pad_token_id=tok.pad_token_id)  # fmt: skip
     with pytest.raises(ValueError, match=r"padding_free=True cannot run on this model: sliding.*padding_free=False"):
-        DHPOTrainer(model=Qwen3ForCausalLM(config), reward_funcs=length_reward, processing_class=tok,
+        DHPOTrainer(model=sliding_qwen3(tok), reward_funcs=length_reward, processing_class=tok,
                     args=config_for("GRPO", padding_free=True, **base), train_dataset=dataset())  # fmt: skip
+
+
+def test_automatic_choice_packs_on_cpu_and_on_cuda_with_flash_attention_only(tok):
+    model, reference = build_tiny_qwen3(tok), build_tiny_qwen3(tok)
+    assert packing.automatic_reason([model, reference], "cpu") is None
+    assert "padding_free=True" in packing.automatic_reason([model], "cuda")  # sdpa on a GPU: unmeasured, opt in
+    assert "padding_free=True" in packing.automatic_reason([model], "mps")
+    model.config._attn_implementation = "flash_attention_2"  # transformers' varlen path
+    assert packing.automatic_reason([model], "cuda") is None
+    assert "sliding" in packing.automatic_reason([build_tiny_qwen3(tok), sliding_qwen3(tok)], "cpu")  # ref model
+    mamba = MambaForCausalLM(MambaConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, state_size=4))
+    assert "AttentionInterface" in packing.automatic_reason([mamba], "cpu")
+
+
+def logged_padding(trainer):
+    return [entry["batching/padding_fraction"] for entry in trainer.state.log_history
+            if "batching/padding_fraction" in entry]  # fmt: skip
+
+
+def test_the_default_packs_on_cpu_and_keeps_dynamic_batching_where_packing_cannot_act(tok, tmp_path, capsys):
+    """padding_free=None (the default): packed rows on CPU with the same update as padding_free=True; dynamic
+    batching, with one printed line, on a model packing cannot serve; off with dynamic_batching=False."""
+    run = dict(output_dir=str(tmp_path), **{**RUN, "max_steps": 2}, **CPU)
+    assert DHPOConfig(**run).padding_free is None
+    automatic, trainer = parameter_change(tok, config_for("DHPO-A", **run))
+    assert logged_padding(trainer) and all(value == 0.0 for value in logged_padding(trainer))
+    explicit, _ = parameter_change(tok, config_for("DHPO-A", padding_free=True, **run))
+    assert automatic.norm() > 1e-3 and relative_gap(automatic, explicit) < 1e-6
+    capsys.readouterr()
+    _, trainer = parameter_change(tok, config_for("DHPO-A", **run), model=sliding_qwen3(tok))
+    printed = [line for line in capsys.readouterr().out.splitlines() if "padding_free" in line]
+    assert len(printed) == 1 and "sliding" in printed[0]
+    assert logged_padding(trainer) and all(value > 0.0 for value in logged_padding(trainer))
+    _, trainer = parameter_change(tok, config_for("DHPO-A", dynamic_batching=False, **run))
+    assert logged_padding(trainer) and all(value > 0.0 for value in logged_padding(trainer))
 
 
 @pytest.mark.parametrize("row", ["GRPO", "GSPO", "GMPO", "CISPO", "DHPO-A", "DHPO-E"])
@@ -295,7 +276,7 @@ def test_token_budget_counts_real_tokens_with_the_same_update(tok, tmp_path):
                                                        max_tokens_per_micro_batch=budget, **run, **CPU))  # fmt: skip
     assert relative_gap(packed, base) < 1e-3
     passes = passes_of(trainer)
-    real = [sum(packing.token_counts(part["prompt_mask"], part["completion_mask"])) for part in passes]
+    real = [sum(batching.token_counts(part["prompt_mask"], part["completion_mask"])) for part in passes]
     assert all(tokens <= budget or part["completion_mask"].size(0) == 1 for tokens, part in zip(real, passes))
     assert any(part["completion_mask"].size(0) > 1 for part in passes)  # rows hold several sequences
     assert sum(part["completion_mask"].size(0) for part in passes) == 16  # every sequence once
@@ -323,7 +304,7 @@ def test_kl_and_every_forward_packed(tok, tmp_path):
         hook.remove()
         return change, trainer, shapes
 
-    base, _, base_shapes = run(max_tokens_per_micro_batch=200)
+    base, _, base_shapes = run(padding_free=False, max_tokens_per_micro_batch=200)
     packed, trainer, shapes = run(padding_free=True, max_tokens_per_micro_batch=200)
     assert trainer.ref_model is not None and relative_gap(packed, base) < 1e-3
     assert shapes and all(rows == 1 for rows, _ in shapes)  # policy and old-log-prob passes: one packed row each

@@ -346,7 +346,7 @@ def test_positional_arguments_reach_trl_in_its_order(tmp_path):
 
 def test_a_new_trainer_warns_on_its_first_unsupported_batch(tmp_path):
     tokenizer = build_char_tokenizer()
-    trainer = DHPOTrainer(build_tiny_qwen3(tokenizer), zero_reward, cpu_args(tmp_path),
+    trainer = DHPOTrainer(build_tiny_qwen3(tokenizer), zero_reward, cpu_args(tmp_path, padding_free=False),
                           train_dataset=Dataset.from_dict({"prompt": ["1+1="] * 8}), processing_class=tokenizer)  # fmt: skip
     trainer.model.train()
     buffered = [micro_batch(extra={"pixel_values": torch.zeros(2, 1)})]

@@ -109,7 +109,15 @@ class DHPOConfig(GRPOConfig):
             all-reduce per generation batch). A sequence longer than the budget gets a pass of its own; nothing is
             dropped or truncated. Also bounds the old/reference log-prob passes. `None`: one pass per micro-step.
             With `padding_free`, the budget counts real tokens: the tokens of one packed row (one forward).
-        padding_free (`bool`, *optional*, defaults to `False`):
+        padding_free (`bool` or `None`, *optional*, defaults to `None`):
+            `None` (automatic): packed rows wherever they are supported and the faster path known, dynamic batching
+            elsewhere. Packed on CPU (`sdpa`/`eager`: measured faster than dynamic batching, see the README) and on
+            CUDA with a varlen flash implementation (`flash_attention_2`/`_3`/`_4` or a hub flash kernel: the path
+            VERL and OpenRLHF pack with; not measured here, no GPU). Dynamic batching on CUDA with `sdpa`/`eager`
+            (the per-sequence attention loop is not measured on a GPU) and on other devices, and for a model packing
+            cannot serve; the trainer then prints one line saying why and how to opt in. With
+            `dynamic_batching=False`, automatic means off. `True`: packed rows, and a clear error on a model they
+            cannot serve. `False`: dynamic batching.
             Run every forward of the update (policy, old and reference log-prob passes) on packed rows: the real prompt
             and completion tokens of several sequences end to end, `position_ids` restarting at 0 for each, attention
             confined to each sequence (transformers' varlen path with `flash_attention_2`/`_3`/`_4`; with
@@ -125,8 +133,8 @@ class DHPOConfig(GRPOConfig):
             `dynamic_batching=True` (it re-cuts each accumulation window as dynamic batching does, with the same window
             normalisers). A model whose attention cannot be confined to a packed sequence (linear-attention or
             state-space layers, sliding windows or logit soft-capping without flash attention, an attention that
-            bypasses `AttentionInterface`) is refused when the trainer is built; multimodal batches keep TRL's
-            micro-batches (one warning).
+            bypasses `AttentionInterface`) is refused when the trainer is built with `True` (kept on dynamic
+            batching, one line, with `None`); multimodal batches keep TRL's micro-batches (one warning).
         loss_type (`str`, *optional*, defaults to `"grpo"`):
             TRL's aggregation of the per-token loss, the same for every objective. `"grpo"` is eq. 7 (mean over
             responses of the per-response token mean); `"bnpo"`, `"dr_grpo"` and `"dapo"` (token-weighted) work for
@@ -179,10 +187,11 @@ class DHPOConfig(GRPOConfig):
         metadata={"help": "With dynamic_batching: the padded-token budget of one forward pass; larger micro-batches "
                           "run as several passes in the same optimizer step. None: one pass per micro-step."},
     )  # fmt: skip
-    padding_free: bool = field(
-        default=False,
+    padding_free: bool | None = field(
+        default=None,
         metadata={"help": "With dynamic_batching: pack each forward's sequences end to end (no padding, attention "
-                          "per sequence); max_tokens_per_micro_batch then counts real tokens per packed row."},
+                          "per sequence); max_tokens_per_micro_batch then counts real tokens per packed row. None "
+                          "(default): packed on CPU and on CUDA with flash attention, dynamic batching elsewhere."},
     )  # fmt: skip
     loss_type: str = field(
         default="grpo",
@@ -312,9 +321,9 @@ class DHPOConfig(GRPOConfig):
             raise ValueError(f"DHPOConfig.dynamic_batching={self.dynamic_batching!r} must be True or False.")
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
             raise ValueError(f"DHPOConfig.max_tokens_per_micro_batch={budget!r} must be a positive integer or None.")
-        if not isinstance(self.padding_free, bool):
-            raise ValueError(f"DHPOConfig.padding_free={self.padding_free!r} must be True or False.")
-        if self.padding_free and not self.dynamic_batching:
+        if self.padding_free is not None and not isinstance(self.padding_free, bool):
+            raise ValueError(f"DHPOConfig.padding_free={self.padding_free!r} must be True, False or None (automatic).")
+        if self.padding_free is True and not self.dynamic_batching:
             raise ValueError(
                 "DHPOConfig.padding_free=True packs the micro-batches that dynamic batching plans: set "
                 "dynamic_batching=True, or padding_free=False."

@@ -12,6 +12,9 @@ backward is padding. This module re-cuts the work without changing the update:
 * every process runs the same number of forward passes (ZeRO-3 gathers parameters inside every forward, DDP
   syncs buffers): one per micro-step as in TRL, or, under a token budget, a number agreed across processes.
 
+With `padding_free`, the same windows are cut into rows of whole sequences instead (the packing plan, at the end:
+first-fit-decreasing under a real-token budget, balanced rows otherwise); `packing.py` runs them.
+
 Everything here is a pure function of the tensors TRL's `_generate_and_score_completions` returns. Lengths come
 from `prompt_mask` and `completion_mask` only; any other tensor is carried along by its shape, so a subclass or
 a TRL update that adds per-row or per-token keys keeps working.
@@ -319,3 +322,140 @@ def padded_fraction(batches: list[dict]) -> tuple[int, int]:
         real += int(batch["prompt_mask"].sum()) + int(batch["completion_mask"].sum())
         forwarded += batch["prompt_mask"].numel() + batch["completion_mask"].numel()
     return real, forwarded
+
+
+# ------------------------------------------------------------------------------- the packing plan (padding_free)
+# Which whole sequences share one packed row (`dhpo_trl/training/packing.py` runs the rows). The same guarantees as
+# above: rows never leave their accumulation window, and every process runs the same number of forwards.
+def first_fit_decreasing(lengths: list[int], budget: int) -> list[list[int]]:
+    """Sequence indices in rows of at most `budget` tokens: longest first, each into the first row it fits.
+
+    A sequence longer than the budget gets a row of its own (nothing is cut or dropped). Deterministic: ties keep
+    index order.
+    """
+    order = sorted(range(len(lengths)), key=lambda index: (-lengths[index], index))
+    rows: list[list[int]] = []
+    loads: list[int] = []
+    for index in order:
+        for row, load in enumerate(loads):
+            if load + lengths[index] <= budget:
+                rows[row].append(index)
+                loads[row] += lengths[index]
+                break
+        else:
+            rows.append([index])
+            loads.append(lengths[index])
+    return rows
+
+
+def balanced(lengths: list[int], count: int) -> list[list[int]]:
+    """`count` rows, longest sequence first into the lightest row (LPT): the heaviest row is at most 4/3 of optimal,
+    so the forwards of one step (and of every process) cost about the same."""
+    rows: list[list[int]] = [[] for _ in range(count)]
+    loads = [0] * count
+    for index in sorted(range(len(lengths)), key=lambda index: (-lengths[index], index)):
+        row = min(range(count), key=lambda r: (loads[r], r))
+        rows[row].append(index)
+        loads[row] += lengths[index]
+    return rows
+
+
+def rows_needed(lengths: list[int], budget: int | None) -> int:
+    """The fewest rows first-fit-decreasing needs under `budget` (1 without a budget, 0 without sequences)."""
+    if not lengths:
+        return 0
+    return 1 if budget is None else len(first_fit_decreasing(lengths, budget))
+
+
+def plan_rows(lengths: list[int], count: int, budget: int | None = None) -> list[list[int]]:
+    """Exactly `count` non-empty rows of sequence indices, each within `budget` tokens unless it holds a single
+    longer sequence; every sequence in exactly one row.
+
+    Balanced rows (LPT) when they respect the budget; otherwise the first-fit-decreasing rows, with the heaviest
+    splittable row halved until there are `count` (halving never breaks the budget).
+    """
+    if not 1 <= count <= len(lengths):
+        raise ValueError(f"cannot pack {len(lengths)} sequences into {count} non-empty rows")
+    rows = balanced(lengths, count)
+
+    def fits(row):
+        return budget is None or len(row) == 1 or sum(lengths[i] for i in row) <= budget
+
+    if all(fits(row) for row in rows):
+        return [sorted(row) for row in rows]
+    rows = first_fit_decreasing(lengths, budget)
+    if len(rows) > count:
+        raise ValueError(f"{len(rows)} rows are needed under budget {budget}, but only {count} were agreed")
+    while len(rows) < count:
+        splittable = [r for r in range(len(rows)) if len(rows[r]) > 1]
+        widest = max(splittable, key=lambda r: (sum(lengths[i] for i in rows[r]), -r))
+        halves = balanced([lengths[i] for i in rows[widest]], 2)
+        rows[widest : widest + 1] = [[rows[widest][i] for i in half] for half in halves]
+    return [sorted(row) for row in rows]
+
+
+def plan_windows(window_lengths: list[list[int]], micro_steps: int, budget: int | None,
+                 agree) -> list[list[list[list[int]]]]:  # fmt: skip
+    """For every accumulation window (its sequences' token counts), `micro_steps` micro-steps of rows.
+
+    Without a budget a micro-step is one row, as in TRL (one forward per micro-step). With one, every window needs
+    `rows_needed` rows; `agree` (a list of ints -> the element-wise maximum over processes, one collective) makes
+    the count the same on every process, rounded up to a multiple of `micro_steps`. Result: windows -> micro-steps
+    -> rows -> sequence indices (of the window).
+    """
+    passes = [1] * len(window_lengths)
+    if budget is not None:
+        needed = agree([rows_needed(lengths, budget) for lengths in window_lengths])
+        passes = [math.ceil(count / micro_steps) for count in needed]
+    plans = []
+    for lengths, per_step in zip(window_lengths, passes, strict=True):
+        rows = plan_rows(lengths, micro_steps * per_step, budget)
+        plans.append([rows[step * per_step : (step + 1) * per_step] for step in range(micro_steps)])
+    return plans
+
+
+def token_counts(prompt_mask: torch.Tensor, completion_mask: torch.Tensor) -> list[int]:
+    """Tokens each sequence forwards when packed: its attended prompt and completion tokens, at least 1 (a
+    sequence with none forwards its last prompt column, so that every row is non-empty)."""
+    return (prompt_mask.sum(1) + completion_mask.sum(1)).clamp(min=1).tolist()
+
+
+def split_window_into_rows(window: dict, steps: list[list[list[int]]], window_of: Callable | None = None,
+                           ) -> list[dict | Passes]:  # fmt: skip
+    """The window's micro-batches for `steps` (micro-steps -> rows -> sequence indices): each row becomes one pass,
+    a (rows, columns) sub-batch trimmed to its own widest prompt and completion, carrying the window's
+    `aggregation.Window` under `WINDOW` (`window_of(window, total passes)`, as `split_window`).
+
+    The loss is computed on this padded layout (cheap, element-wise); only the forward is packed."""
+    prompt = prompt_spans(window["prompt_mask"]).tolist()
+    completion = completion_spans(window["completion_mask"]).tolist()
+    prompt_limit, completion_limit = window["prompt_mask"].size(1), window["completion_mask"].size(1)
+    total = sum(len(step) for step in steps)
+    shared = {WINDOW: (window_of or planned_windows())(window, total)}
+    micro = []
+    for step in steps:
+        passes = []
+        for row in step:
+            widths = (min(max(1, *(prompt[i] for i in row)), prompt_limit),
+                      min(max(1, *(completion[i] for i in row)), completion_limit))  # fmt: skip
+            passes.append({**take(window, row, *widths), **shared})
+        micro.append(passes[0] if len(passes) == 1 else Passes(passes))
+    return micro
+
+
+def plan_packed_generation_batch(buffered: list[dict], micro_steps: int, budget: int | None = None,
+                                 max_over_processes: Callable = _alone, window_of: Callable | None = None,
+                                 ) -> list[dict | Passes]:  # fmt: skip
+    """`plan_generation_batch` for packed forwards: every accumulation window of TRL's buffered generation
+    batch becomes rows of whole sequences (`plan_windows`), each row one pass."""
+    windows = [concat(buffered[i : i + micro_steps]) for i in range(0, len(buffered), micro_steps)]
+    lengths = [token_counts(window["prompt_mask"], window["completion_mask"]) for window in windows]
+    plans = plan_windows(lengths, micro_steps, budget, max_over_processes)
+    return [micro for window, plan in zip(windows, plans, strict=True)
+            for micro in split_window_into_rows(window, plan, window_of)]  # fmt: skip
+
+
+def packed_fraction(micro_batches: list[dict]) -> tuple[int, int]:
+    """(real tokens, forwarded tokens) of packed passes: a packed forward carries only real tokens."""
+    real = sum(sum(token_counts(part["prompt_mask"], part["completion_mask"])) for part in micro_batches)
+    return real, real

@@ -78,13 +78,21 @@ class DHPOTrainer(GRPOTrainer):
         self._tag_names = ["trl", "dhpo", args.algorithm]
         self._batching_warned = False
         self.graceful_stop = None  # set by train(): how a stop signal ended the run (see resume.py)
-        # ---- padding_free (issue 27; dhpo_trl/training/packing.py): refuse a model packed rows would give wrong outputs
-        self._padding_free = args.padding_free
-        for name, checked in (("model", self.model), ("ref_model", self.ref_model)) if args.padding_free else ():
-            reason = checked is not None and packing.unsupported_model_reason(checked)
+        # ---- padding_free (issue 27; dhpo_trl/training/packing.py): True refuses a model packed rows would give wrong
+        # outputs; None (automatic) packs where that is supported and the faster path known, else says why not
+        models = [(name, checked) for name, checked in (("model", self.model), ("ref_model", self.ref_model))
+                  if checked is not None]  # fmt: skip
+        self._padding_free = args.padding_free is True
+        for name, checked in models if args.padding_free is True else ():
+            reason = packing.unsupported_model_reason(checked)
             if reason:
                 raise ValueError(f"DHPOConfig.padding_free=True cannot run on this {name}: {reason}. Set "
                                  "padding_free=False (dynamic batching) or change the model.")  # fmt: skip
+        if args.padding_free is None and args.dynamic_batching:
+            reason = packing.automatic_reason([checked for _, checked in models], self.accelerator.device.type)
+            self._padding_free = reason is None
+            if reason and self.accelerator.is_main_process:
+                print(f"DHPOConfig.padding_free=None (automatic): dynamic batching for this run, since {reason}.")
         # ---- end padding_free
 
     # --------------------------------------------------------------- batching
@@ -108,8 +116,9 @@ class DHPOTrainer(GRPOTrainer):
             share = steps / self.args.steps_per_generation
             window_of = batching.planned_windows(self.accelerator.num_processes, share)
             if self._padding_free:  # rows of whole sequences, each row one packed forward (dhpo_trl/training/packing.py)
-                buffered = packing.plan_generation_batch(buffered, steps, budget, self._max_over_processes, window_of)
-                counter = packing.packed_fraction
+                buffered = batching.plan_packed_generation_batch(buffered, steps, budget, self._max_over_processes,
+                                                                  window_of)
+                counter = batching.packed_fraction
             else:
                 buffered = batching.plan_generation_batch(
                     buffered, steps, budget, self.pad_to_multiple_of, self._max_over_processes, window_of

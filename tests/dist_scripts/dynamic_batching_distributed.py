@@ -58,7 +58,8 @@ class RecordingTrainer(DHPOTrainer):
 def train(out_dir: Path, mode: str, tok, zero3: bool) -> None:
     RecordingTrainer.plans = []
     model = build_tiny_qwen3(tok, seed=0)  # before the config: a ZeRO-3 config switches model construction
-    extra = {"dynamic_batching": False} if mode == "trl" else {"max_tokens_per_micro_batch": BUDGET}
+    # the dynamic run is dynamic batching itself (padding_free=False; the automatic default packs on CPU)
+    extra = {"dynamic_batching": False} if mode == "trl" else {"max_tokens_per_micro_batch": BUDGET, "padding_free": False}
     args = config_for(
         "DHPO-A", output_dir=str(out_dir / "run"), per_device_train_batch_size=4, num_generations=4,
         gradient_accumulation_steps=2, steps_per_generation=4, max_completion_length=40, max_steps=4,

@@ -34,7 +34,7 @@ from long_tail import dataset, length_reward, long_tailed_rollout  # noqa: E402
 from dhpo_trl import DHPOTrainer  # noqa: E402
 from dhpo_trl.core.presets import config_for  # noqa: E402
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
-from dhpo_trl.training import batching, packing  # noqa: E402
+from dhpo_trl.training import batching  # noqa: E402
 
 BUDGET = 45
 ZERO3 = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto",
@@ -47,11 +47,11 @@ class RecordingTrainer(DHPOTrainer):
     def _plan_micro_batches(self, buffered):
         steps = self.args.gradient_accumulation_steps
         windows = [batching.concat(buffered[i : i + steps]) for i in range(0, len(buffered), steps)]
-        own = [packing.rows_needed(packing.token_counts(w["prompt_mask"], w["completion_mask"]), BUDGET)
+        own = [batching.rows_needed(batching.token_counts(w["prompt_mask"], w["completion_mask"]), BUDGET)
                for w in windows]  # fmt: skip
         planned = super()._plan_micro_batches(buffered)
         rows = [[part["completion_mask"].size(0) for part in (m if isinstance(m, list) else [m])] for m in planned]
-        tokens = [[sum(packing.token_counts(part["prompt_mask"], part["completion_mask"]))
+        tokens = [[sum(batching.token_counts(part["prompt_mask"], part["completion_mask"]))
                    for part in (m if isinstance(m, list) else [m])] for m in planned]  # fmt: skip
         self.plans.append({"own_needed": own, "rows_per_pass": rows, "tokens_per_pass": tokens})
         return planned
