@@ -25,7 +25,7 @@ from ..core.losses import masked_log_ratio
 from ..core.objectives import get_objective
 from .moe import maybe_set_zero3_leaf_modules, zero3_leaf_modules_for_trl_prepared_models
 from .vllm_utils import check_vllm_setup
-from . import batching, packing, resume, trl_mirror
+from . import batching, packing, resume, shared_prompts, trl_mirror
 from .reward_checks import check_reward_functions
 
 CITATION = textwrap.dedent("""\
@@ -85,6 +85,12 @@ class DHPOTrainer(GRPOTrainer):
             if reason:
                 raise ValueError(f"DHPOConfig.padding_free=True cannot run on this {name}: {reason}. Set "
                                  "padding_free=False (dynamic batching) or change the model.")  # fmt: skip
+            reason = args.share_prompts and checked is not None and shared_prompts.unsupported_model_reason(checked)
+            if reason:
+                raise ValueError(f"DHPOConfig.share_prompts=True cannot run on this {name}: {reason}. Set "
+                                 "share_prompts=False or change the model.")  # fmt: skip
+        # shared_prompts.py lays out the same rows with each prompt forwarded once
+        self._packed = shared_prompts if args.share_prompts else packing
         # ---- end padding_free
 
     # --------------------------------------------------------------- batching
@@ -108,7 +114,8 @@ class DHPOTrainer(GRPOTrainer):
             share = steps / self.args.steps_per_generation
             window_of = batching.planned_windows(self.accelerator.num_processes, share)
             if self._padding_free:  # rows of whole sequences, each row one packed forward (dhpo_trl/training/packing.py)
-                buffered = packing.plan_generation_batch(buffered, steps, budget, self._max_over_processes, window_of)
+                buffered = self._packed.plan_generation_batch(buffered, steps, budget, self._max_over_processes,
+                                                              window_of)  # fmt: skip
                 counter = packing.packed_fraction
             else:
                 buffered = batching.plan_generation_batch(
@@ -172,7 +179,7 @@ class DHPOTrainer(GRPOTrainer):
         `padding_free`, every forward runs on packed rows (`dhpo_trl/training/packing.py`)."""
         parent = super()._get_per_token_logps_and_entropies
         if self._padding_free and all(v is None for v in multimodal.values()):
-            return packing.packed_forward(
+            return self._packed.packed_forward(
                 model, input_ids, attention_mask, logits_to_keep, batch_size, self.args.max_tokens_per_micro_batch,
                 self._max_over_processes, compute_entropy, compute_aux_loss, self.accelerator.autocast,
             )  # fmt: skip
