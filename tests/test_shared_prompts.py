@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 from long_tail import dataset, length_reward
-from test_padding_free import CPU, RUN, check_rows, parameter_change, passes_of, relative_gap, unpacked
+from test_padding_free import CPU, RUN, parameter_change, passes_of, relative_gap, unpacked
 from transformers import MambaConfig, MambaForCausalLM
 from trl.trainer.utils import add_fused_lm_head
 
