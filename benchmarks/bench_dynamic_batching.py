@@ -7,6 +7,7 @@ Three trainers run the same locally built Qwen3, the same prompts, seed and comp
     dynamic  DHPOTrainer, the chosen row, dynamic_batching=True (and --max-tokens as its token budget)
     packed   DHPOTrainer, the chosen row, dynamic_batching=True, padding_free=True (--max-tokens then counts the
              real tokens of one packed row)
+    shared   as packed, with share_prompts=True: a prompt shared by sequences of one packed row is forwarded once
 
 Completions come from a `rollout_func` with the long tail of RLVR responses: lognormal lengths with median
 max/8 (--median-fraction), some cut at the maximum; prompts of 16 to --max-prompt (64) tokens. Sampling costs
@@ -21,7 +22,9 @@ Figures per trainer (medians over repeats):
 * padding: share of the update forwards' prompt + completion tokens that are padding;
 * peak memory of an optimizer step: the largest, over the micro-steps of one non-generating optimizer step, of
   the memory a micro-step adds (CPU: tensor allocations recorded by torch.profiler; CUDA: max_memory_allocated);
-* the update: relative gap of each run's parameter change to TRL's (plain SGD, so it is the summed gradient).
+* the update: relative gap of each run's parameter change to TRL's (plain SGD, so it is the summed gradient);
+* shared: prompt tokens its update rows forward / the same sequences' prompt tokens, as TRL's shuffle left them in
+  each accumulation window (and the same for the old-log-prob pass's rows over the whole generation batch).
 On CUDA also MFU: 6 x parameters x trained tokens / update time / --peak-tflops.
 
     python benchmarks/bench_dynamic_batching.py                       # CPU, 1 thread, the issue's workload
@@ -52,9 +55,9 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 from dhpo_trl import DHPOTrainer  # noqa: E402
 from dhpo_trl.core.presets import PAPER_ALGORITHMS, config_for  # noqa: E402
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
-from dhpo_trl.training import batching, packing  # noqa: E402
+from dhpo_trl.training import batching, packing, shared_prompts  # noqa: E402
 
-TRAINERS = ("trl", "fixed", "dynamic", "packed")
+TRAINERS = ("trl", "fixed", "dynamic", "packed", "shared")
 
 
 def long_tailed_rollout(tokenizer, max_completion: int, median_fraction: float, sigma: float):
@@ -89,6 +92,8 @@ class Probe:
         self.calls = 0
         self.step_seconds = self.score_seconds = 0.0
         self.trained_tokens = self.real = self.forwarded = 0
+        self.prompts_forwarded = self.prompts_total = 0  # prompt tokens of the update rows: forwarded, in the sequences
+        self.old_prompts_forwarded = self.old_prompts_total = 0  # the same, old-log-prob rows (whole generation batch)
         self.peaks: list[int] = []
         self.scored = False
 
@@ -103,6 +108,15 @@ class Probe:
         self._sync()
         self.score_seconds += time.perf_counter() - start
         self.trained_tokens += int(batching.loss_mask(output).sum())
+        if getattr(self.trainer.args, "share_prompts", False):  # the old-log-prob pass's rows: TRL's row count
+            count = math.ceil(output["prompt_ids"].size(0) / self.trainer.args.per_device_train_batch_size)
+            seqs = shared_prompts.window_sequences(output)
+            budget = self.trainer.args.max_tokens_per_micro_batch
+            count = max(count, shared_prompts.rows_needed(seqs, budget)) if budget else count
+            rows = shared_prompts.plan_rows(seqs, count, budget if count > 1 else None)
+            forwarded = sum(shared_prompts.row_tokens(seqs, row) - sum(seqs.completions[i] for i in row) for row in rows)
+            self.old_prompts_forwarded += forwarded
+            self.old_prompts_total += sum(seqs.prompts)
         self.scored = True
         return output
 
@@ -121,6 +135,9 @@ class Probe:
             packed = getattr(self.trainer.args, "padding_free", False)
             real, forwarded = (packing.packed_fraction if packed else batching.padded_fraction)(parts)
             self.real, self.forwarded, self.scored = self.real + real, self.forwarded + forwarded, False
+            prompts, total = shared_prompts.prompt_tokens(parts)
+            if getattr(self.trainer.args, "share_prompts", False):
+                self.prompts_forwarded, self.prompts_total = self.prompts_forwarded + prompts, self.prompts_total + total
         return output
 
     def _measured(self, model, inputs, num_items_in_batch):
@@ -156,10 +173,10 @@ def run_once(name: str, options, tokenizer, dataset, output_dir: str, measure_me
         args = GRPOConfig(loss_type="grpo", **{k: v for k, v in row.items() if k != "algorithm"}, **common)
         trainer_cls = GRPOTrainer
     else:
-        dynamic = name in ("dynamic", "packed")
+        dynamic = name in ("dynamic", "packed", "shared")
         budget = {"max_tokens_per_micro_batch": options.max_tokens} if dynamic and options.max_tokens else {}
-        args = config_for(options.algorithm, dynamic_batching=dynamic, padding_free=name == "packed", **budget,
-                          **common)  # fmt: skip
+        args = config_for(options.algorithm, dynamic_batching=dynamic, padding_free=name in ("packed", "shared"),
+                          share_prompts=name == "shared", **budget, **common)  # fmt: skip
         trainer_cls = DHPOTrainer
     model = build_tiny_qwen3(tokenizer, hidden_size=options.hidden_size, num_layers=options.layers,
                              num_heads=options.heads, seed=0, max_position_embeddings=4 * options.max_completion)  # fmt: skip
@@ -258,6 +275,12 @@ def main() -> None:
     print(f"packed / dynamic: update throughput {summary['packed'][1] / summary['dynamic'][1]:.2f}x (target >= 1.4x), "
           f"peak step memory {summary['packed'][2] / summary['dynamic'][2]:.2f}x (target <= 1x); packed / trl: "
           f"update throughput {summary['packed'][1] / summary['trl'][1]:.2f}x (target >= 3x)")  # fmt: skip
+    shared = results["shared"][0][0]
+    print(f"shared / packed: update throughput {summary['shared'][1] / summary['packed'][1]:.2f}x (pays if >= 1.1x), "
+          f"peak step memory {summary['shared'][2] / summary['packed'][2]:.2f}x; prompt tokens saved: update rows "
+          f"{1 - shared.prompts_forwarded / shared.prompts_total:.1%} of {shared.prompts_total} (prompts are "
+          f"{shared.prompts_total / shared.real:.1%} of the update's tokens), old-log-prob rows "
+          f"{1 - shared.old_prompts_forwarded / shared.old_prompts_total:.1%}")  # fmt: skip
     for name in TRAINERS:  # the per-repeat spread, for a noisy shared machine
         rates = [p.trained_tokens / (p.step_seconds - p.score_seconds) for p, _, _ in results[name][1:]]
         print(f"{name:8s} trained tok/s per repeat: " + " ".join(f"{rate:.0f}" for rate in rates))

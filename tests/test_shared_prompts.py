@@ -239,7 +239,9 @@ def test_trainer_update_equals_the_unshared_update(tok, tmp_path, budget):
     assert sum(part["completion_mask"].size(0) for part in passes) == 16  # every sequence once
     forwarded, total = sp.prompt_tokens(passes)
     assert forwarded < total
-    if budget is not None:
+    if budget is not None:  # the row each pass forwards, counted on the packed row itself
         for part in passes:
-            seqs = sp.window_sequences(part)
-            assert len(seqs.keys) == 1 or sp.row_tokens(seqs, list(range(len(seqs.keys)))) <= budget
+            ids = torch.cat([part["prompt_ids"], part["completion_ids"]], 1)
+            mask = torch.cat([part["prompt_mask"], part["completion_mask"]], 1)
+            (row,) = sp.pack(ids, mask, part["completion_ids"].size(1), [list(range(ids.size(0)))])
+            assert ids.size(0) == 1 or row.input_ids.numel() <= budget

@@ -138,8 +138,8 @@ class DHPOConfig(GRPOConfig):
             micro-steps, so a window shares only the completions of a prompt that fall into it. Every forward of the
             update (policy, old and reference log-probs) runs shared. Needs `padding_free=True` and an `sdpa` or
             `eager` attention (a flash implementation is refused when the trainer is built). The MoE aux loss counts a
-            shared prompt's tokens once. The benchmark (`benchmarks/bench_dynamic_batching.py`, `shared` arm) reports
-            what it saves; see docs/performance.md.
+            shared prompt's tokens once. What it saves is measured by `benchmarks/bench_dynamic_batching.py`'s `shared`
+            arm (README, "Shared prompts").
         loss_type (`str`, *optional*, defaults to `"grpo"`):
             TRL's aggregation of the per-token loss, the same for every objective. `"grpo"` is eq. 7 (mean over
             responses of the per-response token mean); `"bnpo"`, `"dr_grpo"` and `"dapo"` (token-weighted) work for
