@@ -85,8 +85,9 @@ def content_reward(completions, **kwargs):
 class Probe:
     """Times `training_step` and the generation batch's scoring; measures padding and per-micro-step memory."""
 
-    def __init__(self, trainer, device: str, memory_steps: set[int]):
+    def __init__(self, trainer, device: str, memory_steps: set[int], clock: str = "wall"):
         self.trainer, self.device, self.memory_steps = trainer, device, memory_steps
+        self.clock = time.process_time if clock == "cpu" else time.perf_counter
         self.step_inner, self.score_inner = trainer.training_step, trainer._generate_and_score_completions
         trainer.training_step, trainer._generate_and_score_completions = self.step, self.score
         self.calls = 0
@@ -103,22 +104,24 @@ class Probe:
 
     def score(self, *args, **kwargs):
         self._sync()
-        start = time.perf_counter()
+        start = self.clock()
         output = self.score_inner(*args, **kwargs)
         self._sync()
-        self.score_seconds += time.perf_counter() - start
+        self.score_seconds += self.clock() - start
         self.trained_tokens += int(batching.loss_mask(output).sum())
-        if getattr(self.trainer.args, "share_prompts", False):  # the old-log-prob pass's rows: TRL's row count
-            count = math.ceil(output["prompt_ids"].size(0) / self.trainer.args.per_device_train_batch_size)
-            seqs = shared_prompts.window_sequences(output)
-            budget = self.trainer.args.max_tokens_per_micro_batch
-            count = max(count, shared_prompts.rows_needed(seqs, budget)) if budget else count
-            rows = shared_prompts.plan_rows(seqs, count, budget if count > 1 else None)
-            forwarded = sum(shared_prompts.row_tokens(seqs, row) - sum(seqs.completions[i] for i in row) for row in rows)
-            self.old_prompts_forwarded += forwarded
-            self.old_prompts_total += sum(seqs.prompts)
-        self.scored = True
+        self.scored = output
         return output
+
+    def _count_old_prompts(self, output):
+        """The old-log-prob pass's shared rows (TRL's row count, or what the budget needs), counted after timing."""
+        count = math.ceil(output["prompt_ids"].size(0) / self.trainer.args.per_device_train_batch_size)
+        seqs = shared_prompts.window_sequences(output)
+        budget = self.trainer.args.max_tokens_per_micro_batch
+        count = max(count, shared_prompts.rows_needed(seqs, budget)) if budget else count
+        rows = shared_prompts.plan_rows(seqs, count, budget if count > 1 else None)
+        self.old_prompts_forwarded += sum(shared_prompts.row_tokens(seqs, row) - sum(seqs.completions[i] for i in row)
+                                          for row in rows)  # fmt: skip
+        self.old_prompts_total += sum(seqs.prompts)
 
     def step(self, model, inputs, num_items_in_batch=None):
         call, self.calls = self.calls, self.calls + 1
@@ -126,18 +129,20 @@ class Probe:
             output = self._measured(model, inputs, num_items_in_batch)
         else:
             self._sync()
-            start = time.perf_counter()
+            start = self.clock()
             output = self.step_inner(model, inputs, num_items_in_batch)
             self._sync()
-            self.step_seconds += time.perf_counter() - start
-        if self.scored:  # the buffer was just filled: the micro-batches this generation batch trains on
+            self.step_seconds += self.clock() - start
+        if self.scored is not False:  # the buffer was just filled: the micro-batches this generation batch trains on
             parts = [p for m in self.trainer._buffered_inputs for p in (m if isinstance(m, list) else [m])]
             packed = getattr(self.trainer.args, "padding_free", False)
             real, forwarded = (packing.packed_fraction if packed else batching.padded_fraction)(parts)
-            self.real, self.forwarded, self.scored = self.real + real, self.forwarded + forwarded, False
-            prompts, total = shared_prompts.prompt_tokens(parts)
+            self.real, self.forwarded = self.real + real, self.forwarded + forwarded
             if getattr(self.trainer.args, "share_prompts", False):
+                self._count_old_prompts(self.scored)
+                prompts, total = shared_prompts.prompt_tokens(parts)
                 self.prompts_forwarded, self.prompts_total = self.prompts_forwarded + prompts, self.prompts_total + total
+            self.scored = False
         return output
 
     def _measured(self, model, inputs, num_items_in_batch):
@@ -188,7 +193,7 @@ def run_once(name: str, options, tokenizer, dataset, output_dir: str, measure_me
                           processing_class=tokenizer, rollout_func=rollout)  # fmt: skip
     trainer.remove_callback(PrinterCallback)
     # memory: the micro-steps of the second optimizer step of the first generation batch (no scoring inside)
-    probe = Probe(trainer, options.device, set(range(steps, 2 * steps)) if measure_memory else set())
+    probe = Probe(trainer, options.device, set(range(steps, 2 * steps)) if measure_memory else set(), options.clock)
     trainer.train()
     change = torch.cat([p.detach().flatten().float().cpu() for p in model.parameters()]) - start
     parameters = sum(p.numel() for p in model.parameters())
@@ -219,9 +224,16 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="CUDA: dense bf16 peak (H100/H200 SXM)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1 on cpu)")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="cpu: this process's CPU time (one thread: less sensitive to other jobs on a shared "
+                             "machine than wall time); --device cpu only")  # fmt: skip
     options = parser.parse_args()
     if options.device == "cpu":
         torch.set_num_threads(options.threads or 1)
+        if options.clock == "cpu" and torch.get_num_threads() != 1:
+            parser.error("--clock cpu sums the CPU time of every thread: use it with --threads 1")
+    elif options.clock == "cpu":
+        parser.error("--clock cpu: CPU time does not count GPU work; use --clock wall with --device cuda")
     elif not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is visible to torch")
     if options.steps < 2 or options.steps % 2:
@@ -242,7 +254,8 @@ def main() -> None:
                 results[name].append(run_once(name, options, tokenizer, dataset, output_dir, measure_memory=False))
 
     first = results["trl"][0][0]
-    print(f"device={options.device} dtype={options.dtype} threads={torch.get_num_threads()} row={options.algorithm} "
+    print(f"device={options.device} dtype={options.dtype} threads={torch.get_num_threads()} clock={options.clock} "
+          f"row={options.algorithm} "
           f"hidden={options.hidden_size} layers={options.layers} params={results['trl'][0][2] / 1e6:.2f}M "
           f"batch={options.batch_size} accumulation={options.accumulation} max_prompt={options.max_prompt} "
           f"max_completion={options.max_completion} "
