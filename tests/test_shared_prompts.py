@@ -245,3 +245,27 @@ def test_trainer_update_equals_the_unshared_update(tok, tmp_path, budget):
             mask = torch.cat([part["prompt_mask"], part["completion_mask"]], 1)
             (row,) = sp.pack(ids, mask, part["completion_ids"].size(1), [list(range(ids.size(0)))])
             assert ids.size(0) == 1 or row.input_ids.numel() <= budget
+
+
+def test_gradient_checkpointing_lora_and_moe_update_as_unshared(tok, tmp_path):
+    from peft import LoraConfig
+
+    def pair(build, args=None, **kwargs):
+        common = dict(output_dir=str(tmp_path), padding_free=True, **RUN, **CPU, **(args or {}))
+        shared, trainer = parameter_change(tok, config_for("DHPO-A", share_prompts=True, **common), model=build(),
+                                           **kwargs)  # fmt: skip
+        base, _ = parameter_change(tok, config_for("DHPO-A", **common), model=build(), **kwargs)
+        forwarded, total = sp.prompt_tokens(passes_of(trainer))
+        assert forwarded < total and base.norm() > 0
+        return relative_gap(shared, base)
+
+    assert pair(lambda: build_tiny_qwen3(tok, seed=0), args=dict(gradient_checkpointing=True)) < 1e-4
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    assert pair(lambda: build_tiny_qwen3(tok, seed=0), peft_config=lora) < 1e-4
+
+    def moe():  # routing is per token: without the aux term (which counts a shared prompt once) the same update
+        model = build_tiny_qwen3(tok, seed=0, moe=True)
+        model.config.output_router_logits = False
+        return model
+
+    assert pair(moe, args=dict(router_aux_loss_coef=0.0)) < 1e-4
