@@ -2,9 +2,14 @@
 shared forwards against the unshared packed forward and the padded model (log-probs, entropies, gradients), and the
 update through the real trainer against `share_prompts=False`."""
 
+import json
 import math
+import os
 import random
+import sys
+from pathlib import Path
 
+import processes
 import pytest
 import torch
 from long_tail import dataset, length_reward
@@ -269,3 +274,33 @@ def test_gradient_checkpointing_lora_and_moe_update_as_unshared(tok, tmp_path):
         return model
 
     assert pair(moe, args=dict(router_aux_loss_coef=0.0)) < 1e-4
+
+
+@pytest.mark.parametrize("engine", ["ddp", "zero3"])
+def test_two_processes_agree_on_shared_rows_and_update_as_trl(tmp_path, engine):
+    """2 ranks, a budget of real tokens (45), shared prompts: every micro-step runs the same number of rows on both
+    ranks (the shared plan's counts agreed by the all-reduce), and the update equals TRL's batching on 2 ranks."""
+    if engine == "zero3":
+        pytest.importorskip("deepspeed")
+    script = Path(__file__).parent / "dist_scripts" / "padding_free_distributed.py"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    env.pop("ACCELERATE_USE_CPU", None)  # set, it would keep accelerate from using the DeepSpeed plugin
+    if engine == "ddp":
+        env["ACCELERATE_USE_CPU"] = "1"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+               str(tmp_path), "--share-prompts", *(["--zero3"] if engine == "zero3" else [])]  # fmt: skip
+    result = processes.run_ranks(command, env=env, timeout=240)  # its process group stopped on the way out
+    assert result.returncode == 0, result.stderr[-4000:]
+    trl = torch.load(tmp_path / "trl" / "params.pt")
+    shared = torch.load(tmp_path / "packed" / "params.pt")
+    start = dict(build_tiny_qwen3(build_char_tokenizer(), seed=0).named_parameters())
+    change_trl = torch.cat([(trl[n] - start[n]).flatten() for n in trl])
+    change_shared = torch.cat([(shared[n] - start[n]).flatten() for n in trl])
+    assert change_trl.norm() > 1e-3 and relative_gap(change_shared, change_trl) < 1e-3
+    plans = [json.loads((tmp_path / "packed" / f"plan_rank{rank}.json").read_text()) for rank in (0, 1)]
+    for plan0, plan1 in zip(*plans, strict=True):  # one entry per generation batch
+        assert [len(step) for step in plan0["rows_per_pass"]] == [len(step) for step in plan1["rows_per_pass"]]
+        assert sum(map(sum, plan0["rows_per_pass"])) == sum(map(sum, plan1["rows_per_pass"])) == 16
+        for plan in (plan0, plan1):  # the prompts really were shared
+            forwarded, total = plan["prompt_tokens"]
+            assert forwarded < total
