@@ -244,6 +244,10 @@ def test_trainer_update_equals_the_unshared_update(tok, tmp_path, budget):
     assert sum(part["completion_mask"].size(0) for part in passes) == 16  # every sequence once
     forwarded, total = sp.prompt_tokens(passes)
     assert forwarded < total
+    # the logged share of prompt tokens not forwarded, once per generation batch: the last one counted here
+    saved = [entry["batching/prompt_tokens_saved"] for entry in trainer.state.log_history
+             if "batching/prompt_tokens_saved" in entry]  # fmt: skip
+    assert saved and saved[-1] == pytest.approx((total - forwarded) / total, rel=1e-6)
     if budget is not None:  # the row each pass forwards, counted on the packed row itself
         for part in passes:
             ids = torch.cat([part["prompt_ids"], part["completion_ids"]], 1)

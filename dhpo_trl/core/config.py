@@ -135,11 +135,12 @@ class DHPOConfig(GRPOConfig):
             to float rounding (the prompt's activations receive every completion's gradient). Rows are planned over
             groups (a group is split only when `max_tokens_per_micro_batch` or the agreed row count needs it), within
             each accumulation window as for `padding_free`; TRL shuffles the generation batch before cutting it into
-            micro-steps, so a window shares only the completions of a prompt that fall into it. Every forward of the
-            update (policy, old and reference log-probs) runs shared. Needs `padding_free=True` and an `sdpa` or
-            `eager` attention (a flash implementation is refused when the trainer is built). The MoE aux loss counts a
-            shared prompt's tokens once. What it saves is measured by `benchmarks/bench_dynamic_batching.py`'s `shared`
-            arm (README, "Shared prompts").
+            micro-steps, so a window shares only the completions of a prompt that fall into it
+            (`batching/prompt_tokens_saved` logs the share of the update rows' prompt tokens not forwarded). Every
+            forward of the update (policy, old and reference log-probs) runs shared. Needs `padding_free=True` and an
+            `sdpa` or `eager` attention (a flash implementation is refused when the trainer is built). The MoE aux loss
+            counts a shared prompt's tokens once. What it saves is measured by `benchmarks/bench_dynamic_batching.py`'s
+            `shared` arm (README, "Shared prompts").
         loss_type (`str`, *optional*, defaults to `"grpo"`):
             TRL's aggregation of the per-token loss, the same for every objective. `"grpo"` is eq. 7 (mean over
             responses of the per-response token mean); `"bnpo"`, `"dr_grpo"` and `"dapo"` (token-weighted) work for

@@ -175,6 +175,19 @@ def prompt_tokens(passes: list[dict]) -> tuple[int, int]:
     return shared, total
 
 
+def prompt_sums(passes: list[dict]) -> dict:
+    """This process's (forwarded, total) prompt tokens of its update rows, as tensors to be summed over processes."""
+    forwarded, total = prompt_tokens(passes)
+    return {"shared_prompt_forwarded": torch.tensor(float(forwarded)), "shared_prompt_total": torch.tensor(float(total))}
+
+
+def saved_fraction(sums: dict) -> float:
+    """`batching/prompt_tokens_saved`: the share of the update rows' prompt tokens that sharing did not forward, all
+    processes (0 without prompts)."""
+    total = float(sums["shared_prompt_total"])
+    return (total - float(sums["shared_prompt_forwarded"])) / max(total, 1.0)
+
+
 # ------------------------------------------------------------------------------------------------- packing
 @dataclass(frozen=True)
 class Segments:

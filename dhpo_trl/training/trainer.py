@@ -126,8 +126,15 @@ class DHPOTrainer(GRPOTrainer):
             warnings.warn(f"{which} TRL's micro-batches for this run: {reason}.", stacklevel=2)
             self._batching_warned = True
         counter = counter or batching.padded_fraction
-        sums, _ = self._reduce(metrics.padding_sums(*counter(batching.forward_passes(buffered))), {})
+        passes = batching.forward_passes(buffered)
+        sums = metrics.padding_sums(*counter(passes))
+        share = self._padding_free and self.args.share_prompts  # share_prompts needs padding_free (validated)
+        if share:  # in the same all-reduce on every process (the setting is the same on all)
+            sums.update(shared_prompts.prompt_sums(passes if reason is None else []))
+        sums, _ = self._reduce(sums, {})
         self._metrics["train"]["batching/padding_fraction"].append(metrics.padding_fraction(sums))
+        if share:
+            self._metrics["train"]["batching/prompt_tokens_saved"].append(shared_prompts.saved_fraction(sums))
         return buffered
 
     def _all_reduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
