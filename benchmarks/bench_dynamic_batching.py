@@ -8,6 +8,7 @@ Three trainers run the same locally built Qwen3, the same prompts, seed and comp
              budget)
     packed   DHPOTrainer, the chosen row, dynamic_batching=True, padding_free=True (--max-tokens then counts the
              real tokens of one packed row)
+    shared   as packed, with share_prompts=True: a prompt shared by sequences of one packed row is forwarded once
 
 Completions come from a `rollout_func` with the long tail of RLVR responses: lognormal lengths with median
 max/8 (--median-fraction), some cut at the maximum; prompts of 16 to --max-prompt (64) tokens. Sampling costs
@@ -22,7 +23,9 @@ Figures per trainer (medians over repeats):
 * padding: share of the update forwards' prompt + completion tokens that are padding;
 * peak memory of an optimizer step: the largest, over the micro-steps of one non-generating optimizer step, of
   the memory a micro-step adds (CPU: tensor allocations recorded by torch.profiler; CUDA: max_memory_allocated);
-* the update: relative gap of each run's parameter change to TRL's (plain SGD, so it is the summed gradient).
+* the update: relative gap of each run's parameter change to TRL's (plain SGD, so it is the summed gradient);
+* shared: prompt tokens its update rows forward / the same sequences' prompt tokens, as TRL's shuffle left them in
+  each accumulation window (and the same for the old-log-prob pass's rows over the whole generation batch).
 On CUDA also MFU: 6 x parameters x trained tokens / update time / --peak-tflops.
 
     python benchmarks/bench_dynamic_batching.py                       # CPU, 1 thread, the issue's workload
@@ -53,9 +56,9 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 from dhpo_trl import DHPOTrainer  # noqa: E402
 from dhpo_trl.core.presets import PAPER_ALGORITHMS, config_for  # noqa: E402
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
-from dhpo_trl.training import batching  # noqa: E402
+from dhpo_trl.training import batching, shared_prompts  # noqa: E402
 
-TRAINERS = ("trl", "fixed", "dynamic", "packed")
+TRAINERS = ("trl", "fixed", "dynamic", "packed", "shared")
 
 
 def long_tailed_rollout(tokenizer, max_completion: int, median_fraction: float, sigma: float):
@@ -83,13 +86,16 @@ def content_reward(completions, **kwargs):
 class Probe:
     """Times `training_step` and the generation batch's scoring; measures padding and per-micro-step memory."""
 
-    def __init__(self, trainer, device: str, memory_steps: set[int]):
+    def __init__(self, trainer, device: str, memory_steps: set[int], clock: str = "wall"):
         self.trainer, self.device, self.memory_steps = trainer, device, memory_steps
+        self.clock = time.process_time if clock == "cpu" else time.perf_counter
         self.step_inner, self.score_inner = trainer.training_step, trainer._generate_and_score_completions
         trainer.training_step, trainer._generate_and_score_completions = self.step, self.score
         self.calls = 0
         self.step_seconds = self.score_seconds = 0.0
         self.trained_tokens = self.real = self.forwarded = 0
+        self.prompts_forwarded = self.prompts_total = 0  # prompt tokens of the update rows: forwarded, in the sequences
+        self.old_prompts_forwarded = self.old_prompts_total = 0  # the same, old-log-prob rows (whole generation batch)
         self.peaks: list[int] = []
         self.scored = False
 
@@ -99,13 +105,24 @@ class Probe:
 
     def score(self, *args, **kwargs):
         self._sync()
-        start = time.perf_counter()
+        start = self.clock()
         output = self.score_inner(*args, **kwargs)
         self._sync()
-        self.score_seconds += time.perf_counter() - start
+        self.score_seconds += self.clock() - start
         self.trained_tokens += int(batching.loss_mask(output).sum())
-        self.scored = True
+        self.scored = output
         return output
+
+    def _count_old_prompts(self, output):
+        """The old-log-prob pass's shared rows (TRL's row count, or what the budget needs), counted after timing."""
+        count = math.ceil(output["prompt_ids"].size(0) / self.trainer.args.per_device_train_batch_size)
+        seqs = shared_prompts.window_sequences(output)
+        budget = self.trainer.args.max_tokens_per_micro_batch
+        count = max(count, shared_prompts.rows_needed(seqs, budget)) if budget else count
+        rows = shared_prompts.plan_rows(seqs, count, budget if count > 1 else None)
+        self.old_prompts_forwarded += sum(shared_prompts.row_tokens(seqs, row) - sum(seqs.completions[i] for i in row)
+                                          for row in rows)  # fmt: skip
+        self.old_prompts_total += sum(seqs.prompts)
 
     def step(self, model, inputs, num_items_in_batch=None):
         call, self.calls = self.calls, self.calls + 1
@@ -113,15 +130,20 @@ class Probe:
             output = self._measured(model, inputs, num_items_in_batch)
         else:
             self._sync()
-            start = time.perf_counter()
+            start = self.clock()
             output = self.step_inner(model, inputs, num_items_in_batch)
             self._sync()
-            self.step_seconds += time.perf_counter() - start
-        if self.scored:  # the buffer was just filled: the micro-batches this generation batch trains on
+            self.step_seconds += self.clock() - start
+        if self.scored is not False:  # the buffer was just filled: the micro-batches this generation batch trains on
             parts = [p for m in self.trainer._buffered_inputs for p in (m if isinstance(m, list) else [m])]
             packed = getattr(self.trainer, "_padding_free", False)  # None (automatic) resolved by the trainer
             real, forwarded = (batching.packed_fraction if packed else batching.padded_fraction)(parts)
-            self.real, self.forwarded, self.scored = self.real + real, self.forwarded + forwarded, False
+            self.real, self.forwarded = self.real + real, self.forwarded + forwarded
+            if getattr(self.trainer.args, "share_prompts", False):
+                self._count_old_prompts(self.scored)
+                prompts, total = shared_prompts.prompt_tokens(parts)
+                self.prompts_forwarded, self.prompts_total = self.prompts_forwarded + prompts, self.prompts_total + total
+            self.scored = False
         return output
 
     def _measured(self, model, inputs, num_items_in_batch):
@@ -157,10 +179,10 @@ def run_once(name: str, options, tokenizer, dataset, output_dir: str, measure_me
         args = GRPOConfig(loss_type="grpo", **{k: v for k, v in row.items() if k != "algorithm"}, **common)
         trainer_cls = GRPOTrainer
     else:
-        dynamic = name in ("dynamic", "packed")
+        dynamic = name in ("dynamic", "packed", "shared")
         budget = {"max_tokens_per_micro_batch": options.max_tokens} if dynamic and options.max_tokens else {}
-        args = config_for(options.algorithm, dynamic_batching=dynamic, padding_free=name == "packed", **budget,
-                          **common)  # fmt: skip
+        args = config_for(options.algorithm, dynamic_batching=dynamic, padding_free=name in ("packed", "shared"),
+                          share_prompts=name == "shared", **budget, **common)  # fmt: skip
         trainer_cls = DHPOTrainer
     model = build_tiny_qwen3(tokenizer, hidden_size=options.hidden_size, num_layers=options.layers,
                              num_heads=options.heads, seed=0, max_position_embeddings=4 * options.max_completion)  # fmt: skip
@@ -172,7 +194,7 @@ def run_once(name: str, options, tokenizer, dataset, output_dir: str, measure_me
                           processing_class=tokenizer, rollout_func=rollout)  # fmt: skip
     trainer.remove_callback(PrinterCallback)
     # memory: the micro-steps of the second optimizer step of the first generation batch (no scoring inside)
-    probe = Probe(trainer, options.device, set(range(steps, 2 * steps)) if measure_memory else set())
+    probe = Probe(trainer, options.device, set(range(steps, 2 * steps)) if measure_memory else set(), options.clock)
     trainer.train()
     change = torch.cat([p.detach().flatten().float().cpu() for p in model.parameters()]) - start
     parameters = sum(p.numel() for p in model.parameters())
@@ -203,9 +225,16 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="CUDA: dense bf16 peak (H100/H200 SXM)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1 on cpu)")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="cpu: this process's CPU time (one thread: less sensitive to other jobs on a shared "
+                             "machine than wall time); --device cpu only")  # fmt: skip
     options = parser.parse_args()
     if options.device == "cpu":
         torch.set_num_threads(options.threads or 1)
+        if options.clock == "cpu" and torch.get_num_threads() != 1:
+            parser.error("--clock cpu sums the CPU time of every thread: use it with --threads 1")
+    elif options.clock == "cpu":
+        parser.error("--clock cpu: CPU time does not count GPU work; use --clock wall with --device cuda")
     elif not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is visible to torch")
     if options.steps < 2 or options.steps % 2:
@@ -226,7 +255,8 @@ def main() -> None:
                 results[name].append(run_once(name, options, tokenizer, dataset, output_dir, measure_memory=False))
 
     first = results["trl"][0][0]
-    print(f"device={options.device} dtype={options.dtype} threads={torch.get_num_threads()} row={options.algorithm} "
+    print(f"device={options.device} dtype={options.dtype} threads={torch.get_num_threads()} clock={options.clock} "
+          f"row={options.algorithm} "
           f"hidden={options.hidden_size} layers={options.layers} params={results['trl'][0][2] / 1e6:.2f}M "
           f"batch={options.batch_size} accumulation={options.accumulation} max_prompt={options.max_prompt} "
           f"max_completion={options.max_completion} "
@@ -259,6 +289,12 @@ def main() -> None:
     print(f"packed / dynamic: update throughput {summary['packed'][1] / summary['dynamic'][1]:.2f}x (target >= 1.4x), "
           f"peak step memory {summary['packed'][2] / summary['dynamic'][2]:.2f}x (target <= 1x); packed / trl: "
           f"update throughput {summary['packed'][1] / summary['trl'][1]:.2f}x (target >= 3x)")  # fmt: skip
+    shared = results["shared"][0][0]
+    print(f"shared / packed: update throughput {summary['shared'][1] / summary['packed'][1]:.2f}x (pays if >= 1.1x), "
+          f"peak step memory {summary['shared'][2] / summary['packed'][2]:.2f}x; prompt tokens saved: update rows "
+          f"{1 - shared.prompts_forwarded / shared.prompts_total:.1%} of {shared.prompts_total} (prompts are "
+          f"{shared.prompts_total / shared.real:.1%} of the update's tokens), old-log-prob rows "
+          f"{1 - shared.old_prompts_forwarded / shared.old_prompts_total:.1%}")  # fmt: skip
     for name in TRAINERS:  # the per-repeat spread, for a noisy shared machine
         rates = [p.trained_tokens / (p.step_seconds - p.score_seconds) for p, _, _ in results[name][1:]]
         print(f"{name:8s} trained tok/s per repeat: " + " ".join(f"{rate:.0f}" for rate in rates))

@@ -188,6 +188,30 @@ BUGS = {
         "    0,\n)",
         ["tests/test_golds.py"], "'Find the Equation of the line' no longer keeps the equation",
     ),
+    "shared-prefix-keys-detached": (
+        "dhpo_trl/training/shared_prompts.py",
+        "k, v = torch.cat([keys[prefix], k], 2), torch.cat([values[prefix], v], 2)",
+        "k, v = torch.cat([keys[prefix].detach(), k], 2), torch.cat([values[prefix], v], 2)",
+        ["tests/test_shared_prompts.py"], "a shared prompt's keys get no gradient from its completions (same log-probs)",
+    ),
+    "shared-suffix-positions-off-by-one": (
+        "dhpo_trl/training/shared_prompts.py",
+        "start = prompt - 1 if shared else 0",
+        "start = prompt if shared else 0",
+        ["tests/test_shared_prompts.py"], "a completion's positions continue one past the prompt's",
+    ),
+    "shared-suffix-mask-hides-the-diagonal": (
+        "dhpo_trl/training/shared_prompts.py",
+        ".tril(width))",
+        ".tril(width - 1))",
+        ["tests/test_shared_prompts.py"], "a completion token does not attend to itself (mask off by one)",
+    ),
+    "shared-row-tokens-miss-the-repeated-token": (
+        "dhpo_trl/training/shared_prompts.py",
+        "return prompt - 1 + len(members) + completions",
+        "return prompt - 1 + completions",
+        ["tests/test_shared_prompts.py"], "the plan's token count forgets each suffix's repeated last prompt token",
+    ),
 }
 
 

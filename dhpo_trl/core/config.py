@@ -135,6 +135,22 @@ class DHPOConfig(GRPOConfig):
             state-space layers, sliding windows or logit soft-capping without flash attention, an attention that
             bypasses `AttentionInterface`) is refused when the trainer is built with `True` (kept on dynamic
             batching, one line, with `None`); multimodal batches keep TRL's micro-batches (one warning).
+        share_prompts (`bool`, *optional*, defaults to `False`):
+            With `padding_free`: sequences of one packed row whose attended prompt tokens are identical (a GRPO
+            group's completions) carry their prompt once. The row holds the prompt minus its last token, then, for each
+            completion, the last prompt token and the completion (`position_ids` continuing from the prompt's); each
+            completion attends to the prompt and causally to itself only (one SDPA per completion with a small mask,
+            `dhpo_trl/training/shared_prompts.py`), so log-probs, entropies and gradients equal `share_prompts=False`
+            to float rounding (the prompt's activations receive every completion's gradient). Rows are planned over
+            groups (a group is split only when `max_tokens_per_micro_batch` or the agreed row count needs it), within
+            each accumulation window as for `padding_free`; TRL shuffles the generation batch before cutting it into
+            micro-steps, so a window shares only the completions of a prompt that fall into it
+            (`batching/prompt_tokens_saved` logs the share of the update rows' prompt tokens not forwarded). Every
+            forward of the update (policy, old and reference log-probs) runs shared. Needs padding-free packing
+            (`padding_free=True`, or the default `None` where it packs; refused where it does not) and an `sdpa` or
+            `eager` attention (a flash implementation is refused when the trainer is built). The MoE aux loss
+            counts a shared prompt's tokens once. What it saves is measured by `benchmarks/bench_dynamic_batching.py`'s
+            `shared` arm (README, "Shared prompts").
         loss_type (`str`, *optional*, defaults to `"grpo"`):
             TRL's aggregation of the per-token loss, the same for every objective. `"grpo"` is eq. 7 (mean over
             responses of the per-response token mean); `"bnpo"`, `"dr_grpo"` and `"dapo"` (token-weighted) work for
@@ -192,6 +208,11 @@ class DHPOConfig(GRPOConfig):
         metadata={"help": "With dynamic_batching: pack each forward's sequences end to end (no padding, attention "
                           "per sequence); max_tokens_per_micro_batch then counts real tokens per packed row. None "
                           "(default): packed on CPU and on CUDA with flash attention, dynamic batching elsewhere."},
+    )  # fmt: skip
+    share_prompts: bool = field(
+        default=False,
+        metadata={"help": "With padding_free: a prompt shared by several sequences of a packed row is forwarded once; "
+                          "each completion attends to it (same update to float rounding). Needs an sdpa/eager model."},
     )  # fmt: skip
     loss_type: str = field(
         default="grpo",
@@ -327,6 +348,13 @@ class DHPOConfig(GRPOConfig):
             raise ValueError(
                 "DHPOConfig.padding_free=True packs the micro-batches that dynamic batching plans: set "
                 "dynamic_batching=True, or padding_free=False."
+            )
+        if not isinstance(self.share_prompts, bool):
+            raise ValueError(f"DHPOConfig.share_prompts={self.share_prompts!r} must be True or False.")
+        if self.share_prompts and (self.padding_free is False or not self.dynamic_batching):  # None: the trainer decides
+            raise ValueError(
+                "DHPOConfig.share_prompts=True lays out the rows that padding-free packing builds: set "
+                "padding_free=True (with dynamic_batching=True), or share_prompts=False."
             )
         if not self.dynamic_batching:
             if budget is not None:

@@ -186,7 +186,8 @@ def _original_attention(original: str, module):
 def _dispatching_attention(original: str):
     def attention(module, query, key, value, attention_mask, *args, **kwargs):
         if kwargs.get("cu_seq_lens_q") is not None and attention_mask is None and query.size(0) == 1:
-            return packed_sdpa_attention(module, query, key, value, attention_mask, *args, **kwargs)
+            packed = kwargs.pop("packed_attention", None) or packed_sdpa_attention  # shared_prompts' layout passes its own
+            return packed(module, query, key, value, attention_mask, *args, **kwargs)
         return _original_attention(original, module)(module, query, key, value, attention_mask, *args, **kwargs)
 
     return attention
@@ -301,6 +302,7 @@ def forward_packed(model, packed: list[PackedRow], shape: tuple[int, int], compu
                 input_ids=row.input_ids, position_ids=row.position_ids, shift_labels=row.targets, use_cache=False,
                 cu_seq_lens_q=row.cu_seqlens, cu_seq_lens_k=row.cu_seqlens, max_length_q=row.max_length,
                 max_length_k=row.max_length,
+                **getattr(row, "attention_kwargs", {}),  # shared_prompts.SharedRow: its per-group attention
             )  # fmt: skip
             if compute_aux_loss:
                 inputs["output_router_logits"] = True

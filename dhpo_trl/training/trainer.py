@@ -25,7 +25,7 @@ from ..core.losses import masked_log_ratio
 from ..core.objectives import get_objective
 from .moe import maybe_set_zero3_leaf_modules, zero3_leaf_modules_for_trl_prepared_models
 from .vllm_utils import check_vllm_setup
-from . import batching, packing, resume, trl_mirror
+from . import batching, packing, resume, shared_prompts, trl_mirror
 from .reward_checks import check_reward_functions
 
 CITATION = textwrap.dedent("""\
@@ -91,8 +91,19 @@ class DHPOTrainer(GRPOTrainer):
         if args.padding_free is None and args.dynamic_batching:
             reason = packing.automatic_reason([checked for _, checked in models], self.accelerator.device.type)
             self._padding_free = reason is None
-            if reason and self.accelerator.is_main_process:
+            if reason and self.accelerator.is_main_process and not args.share_prompts:
                 print(f"DHPOConfig.padding_free=None (automatic): dynamic batching for this run, since {reason}.")
+            if reason and args.share_prompts:
+                raise ValueError(f"DHPOConfig.share_prompts=True needs padding-free packing, which padding_free=None "
+                                 f"leaves off here ({reason}): set padding_free=True, or share_prompts=False.")
+        for name, checked in models if args.share_prompts else ():
+            reason = shared_prompts.unsupported_model_reason(checked)
+            if reason:
+                raise ValueError(f"DHPOConfig.share_prompts=True cannot run on this {name}: {reason}. Set "
+                                 "share_prompts=False or change the model.")  # fmt: skip
+        # shared_prompts.py plans and forwards the same rows with each prompt forwarded once
+        self._packed = shared_prompts if args.share_prompts else packing
+        self._plan_packed = shared_prompts.plan_generation_batch if args.share_prompts else batching.plan_packed_generation_batch
         # ---- end padding_free
 
     # --------------------------------------------------------------- batching
@@ -116,8 +127,7 @@ class DHPOTrainer(GRPOTrainer):
             share = steps / self.args.steps_per_generation
             window_of = batching.planned_windows(self.accelerator.num_processes, share)
             if self._padding_free:  # rows of whole sequences, each row one packed forward (dhpo_trl/training/packing.py)
-                buffered = batching.plan_packed_generation_batch(buffered, steps, budget, self._max_over_processes,
-                                                                  window_of)
+                buffered = self._plan_packed(buffered, steps, budget, self._max_over_processes, window_of)
                 counter = batching.packed_fraction
             else:
                 buffered = batching.plan_generation_batch(
@@ -128,8 +138,15 @@ class DHPOTrainer(GRPOTrainer):
             warnings.warn(f"{which} TRL's micro-batches for this run: {reason}.", stacklevel=2)
             self._batching_warned = True
         counter = counter or batching.padded_fraction
-        sums, _ = self._reduce(metrics.padding_sums(*counter(batching.forward_passes(buffered))), {})
+        passes = batching.forward_passes(buffered)
+        sums = metrics.padding_sums(*counter(passes))
+        share = self._padding_free and self.args.share_prompts  # share_prompts needs padding_free (validated)
+        if share:  # in the same all-reduce on every process (the setting is the same on all)
+            sums.update(shared_prompts.prompt_sums(passes if reason is None else []))
+        sums, _ = self._reduce(sums, {})
         self._metrics["train"]["batching/padding_fraction"].append(metrics.padding_fraction(sums))
+        if share:
+            self._metrics["train"]["batching/prompt_tokens_saved"].append(shared_prompts.saved_fraction(sums))
         return buffered
 
     def _all_reduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
@@ -181,7 +198,7 @@ class DHPOTrainer(GRPOTrainer):
         `padding_free`, every forward runs on packed rows (`dhpo_trl/training/packing.py`)."""
         parent = super()._get_per_token_logps_and_entropies
         if self._padding_free and all(v is None for v in multimodal.values()):
-            return packing.packed_forward(
+            return self._packed.packed_forward(
                 model, input_ids, attention_mask, logits_to_keep, batch_size, self.args.max_tokens_per_micro_batch,
                 self._max_over_processes, compute_entropy, compute_aux_loss, self.accelerator.autocast,
             )  # fmt: skip

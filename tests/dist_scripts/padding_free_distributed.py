@@ -1,12 +1,13 @@
 """Run under `torchrun --nproc_per_node N` on CPU (gloo): a few off-policy DHPO-A steps, packed and not.
 
-Usage: torchrun --nproc_per_node N tests/dist_scripts/padding_free_distributed.py OUT_DIR [--zero3]
+Usage: torchrun --nproc_per_node N tests/dist_scripts/padding_free_distributed.py OUT_DIR [--zero3] [--share-prompts]
 
 Two runs in one launch: `trl`, TRL's batching (dynamic_batching=False), then `packed`, padding_free with a budget
 of real tokens small enough that micro-steps split into several packed rows, and into different numbers on
 different ranks before the ranks agree. Rank 0 saves each run's final parameters (OUT_DIR/<run>/params.pt); every
-rank dumps, per planned generation batch of the packed run, the sequences of each row of each micro-step and the
-rows its own windows needed (OUT_DIR/packed/plan_rank{r}.json). --zero3: both runs under DeepSpeed ZeRO-3 on CPU.
+rank dumps, per planned generation batch of the packed run, the sequences of each row of each micro-step, the
+rows its own windows needed and the prompt tokens shared rows forward (OUT_DIR/packed/plan_rank{r}.json).
+--zero3: both runs under DeepSpeed ZeRO-3 on CPU. --share-prompts: the packed run has share_prompts=True.
 """
 
 import contextlib
@@ -34,7 +35,7 @@ from long_tail import dataset, length_reward, long_tailed_rollout  # noqa: E402
 from dhpo_trl import DHPOTrainer  # noqa: E402
 from dhpo_trl.core.presets import config_for  # noqa: E402
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
-from dhpo_trl.training import batching  # noqa: E402
+from dhpo_trl.training import batching, shared_prompts  # noqa: E402
 
 BUDGET = 45
 ZERO3 = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto",
@@ -53,7 +54,9 @@ class RecordingTrainer(DHPOTrainer):
         rows = [[part["completion_mask"].size(0) for part in (m if isinstance(m, list) else [m])] for m in planned]
         tokens = [[sum(batching.token_counts(part["prompt_mask"], part["completion_mask"]))
                    for part in (m if isinstance(m, list) else [m])] for m in planned]  # fmt: skip
-        self.plans.append({"own_needed": own, "rows_per_pass": rows, "tokens_per_pass": tokens})
+        parts = [part for m in planned for part in (m if isinstance(m, list) else [m])]
+        self.plans.append({"own_needed": own, "rows_per_pass": rows, "tokens_per_pass": tokens,
+                           "prompt_tokens": shared_prompts.prompt_tokens(parts)})  # fmt: skip
         return planned
 
 
@@ -63,6 +66,8 @@ def train(out_dir: Path, mode: str, tok, zero3: bool) -> None:
     extra = {"padding_free": True, "max_tokens_per_micro_batch": BUDGET}
     if mode == "trl":
         extra = {"dynamic_batching": False}
+    elif "--share-prompts" in sys.argv:  # tests/test_shared_prompts.py: the packed run shares prompts
+        extra["share_prompts"] = True
     args = config_for(
         "DHPO-A", output_dir=str(out_dir / "run"), per_device_train_batch_size=4, num_generations=4,
         gradient_accumulation_steps=2, steps_per_generation=4, max_completion_length=40, max_steps=4,

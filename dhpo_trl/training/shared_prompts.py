@@ -1,0 +1,335 @@
+"""Shared prompts (`DHPOConfig.share_prompts`): in a packed row, a GRPO group's prompt is forwarded once.
+
+`padding_free` packs whole sequences end to end, so a prompt with `num_generations` completions in one row is
+forwarded `num_generations` times. Here sequences of one row whose attended prompt tokens are identical form a group
+laid out as
+
+    [prompt minus its last token] [last prompt token, completion 1] [last prompt token, completion 2] ...
+
+* the prefix (the prompt minus its last token, positions 0 .. p - 2) is forwarded once, causally over itself;
+* each suffix (the last prompt token, then the completion; positions p - 1 onwards) attends to the whole prefix and
+  causally to itself only: one SDPA per suffix with keys [prefix; suffix] and a small lower-right causal mask (never
+  a row x row mask). The last prompt token is repeated in every suffix so that its hidden state, which predicts the
+  completion's first token, is computed per completion (the same value: same token, position and context) and the
+  fused head's shifted labels stay inside each suffix;
+* the prefix's keys and values enter every suffix's attention, so its activations receive the sum of every
+  completion's gradient, as the prompt copies do when each sequence is forwarded on its own: the same update, to float
+  rounding. A prompt of one token, or a group of one sequence in the row, is laid out as `padding_free` lays it.
+
+The plan keeps a group in one row where it can (`plan_rows`): rows are planned over groups, a group is split only
+when the token budget or the agreed row count needs it. Rows never leave their accumulation window (TRL shuffles the
+generation batch before cutting it, so a window holds the groups' completions that the shuffle put there; the
+benchmark measures how much that shares). Everything but `shared_sdpa_attention`'s SDPA calls is a pure function of
+tensors and lengths; the packed forward itself is `packing.forward_packed`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from . import batching, packing
+
+
+# ------------------------------------------------------------------------------------------------- groups
+@dataclass(frozen=True)
+class Sequences:
+    """What the plan needs of a batch's sequences: each one's prompt key (its attended prompt token ids), prompt
+    length and completion length (attended tokens)."""
+
+    keys: list[tuple[int, ...]]
+    prompts: list[int]
+    completions: list[int]
+
+
+def sequences(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_mask: torch.Tensor) -> Sequences:
+    """The `Sequences` of a TRL batch (left-padded prompts, right-padded completions). A sequence with no attended
+    token at all keeps its last prompt column, as `packing.pack` forwards it."""
+    prompt_mask = prompt_mask.bool().clone()
+    completions = completion_mask.sum(1)
+    if prompt_mask.size(1):
+        prompt_mask[(~prompt_mask.any(1)) & (completions == 0), -1] = True
+    ids = prompt_ids.tolist()
+    keys = [tuple(token for token, kept in zip(row, mask, strict=True) if kept)
+            for row, mask in zip(ids, prompt_mask.tolist(), strict=True)]  # fmt: skip
+    return Sequences(keys, [len(key) for key in keys], completions.tolist())
+
+
+def groups(keys: list) -> list[list[int]]:
+    """Indices of equal keys, in order of first appearance (each group in index order)."""
+    found: dict = {}
+    for index, key in enumerate(keys):
+        found.setdefault(key, []).append(index)
+    return list(found.values())
+
+
+def shares(prompt: int, members: int) -> bool:
+    """Whether a group of `members` sequences with a `prompt`-token prompt is laid out shared: only when there is a
+    prefix to share (at least two sequences, a prompt of at least two tokens)."""
+    return members >= 2 and prompt >= 2
+
+
+def tokens(seqs: Sequences, members: list[int]) -> int:
+    """Tokens one row forwards for `members`, all of one group: prefix once, then each suffix."""
+    prompt = seqs.prompts[members[0]]
+    completions = sum(seqs.completions[i] for i in members)
+    if shares(prompt, len(members)):
+        return prompt - 1 + len(members) + completions
+    return len(members) * prompt + completions
+
+
+def row_tokens(seqs: Sequences, row: list[int]) -> int:
+    """Tokens one shared row of sequence indices forwards (its groups laid out as `pack` lays them)."""
+    return sum(tokens(seqs, [row[i] for i in group]) for group in groups([seqs.keys[i] for i in row]))
+
+
+# ------------------------------------------------------------------------------------------------- the plan
+def units(seqs: Sequences, budget: int | None) -> list[list[int]]:
+    """The groups of `seqs`, each cut into as few parts as fit `budget` (first-fit-decreasing over its completions,
+    every part carrying the prefix); a sequence longer than the budget is a part of its own."""
+    out = []
+    for group in groups(seqs.keys):
+        if budget is None or tokens(seqs, group) <= budget:
+            out.append(group)
+            continue
+        parts: list[list[int]] = []
+        for index in sorted(group, key=lambda i: (-seqs.completions[i], i)):
+            for part in parts:
+                if tokens(seqs, [*part, index]) <= budget:
+                    part.append(index)
+                    break
+            else:
+                parts.append([index])
+        out.extend(sorted(part) for part in parts)
+    return out
+
+
+def rows_needed(seqs: Sequences, budget: int | None) -> int:
+    """The fewest rows the shared plan needs under `budget` (first-fit-decreasing over the groups' parts)."""
+    if not seqs.keys:
+        return 0
+    parts = units(seqs, budget)
+    return 1 if budget is None else batching.rows_needed([tokens(seqs, part) for part in parts], budget)
+
+
+def plan_rows(seqs: Sequences, count: int, budget: int | None = None) -> list[list[int]]:
+    """`batching.plan_rows` over groups: exactly `count` non-empty rows of sequence indices, each within `budget`
+    unless it holds a single longer sequence, every sequence in exactly one row, a group split only when the budget
+    or the count needs it (the part with the most tokens is halved until there are `count` parts)."""
+    if not 1 <= count <= len(seqs.keys):
+        raise ValueError(f"cannot pack {len(seqs.keys)} sequences into {count} non-empty rows")
+    parts = units(seqs, budget)
+    while len(parts) < count:  # halving a part keeps both halves within the budget (subsets, the same prefix)
+        widest = max((p for p in range(len(parts)) if len(parts[p]) > 1),
+                     key=lambda p: (tokens(seqs, parts[p]), -p))  # fmt: skip
+        order = sorted(parts[widest], key=lambda i: (-seqs.completions[i], i))
+        halves = batching.balanced([1 + seqs.completions[i] for i in order], 2)  # suffix tokens: both halves non-empty
+        parts[widest : widest + 1] = [sorted(order[i] for i in half) for half in halves]
+    rows = batching.plan_rows([tokens(seqs, part) for part in parts], count, budget)
+    return [sorted(i for p in row for i in parts[p]) for row in rows]
+
+
+def plan_windows(windows: list[Sequences], micro_steps: int, budget: int | None,
+                 agree: Callable) -> list[list[list[list[int]]]]:  # fmt: skip
+    """`batching.plan_windows` with shared rows: windows -> micro-steps -> rows -> sequence indices (of the window).
+    One row per micro-step without a budget; with one, the rows `rows_needed` says, agreed over processes (`agree`:
+    element-wise maximum, one collective) and rounded up to a multiple of `micro_steps`."""
+    passes = [1] * len(windows)
+    if budget is not None:
+        needed = agree([rows_needed(seqs, budget) for seqs in windows])
+        passes = [math.ceil(count / micro_steps) for count in needed]
+    plans = []
+    for seqs, per_step in zip(windows, passes, strict=True):
+        rows = plan_rows(seqs, micro_steps * per_step, budget)
+        plans.append([rows[step * per_step : (step + 1) * per_step] for step in range(micro_steps)])
+    return plans
+
+
+def window_sequences(window: dict) -> Sequences:
+    return sequences(window["prompt_ids"], window["prompt_mask"], window["completion_mask"])
+
+
+def plan_generation_batch(buffered: list[dict], micro_steps: int, budget: int | None = None,
+                          max_over_processes: Callable = lambda counts: counts, window_of: Callable | None = None,
+                          ) -> list[dict | batching.Passes]:  # fmt: skip
+    """`batching.plan_packed_generation_batch` with shared rows: each row one pass (`batching.split_window_into_rows`)."""
+    windows = [batching.concat(buffered[i : i + micro_steps]) for i in range(0, len(buffered), micro_steps)]
+    plans = plan_windows([window_sequences(window) for window in windows], micro_steps, budget, max_over_processes)
+    return [micro for window, plan in zip(windows, plans, strict=True)
+            for micro in batching.split_window_into_rows(window, plan, window_of)]  # fmt: skip
+
+
+def prompt_tokens(passes: list[dict]) -> tuple[int, int]:
+    """(prompt tokens the shared rows forward, prompt tokens of the same sequences): each pass is one row."""
+    shared = total = 0
+    for part in passes:
+        seqs = window_sequences(part)
+        total += sum(seqs.prompts)
+        for group in groups(seqs.keys):
+            prompt = seqs.prompts[group[0]]
+            shared += prompt - 1 + len(group) if shares(prompt, len(group)) else prompt * len(group)
+    return shared, total
+
+
+def prompt_sums(passes: list[dict]) -> dict:
+    """This process's (forwarded, total) prompt tokens of its update rows, as tensors to be summed over processes."""
+    forwarded, total = prompt_tokens(passes)
+    return {"shared_prompt_forwarded": torch.tensor(float(forwarded)), "shared_prompt_total": torch.tensor(float(total))}
+
+
+def saved_fraction(sums: dict) -> float:
+    """`batching/prompt_tokens_saved`: the share of the update rows' prompt tokens that sharing did not forward, all
+    processes (0 without prompts)."""
+    total = float(sums["shared_prompt_total"])
+    return (total - float(sums["shared_prompt_forwarded"])) / max(total, 1.0)
+
+
+# ------------------------------------------------------------------------------------------------- packing
+@dataclass(frozen=True)
+class Segments:
+    """The attention layout of one shared row, passed to `shared_sdpa_attention` with every layer call (gradient
+    checkpointing replays it): each segment's length, the segment it attends to as prefix (-1: none) and, for a
+    suffix, its (suffix, prefix + suffix) lower-right causal mask."""
+
+    lengths: tuple[int, ...]
+    prefix: tuple[int, ...]
+    masks: tuple = field(repr=False)
+
+
+@dataclass
+class SharedRow(packing.PackedRow):
+    segments: Segments | None = None
+
+    @property
+    def attention_kwargs(self) -> dict:
+        """The extra forward arguments `packing.forward_packed` passes: the per-group attention and its layout."""
+        return {"packed_attention": shared_sdpa_attention, "shared_segments": self.segments}
+
+
+def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
+         rows: list[list[int]]) -> list[SharedRow]:  # fmt: skip
+    """`packing.pack` with each row's groups laid out shared (module docstring). Predictors, targets, scatter indices and
+    `cu_seqlens` (the segments' bounds) have `packing.PackedRow`'s meaning."""
+    mask = attention_mask.bool().clone()
+    prompt_width = input_ids.size(1) - logits_to_keep
+    empty = ~mask.any(1)
+    mask[empty, max(prompt_width - 1, 0)] = True
+    device = input_ids.device
+    columns = torch.arange(input_ids.size(1), device=device)
+    out = []
+    for row in rows:
+        ids, positions, targets, scored_rows, scored_columns, predictors = [], [], [], [], [], []
+        lengths, prefix, masks = [], [], []
+        offset = 0
+
+        def add(tokens, position, label, prefix_segment, batch_row=None, completion_columns=None):
+            nonlocal offset
+            ids.append(tokens)
+            positions.append(position)
+            lengths.append(tokens.numel())
+            prefix.append(prefix_segment)
+            if prefix_segment < 0:
+                masks.append(None)
+            else:
+                width = lengths[prefix_segment]
+                masks.append(torch.ones(tokens.numel(), width + tokens.numel(), dtype=torch.bool, device=device)
+                             .tril(width))  # fmt: skip
+            if batch_row is not None:
+                where = (label != -100).nonzero(as_tuple=True)[0]
+                scored_rows.append(torch.full_like(where, batch_row))
+                scored_columns.append(completion_columns[where] - prompt_width)
+                targets.append(label[where])
+                predictors.append(offset + where - 1)  # the hidden state before a scored token predicts it
+            offset += tokens.numel()
+
+        kept = [mask[i] for i in row]
+        keys = [tuple(input_ids[i, kept_i & (columns < prompt_width)].tolist()) for i, kept_i in zip(row, kept)]
+        for group in groups(keys):
+            members = [row[g] for g in group]
+            prompt = len(keys[group[0]])
+            shared = shares(prompt, len(members))
+            if shared:
+                head = input_ids[members[0], kept[group[0]] & (columns < prompt_width)][:-1]
+                add(head, torch.arange(prompt - 1, device=device), torch.full_like(head, -100), -1)
+                prefix_segment = len(lengths) - 1
+            for g, i in zip(group, members, strict=True):
+                sequence_columns = kept[g].nonzero(as_tuple=True)[0]
+                if shared:
+                    sequence_columns = sequence_columns[prompt - 1 :]
+                tokens = input_ids[i, sequence_columns]
+                start = prompt - 1 if shared else 0
+                position = torch.arange(start, start + tokens.numel(), device=device)
+                label = torch.where((sequence_columns >= prompt_width) & (position > 0), tokens,
+                                    torch.full_like(tokens, -100))  # fmt: skip
+                add(tokens, position, label, prefix_segment if shared else -1, i, sequence_columns)
+        bounds = torch.tensor([0, *lengths], device=device).cumsum(0).to(torch.int32)
+        scored = torch.cat(targets)
+        if scored.numel() == 0:  # as `packing.pack`: one ignored target keeps the forward connected to the model
+            scored, predictors = scored.new_full((1,), -100), [scored.new_zeros(1)]
+        out.append(SharedRow(
+            input_ids=torch.cat(ids).unsqueeze(0), position_ids=torch.cat(positions).unsqueeze(0),
+            cu_seqlens=bounds, max_length=max(lengths), predictors=torch.cat(predictors), targets=scored.unsqueeze(0),
+            rows=torch.cat(scored_rows), columns=torch.cat(scored_columns),
+            segments=Segments(tuple(lengths), tuple(prefix), tuple(masks)),
+        ))  # fmt: skip
+    return out
+
+
+def packed_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
+                   batch_size: int | None, budget: int | None, max_over_processes: Callable, compute_entropy: bool,
+                   compute_aux_loss: bool, autocast):  # fmt: skip
+    """`packing.packed_forward` with shared rows: a policy pass (`batch_size` None) is one row; the passes over the
+    whole generation batch run TRL's number of rows, or more when the budget needs more, agreed over processes."""
+    prompt_width = input_ids.size(1) - logits_to_keep
+    seqs = sequences(input_ids[:, :prompt_width], attention_mask[:, :prompt_width], attention_mask[:, prompt_width:])
+    count = 1
+    if batch_size is not None:
+        count = math.ceil(input_ids.size(0) / batch_size)
+        if budget is not None:
+            count = max_over_processes([max(count, rows_needed(seqs, budget))])[0]
+    rows = plan_rows(seqs, count, budget if count > 1 else None)
+    packed = pack(input_ids, attention_mask, logits_to_keep, rows)
+    return packing.forward_packed(model, packed, (input_ids.size(0), logits_to_keep), compute_entropy,
+                                  compute_aux_loss, autocast)  # fmt: skip
+
+
+# ----------------------------------------------------------------------------------------------- attention
+def shared_sdpa_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Attention over a shared row (`query` (1, heads, L, dim)): a prefix or unshared sequence causally over itself,
+    a suffix over [its prefix; itself] under its lower-right causal mask. Returns (1, L, heads, dim), None."""
+    segments = kwargs.get("shared_segments")
+    if segments is None or attention_mask is not None or query.size(0) != 1:
+        raise ValueError("share_prompts' per-group attention runs only on shared rows (batch 1, shared_segments "
+                         "given, no attention mask), as DHPOTrainer's share_prompts forwards pass them.")  # fmt: skip
+    for name in ("sliding_window", "softcap", "s_aux"):
+        if kwargs.get(name) is not None:
+            raise ValueError(f"share_prompts' per-group SDPA attention cannot apply `{name}`: set share_prompts=False.")
+    gqa = key.size(1) != query.size(1)
+    queries, keys, values = (t.split(list(segments.lengths), 2) for t in (query, key, value))
+    pieces = []
+    for q, k, v, prefix, mask in zip(queries, keys, values, segments.prefix, segments.masks, strict=True):
+        if prefix < 0:
+            pieces.append(F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True, scale=scaling,
+                                                         enable_gqa=gqa))  # fmt: skip
+        else:
+            k, v = torch.cat([keys[prefix], k], 2), torch.cat([values[prefix], v], 2)
+            pieces.append(F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling,
+                                                         enable_gqa=gqa))  # fmt: skip
+    return torch.cat(pieces, dim=2).transpose(1, 2).contiguous(), None
+
+
+def unsupported_model_reason(model) -> str | None:
+    """Why shared rows would not give this model's per-sequence outputs, or None: `packing`'s reasons, and a
+    varlen flash implementation (its kernel cannot attend to another segment's prefix)."""
+    reason = packing.unsupported_model_reason(model)
+    if reason is not None:
+        return reason
+    implementation = packing.base_model(model).config._attn_implementation or "eager"
+    if implementation.removeprefix("dhpo_packed_") not in packing.REPLACEABLE_IMPLEMENTATIONS:
+        return (f"attn_implementation={implementation!r}: the per-group attention runs on SDPA (load the model with "
+                "attn_implementation='sdpa')")  # fmt: skip
+    return None
