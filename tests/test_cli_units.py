@@ -447,6 +447,7 @@ def test_a_run_stopped_by_a_signal_names_its_checkpoint_and_saves_nothing_else(c
     assert [name for name, _, _ in trainer.calls] == ["train"]  # no final model, card or push
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1 and "SIGTERM" in lines[0] and "step 7" in lines[0] and "out/checkpoint-7" in lines[0]
+    assert "--resume_from_checkpoint latest" in lines[0]  # the stop's checkpoint is full either way (resume.py)
     assert ("save_only_model" in lines[0]) == save_only_model
 
 

@@ -376,9 +376,9 @@ def run_training(trainer, script_args: DHPOScriptArguments):
     stop = getattr(trainer, "graceful_stop", None)
     if stop is not None:  # preempted: the checkpoint is the run's state; no final model, no push
         if trainer.accelerator.is_main_process:
+            full = ", a full one despite save_only_model" if training_args.save_only_model else ""
             print(f"dhpo-train: stopped by {stop['signal']} after step {stop['step']}; checkpoint {stop['checkpoint']} "
-                  "(a full one, also with save_only_model: resume with --resume_from_checkpoint latest).",
-                  flush=True)  # fmt: skip
+                  f"(resume with --resume_from_checkpoint latest{full}).", flush=True)  # fmt: skip
         return trainer
     hub_dataset = script_args.dataset_name if _is_hub_id(script_args.dataset_name) else None
     trainer.save_model(training_args.output_dir)

@@ -25,7 +25,7 @@ from ..core.losses import masked_log_ratio
 from ..core.objectives import get_objective
 from .moe import maybe_set_zero3_leaf_modules, zero3_leaf_modules_for_trl_prepared_models
 from .vllm_utils import check_vllm_setup
-from . import batching, packing, resume, shared_prompts, trl_mirror
+from . import batching, resume, shared_prompts, trl_mirror, update_path
 from .reward_checks import check_reward_functions
 
 CITATION = textwrap.dedent("""\
@@ -78,33 +78,12 @@ class DHPOTrainer(GRPOTrainer):
         self._tag_names = ["trl", "dhpo", args.algorithm]
         self._batching_warned = False
         self.graceful_stop = None  # set by train(): how a stop signal ended the run (see resume.py)
-        # ---- padding_free (issue 27; dhpo_trl/training/packing.py): True refuses a model packed rows would give wrong
-        # outputs; None (automatic) packs where that is supported and the faster path known, else says why not
-        models = [(name, checked) for name, checked in (("model", self.model), ("ref_model", self.ref_model))
-                  if checked is not None]  # fmt: skip
-        self._padding_free = args.padding_free is True
-        for name, checked in models if args.padding_free is True else ():
-            reason = packing.unsupported_model_reason(checked)
-            if reason:
-                raise ValueError(f"DHPOConfig.padding_free=True cannot run on this {name}: {reason}. Set "
-                                 "padding_free=False (dynamic batching) or change the model.")  # fmt: skip
-        if args.padding_free is None and args.dynamic_batching:
-            reason = packing.automatic_reason([checked for _, checked in models], self.accelerator.device.type)
-            self._padding_free = reason is None
-            if reason and self.accelerator.is_main_process and not args.share_prompts:
-                print(f"DHPOConfig.padding_free=None (automatic): dynamic batching for this run, since {reason}.")
-            if reason and args.share_prompts:
-                raise ValueError(f"DHPOConfig.share_prompts=True needs padding-free packing, which padding_free=None "
-                                 f"leaves off here ({reason}): set padding_free=True, or share_prompts=False.")
-        for name, checked in models if args.share_prompts else ():
-            reason = shared_prompts.unsupported_model_reason(checked)
-            if reason:
-                raise ValueError(f"DHPOConfig.share_prompts=True cannot run on this {name}: {reason}. Set "
-                                 "share_prompts=False or change the model.")  # fmt: skip
-        # shared_prompts.py plans and forwards the same rows with each prompt forwarded once
-        self._packed = shared_prompts if args.share_prompts else packing
-        self._plan_packed = shared_prompts.plan_generation_batch if args.share_prompts else batching.plan_packed_generation_batch
-        # ---- end padding_free
+        # padded, dynamic, packed or shared-prompt forwards: decided once (dhpo_trl/training/update_path.py)
+        path = update_path.choose(args.padding_free, args.share_prompts, args.dynamic_batching,
+                                  {"model": self.model, "ref_model": self.ref_model}, self.accelerator.device.type)
+        if path.note and self.accelerator.is_main_process:
+            print(path.note)
+        self._padding_free, self._packed, self._plan_packed = path.padding_free, path.forward, path.plan
 
     # --------------------------------------------------------------- batching
     def _prepare_inputs(self, generation_batch):

@@ -1,0 +1,65 @@
+"""The update's forwards, decided once from the settings, the models and the device (`update_path.choose`)."""
+
+import pytest
+from test_padding_free import sliding_qwen3
+
+from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
+from dhpo_trl.training import batching, packing, shared_prompts, update_path
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_char_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def sdpa(tok):
+    model = build_tiny_qwen3(tok, hidden_size=16)
+    model.config._attn_implementation = "sdpa"
+    return model
+
+
+@pytest.fixture(scope="module")
+def flash(tok):
+    model = build_tiny_qwen3(tok, hidden_size=16)
+    model.config._attn_implementation = "flash_attention_2"
+    return model
+
+
+def choose(padding_free=None, share_prompts=False, dynamic_batching=True, model=None, ref_model=None, device="cpu"):
+    return update_path.choose(padding_free, share_prompts, dynamic_batching, {"model": model, "ref_model": ref_model},
+                              device)  # fmt: skip
+
+
+@pytest.mark.parametrize(("device", "attention", "packed"), [("cpu", "sdpa", True), ("cuda", "flash", True),
+                                                              ("cuda", "sdpa", False), ("xpu", "sdpa", False)])
+def test_automatic_packs_where_measured_or_varlen(device, attention, packed, request):
+    path = choose(model=request.getfixturevalue(attention), device=device)
+    assert path.padding_free is packed
+    assert (path.forward, path.plan) == ((packing, batching.plan_packed_generation_batch) if packed else (None, None))
+    assert (path.note is None) is packed  # dynamic batching by the automatic choice is said, naming the opt-in
+    assert packed or "padding_free=True" in path.note
+
+
+def test_explicit_settings_are_obeyed(sdpa):
+    assert choose(padding_free=True, model=sdpa, device="cuda").padding_free is True  # opt-in where unmeasured
+    assert choose(padding_free=False, model=sdpa).padding_free is False
+    off = choose(dynamic_batching=False, model=sdpa)  # TRL's batching: nothing packs, nothing to say
+    assert (off.padding_free, off.note) == (False, None)
+
+
+def test_shared_prompts_forward_and_plan(sdpa):
+    path = choose(share_prompts=True, model=sdpa, ref_model=sdpa)
+    assert (path.padding_free, path.forward, path.plan) == (True, shared_prompts, shared_prompts.plan_generation_batch)
+
+
+def test_refusals_name_the_setting_that_would_act(tok, sdpa, flash):
+    sliding = sliding_qwen3(tok)
+    with pytest.raises(ValueError, match=r"padding_free=True cannot run on this ref_model: .*sliding"):
+        choose(padding_free=True, model=sdpa, ref_model=sliding)
+    automatic_off = choose(model=sliding)  # automatic: dynamic batching, the reason said
+    assert automatic_off.padding_free is False and "sliding" in automatic_off.note
+    with pytest.raises(ValueError, match=r"share_prompts=True needs padding-free .*padding_free=True"):
+        choose(share_prompts=True, model=sdpa, device="cuda")
+    with pytest.raises(ValueError, match=r"share_prompts=True cannot run on this model: .*flash_attention_2"):
+        choose(share_prompts=True, padding_free=True, model=flash, device="cuda")
