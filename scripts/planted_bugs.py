@@ -6,8 +6,14 @@ Usage: python scripts/planted_bugs.py [--only ID ...] [--json OUT]   (from the r
 Each bug is one text replacement in `dhpo_trl/`, anchored on one line that states the computation (not on line
 numbers). When the named file no longer holds the anchor, the one file of `dhpo_trl/` that holds it exactly once is
 used (code moved by a refactor keeps its bug); an anchor found nowhere, or in several places, is reported as
-"needs re-anchoring", never silently skipped. A bug is caught when pytest fails (or times out: a hang
-is a failure) on the listed test files. The set is ours (issue 26 part B), different from the issue's list; the
+"needs re-anchoring", never silently skipped. A bug is caught when pytest fails on the listed test files.
+
+A hang is a failure too, reported as "caught (hang, killed)": pytest runs in a session of its own, and when it
+runs past --timeout, or a test's own process timeout fired inside it (TimeoutExpired in its output), every process
+of its tree is stopped (`tests/processes.kill_tree`: torchrun's workers sit in sessions of their own, and a rank
+blocked in a collective ignores SIGTERM, hence SIGKILL after the grace period). Afterwards every process still
+running from the bug's temporary copy (its path on the command line, or as working directory) is listed, killed,
+and the result says "NOT killed" with their number. The set is ours (issue 26 part B), different from the issue's list; the
 classes are described in docs/testing.md.
 """
 
@@ -213,6 +219,27 @@ def locate(root: Path, path: str, anchor: str) -> str | None:
     return None
 
 
+def leftovers(copy: Path) -> list[int]:
+    """Live processes started from the temporary copy `copy`: its path on their command line or as their working
+    directory (torchrun's workers run the copy's tests/dist_scripts; pytest runs in the copy)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                if handle.read().rsplit(") ", 1)[1].startswith("Z"):
+                    continue  # a zombie runs nothing
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                cmdline = handle.read().decode(errors="replace")
+            cwd = os.readlink(f"/proc/{entry}/cwd")
+        except (OSError, IndexError):
+            continue
+        if str(copy) in cmdline or cwd == str(copy) or cwd.startswith(f"{copy}/"):
+            found.append(int(entry))
+    return found
+
+
 def run_bug(bug_id: str, timeout: float) -> dict:
     path, anchor, replacement, tests, what = BUGS[bug_id]
     with tempfile.TemporaryDirectory(prefix=f"planted-{bug_id}-") as tmp:
@@ -232,9 +259,18 @@ def run_bug(bug_id: str, timeout: float) -> dict:
             lines = result.stdout.strip().splitlines()
             caught, tail = result.returncode != 0, lines[-1:] or [""]
             failed = [line.split()[1] for line in lines if line.startswith(("FAILED ", "ERROR "))][:1]
+            hang = caught and "TimeoutExpired" in result.stdout  # a test's own process timeout fired
         except subprocess.TimeoutExpired:
-            caught, tail, failed = True, [f"timed out after {timeout:.0f} s (a hang counts as caught)"], []
-        return {"id": bug_id, "file": path, "result": "caught" if caught else "NOT caught", "what": what,
+            caught, tail, failed, hang = True, [f"pytest timed out after {timeout:.0f} s"], [], True
+        left = leftovers(copy)
+        for pid in left:
+            processes.kill_tree(pid, grace=2.0)
+        verdict = "caught" if caught else "NOT caught"
+        if hang:
+            verdict = "caught (hang, killed)" if not left else f"caught (hang, NOT killed: {len(left)} processes)"
+        elif left:
+            verdict += f" ({len(left)} processes left, killed now)"
+        return {"id": bug_id, "file": path, "result": verdict, "what": what, "left": left,
                 "tests": tests, "caught_by": failed[0] if failed else None, "pytest": tail[0],
                 "seconds": round(time.monotonic() - start, 1)}  # fmt: skip
 
@@ -254,9 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     for bug_id in ids:
         results.append(run_bug(bug_id, args.timeout))
         r = results[-1]
-        print(f"{r['result']:>10}  {bug_id:40s} {r.get('seconds', '')} s  {r.get('pytest', '')}  "
+        print(f"{r['result']:>21}  {bug_id:40s} {r.get('seconds', '')} s  {r.get('pytest', '')}  "
               f"{r.get('caught_by') or ''}", flush=True)
-    caught = sum(r["result"] == "caught" for r in results)
+    caught = sum(r["result"].startswith("caught") for r in results)
     print(f"\n{caught}/{len(results)} planted bugs caught")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
