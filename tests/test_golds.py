@@ -192,8 +192,11 @@ def test_rules_that_read_the_question(raw, question, expected):
         ("12 L", "A rod of length $L$ is cut in two.", "12 L"),  # capital letters are variables too
         ("12 l", "A rod of length $L$ is cut in two.", "12"),  # and case counts
         ("12 m", r"The rope is $$3\n\mathrm{m}$$ long.", "12"),
+        ("12 m", "Solve \\[ 3m + 2 = 38 \\] for the length.", "12 m"),  # \[...\] display math names m too
+        ("12 m", "Let \\[x =\n m + 1\\] and solve.", "12 m"),  # over two lines
     ],
-    ids=["display-two-lines", "paren-two-lines", "second-segment", "after-mathrm", "capital", "case", "unit"],
+    ids=["display-two-lines", "paren-two-lines", "second-segment", "after-mathrm", "capital", "case", "unit",
+         "bracket-display", "bracket-display-two-lines"],
 )
 def test_unit_letters_and_the_question_math(raw, question, expected):
     assert normalise_gold(raw, question=question) == expected
