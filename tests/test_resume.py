@@ -162,6 +162,22 @@ def test_without_the_generation_state_the_resume_differs(uninterrupted, tok, tmp
     assert prompts_of(resumed) == prompts_of(full)
 
 
+def test_an_older_checkpoint_regenerates_on_the_uninterrupted_runs_boundaries_under_accumulation(
+        uninterrupted, tok, tmp_path):  # fmt: skip
+    """With 2 micro-steps per optimizer step, an older checkpoint at step 1 has done 2 micro-steps: the resume must
+    count them (not 1), or its generation batches start mid-step and steps 3-4 train on other prompts."""
+    full = uninterrupted["k2-accumulation-windows"]
+    legacy = tmp_path / "checkpoint-1"
+    shutil.copytree(os.path.join(full.args.output_dir, "checkpoint-1"), legacy)
+    for name in ("dhpo_generation_state_rank0.pt", resume.COMPLETE_MARKER):
+        (legacy / name).unlink()
+    settings, _ = MID_BATCH["k2-accumulation-windows"]
+    with pytest.warns(UserWarning, match="no generation state"):
+        resumed = train(tok, tmp_path / "out", resume_from=str(legacy), **settings)
+    prompts_of = lambda run: sorted(prompt for step in (3, 4) for prompt, _ in run.seen[step])  # noqa: E731
+    assert sorted(resumed.seen) == [2, 3, 4] and prompts_of(resumed) == prompts_of(full)
+
+
 def test_latest_skips_a_half_written_checkpoint(uninterrupted, tok, tmp_path):
     full = uninterrupted["k2"]
     output_dir = tmp_path / "out"
@@ -332,6 +348,14 @@ def test_discovery_and_completeness(tmp_path):
     with pytest.raises(ValueError, match="is not a folder"):
         resume.resolve_checkpoint(str(tmp_path / "checkpoint-99"), str(tmp_path))
     assert resume.resolve_checkpoint("latest", str(tmp_path / "nothing-here")) is None
+
+
+def test_an_older_deepspeed_checkpoint_is_resumable(tmp_path):
+    """DeepSpeed keeps the optimizer states in a `global_step<N>` folder, with no `optimizer.pt`: not weights only."""
+    deepspeed = _checkpoint(tmp_path, 6, ["trainer_state.json", "latest", "zero_to_fp32.py"])
+    (tmp_path / "checkpoint-6" / "global_step6").mkdir()
+    assert resume.incomplete_reason(deepspeed) is None
+    assert resume.resolve_checkpoint("latest", str(tmp_path)) == deepspeed
 
 
 def test_weights_only_and_unresumable_output_dirs_are_refused(tmp_path):
