@@ -115,7 +115,7 @@ def configure(tmp_path, cell, **overrides):
     settings = Settings(
         accumulation=ACCUMULATION, steps_per_generation=config.steps_per_generation, rows_per_micro_batch=ROWS,
         mixing=mixing, entropy_scope=config.entropy_norm_scope, loss_type=loss_type, dynamic_batching=batching != "off", top_entropy_quantile=top_entropy,
-        entropy_coef=kwargs.get("entropy_coef", 0.0), adaptive=ADAPTIVE if bonus == "adaptive" else None,
+        entropy_coef=kwargs.get("entropy_coef", 0.0), adaptive={k: kwargs[k] for k in ADAPTIVE} if bonus == "adaptive" else None,
         aux_coef=0.5 if moe else 0.0,
     )  # fmt: skip
     return config, settings
@@ -227,9 +227,11 @@ TWO_PROCESS_CELLS = {
     "budget-tool-q0.5-offpolicy-dapo": (("budget", "none", True, 0.5, False, "off", "entropy", "dapo"), {}),
     # The adaptive coefficient: one update per optimizer step from the entropy of every process's window, whatever
     # the pass count; DHPO-E's min-max over every process's tokens of the pass ("global"). Three steps: the
-    # coefficient updated after step 1 acts on step 2 and 3, and step 3 starts a new generation.
+    # coefficient updated after step 1 acts on step 2 and 3, and step 3 starts a new generation. The target lies
+    # between the two ranks' step-1 window entropies (checked below): a process reading its own entropy moves
+    # its coefficient the other way.
     "budget-adaptive-global-range": (("budget", "adaptive", False, 1.0, False, "off", "entropy", "grpo"),
-                                     {"max_steps": 3, "entropy_norm_scope": "global"}),
+                                     {"max_steps": 3, "entropy_norm_scope": "global", "entropy_target": 4.62587}),
     # TRL's quantile over every process's tokens, with tool tokens out of it, under the windowed entropy bonus
     # (divided by the kept tokens), off-policy ratios.
     "dynamic-fixed-tool-q0.5-offpolicy": (("on", "fixed", True, 0.5, False, "off", "averaged", "grpo"), {}),
@@ -253,11 +255,11 @@ def two_processes(tmp_path_factory):
             for index, name in enumerate(TWO_PROCESS_CELLS)}  # fmt: skip
 
 
-def _reference(two_processes, tok, name, coefficients=None):
+def _reference(two_processes, tok, name, coefficients=None, entropies=None):
     cell, overrides = TWO_PROCESS_CELLS[name]
     _, settings = configure(Path("/tmp"), cell, **overrides)
     recordings = [dump["recording"] for dump in two_processes[name]]
-    return recordings, reference_gradients(build(tok, cell[4]), recordings, settings, coefficients)
+    return recordings, reference_gradients(build(tok, cell[4]), recordings, settings, coefficients, entropies)
 
 
 @pytest.mark.parametrize("name", BUDGET_CELLS)
@@ -291,11 +293,17 @@ def test_two_processes_gradient_equals_the_independent_computation(two_processes
 
 
 def test_two_processes_log_the_agreed_adaptive_coefficient(two_processes, tok):
-    """Both ranks log the coefficient of the reference's controller (one update per optimizer step from the world
-    entropy); the target is above any entropy, so it is also start + k x delta after step k."""
-    coefficients = []
-    _reference(two_processes, tok, "budget-adaptive-global-range", coefficients)
-    assert coefficients == pytest.approx([ADAPTIVE_START + k * ADAPTIVE["entropy_coef_delta"] for k in (1, 2, 3)])
-    for dump in two_processes["budget-adaptive-global-range"]:
+    """Both ranks log the coefficient of the reference's controller: one update per optimizer step from the entropy
+    of every process's window. The target lies between the ranks' own step-1 entropies (a process that read only its
+    own would move the other way) and is crossed by the world entropy, so the coefficient goes down, then up."""
+    name = "budget-adaptive-global-range"
+    coefficients, entropies = [], []
+    _reference(two_processes, tok, name, coefficients, entropies)
+    target, delta = TWO_PROCESS_CELLS[name][1]["entropy_target"], ADAPTIVE["entropy_coef_delta"]
+    (world, local), margin = entropies[0], 1e-5  # float32 entropies: about 1e-6 from the float64 reference
+    assert min(local) < target - margin and max(local) > target + margin, f"re-pick the target between {local}"
+    assert world > target + margin and entropies[1][0] < target - margin, entropies
+    assert coefficients == pytest.approx([0.0, delta, 2 * delta])  # max(start - delta, min), then up twice
+    for dump in two_processes[name]:
         logged = [entry["entropy_coef"] for entry in dump["log_history"] if "entropy_coef" in entry]
         assert logged == pytest.approx(coefficients, rel=1e-6)

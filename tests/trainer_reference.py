@@ -141,9 +141,11 @@ def _windows(recording: Recording, accumulation: int):
 
 
 def reference_gradients(build_model, recordings: list[Recording], settings: Settings,
-                        coefficients: list | None = None) -> list[dict]:  # fmt: skip
+                        coefficients: list | None = None, window_entropies: list | None = None) -> list[dict]:  # fmt: skip
     """The hand gradient of every optimizer step, from the per-process recordings (same steps on every process).
-    With `coefficients`, the entropy coefficient after each step's update is appended to it (TRL logs that one)."""
+    With `coefficients`, the entropy coefficient after each step's update is appended to it (TRL logs that one);
+    with `window_entropies`, (the world's window entropy, [each process's own]) of each step, as the controller
+    sees them."""
     s = settings
     windows = [_windows(r, s.accumulation) for r in recordings]  # [process][step] -> passes
     processes, steps = len(recordings), len(windows[0])
@@ -160,7 +162,7 @@ def reference_gradients(build_model, recordings: list[Recording], settings: Sett
         missing, unexpected = model.load_state_dict(params, strict=False)
         assert not unexpected and all(name == "lm_head.weight" for name in missing), (missing, unexpected)  # tied
         model.train()
-        losses, world = [], torch.zeros(2, dtype=dtype)
+        losses, world, local = [], torch.zeros(2, dtype=dtype), []
         first = step - step % windows_per_generation
         generation = range(first, first + windows_per_generation)
         if s.loss_type == "dapo":  # TRL's num_items_in_batch: the generation batch's loss tokens, every process
@@ -230,6 +232,7 @@ def reference_gradients(build_model, recordings: list[Recording], settings: Sett
                 loss = loss + s.aux_coef * aux_sum / len(passes)
             losses.append(loss)
             world += torch.stack([entropy_sum.detach(), torch.as_tensor(entropy_count, dtype=dtype)])
+            local.append(float(entropy_sum) / max(float(entropy_count), 1.0))
         model.zero_grad()
         (sum(losses) / processes).backward()  # DDP averages the processes' gradients
         out.append({n: p.grad.detach().float() for n, p in model.named_parameters() if p.grad is not None})
@@ -242,6 +245,8 @@ def reference_gradients(build_model, recordings: list[Recording], settings: Sett
                 coef = max(coef - a["entropy_coef_delta"], a["entropy_coef_min"])
         if coefficients is not None:
             coefficients.append(coef)
+        if window_entropies is not None:
+            window_entropies.append(((world[0] / world[1].clamp(min=1.0)).item(), local))
     return out
 
 
