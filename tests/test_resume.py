@@ -350,6 +350,16 @@ def test_discovery_and_completeness(tmp_path):
     assert resume.resolve_checkpoint("latest", str(tmp_path / "nothing-here")) is None
 
 
+def test_skipped_checkpoints_are_warned_about_by_default(tmp_path):
+    """Without a `warn` callback, each skipped folder is a UserWarning that names it (a silent skip would hide a
+    half-written save)."""
+    complete = _checkpoint(tmp_path, 1, ["trainer_state.json", "optimizer.pt"])
+    half = _checkpoint(tmp_path, 2, ["dhpo_generation_state_rank0.pt"])
+    with pytest.warns(UserWarning) as caught:
+        assert resume.newest_complete_checkpoint(str(tmp_path)) == complete
+    assert [half in str(w.message) for w in caught] == [True]
+
+
 def test_an_older_deepspeed_checkpoint_is_resumable(tmp_path):
     """DeepSpeed keeps the optimizer states in a `global_step<N>` folder, with no `optimizer.pt`: not weights only."""
     deepspeed = _checkpoint(tmp_path, 6, ["trainer_state.json", "latest", "zero_to_fp32.py"])
