@@ -142,6 +142,8 @@ RULES = [
     ("unit-text-in-prose", r"\text{Player } 2 \text{ wins}", r"\text{Player } 2 \text{ wins}"),  # all text: kept
     ("in-set-spaced-name", r"f (x) \in [0, 1]", "[0, 1]"),  # spaces inside the name are ignored
     ("in-set-spaced-subscript", r"x_ {0} \in (0, 1)", "(0, 1)"),
+    ("in-set-to-infinity", r"x \in (0, \infty)", r"(0, \infty)"),  # the first \in, not the one inside \infty
+    ("in-set-builder", r"n \in \{k \in \mathbb{Z} : k > 2\}", r"\{k \in \mathbb{Z} : k > 2\}"),
 ]
 
 
