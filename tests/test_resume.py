@@ -6,6 +6,7 @@ Runs are DHPO-E on the tiny Qwen3 (seed 0), a checkpoint every optimizer step, r
 restored too). Each takes about a second.
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -285,6 +286,46 @@ def test_encode_decode_round_trip_keeps_types_devices_and_order():
     assert torch.equal(back[1][1]["ids"], torch.zeros(2, 2)) and back[2] == (1.5, "s", True)
     back[0]["b"][0, 0] = 100  # a copy, not a view of the live buffer
     assert value[0]["b"][0, 0] == 0
+
+
+def test_decode_moves_accelerator_tensors_to_the_device_at_every_depth():
+    """A tensor saved from an accelerator goes to the resuming process's device, wherever it sits (inside passes,
+    dicts, lists, tuples, a window); a CPU one stays on the CPU. The meta device stands in for an accelerator."""
+    def on_device(value):
+        return ("tensor", torch.tensor(value), True)
+
+    def on_cpu(value):
+        return ("tensor", torch.tensor(value), False)
+
+    window = resume.encode(aggregation.fixed_slice_window(4, 2, torch.tensor(30.0)))
+    assert [node[0] for _, node in window[1]].count("tensor") == 1  # dapo_tokens
+    window = ("window", [(name, on_device(1.0) if node[0] == "tensor" else node) for name, node in window[1]])
+    node = ("list", [
+        ("passes", [("dict", [("ids", on_device(1.0)), ("cpu", on_cpu(2.0))])]),
+        ("tuple", [on_device(3.0), ("list", [on_device(4.0)])]),
+        window,
+    ])  # fmt: skip
+    back = resume.decode(node, device="meta")
+    assert isinstance(back[0], batching.Passes) and back[0][0]["ids"].device.type == "meta"
+    assert back[0][0]["cpu"].device.type == "cpu" and back[0][0]["cpu"].item() == 2.0
+    assert [t.device.type for t in (back[1][0], back[1][1][0])] == ["meta", "meta"]
+    window_tensors = [getattr(back[2], f.name) for f in dataclasses.fields(back[2])
+                      if torch.is_tensor(getattr(back[2], f.name))]  # fmt: skip
+    assert window_tensors and all(t.device.type == "meta" for t in window_tensors)
+    assert resume.decode(on_device(5.0)).device.type == "cpu"  # the default device
+
+
+def test_decode_refuses_an_unknown_node_naming_its_kind():
+    with pytest.raises(ValueError, match="'bitmap'"):
+        resume.decode(("bitmap", b"\x00"))
+
+
+def test_a_marker_without_settings_refuses_every_current_setting(tmp_path):
+    path = _checkpoint(tmp_path, 1, ["trainer_state.json", "optimizer.pt"])
+    (tmp_path / "checkpoint-1" / resume.COMPLETE_MARKER).write_text(json.dumps({"format": 1, "global_step": 1}))
+    with pytest.raises(ValueError) as error:
+        resume.check_resumable(path, {"world_size": 2, "algorithm": "dhpo"})
+    assert "world_size=None" in str(error.value) and "algorithm=None" in str(error.value)
 
 
 def test_encode_names_the_path_of_an_unsupported_value():
