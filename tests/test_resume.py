@@ -315,6 +315,36 @@ def test_decode_moves_accelerator_tensors_to_the_device_at_every_depth():
     assert resume.decode(on_device(5.0)).device.type == "cpu"  # the default device
 
 
+def test_a_cpu_tensor_stays_on_the_cpu_whatever_the_resuming_device():
+    """The window normalisers stay on the CPU on purpose: encode marks a CPU tensor as such."""
+    back = resume.decode(resume.encode({"window": torch.tensor(3.0)}), device="meta")
+    assert back["window"].device.type == "cpu" and back["window"].item() == 3.0
+
+
+@pytest.mark.parametrize(("value", "path"), [
+    ([batching.Passes([{"ids": torch.ones(1), "odd": {1}}])], "state[0][0]['odd']"),
+    ((1, {2}), "state[1]"),
+    ({"w": aggregation.fixed_slice_window(2, 1, {3})}, "state['w'].dapo_tokens"),
+])  # fmt: skip
+def test_encode_names_the_path_through_passes_tuples_and_windows(value, path):
+    with pytest.raises(TypeError) as error:
+        resume.encode(value)
+    assert str(error.value).split(" is a ")[0] == path
+
+
+def test_marking_and_unmarking_a_checkpoint(tmp_path):
+    """A marker written with the defaults makes a resumable checkpoint of format FORMAT; unmark removes it, so the
+    folder is incomplete until marked again."""
+    path = _checkpoint(tmp_path, 3, ["trainer_state.json", "optimizer.pt", "dhpo_generation_state_rank0.pt"])
+    resume.mark_complete(path, {"world_size": 1}, 3)
+    assert resume.incomplete_reason(path) is None
+    assert resume.read_marker(path) == {"format": resume.FORMAT, "global_step": 3, "save_only_model": False,
+                                        "settings": {"world_size": 1}}  # fmt: skip
+    resume.unmark(path)
+    assert resume.read_marker(path) is None and resume.COMPLETE_MARKER in resume.incomplete_reason(path)
+    resume.unmark(path)  # already unmarked: nothing to do
+
+
 def test_decode_refuses_an_unknown_node_naming_its_kind():
     with pytest.raises(ValueError, match="'bitmap'"):
         resume.decode(("bitmap", b"\x00"))
