@@ -332,6 +332,16 @@ def test_encode_names_the_path_through_passes_tuples_and_windows(value, path):
     assert str(error.value).split(" is a ")[0] == path
 
 
+def test_resume_values_as_a_shell_passes_them(tmp_path):
+    """`--resume_from_checkpoint` arrives as text: "no" in any case starts afresh, and the surrounding whitespace of
+    a value (a requeue script's trailing newline) is ignored, for `latest` and for a path alike."""
+    path = _checkpoint(tmp_path, 4, ["trainer_state.json", "optimizer.pt"])
+    for value in ("no", " No ", "NO\n"):
+        assert resume.resolve_checkpoint(value, str(tmp_path)) is None
+    assert resume.resolve_checkpoint(" latest\n", str(tmp_path)) == path
+    assert resume.resolve_checkpoint(f"{path}\n", str(tmp_path)) == path
+
+
 def test_marking_and_unmarking_a_checkpoint(tmp_path):
     """A marker written with the defaults makes a resumable checkpoint of format FORMAT; unmark removes it, so the
     folder is incomplete until marked again."""
