@@ -339,6 +339,7 @@ def test_resume_values_as_a_shell_passes_them(tmp_path):
     for value in ("no", " No ", "NO\n"):
         assert resume.resolve_checkpoint(value, str(tmp_path)) is None
     assert resume.resolve_checkpoint(" latest\n", str(tmp_path)) == path
+    assert resume.resolve_checkpoint("Yes", str(tmp_path)) == path  # like True
     assert resume.resolve_checkpoint(f"{path}\n", str(tmp_path)) == path
 
 
