@@ -6,8 +6,14 @@ Usage: python scripts/planted_bugs.py [--only ID ...] [--json OUT]   (from the r
 Each bug is one text replacement in `dhpo_trl/`, anchored on one line that states the computation (not on line
 numbers). When the named file no longer holds the anchor, the one file of `dhpo_trl/` that holds it exactly once is
 used (code moved by a refactor keeps its bug); an anchor found nowhere, or in several places, is reported as
-"needs re-anchoring", never silently skipped. A bug is caught when pytest fails (or times out: a hang
-is a failure) on the listed test files. The set is ours (issue 26 part B), different from the issue's list; the
+"needs re-anchoring", never silently skipped. A bug is caught when pytest fails on the listed test files.
+
+A hang is a failure too, reported as "caught (hang, killed)": pytest runs in a session of its own, and when it
+runs past --timeout, or a test's own process timeout fired inside it (TimeoutExpired in its output), every process
+of its tree is stopped (`tests/processes.kill_tree`: torchrun's workers sit in sessions of their own, and a rank
+blocked in a collective ignores SIGTERM, hence SIGKILL after the grace period). Afterwards every process still
+running from the bug's temporary copy (its path on the command line, or as working directory) is listed, killed,
+and the result says "NOT killed" with their number. The set is ours (issue 26 part B), different from the issue's list; the
 classes are described in docs/testing.md.
 """
 
@@ -212,6 +218,86 @@ BUGS = {
         "return prompt - 1 + completions",
         ["tests/test_shared_prompts.py"], "the plan's token count forgets each suffix's repeated last prompt token",
     ),
+    # A second set (issue 26, 2026-11-25): kinds not in the lists above. The cross-process ones are caught by the
+    # two-process cells of the feature matrix; the resume and gold ones by behaviour tests written for them.
+    "top-entropy-quantile-over-tool-tokens": (
+        "dhpo_trl/training/trainer.py",
+        "entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)",
+        "entropy_mask = self.get_high_entropy_mask(entropies, completion_mask, 1 - self.top_entropy_quantile)",
+        MATRIX, "the top-entropy quantile is taken over tool-output tokens too (the wrong mask)",
+    ),
+    "global-entropy-range-not-reduced": (
+        "dhpo_trl/training/trainer.py",
+        "_, maxima = self._reduce({}, metrics.entropy_range_maxima(entropies, mask))",
+        "maxima = metrics.entropy_range_maxima(entropies, mask)",
+        MATRIX, "entropy_norm_scope='global' takes DHPO-E's min-max on this process only",
+    ),
+    "adaptive-world-entropy-not-reduced": (
+        "dhpo_trl/training/trainer.py",
+        'sums, _ = self._reduce({"sum": stats[0], "count": stats[1]}, {})',
+        'sums = {"sum": stats[0], "count": stats[1]}',
+        MATRIX, "the adaptive controller reads this process's window entropy, not the world's",
+    ),
+    "gsm8k-first-hashes": (
+        "dhpo_trl/scoring/golds.py",
+        'text = text.rsplit("####", 1)[1].replace(",", "")',
+        'text = text.split("####", 1)[1].replace(",", "")',
+        ["tests/test_golds.py"], "a GSM8K gold is read after its first ####, not its last",
+    ),
+    "large-negative-float-gold": (
+        "dhpo_trl/scoring/golds.py",
+        "return str(int(raw)) if raw.is_integer() and abs(raw) < 1e16 else repr(raw)",
+        "return str(int(raw)) if raw.is_integer() and raw < 1e16 else repr(raw)",
+        ["tests/test_golds.py"], "-1e23 becomes -99999999999999991611392 (the bound forgets the sign)",
+    ),
+    "base-digit-equal-to-the-base": (
+        "dhpo_trl/scoring/golds.py",
+        "not all(int(d, 36) < int(match[2]) for d in match[1])",
+        "not all(int(d, 36) <= int(match[2]) for d in match[1])",
+        ["tests/test_golds.py"], "18_8 is read as a base-8 number (a digit equal to the base; off by one)",
+    ),
+    "one-option-makes-a-choice": (
+        "dhpo_trl/scoring/golds.py",
+        'len(set(re.findall(r"\(([A-E])\)", question))) >= 2',
+        'len(set(re.findall(r"\(([A-E])\)", question))) >= 1',
+        ["tests/test_golds.py"], "a question with one '(A)' makes the gold letter a multiple-choice answer",
+    ),
+    "bracket-display-math-ignored": (
+        "dhpo_trl/scoring/golds.py",
+        r'segments = re.findall(r"\$\$?(.+?)\$\$?|\\\((.+?)\\\)|\\\[(.+?)\\\]", question, re.DOTALL)',
+        r'segments = re.findall(r"\$\$?(.+?)\$\$?|\\\((.+?)\\\)", question, re.DOTALL)',
+        ["tests/test_golds.py"], "a variable named only in \\[...\\] display math is dropped as a unit letter",
+    ),
+    "unit-letter-case-sensitive": (
+        "dhpo_trl/scoring/golds.py",
+        "if question is None or not match or match[2].lower() not in _UNIT_WORDS:",
+        "if question is None or not match or match[2] not in _UNIT_WORDS:",
+        ["tests/test_golds.py"], "'250 mL' keeps its unit (the unit words are lower case)",
+    ),
+    "checkpoints-sorted-by-name": (
+        "dhpo_trl/training/resume.py",
+        "((checkpoint_step(name), os.path.join(output_dir, name)) for name in os.listdir(output_dir)",
+        "((name, os.path.join(output_dir, name)) for name in os.listdir(output_dir)",
+        ["tests/test_resume.py"], "'latest' picks checkpoint-9 over checkpoint-10 (sorted as text)",
+    ),
+    "deepspeed-checkpoint-weights-only": (
+        "dhpo_trl/training/resume.py",
+        'weights_only = not any(name.startswith(("optimizer", "global_step")) for name in names)',
+        'weights_only = not any(name.startswith("optimizer") for name in names)',
+        ["tests/test_resume.py"], "an older DeepSpeed checkpoint (optimizer in global_step<N>/) is refused",
+    ),
+    "new-setting-unchecked": (
+        "dhpo_trl/training/resume.py",
+        "return [name for name in dict.fromkeys([*saved, *current]) if saved.get(name) != current.get(name)]",
+        "return [name for name in saved if saved.get(name) != current.get(name)]",
+        ["tests/test_resume.py"], "a setting the checkpoint did not record is never compared",
+    ),
+    "older-checkpoint-step-without-accumulation": (
+        "dhpo_trl/training/resume.py",
+        "trainer._step = global_step * trainer.args.gradient_accumulation_steps",
+        "trainer._step = global_step",
+        ["tests/test_resume.py"], "an older checkpoint resumes its micro-step counter at optimizer steps",
+    ),
 }
 
 
@@ -237,6 +323,27 @@ def locate(root: Path, path: str, anchor: str) -> str | None:
     return None
 
 
+def leftovers(copy: Path) -> list[int]:
+    """Live processes started from the temporary copy `copy`: its path on their command line or as their working
+    directory (torchrun's workers run the copy's tests/dist_scripts; pytest runs in the copy)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as handle:
+                if handle.read().rsplit(") ", 1)[1].startswith("Z"):
+                    continue  # a zombie runs nothing
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                cmdline = handle.read().decode(errors="replace")
+            cwd = os.readlink(f"/proc/{entry}/cwd")
+        except (OSError, IndexError):
+            continue
+        if str(copy) in cmdline or cwd == str(copy) or cwd.startswith(f"{copy}/"):
+            found.append(int(entry))
+    return found
+
+
 def run_bug(bug_id: str, timeout: float) -> dict:
     path, anchor, replacement, tests, what = BUGS[bug_id]
     with tempfile.TemporaryDirectory(prefix=f"planted-{bug_id}-") as tmp:
@@ -256,9 +363,18 @@ def run_bug(bug_id: str, timeout: float) -> dict:
             lines = result.stdout.strip().splitlines()
             caught, tail = result.returncode != 0, lines[-1:] or [""]
             failed = [line.split()[1] for line in lines if line.startswith(("FAILED ", "ERROR "))][:1]
+            hang = caught and "TimeoutExpired" in result.stdout  # a test's own process timeout fired
         except subprocess.TimeoutExpired:
-            caught, tail, failed = True, [f"timed out after {timeout:.0f} s (a hang counts as caught)"], []
-        return {"id": bug_id, "file": path, "result": "caught" if caught else "NOT caught", "what": what,
+            caught, tail, failed, hang = True, [f"pytest timed out after {timeout:.0f} s"], [], True
+        left = leftovers(copy)
+        for pid in left:
+            processes.kill_tree(pid, grace=2.0)
+        verdict = "caught" if caught else "NOT caught"
+        if hang:
+            verdict = "caught (hang, killed)" if not left else f"caught (hang, NOT killed: {len(left)} processes)"
+        elif left:
+            verdict += f" ({len(left)} processes left, killed now)"
+        return {"id": bug_id, "file": path, "result": verdict, "what": what, "left": left,
                 "tests": tests, "caught_by": failed[0] if failed else None, "pytest": tail[0],
                 "seconds": round(time.monotonic() - start, 1)}  # fmt: skip
 
@@ -278,9 +394,9 @@ def main(argv: list[str] | None = None) -> int:
     for bug_id in ids:
         results.append(run_bug(bug_id, args.timeout))
         r = results[-1]
-        print(f"{r['result']:>10}  {bug_id:40s} {r.get('seconds', '')} s  {r.get('pytest', '')}  "
+        print(f"{r['result']:>21}  {bug_id:40s} {r.get('seconds', '')} s  {r.get('pytest', '')}  "
               f"{r.get('caught_by') or ''}", flush=True)
-    caught = sum(r["result"] == "caught" for r in results)
+    caught = sum(r["result"].startswith("caught") for r in results)
     print(f"\n{caught}/{len(results)} planted bugs caught")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

@@ -3,6 +3,11 @@ group), and the whole group is killed when the test's call returns, fails, times
 
 `subprocess.run(..., timeout=...)` kills only the direct child: torchrun's workers, a bash script's background
 jobs or a server a script started would keep running (and holding ports, memory and CPU) after a failed test.
+
+A process group is not the whole tree: torchrun, and every `run` below, start their children in sessions of their
+own. When the process between them dies abruptly (a pytest killed by SIGTERM runs no `finally`), those children are
+out of its group and orphaned. `kill_tree` therefore also signals every descendant, found through their parent ids
+before anything is signalled (an orphan leaves the tree as soon as its parent dies).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import os
 import signal
 import subprocess
 import tempfile
+import time
 
 DEVNULL = subprocess.DEVNULL
 
@@ -38,10 +44,88 @@ def kill_group(process: subprocess.Popen | int, grace: float = 10.0) -> None:
         pass
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of `pid`, whatever its session, parents before children (read from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = _stat(int(entry))
+            if stat is not None:
+                children.setdefault(int(stat[1]), []).append(int(entry))
+    found, queue = [], list(children.get(pid, []))
+    while queue:
+        child = queue.pop(0)
+        found.append(child)
+        queue.extend(children.get(child, []))
+    return found
+
+
+def _stat(pid: int) -> list[str] | None:
+    """Fields 3.. of /proc/PID/stat (state, ppid, pgrp, ...; field 22, the start time, is index 19), None if gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(") ", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return None
+
+
+def _alive(pid: int, started: str | None) -> bool:
+    """Whether `pid` still runs the process that started at `started` (a zombie runs nothing; a reused pid is
+    another process)."""
+    stat = _stat(pid)
+    return stat is not None and stat[0] != "Z" and (started is None or stat[19] == started)
+
+
+def kill_tree(process: subprocess.Popen | int, grace: float = 10.0) -> list[int]:
+    """Stop `process`, its process group and every descendant, whichever session it is in: SIGTERM to all of them
+    (torchrun stops its workers on SIGTERM), up to `grace` seconds, then SIGKILL to whatever is left. Returns the
+    pids still alive afterwards (empty when everything is gone)."""
+    pid = process.pid if isinstance(process, subprocess.Popen) else process
+    reaped = isinstance(process, subprocess.Popen) and process.returncode is not None
+    # Before any signal: an orphan leaves the tree. A reaped leader's pid may already be another process's, so only
+    # its group is signalled then (its orphaned children have left its tree anyway).
+    tree = [pid] if reaped else [pid, *descendants(pid)]
+    started = {p: (_stat(p) or [None] * 20)[19] for p in tree}
+
+    def signal_all(sig):
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for p in tree[1:] if reaped else tree:
+            if _alive(p, started[p]):
+                try:
+                    os.kill(p, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    signal_all(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if isinstance(process, subprocess.Popen):
+            process.poll()  # reap the leader: a zombie leader would otherwise count as alive below
+        if not any(_alive(p, started[p]) for p in tree):
+            break
+        time.sleep(0.05)
+    for p in tree:  # children started during the grace period
+        if _alive(p, started[p]):
+            late = [q for q in descendants(p) if q not in started]
+            tree.extend(late)
+            started.update({q: (_stat(q) or [None] * 20)[19] for q in late})
+    signal_all(signal.SIGKILL)
+    if isinstance(process, subprocess.Popen):
+        try:
+            process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+    time.sleep(0.1)  # SIGKILL is delivered asynchronously
+    return [p for p in tree if _alive(p, started[p])]
+
+
 def run(command, *, timeout: float, check: bool = False, capture_output: bool = True, text: bool = True,
         **popen_kwargs) -> subprocess.CompletedProcess:  # fmt: skip
-    """`subprocess.run` in a new session; the child's whole process group is killed in every case on the way out
-    (a finished leader may leave workers behind). Raises `subprocess.TimeoutExpired` after `timeout` seconds.
+    """`subprocess.run` in a new session; the child's whole process group and every descendant still in its tree
+    are killed in every case on the way out (a finished leader may leave workers behind; see `kill_tree`). Raises `subprocess.TimeoutExpired` after `timeout` seconds.
 
     Output goes to temporary files, not pipes: a grandchild that inherited a pipe would keep it open, and reading
     to its end would wait for the grandchild instead of the child."""
@@ -55,7 +139,7 @@ def run(command, *, timeout: float, check: bool = False, capture_output: bool = 
         except subprocess.TimeoutExpired:
             timed_out = True
         finally:
-            kill_group(process)
+            kill_tree(process)
             process.wait()  # reap the leader (killed above if it was still running)
         stdout, stderr = (_read(out, text), _read(err, text)) if capture_output else (None, None)
     if timed_out:

@@ -15,8 +15,9 @@ a known defect appears again in a cell of its own (`test_cells_cover_every_pair`
 - on-policy (steps_per_generation = accumulation: TRL passes no old log-probs, pi_old = sg[pi_theta]) or
   off-policy (the second step reuses the first step's generation: ratios != 1);
 - DHPO-E (entropy mixing) or DHPO-A (averaged); loss_type grpo (eq. 7), dapo in two cells.
-Two processes (torchrun, gloo): one cell, the richest (budget, tool mask, top-entropy, adaptive, off-policy), in
-`test_two_processes_*` below, not the whole covering set (each 2-process run costs ~15 s of launcher).
+Two processes (torchrun, gloo): the interactions most likely to differ across processes, in `test_two_processes_*`
+below, not the whole covering set: every cell of `TWO_PROCESS_CELLS` runs in one launch (each costs ~15 s of
+launcher). Rank 0 has long completions and rank 1 short ones, so token budgets need different pass counts.
 """
 
 from __future__ import annotations
@@ -114,8 +115,8 @@ def configure(tmp_path, cell, **overrides):
         config = DHPOConfig(**kwargs)
     settings = Settings(
         accumulation=ACCUMULATION, steps_per_generation=config.steps_per_generation, rows_per_micro_batch=ROWS,
-        mixing=mixing, loss_type=loss_type, dynamic_batching=batching != "off", top_entropy_quantile=top_entropy,
-        entropy_coef=kwargs.get("entropy_coef", 0.0), adaptive=ADAPTIVE if bonus == "adaptive" else None,
+        mixing=mixing, entropy_scope=config.entropy_norm_scope, loss_type=loss_type, dynamic_batching=batching != "off", top_entropy_quantile=top_entropy,
+        entropy_coef=kwargs.get("entropy_coef", 0.0), adaptive={k: kwargs[k] for k in ADAPTIVE} if bonus == "adaptive" else None,
         aux_coef=0.5 if moe else 0.0,
     )  # fmt: skip
     return config, settings
@@ -220,26 +221,54 @@ def test_windowed_entropy_bonus_divides_by_the_top_entropy_masked_tokens(tok, tm
 
 # ---------------------------------------------------------------------------------------- two processes
 SCRIPT = Path(__file__).parent / "dist_scripts" / "feature_matrix_distributed.py"
-# no known defect: checked now. dapo's normaliser divides by the processes; the top-entropy quantile is gathered.
-TWO_PROCESS_CELL = ("budget", "none", True, 0.5, False, "off", "entropy", "dapo")
+# name: (cell, config overrides). Each is what a process alone would get wrong: a count, a quantile, a range or an
+# entropy that must be agreed over processes, or a normaliser that must divide by them.
+TWO_PROCESS_CELLS = {
+    # dapo's normaliser divides by the processes; the top-entropy quantile is gathered; passes agreed.
+    "budget-tool-q0.5-offpolicy-dapo": (("budget", "none", True, 0.5, False, "off", "entropy", "dapo"), {}),
+    # The adaptive coefficient: one update per optimizer step from the entropy of every process's window, whatever
+    # the pass count; DHPO-E's min-max over every process's tokens of the pass ("global"). Three steps: the
+    # coefficient updated after step 1 acts on step 2 and 3, and step 3 starts a new generation. The target lies
+    # between the two ranks' step-1 window entropies (checked below): a process reading its own entropy moves
+    # its coefficient the other way.
+    "budget-adaptive-global-range": (("budget", "adaptive", False, 1.0, False, "off", "entropy", "grpo"),
+                                     {"max_steps": 3, "entropy_norm_scope": "global", "entropy_target": 4.62587}),
+    # TRL's quantile over every process's tokens, with tool tokens out of it, under the windowed entropy bonus
+    # (divided by the kept tokens), off-policy ratios.
+    "dynamic-fixed-tool-q0.5-offpolicy": (("on", "fixed", True, 0.5, False, "off", "averaged", "grpo"), {}),
+    # The router aux loss: a mean over the window's passes, which the budget makes more than one on both ranks.
+    "budget-moe-fixed": (("budget", "fixed", False, 1.0, True, "on", "entropy", "grpo"), {}),
+}  # fmt: skip
+BUDGET_CELLS = [name for name, (cell, _) in TWO_PROCESS_CELLS.items() if cell[0] == "budget"]
 
 
 @pytest.fixture(scope="module")
 def two_processes(tmp_path_factory):
+    """{cell name: [rank 0's dump, rank 1's dump]}, every cell from one torchrun launch."""
     out = tmp_path_factory.mktemp("feature_matrix_two")
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1",
                PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1])]))  # fmt: skip
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPT),
-               str(out), json.dumps(TWO_PROCESS_CELL)]  # fmt: skip
-    result = processes.run(command, env=env, timeout=240)
+               str(out), json.dumps(list(TWO_PROCESS_CELLS.values()))]  # fmt: skip
+    result = processes.run_ranks(command, env=env, timeout=420)
     assert result.returncode == 0, result.stderr[-4000:]
-    return [torch.load(out / f"rank{rank}.pt", weights_only=False) for rank in (0, 1)]
+    return {name: [torch.load(out / f"cell{index}_rank{rank}.pt", weights_only=False) for rank in (0, 1)]
+            for index, name in enumerate(TWO_PROCESS_CELLS)}  # fmt: skip
 
 
-def test_two_processes_run_the_same_number_of_forwards_under_a_token_budget(two_processes):
+def _reference(two_processes, tok, name, coefficients=None, entropies=None):
+    cell, overrides = TWO_PROCESS_CELLS[name]
+    _, settings = configure(Path("/tmp"), cell, **overrides)
+    recordings = [dump["recording"] for dump in two_processes[name]]
+    return recordings, reference_gradients(build(tok, cell[4]), recordings, settings, coefficients, entropies)
+
+
+@pytest.mark.parametrize("name", BUDGET_CELLS)
+def test_two_processes_run_the_same_number_of_forwards_under_a_token_budget(two_processes, name):
     """Rank 0 gets long completions, rank 1 short ones: alone, their budgets need different pass counts. Every
-    collective inside a forward (ZeRO-3's parameter gathers, the top-entropy quantile's gather) must pair up."""
-    ranks = [dump["recording"] for dump in two_processes]
+    collective inside a forward (ZeRO-3's parameter gathers, the top-entropy quantile's gather, the global entropy
+    range) must pair up."""
+    ranks = [dump["recording"] for dump in two_processes[name]]
     passes = [[len(micro) for micro in r.micro_steps] for r in ranks]
     assert passes[0] == passes[1] and max(passes[0]) > 1
     assert ranks[0].forwards == ranks[1].forwards
@@ -251,10 +280,31 @@ def test_two_processes_run_the_same_number_of_forwards_under_a_token_budget(two_
         assert ROWS * widest <= BUDGET
 
 
-def test_two_processes_gradient_equals_the_independent_computation(two_processes, tok):
-    recordings = [dump["recording"] for dump in two_processes]
-    _, settings = configure(Path("/tmp"), TWO_PROCESS_CELL)
-    expected = reference_gradients(build(tok, TWO_PROCESS_CELL[4]), recordings, settings)
+@pytest.mark.parametrize("name", list(TWO_PROCESS_CELLS))
+def test_two_processes_gradient_equals_the_independent_computation(two_processes, tok, name):
+    cell, overrides = TWO_PROCESS_CELLS[name]
+    recordings, expected = _reference(two_processes, tok, name)
+    assert len(expected) == overrides.get("max_steps", 2)
+    if cell[2]:
+        assert all(any((p["tool_mask"] == 0).any() for micro in r.micro_steps for p in micro) for r in recordings)
     for rank in (0, 1):
-        for step in range(2):
-            assert relative_gap(recordings[rank].grads[step], expected[step]) < TOLERANCE, (rank, step)
+        for step, reference in enumerate(expected):
+            assert torch.cat([g.flatten() for g in reference.values()]).norm() > 1e-3, "a step with no gradient"
+            assert relative_gap(recordings[rank].grads[step], reference) < TOLERANCE, (rank, step)
+
+
+def test_two_processes_log_the_agreed_adaptive_coefficient(two_processes, tok):
+    """Both ranks log the coefficient of the reference's controller: one update per optimizer step from the entropy
+    of every process's window. The target lies between the ranks' own step-1 entropies (a process that read only its
+    own would move the other way) and is crossed by the world entropy, so the coefficient goes down, then up."""
+    name = "budget-adaptive-global-range"
+    coefficients, entropies = [], []
+    _reference(two_processes, tok, name, coefficients, entropies)
+    target, delta = TWO_PROCESS_CELLS[name][1]["entropy_target"], ADAPTIVE["entropy_coef_delta"]
+    (world, local), margin = entropies[0], 1e-5  # float32 entropies: about 1e-6 from the float64 reference
+    assert min(local) < target - margin and max(local) > target + margin, f"re-pick the target between {local}"
+    assert world > target + margin and entropies[1][0] < target - margin, entropies
+    assert coefficients == pytest.approx([0.0, delta, 2 * delta])  # max(start - delta, min), then up twice
+    for dump in two_processes[name]:
+        logged = [entry["entropy_coef"] for entry in dump["log_history"] if "entropy_coef" in entry]
+        assert logged == pytest.approx(coefficients, rel=1e-6)

@@ -142,6 +142,8 @@ RULES = [
     ("unit-text-in-prose", r"\text{Player } 2 \text{ wins}", r"\text{Player } 2 \text{ wins}"),  # all text: kept
     ("in-set-spaced-name", r"f (x) \in [0, 1]", "[0, 1]"),  # spaces inside the name are ignored
     ("in-set-spaced-subscript", r"x_ {0} \in (0, 1)", "(0, 1)"),
+    ("in-set-to-infinity", r"x \in (0, \infty)", r"(0, \infty)"),  # the first \in, not the one inside \infty
+    ("in-set-builder", r"n \in \{k \in \mathbb{Z} : k > 2\}", r"\{k \in \mathbb{Z} : k > 2\}"),
 ]
 
 
@@ -192,8 +194,11 @@ def test_rules_that_read_the_question(raw, question, expected):
         ("12 L", "A rod of length $L$ is cut in two.", "12 L"),  # capital letters are variables too
         ("12 l", "A rod of length $L$ is cut in two.", "12"),  # and case counts
         ("12 m", r"The rope is $$3\n\mathrm{m}$$ long.", "12"),
+        ("12 m", "Solve \\[ 3m + 2 = 38 \\] for the length.", "12 m"),  # \[...\] display math names m too
+        ("12 m", "Let \\[x =\n m + 1\\] and solve.", "12 m"),  # over two lines
     ],
-    ids=["display-two-lines", "paren-two-lines", "second-segment", "after-mathrm", "capital", "case", "unit"],
+    ids=["display-two-lines", "paren-two-lines", "second-segment", "after-mathrm", "capital", "case", "unit",
+         "bracket-display", "bracket-display-two-lines"],
 )
 def test_unit_letters_and_the_question_math(raw, question, expected):
     assert normalise_gold(raw, question=question) == expected

@@ -92,3 +92,51 @@ def test_run_ranks_reruns_only_the_gloo_abort(tmp_path, stderr, runs):
     marker = tmp_path / "ran"
     result = processes.run_ranks([sys.executable, "-c", FLAKY_RANK, str(marker), stderr], timeout=30)
     assert result.returncode == (0 if runs == 2 else 1)
+
+
+# A launcher like planted_bugs' pytest: it starts, in a session of its own (as `run` and torchrun do), a child that
+# starts a sleeping grandchild in yet another session, then hangs. Its group holds only itself. With a third
+# argument the grandchild ignores SIGTERM, as a rank blocked in a gloo collective does.
+NESTED_SESSIONS = (
+    "import subprocess, sys, time\n"
+    "ignore = 'signal.signal(signal.SIGTERM, signal.SIG_IGN); ' if len(sys.argv) > 2 else ''\n"
+    "grandchild = ('import os, signal, sys, time; ' + ignore +\n"  # writes its pid once its handler is set
+    "              'open(sys.argv[1], \"w\").write(str(os.getpid())); time.sleep(600)')\n"
+    "inner = ('import subprocess, sys, time\\n'\n"
+    "         'subprocess.Popen([sys.executable, \"-c\", sys.argv[2], sys.argv[1]], start_new_session=True)\\n'\n"
+    "         'time.sleep(600)\\n')\n"
+    "child = subprocess.Popen([sys.executable, '-c', inner, sys.argv[1], grandchild], start_new_session=True)\n"
+    "print(child.pid, flush=True)\n"
+    "time.sleep(600)\n"
+)
+
+
+def test_timeout_kills_descendants_in_other_sessions(tmp_path):
+    """The launcher dies of SIGTERM at once (no cleanup of its own); its child and grandchild, each in a session of
+    its own, are outside its process group: the tree walk must still stop them."""
+    marker = tmp_path / "grandchild"
+    with pytest.raises(subprocess.TimeoutExpired) as error:
+        processes.run([sys.executable, "-c", NESTED_SESSIONS, str(marker)], timeout=8)
+    child, grandchild = int(error.value.output.split()[0]), int(marker.read_text())
+    assert wait_gone([child, grandchild]) == []
+
+
+def test_kill_tree_reports_what_it_stopped(tmp_path):
+    """The grandchild ignores SIGTERM: only the SIGKILL after the grace period stops it."""
+    marker = tmp_path / "grandchild"
+    launcher = processes.popen([sys.executable, "-c", NESTED_SESSIONS, str(marker), "ignore-sigterm"],
+                               stdout=subprocess.PIPE)  # fmt: skip
+    try:
+        child = int(launcher.stdout.readline())
+        deadline = time.monotonic() + 30
+        while not marker.exists() or not marker.read_text():
+            assert time.monotonic() < deadline, "the grandchild never started"
+            time.sleep(0.05)
+        grandchild = int(marker.read_text())
+        assert {child, grandchild} <= set(processes.descendants(launcher.pid))
+        assert processes.kill_tree(launcher, grace=2) == []
+        assert launcher.returncode == -15  # SIGTERM, the first signal
+        assert wait_gone([child, grandchild], seconds=1) == []
+    finally:
+        processes.kill_tree(launcher)
+        launcher.stdout.close()

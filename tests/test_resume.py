@@ -6,6 +6,7 @@ Runs are DHPO-E on the tiny Qwen3 (seed 0), a checkpoint every optimizer step, r
 restored too). Each takes about a second.
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -162,6 +163,22 @@ def test_without_the_generation_state_the_resume_differs(uninterrupted, tok, tmp
     assert prompts_of(resumed) == prompts_of(full)
 
 
+def test_an_older_checkpoint_regenerates_on_the_uninterrupted_runs_boundaries_under_accumulation(
+        uninterrupted, tok, tmp_path):  # fmt: skip
+    """With 2 micro-steps per optimizer step, an older checkpoint at step 1 has done 2 micro-steps: the resume must
+    count them (not 1), or its generation batches start mid-step and steps 3-4 train on other prompts."""
+    full = uninterrupted["k2-accumulation-windows"]
+    legacy = tmp_path / "checkpoint-1"
+    shutil.copytree(os.path.join(full.args.output_dir, "checkpoint-1"), legacy)
+    for name in ("dhpo_generation_state_rank0.pt", resume.COMPLETE_MARKER):
+        (legacy / name).unlink()
+    settings, _ = MID_BATCH["k2-accumulation-windows"]
+    with pytest.warns(UserWarning, match="no generation state"):
+        resumed = train(tok, tmp_path / "out", resume_from=str(legacy), **settings)
+    prompts_of = lambda run: sorted(prompt for step in (3, 4) for prompt, _ in run.seen[step])  # noqa: E731
+    assert sorted(resumed.seen) == [2, 3, 4] and prompts_of(resumed) == prompts_of(full)
+
+
 def test_latest_skips_a_half_written_checkpoint(uninterrupted, tok, tmp_path):
     full = uninterrupted["k2"]
     output_dir = tmp_path / "out"
@@ -290,6 +307,87 @@ def test_encode_decode_round_trip_keeps_types_devices_and_order():
     assert value[0]["b"][0, 0] == 0
 
 
+def test_decode_moves_accelerator_tensors_to_the_device_at_every_depth():
+    """A tensor saved from an accelerator goes to the resuming process's device, wherever it sits (inside passes,
+    dicts, lists, tuples, a window); a CPU one stays on the CPU. The meta device stands in for an accelerator."""
+    def on_device(value):
+        return ("tensor", torch.tensor(value), True)
+
+    def on_cpu(value):
+        return ("tensor", torch.tensor(value), False)
+
+    window = resume.encode(aggregation.fixed_slice_window(4, 2, torch.tensor(30.0)))
+    assert [node[0] for _, node in window[1]].count("tensor") == 1  # dapo_tokens
+    window = ("window", [(name, on_device(1.0) if node[0] == "tensor" else node) for name, node in window[1]])
+    node = ("list", [
+        ("passes", [("dict", [("ids", on_device(1.0)), ("cpu", on_cpu(2.0))])]),
+        ("tuple", [on_device(3.0), ("list", [on_device(4.0)])]),
+        window,
+    ])  # fmt: skip
+    back = resume.decode(node, device="meta")
+    assert isinstance(back[0], batching.Passes) and back[0][0]["ids"].device.type == "meta"
+    assert back[0][0]["cpu"].device.type == "cpu" and back[0][0]["cpu"].item() == 2.0
+    assert [t.device.type for t in (back[1][0], back[1][1][0])] == ["meta", "meta"]
+    window_tensors = [getattr(back[2], f.name) for f in dataclasses.fields(back[2])
+                      if torch.is_tensor(getattr(back[2], f.name))]  # fmt: skip
+    assert window_tensors and all(t.device.type == "meta" for t in window_tensors)
+    assert resume.decode(on_device(5.0)).device.type == "cpu"  # the default device
+
+
+def test_a_cpu_tensor_stays_on_the_cpu_whatever_the_resuming_device():
+    """The window normalisers stay on the CPU on purpose: encode marks a CPU tensor as such."""
+    back = resume.decode(resume.encode({"window": torch.tensor(3.0)}), device="meta")
+    assert back["window"].device.type == "cpu" and back["window"].item() == 3.0
+
+
+@pytest.mark.parametrize(("value", "path"), [
+    ([batching.Passes([{"ids": torch.ones(1), "odd": {1}}])], "state[0][0]['odd']"),
+    ((1, {2}), "state[1]"),
+    ({"w": aggregation.fixed_slice_window(2, 1, {3})}, "state['w'].dapo_tokens"),
+])  # fmt: skip
+def test_encode_names_the_path_through_passes_tuples_and_windows(value, path):
+    with pytest.raises(TypeError) as error:
+        resume.encode(value)
+    assert str(error.value).split(" is a ")[0] == path
+
+
+def test_resume_values_as_a_shell_passes_them(tmp_path):
+    """`--resume_from_checkpoint` arrives as text: "no" in any case starts afresh, and the surrounding whitespace of
+    a value (a requeue script's trailing newline) is ignored, for `latest` and for a path alike."""
+    path = _checkpoint(tmp_path, 4, ["trainer_state.json", "optimizer.pt"])
+    for value in ("no", " No ", "NO\n"):
+        assert resume.resolve_checkpoint(value, str(tmp_path)) is None
+    assert resume.resolve_checkpoint(" latest\n", str(tmp_path)) == path
+    assert resume.resolve_checkpoint("Yes", str(tmp_path)) == path  # like True
+    assert resume.resolve_checkpoint(f"{path}\n", str(tmp_path)) == path
+
+
+def test_marking_and_unmarking_a_checkpoint(tmp_path):
+    """A marker written with the defaults makes a resumable checkpoint of format FORMAT; unmark removes it, so the
+    folder is incomplete until marked again."""
+    path = _checkpoint(tmp_path, 3, ["trainer_state.json", "optimizer.pt", "dhpo_generation_state_rank0.pt"])
+    resume.mark_complete(path, {"world_size": 1}, 3)
+    assert resume.incomplete_reason(path) is None
+    assert resume.read_marker(path) == {"format": resume.FORMAT, "global_step": 3, "save_only_model": False,
+                                        "settings": {"world_size": 1}}  # fmt: skip
+    resume.unmark(path)
+    assert resume.read_marker(path) is None and resume.COMPLETE_MARKER in resume.incomplete_reason(path)
+    resume.unmark(path)  # already unmarked: nothing to do
+
+
+def test_decode_refuses_an_unknown_node_naming_its_kind():
+    with pytest.raises(ValueError, match="'bitmap'"):
+        resume.decode(("bitmap", b"\x00"))
+
+
+def test_a_marker_without_settings_refuses_every_current_setting(tmp_path):
+    path = _checkpoint(tmp_path, 1, ["trainer_state.json", "optimizer.pt"])
+    (tmp_path / "checkpoint-1" / resume.COMPLETE_MARKER).write_text(json.dumps({"format": 1, "global_step": 1}))
+    with pytest.raises(ValueError) as error:
+        resume.check_resumable(path, {"world_size": 2, "algorithm": "dhpo"})
+    assert "world_size=None" in str(error.value) and "algorithm=None" in str(error.value)
+
+
 def test_encode_names_the_path_of_an_unsupported_value():
     with pytest.raises(TypeError, match=r"state\[0\]\['images'\] is a set"):
         resume.encode([{"images": {1, 2}}])
@@ -351,6 +449,24 @@ def test_discovery_and_completeness(tmp_path):
     with pytest.raises(ValueError, match="is not a folder"):
         resume.resolve_checkpoint(str(tmp_path / "checkpoint-99"), str(tmp_path))
     assert resume.resolve_checkpoint("latest", str(tmp_path / "nothing-here")) is None
+
+
+def test_skipped_checkpoints_are_warned_about_by_default(tmp_path):
+    """Without a `warn` callback, each skipped folder is a UserWarning that names it (a silent skip would hide a
+    half-written save)."""
+    complete = _checkpoint(tmp_path, 1, ["trainer_state.json", "optimizer.pt"])
+    half = _checkpoint(tmp_path, 2, ["dhpo_generation_state_rank0.pt"])
+    with pytest.warns(UserWarning) as caught:
+        assert resume.newest_complete_checkpoint(str(tmp_path)) == complete
+    assert [half in str(w.message) for w in caught] == [True]
+
+
+def test_an_older_deepspeed_checkpoint_is_resumable(tmp_path):
+    """DeepSpeed keeps the optimizer states in a `global_step<N>` folder, with no `optimizer.pt`: not weights only."""
+    deepspeed = _checkpoint(tmp_path, 6, ["trainer_state.json", "latest", "zero_to_fp32.py"])
+    (tmp_path / "checkpoint-6" / "global_step6").mkdir()
+    assert resume.incomplete_reason(deepspeed) is None
+    assert resume.resolve_checkpoint("latest", str(tmp_path)) == deepspeed
 
 
 def test_weights_only_and_unresumable_output_dirs_are_refused(tmp_path):

@@ -110,6 +110,7 @@ class Settings:
     steps_per_generation: int
     rows_per_micro_batch: int  # per_device_train_batch_size
     mixing: str = "entropy"  # "entropy" (DHPO-E) or "averaged" (DHPO-A, token_weight 0.5)
+    entropy_scope: str = "batch"  # DHPO-E's min-max: "batch" (the pass, this process) or "global" (every process)
     loss_type: str = "grpo"
     dynamic_batching: bool = True
     top_entropy_quantile: float = 1.0
@@ -139,8 +140,12 @@ def _windows(recording: Recording, accumulation: int):
     return [[part for micro in steps[i : i + accumulation] for part in micro] for i in starts]
 
 
-def reference_gradients(build_model, recordings: list[Recording], settings: Settings) -> list[dict]:
-    """The hand gradient of every optimizer step, from the per-process recordings (same steps on every process)."""
+def reference_gradients(build_model, recordings: list[Recording], settings: Settings,
+                        coefficients: list | None = None, window_entropies: list | None = None) -> list[dict]:  # fmt: skip
+    """The hand gradient of every optimizer step, from the per-process recordings (same steps on every process).
+    With `coefficients`, the entropy coefficient after each step's update is appended to it (TRL logs that one);
+    with `window_entropies`, (the world's window entropy, [each process's own]) of each step, as the controller
+    sees them."""
     s = settings
     windows = [_windows(r, s.accumulation) for r in recordings]  # [process][step] -> passes
     processes, steps = len(recordings), len(windows[0])
@@ -157,12 +162,12 @@ def reference_gradients(build_model, recordings: list[Recording], settings: Sett
         missing, unexpected = model.load_state_dict(params, strict=False)
         assert not unexpected and all(name == "lm_head.weight" for name in missing), (missing, unexpected)  # tied
         model.train()
-        losses, world = [], torch.zeros(2, dtype=dtype)
+        losses, world, local = [], torch.zeros(2, dtype=dtype), []
         first = step - step % windows_per_generation
         generation = range(first, first + windows_per_generation)
-        generation_tokens = sum(
-            _loss_mask(part).sum() for r in windows for w in generation for part in r[w]
-        )  # TRL's num_items_in_batch: the generation batch's loss tokens, every process
+        if s.loss_type == "dapo":  # TRL's num_items_in_batch: the generation batch's loss tokens, every process
+            assert generation[-1] < steps, "dapo needs the whole last generation batch: a multiple of its steps"
+            generation_tokens = sum(_loss_mask(part).sum() for r in windows for w in generation for part in r[w])
         forwards = [[forward(model, part, s.aux_coef != 0.0) for part in windows[p][step]] for p in range(processes)]
         for p in range(processes):
             passes = windows[p][step]
@@ -173,7 +178,12 @@ def reference_gradients(build_model, recordings: list[Recording], settings: Sett
                 old = part.get("old_per_token_logps")
                 old = logps.detach() if old is None else old.to(dtype)  # on-policy: pi_old = sg[pi_theta]
                 advantages = part["advantages"].reshape(-1).to(dtype)
-                if s.mixing == "entropy":
+                if s.mixing == "entropy" and s.entropy_scope == "global":  # min-max over this pass, every process
+                    pooled = [float(e) for q in range(processes)
+                              for e in forwards[q][j][1].detach()[_loss_mask(windows[q][step][j]).bool()]]  # fmt: skip
+                    weights = reference_entropy_weights(entropies.detach(), mask,
+                                                        entropy_range=(min(pooled), max(pooled)))
+                elif s.mixing == "entropy":
                     weights = reference_entropy_weights(entropies.detach(), mask)
                 else:
                     weights = constant_weights(mask, 0.5)
@@ -222,6 +232,7 @@ def reference_gradients(build_model, recordings: list[Recording], settings: Sett
                 loss = loss + s.aux_coef * aux_sum / len(passes)
             losses.append(loss)
             world += torch.stack([entropy_sum.detach(), torch.as_tensor(entropy_count, dtype=dtype)])
+            local.append(float(entropy_sum) / max(float(entropy_count), 1.0))
         model.zero_grad()
         (sum(losses) / processes).backward()  # DDP averages the processes' gradients
         out.append({n: p.grad.detach().float() for n, p in model.named_parameters() if p.grad is not None})
@@ -232,6 +243,10 @@ def reference_gradients(build_model, recordings: list[Recording], settings: Sett
                 coef = min(coef + a["entropy_coef_delta"], a["entropy_coef_max"])
             else:
                 coef = max(coef - a["entropy_coef_delta"], a["entropy_coef_min"])
+        if coefficients is not None:
+            coefficients.append(coef)
+        if window_entropies is not None:
+            window_entropies.append(((world[0] / world[1].clamp(min=1.0)).item(), local))
     return out
 
 

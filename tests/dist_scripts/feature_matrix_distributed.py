@@ -1,10 +1,12 @@
-"""Run under `torchrun --nproc_per_node 2` on CPU (gloo): one feature-matrix cell, recorded on every process.
+"""Run under `torchrun --nproc_per_node 2` on CPU (gloo): feature-matrix cells, one after the other in one launch,
+recorded on every process.
 
-Usage: torchrun --nproc_per_node 2 tests/dist_scripts/feature_matrix_distributed.py OUT_DIR CELL_JSON
+Usage: torchrun --nproc_per_node 2 tests/dist_scripts/feature_matrix_distributed.py OUT_DIR CELLS_JSON
 
-Rank 0 gets long completions, rank 1 short ones. Each rank trains two optimizer steps and saves its recording
-(micro-steps, step-start parameters, gradients, forward count) to OUT_DIR/rank{r}.pt; tests/test_feature_matrix.py
-rebuilds the gradient from both recordings.
+CELLS_JSON is a list of [cell, config overrides]. Rank 0 gets long completions, rank 1 short ones. For cell k, each
+rank trains its optimizer steps and saves its recording (micro-steps, step-start parameters, gradients, forward
+count) and its log history to OUT_DIR/cell{k}_rank{r}.pt; tests/test_feature_matrix.py rebuilds the gradient from
+both recordings. One launch for every cell: the launcher and the imports cost ~15 s each time.
 """
 
 import json
@@ -28,11 +30,15 @@ from dhpo_trl.demo.tiny import build_char_tokenizer  # noqa: E402
 
 
 def main():
-    out, cell = Path(sys.argv[1]), tuple(json.loads(sys.argv[2]))
-    config, _ = matrix.configure(out / "run", cell)
-    _, recording, _ = matrix.train(build_char_tokenizer(), config, cell, long_rank=0)
-    torch.save({"recording": recording, "world_size": torch.distributed.get_world_size()},
-               out / f"rank{torch.distributed.get_rank()}.pt")  # fmt: skip
+    out, cells = Path(sys.argv[1]), json.loads(sys.argv[2])
+    tok = build_char_tokenizer()
+    for index, (cell, overrides) in enumerate(cells):
+        cell = tuple(cell)
+        config, _ = matrix.configure(out / f"run{index}", cell, **overrides)
+        trainer, recording, _ = matrix.train(tok, config, cell, long_rank=0)
+        torch.save({"recording": recording, "log_history": trainer.state.log_history,
+                    "world_size": torch.distributed.get_world_size()},
+                   out / f"cell{index}_rank{torch.distributed.get_rank()}.pt")  # fmt: skip
 
 
 if __name__ == "__main__":
