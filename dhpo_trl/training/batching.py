@@ -394,22 +394,23 @@ def plan_rows(lengths: list[int], count: int, budget: int | None = None) -> list
     return [sorted(row) for row in rows]
 
 
-def plan_windows(window_lengths: list[list[int]], micro_steps: int, budget: int | None,
-                 agree) -> list[list[list[list[int]]]]:  # fmt: skip
+def plan_windows(window_lengths: list, micro_steps: int, budget: int | None, agree,
+                 needed_rows: Callable = rows_needed, rows_of: Callable = plan_rows) -> list[list[list[list[int]]]]:  # fmt: skip
     """For every accumulation window (its sequences' token counts), `micro_steps` micro-steps of rows.
 
     Without a budget a micro-step is one row, as in TRL (one forward per micro-step). With one, every window needs
-    `rows_needed` rows; `agree` (a list of ints -> the element-wise maximum over processes, one collective) makes
+    `needed_rows` rows; `agree` (a list of ints -> the element-wise maximum over processes, one collective) makes
     the count the same on every process, rounded up to a multiple of `micro_steps`. Result: windows -> micro-steps
-    -> rows -> sequence indices (of the window).
+    -> rows -> sequence indices (of the window). `needed_rows` and `rows_of` (`rows_needed`, `plan_rows`) are what
+    shared prompts replace: their windows are `shared_prompts.Sequences`, planned over prompt groups.
     """
     passes = [1] * len(window_lengths)
     if budget is not None:
-        needed = agree([rows_needed(lengths, budget) for lengths in window_lengths])
+        needed = agree([needed_rows(lengths, budget) for lengths in window_lengths])
         passes = [math.ceil(count / micro_steps) for count in needed]
     plans = []
     for lengths, per_step in zip(window_lengths, passes, strict=True):
-        rows = plan_rows(lengths, micro_steps * per_step, budget)
+        rows = rows_of(lengths, micro_steps * per_step, budget)
         plans.append([rows[step * per_step : (step + 1) * per_step] for step in range(micro_steps)])
     return plans
 

@@ -133,22 +133,6 @@ def plan_rows(seqs: Sequences, count: int, budget: int | None = None) -> list[li
     return [sorted(i for p in row for i in parts[p]) for row in rows]
 
 
-def plan_windows(windows: list[Sequences], micro_steps: int, budget: int | None,
-                 agree: Callable) -> list[list[list[list[int]]]]:  # fmt: skip
-    """`batching.plan_windows` with shared rows: windows -> micro-steps -> rows -> sequence indices (of the window).
-    One row per micro-step without a budget; with one, the rows `rows_needed` says, agreed over processes (`agree`:
-    element-wise maximum, one collective) and rounded up to a multiple of `micro_steps`."""
-    passes = [1] * len(windows)
-    if budget is not None:
-        needed = agree([rows_needed(seqs, budget) for seqs in windows])
-        passes = [math.ceil(count / micro_steps) for count in needed]
-    plans = []
-    for seqs, per_step in zip(windows, passes, strict=True):
-        rows = plan_rows(seqs, micro_steps * per_step, budget)
-        plans.append([rows[step * per_step : (step + 1) * per_step] for step in range(micro_steps)])
-    return plans
-
-
 def window_sequences(window: dict) -> Sequences:
     return sequences(window["prompt_ids"], window["prompt_mask"], window["completion_mask"])
 
@@ -158,7 +142,8 @@ def plan_generation_batch(buffered: list[dict], micro_steps: int, budget: int | 
                           ) -> list[dict | batching.Passes]:  # fmt: skip
     """`batching.plan_packed_generation_batch` with shared rows: each row one pass (`batching.split_window_into_rows`)."""
     windows = [batching.concat(buffered[i : i + micro_steps]) for i in range(0, len(buffered), micro_steps)]
-    plans = plan_windows([window_sequences(window) for window in windows], micro_steps, budget, max_over_processes)
+    plans = batching.plan_windows([window_sequences(window) for window in windows], micro_steps, budget,
+                                  max_over_processes, rows_needed, plan_rows)  # over prompt groups
     return [micro for window, plan in zip(windows, plans, strict=True)
             for micro in batching.split_window_into_rows(window, plan, window_of)]  # fmt: skip
 
