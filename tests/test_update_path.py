@@ -59,6 +59,8 @@ def test_refusals_name_the_setting_that_would_act(tok, sdpa, flash):
         choose(padding_free=True, model=sdpa, ref_model=sliding)
     automatic_off = choose(model=sliding)  # automatic: dynamic batching, the reason said
     assert automatic_off.padding_free is False and "sliding" in automatic_off.note
+    reference_off = choose(model=sdpa, ref_model=sliding)  # the reference pass runs packed too: it decides as well
+    assert reference_off.padding_free is False and "sliding" in reference_off.note
     with pytest.raises(ValueError, match=r"share_prompts=True needs padding-free .*padding_free=True"):
         choose(share_prompts=True, model=sdpa, device="cuda")
     with pytest.raises(ValueError, match=r"share_prompts=True cannot run on this model: .*flash_attention_2"):
