@@ -48,7 +48,8 @@ def test_the_table_reader_sees_a_missing_row_and_a_wrong_default():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     row = next(line for line in readme.splitlines() if line.startswith("| `share_prompts` |"))
     assert "share_prompts" not in config_table(readme.replace(row + "\n", ""))
-    assert config_table(readme.replace("| `token_weight` | `0.5` |", "| `token_weight` | `0.25` |"))["token_weight"] == 0.25
+    edited = readme.replace("| `token_weight` | `0.5` |", "| `token_weight` | `0.25` |")
+    assert config_table(edited)["token_weight"] == 0.25
 
 
 HISTORY = re.compile(r"\b(?:issue|round) #?\d+\b", re.IGNORECASE)
