@@ -150,7 +150,7 @@ class DHPOConfig(GRPOConfig):
             (`padding_free=True`, or the default `None` where it packs; refused where it does not) and an `sdpa` or
             `eager` attention (a flash implementation is refused when the trainer is built). The MoE aux loss
             counts a shared prompt's tokens once. What it saves is measured by `benchmarks/bench_dynamic_batching.py`'s
-            `shared` arm (README, "Shared prompts").
+            `shared` arm (docs/performance.md).
         loss_type (`str`, *optional*, defaults to `"grpo"`):
             TRL's aggregation of the per-token loss, the same for every objective. `"grpo"` is eq. 7 (mean over
             responses of the per-response token mean); `"bnpo"`, `"dr_grpo"` and `"dapo"` (token-weighted) work for
