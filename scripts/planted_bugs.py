@@ -157,7 +157,7 @@ BUGS = {
         "return numbers[0] if numbers else None",
         ["tests/test_rewards.py"], "the fallback answer is the first number of the completion, not the last",
     ),
-    # Kinds that slip past gradient checks: an undetached pi_old, plan keys and widths, window counts, collectives.
+    # An undetached pi_old, the length plan's sort key and widths, the window's token count, an unagreed pass count.
     "on-policy-pi-old-not-detached": (
         "dhpo_trl/training/trainer.py",
         "old_per_token_logps = per_token_logps.detach()",
