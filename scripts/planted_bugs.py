@@ -13,8 +13,8 @@ runs past --timeout, or a test's own process timeout fired inside it (TimeoutExp
 of its tree is stopped (`tests/processes.kill_tree`: torchrun's workers sit in sessions of their own, and a rank
 blocked in a collective ignores SIGTERM, hence SIGKILL after the grace period). Afterwards every process still
 running from the bug's temporary copy (its path on the command line, or as working directory) is listed, killed,
-and the result says "NOT killed" with their number. The set is ours (issue 26 part B), different from the issue's list; the
-classes are described in docs/testing.md.
+and the result says "NOT killed" with their number. docs/testing.md lists the bug classes and the tests that catch
+them.
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ BUGS = {
         "return numbers[0] if numbers else None",
         ["tests/test_rewards.py"], "the fallback answer is the first number of the completion, not the last",
     ),
-    # The kinds issue 26 names, anchored in today's code (the issue's own list, re-planted after the refactor).
+    # An undetached pi_old, the length plan's sort key and widths, the window's token count, an unagreed pass count.
     "on-policy-pi-old-not-detached": (
         "dhpo_trl/training/trainer.py",
         "old_per_token_logps = per_token_logps.detach()",
@@ -218,7 +218,7 @@ BUGS = {
         "return prompt - 1 + completions",
         ["tests/test_shared_prompts.py"], "the plan's token count forgets each suffix's repeated last prompt token",
     ),
-    # A second set (issue 26, 2026-11-25): kinds not in the lists above. The cross-process ones are caught by the
+    # Kinds not in the lists above. The cross-process ones are caught by the
     # two-process cells of the feature matrix; the resume and gold ones by behaviour tests written for them.
     "top-entropy-quantile-over-tool-tokens": (
         "dhpo_trl/training/trainer.py",

@@ -47,6 +47,7 @@ COMMAND_START = re.compile(  # a program, after any VAR=value settings (which ma
 )
 INLINE_WHOLE = re.compile(r"^(?:pip install|hf download|curl |nvidia-smi|python3? -c)")
 VLLM_FLAGS = {"--enable-expert-parallel"}  # forwarded by `trl vllm-serve` to `vllm serve`
+SYS_ARGV_SCRIPTS = ("bench_speed.py", "bench_dynamic_batching.py", "bench_packed_attention.py")  # main() takes no argv
 CPU = ["--use_cpu", "true", "--bf16", "false"]  # parse on a machine without GPU; appended last, so they win
 SCRIPT_RECIPES = {  # the launch scripts' default recipes
     "examples/vllm_server/serve_and_train_single_node.sh": "examples/recipes/dhpo_e_qwen3_1.7b_base.yaml",
@@ -244,9 +245,8 @@ def check(where, block, monkeypatch):
             if program == "dhpo-train" or args[0] == "examples/train_dhpo.py":
                 check_training(args if program == "dhpo-train" else args[1:], 1, env, servers, where)
             else:
-                _parse_with_main(
-                    _load_main(args[0]), args[1:], monkeypatch, uses_sys_argv=args[0].endswith("bench_speed.py")
-                )
+                reads_sys_argv = args[0].endswith(SYS_ARGV_SCRIPTS)
+                _parse_with_main(_load_main(args[0]), args[1:], monkeypatch, uses_sys_argv=reads_sys_argv)
         elif program == "torchrun":
             from torch.distributed.run import get_args_parser
 

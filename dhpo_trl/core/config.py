@@ -111,7 +111,7 @@ class DHPOConfig(GRPOConfig):
             With `padding_free`, the budget counts real tokens: the tokens of one packed row (one forward).
         padding_free (`bool` or `None`, *optional*, defaults to `None`):
             `None` (automatic): packed rows wherever they are supported and the faster path known, dynamic batching
-            elsewhere. Packed on CPU (`sdpa`/`eager`: measured faster than dynamic batching, see the README) and on
+            elsewhere. Packed on CPU (`sdpa`/`eager`: faster than dynamic batching: docs/performance.md) and on
             CUDA with a varlen flash implementation (`flash_attention_2`/`_3`/`_4` or a hub flash kernel: the path
             VERL and OpenRLHF pack with; not measured here, no GPU). Dynamic batching on CUDA with `sdpa`/`eager`
             (the per-sequence attention loop is not measured on a GPU) and on other devices, and for a model packing
@@ -150,7 +150,7 @@ class DHPOConfig(GRPOConfig):
             (`padding_free=True`, or the default `None` where it packs; refused where it does not) and an `sdpa` or
             `eager` attention (a flash implementation is refused when the trainer is built). The MoE aux loss
             counts a shared prompt's tokens once. What it saves is measured by `benchmarks/bench_dynamic_batching.py`'s
-            `shared` arm (README, "Shared prompts").
+            `shared` arm (docs/performance.md).
         loss_type (`str`, *optional*, defaults to `"grpo"`):
             TRL's aggregation of the per-token loss, the same for every objective. `"grpo"` is eq. 7 (mean over
             responses of the per-response token mean); `"bnpo"`, `"dr_grpo"` and `"dapo"` (token-weighted) work for

@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 
 from trl.import_utils import is_vllm_available
 
-# dhpo-trl is not on PyPI yet: install the extra from a clone of the repository.
+# dhpo-trl is not on PyPI: install the extra from a clone of the repository.
 VLLM_INSTALL_HINT = 'pip install -e ".[vllm]"'
 # Per-attempt timeout of the health probe: a server that is up answers /health at once.
 PROBE_TIMEOUT_S = 2.0
