@@ -23,7 +23,7 @@ from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
 from dhpo_trl.training import resume, trl_mirror
 from dhpo_trl.training.sampler import EpochRepeatSampler, epoch_permutation
 
-EPOCHS = dict(steps_per_generation=2, max_steps=10, logging_steps=3, per_device_train_batch_size=4,
+EPOCHS = dict(steps_per_generation=2, max_steps=12, logging_steps=3, per_device_train_batch_size=4,
               use_adaptive_entropy=True, entropy_coef=0.05, entropy_coef_delta=0.05, entropy_target=10.0)  # fmt: skip
 SYNC = dict(steps_per_generation=2, max_steps=6, logging_steps=2, beta=0.1, sync_ref_model=True,
             ref_model_sync_steps=1, ref_model_mixup_alpha=0.5)  # fmt: skip
@@ -112,7 +112,14 @@ def test_each_epoch_trains_on_its_own_order(epochs_full):
         return {prompt for step in (first, first + 1) for prompt, _ in epochs_full.seen[step]}
 
     assert len(batch(1)) == 2 and batch(1) | batch(3) == batch(5) | batch(7)  # each epoch: all 4 prompts ...
-    assert batch(1) != batch(5) and batch(5) != batch(9)  # ... grouped otherwise in each
+    assert batch(1) != batch(5) and batch(5) != batch(9) and batch(7) != batch(11)  # ... grouped otherwise in each
+    # ... as TRL's own sampler groups them in its first three passes (GRPOTrainer trains on the same data)
+    texts = epochs_full.train_dataset["prompt"]
+    trl = RepeatSampler(texts, mini_repeat_count=4, batch_size=2, repeat_count=2, seed=0)
+    groups = [set(indexes[k : k + 16]) for indexes in (list(trl) for _ in range(3)) for k in (0, 16)]
+    ids = [tuple(epochs_full.processing_class(text, add_special_tokens=False)["input_ids"]) for text in texts]
+    expected = [{ids[index] for index in group} for group in groups]
+    assert [batch(first) for first in range(1, 12, 2)] == expected
 
 
 @pytest.mark.parametrize("start", [4, 5, 6, 9])
