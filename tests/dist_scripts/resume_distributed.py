@@ -8,7 +8,9 @@ Four short DHPO-E runs (k = 4 optimizer steps per generation batch, a checkpoint
   stopped  rank 0 sends itself SIGTERM at the end of step 2: only rank 0 is signalled, both must stop after step 2;
   after    from stopped's newest complete checkpoint (`latest`) to step 6;
   budget_full, budget_resumed  a token budget (max_tokens_per_micro_batch=24) splitting micro-steps into passes
-           whose count the ranks agree on, 2 accumulation steps, k = 4; resumed from checkpoint-1.
+           whose count the ranks agree on, 2 accumulation steps, k = 4; resumed from checkpoint-1;
+  epoch_full, epoch_resumed  8 prompts, k = 2, logging every 3 steps: 4 steps per epoch, 8 steps; resumed from
+           checkpoint-5 (epoch 2, mid generation batch; the next generation batch comes from epoch 2's order).
 Every rank dumps OUT_DIR/<run>_rank{r}.json: final parameters, per-step logs, the data of every step, the step it
 stopped at and the signal handlers after train() (they must be the previous ones again).
 
@@ -79,6 +81,7 @@ def digit_share(completions, **kwargs):
     return [sum(ch.isdigit() for ch in text) / max(len(text), 1) for text in completions]
 
 
+EPOCH = dict(steps_per_generation=2, max_steps=8, logging_steps=3, prompts=8)
 BUDGET = dict(gradient_accumulation_steps=2, steps_per_generation=8, max_steps=4, max_tokens_per_micro_batch=24)
 ZERO3 = dict(gradient_accumulation_steps=2, steps_per_generation=4, max_steps=4,
              deepspeed={"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True},
@@ -97,9 +100,9 @@ def full_parameters(model) -> dict:
         return {k: v.detach().flatten().tolist() for k, v in model.named_parameters()}
 
 
-def run(out_dir: Path, name: str, output_dir: Path, tok, resume=None, callbacks=(), **overrides):
+def run(out_dir: Path, name: str, output_dir: Path, tok, resume=None, callbacks=(), prompts=16, **overrides):
     args = config_for("DHPO-E", output_dir=str(output_dir), **{**SETTINGS, **overrides}, **CPU)
-    dataset = Dataset.from_dict({"prompt": [f"{'x' * (a % 3)}{a}+{2 * a + 1}=" for a in range(16)]})
+    dataset = Dataset.from_dict({"prompt": [f"{'x' * (a % 3)}{a}+{2 * a + 1}=" for a in range(prompts)]})
     trainer = RecordingTrainer(model=build_tiny_qwen3(tok, hidden_size=32, seed=0), reward_funcs=digit_share,
                                args=args, train_dataset=dataset, processing_class=tok, callbacks=list(callbacks))  # fmt: skip
     trainer.seen = {}
@@ -113,6 +116,7 @@ def run(out_dir: Path, name: str, output_dir: Path, tok, resume=None, callbacks=
         "params": full_parameters(trainer.model),
         "logs": {str(e["step"]): {k: v for k, v in e.items() if k not in TIMINGS}
                  for e in trainer.state.log_history if "loss" in e},  # fmt: skip
+        "train_loss": trainer.state.log_history[-1].get("train_loss"),
         "seen": trainer.seen,
         "checkpoints": sorted(p.name for p in output_dir.glob("checkpoint-*")),
     }
@@ -154,6 +158,9 @@ def main() -> None:
     run(out_dir, "budget_full", out_dir / "budget_full", tok, **BUDGET)
     run(out_dir, "budget_resumed", out_dir / "budget_resumed", tok, resume=str(out_dir / "budget_full" / "checkpoint-1"),
         **BUDGET)
+    run(out_dir, "epoch_full", out_dir / "epoch_full", tok, **EPOCH)
+    run(out_dir, "epoch_resumed", out_dir / "epoch_resumed", tok, resume=str(out_dir / "epoch_full" / "checkpoint-5"),
+        **EPOCH)
     destroy_process_group()
 
 
