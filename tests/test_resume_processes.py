@@ -150,6 +150,8 @@ def test_settings_mismatch_is_refused_before_the_model_loads(local_model, local_
     assert "steps_per_generation=4" in capsys.readouterr().err
     assert main([*args, "--algorithm", "gspo"]) == 2
     assert "algorithm='dhpo'" in capsys.readouterr().err
+    assert main([*args, "--beta", "0.1"]) == 2  # the buffer would lack the reference log-probs
+    assert "beta=0.0 in the checkpoint" in capsys.readouterr().err
     marker = tmp_path / "checkpoint-1" / resume.COMPLETE_MARKER  # as if saved by 2 processes
     saved = json.loads(marker.read_text())
     marker.write_text(json.dumps({**saved, "settings": {**saved["settings"], "world_size": 2}}))

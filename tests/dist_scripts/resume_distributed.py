@@ -19,7 +19,9 @@ accumulation steps per optimizer step, k = 2 optimizer steps per generation batc
   z3_full     uninterrupted;
   z3_resumed  from z3_full's checkpoint-1 (mid generation batch) to step 4;
   z3_stopped  rank 0 sends itself SIGTERM at the end of step 1 (mid generation batch); no scheduled checkpoint;
-  z3_after    from z3_stopped's newest complete checkpoint (`latest`) to step 4.
+  z3_after    from z3_stopped's newest complete checkpoint (`latest`) to step 4;
+  z3_sync_full, z3_sync_resumed  beta 0.1 with `sync_ref_model` (the reference model mixed into the policy every
+              step, partitioned like the policy), resumed from checkpoint-1; they also dump the reference model.
 The parameters dumped are the full ones, gathered from both ranks' partitions; every checkpoint also holds them
 whole in model.safetensors (`stage3_gather_16bit_weights_on_model_save`; the model's dtype, float32 here).
 """
@@ -100,10 +102,11 @@ def full_parameters(model) -> dict:
         return {k: v.detach().flatten().tolist() for k, v in model.named_parameters()}
 
 
-def run(out_dir: Path, name: str, output_dir: Path, tok, resume=None, callbacks=(), prompts=16, **overrides):
+def run(out_dir: Path, name: str, output_dir: Path, tok, resume=None, callbacks=(), prompts=16, model=None,
+        **overrides):  # fmt: skip
     args = config_for("DHPO-E", output_dir=str(output_dir), **{**SETTINGS, **overrides}, **CPU)
     dataset = Dataset.from_dict({"prompt": [f"{'x' * (a % 3)}{a}+{2 * a + 1}=" for a in range(prompts)]})
-    trainer = RecordingTrainer(model=build_tiny_qwen3(tok, hidden_size=32, seed=0), reward_funcs=digit_share,
+    trainer = RecordingTrainer(model=model or build_tiny_qwen3(tok, hidden_size=32, seed=0), reward_funcs=digit_share,
                                args=args, train_dataset=dataset, processing_class=tok, callbacks=list(callbacks))  # fmt: skip
     trainer.seen = {}
     before = signal.getsignal(signal.SIGTERM)
@@ -120,6 +123,8 @@ def run(out_dir: Path, name: str, output_dir: Path, tok, resume=None, callbacks=
         "seen": trainer.seen,
         "checkpoints": sorted(p.name for p in output_dir.glob("checkpoint-*")),
     }
+    if trainer.args.sync_ref_model:
+        dump["ref_params"] = full_parameters(trainer.accelerator.unwrap_model(trainer.ref_model))
     rank = trainer.accelerator.process_index
     (out_dir / f"{name}_rank{rank}.json").write_text(json.dumps(dump))
     trainer.accelerator.wait_for_everyone()
@@ -149,6 +154,13 @@ def main() -> None:
         run(out_dir, "z3_stopped", out_dir / "z3_stopped", tok, callbacks=[SignalRankZeroAt(1)],
             **{**ZERO3, "save_steps": 10})  # its only checkpoint is the one the stop writes
         run(out_dir, "z3_after", out_dir / "z3_stopped", tok, resume="latest", **ZERO3)
+        # TRL builds the reference model from the policy's folder: one per rank, the same weights
+        folder = out_dir / f"tiny_rank{os.environ.get('RANK', '0')}"
+        build_tiny_qwen3(tok, hidden_size=32, seed=0).save_pretrained(folder)
+        sync = {**ZERO3, "beta": 0.1, "sync_ref_model": True, "ref_model_sync_steps": 1, "ref_model_mixup_alpha": 0.5}
+        run(out_dir, "z3_sync_full", out_dir / "z3_sync_full", tok, model=str(folder), **sync)
+        run(out_dir, "z3_sync_resumed", out_dir / "z3_sync_resumed", tok, model=str(folder),
+            resume=str(out_dir / "z3_sync_full" / "checkpoint-1"), **sync)
         destroy_process_group()
         return
     run(out_dir, "full", out_dir / "full", tok)
