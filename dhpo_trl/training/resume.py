@@ -394,6 +394,9 @@ class RestoreAtTrainBegin(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         for name, value in self.values.items():
+            current = getattr(self.target, name, None)
+            if torch.is_tensor(value) and torch.is_tensor(current):  # where transformers put it ("cuda:0", not "cuda")
+                value = value.to(current.device)
             setattr(self.target, name, value)
         self.values = {}
 

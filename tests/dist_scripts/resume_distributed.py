@@ -148,15 +148,16 @@ def main() -> None:
     out_dir = Path(sys.argv[1])
     tok = build_char_tokenizer()
     if "--zero3" in sys.argv:
+        # TRL builds the reference model from the policy's folder: one per rank, the same weights, saved before any
+        # ZeRO-3 trainer exists (after one, a model built here is partitioned and saves no loadable folder)
+        folder = out_dir / f"tiny_rank{os.environ.get('RANK', '0')}"
+        build_tiny_qwen3(tok, hidden_size=32, seed=0).save_pretrained(folder)
         run(out_dir, "z3_full", out_dir / "z3_full", tok, **ZERO3)
         run(out_dir, "z3_resumed", out_dir / "z3_resumed", tok, resume=str(out_dir / "z3_full" / "checkpoint-1"),
             **ZERO3)
         run(out_dir, "z3_stopped", out_dir / "z3_stopped", tok, callbacks=[SignalRankZeroAt(1)],
             **{**ZERO3, "save_steps": 10})  # its only checkpoint is the one the stop writes
         run(out_dir, "z3_after", out_dir / "z3_stopped", tok, resume="latest", **ZERO3)
-        # TRL builds the reference model from the policy's folder: one per rank, the same weights
-        folder = out_dir / f"tiny_rank{os.environ.get('RANK', '0')}"
-        build_tiny_qwen3(tok, hidden_size=32, seed=0).save_pretrained(folder)
         sync = {**ZERO3, "beta": 0.1, "sync_ref_model": True, "ref_model_sync_steps": 1, "ref_model_mixup_alpha": 0.5}
         run(out_dir, "z3_sync_full", out_dir / "z3_sync_full", tok, model=str(folder), **sync)
         run(out_dir, "z3_sync_resumed", out_dir / "z3_sync_resumed", tok, model=str(folder),
