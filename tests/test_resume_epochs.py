@@ -206,6 +206,7 @@ def _rewrite_marker(folder, change):
 
 @pytest.mark.parametrize(("changed", "setting"), [
     (dict(beta=0.1), "beta"), (dict(scale_rewards="none"), "scale_rewards"), (dict(seed=1), "seed"),
+    (dict(temperature=0.7), "temperature"),
     (dict(padding_free=True), "padding_free"), (dict(vllm_importance_sampling_correction=False),
                                                 "vllm_importance_sampling_correction"),
 ])  # fmt: skip

@@ -66,10 +66,11 @@ RESUME_SETTINGS = (
 )  # fmt: skip
 WORLD_SIZE = "world_size"
 # Settings that decide what the buffered generation batch holds, or the data order, recorded from MARKER_FORMAT 2:
-# the reference log-probs and the synced reference model (`beta`, `sync_ref_model`), the vLLM importance-sampling
-# ratios, the advantages and masks (reward shaping), the planned layout of the micro-batches, the sampler's order.
+# the reference log-probs and the synced reference model (`beta`, `sync_ref_model`), the temperature the buffered
+# log-probs were computed at, the vLLM importance-sampling ratios, the advantages and masks (reward shaping), the
+# planned layout of the micro-batches, the sampler's order.
 BUFFER_SETTINGS = (
-    "beta", "sync_ref_model", "use_vllm", "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
+    "beta", "sync_ref_model", "temperature", "use_vllm", "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
     "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max", "scale_rewards", "reward_weights",
     "multi_objective_aggregation", "mask_truncated_completions", "padding_free", "share_prompts", "shuffle_dataset",
     "seed",
