@@ -363,13 +363,18 @@ def test_resume_values_as_a_shell_passes_them(tmp_path):
 
 
 def test_marking_and_unmarking_a_checkpoint(tmp_path):
-    """A marker written with the defaults makes a resumable checkpoint of format FORMAT; unmark removes it, so the
-    folder is incomplete until marked again."""
+    """A marker written with the defaults makes a resumable checkpoint of format MARKER_FORMAT recording every
+    file's size; unmark removes it, so the folder is incomplete until marked again."""
     path = _checkpoint(tmp_path, 3, ["trainer_state.json", "optimizer.pt", "dhpo_generation_state_rank0.pt"])
+    os.makedirs(os.path.join(path, "global_step3"))
+    with open(os.path.join(path, "global_step3", "states.pt"), "wb") as handle:
+        handle.write(b"0123456789")
     resume.mark_complete(path, {"world_size": 1}, 3)
     assert resume.incomplete_reason(path) is None
-    assert resume.read_marker(path) == {"format": resume.FORMAT, "global_step": 3, "save_only_model": False,
-                                        "settings": {"world_size": 1}}  # fmt: skip
+    files = {"dhpo_generation_state_rank0.pt": 2, "global_step3/states.pt": 10, "optimizer.pt": 2,
+             "trainer_state.json": 2}  # fmt: skip
+    assert resume.read_marker(path) == {"format": resume.MARKER_FORMAT, "global_step": 3, "save_only_model": False,
+                                        "settings": {"world_size": 1}, "files": files}  # fmt: skip
     resume.unmark(path)
     assert resume.read_marker(path) is None and resume.COMPLETE_MARKER in resume.incomplete_reason(path)
     resume.unmark(path)  # already unmarked: nothing to do

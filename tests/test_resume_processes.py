@@ -38,7 +38,7 @@ def two_ranks(tmp_path_factory):
                str(TESTS / "dist_scripts" / "resume_distributed.py"), str(out)]  # fmt: skip
     code, _, err = run_own_group(command)
     assert code == 0, err[-4000:]
-    runs = ("full", "resumed", "stopped", "after", "budget_full", "budget_resumed")
+    runs = ("full", "resumed", "stopped", "after", "budget_full", "budget_resumed", "epoch_full", "epoch_resumed")
     dumps = {(run, rank): json.loads((out / f"{run}_rank{rank}.json").read_text()) for run in runs for rank in (0, 1)}
     return {**dumps, "out": out}
 
@@ -47,18 +47,23 @@ def _max_gap(a, b):
     return max(abs(x - y) for name in a for x, y in zip(a[name], b[name], strict=True))
 
 
-@pytest.mark.parametrize("full_run, run", [("full", "resumed"), ("full", "after"), ("budget_full", "budget_resumed")])
+@pytest.mark.parametrize("full_run, run", [("full", "resumed"), ("full", "after"), ("budget_full", "budget_resumed"),
+                                           ("epoch_full", "epoch_resumed")])  # fmt: skip
 def test_two_ranks_resume_to_the_uninterrupted_run(two_ranks, full_run, run):
-    """From a mid-generation checkpoint (step 3 of k = 4; step 1 of k = 4 under a token budget), and from the one the
-    graceful stop wrote: every rank ends with the uninterrupted parameters, logs and data."""
-    first, last = {"resumed": (4, 6), "after": (3, 6), "budget_resumed": (2, 4)}[run]
+    """From a mid-generation checkpoint (step 3 of k = 4; step 1 of k = 4 under a token budget; step 5, in epoch 2,
+    logging every 3 steps), and from the one the graceful stop wrote: every rank ends with the uninterrupted
+    parameters, logs (train_loss included) and data."""
+    first, last = {"resumed": (4, 6), "after": (3, 6), "budget_resumed": (2, 4), "epoch_resumed": (6, 8)}[run]
     for rank in (0, 1):
         full, resumed = two_ranks[full_run, rank], two_ranks[run, rank]
         assert full["world_size"] == resumed["world_size"] == 2 and resumed["global_step"] == last
         assert _max_gap(full["params"], resumed["params"]) <= 1e-6
         assert sorted(resumed["seen"], key=int) == [str(step) for step in range(first, last + 1)]
         assert all(resumed["seen"][step] == full["seen"][step] for step in resumed["seen"])
-        assert all(resumed["logs"][step] == pytest.approx(full["logs"][step], abs=1e-6) for step in resumed["seen"])
+        logged = [step for step in resumed["seen"] if step in full["logs"]]
+        assert logged and all(resumed["logs"][step] == pytest.approx(full["logs"][step], rel=1e-6, abs=1e-9)
+                              for step in logged)  # fmt: skip
+        assert resumed["train_loss"] == pytest.approx(full["train_loss"], rel=1e-6)
     assert two_ranks["full", 0]["seen"]["4"] != two_ranks["full", 1]["seen"]["4"]  # each rank has its own rows
 
 
@@ -145,6 +150,8 @@ def test_settings_mismatch_is_refused_before_the_model_loads(local_model, local_
     assert "steps_per_generation=4" in capsys.readouterr().err
     assert main([*args, "--algorithm", "gspo"]) == 2
     assert "algorithm='dhpo'" in capsys.readouterr().err
+    assert main([*args, "--beta", "0.1"]) == 2  # the buffer would lack the reference log-probs
+    assert "beta=0.0 in the checkpoint" in capsys.readouterr().err
     marker = tmp_path / "checkpoint-1" / resume.COMPLETE_MARKER  # as if saved by 2 processes
     saved = json.loads(marker.read_text())
     marker.write_text(json.dumps({**saved, "settings": {**saved["settings"], "world_size": 2}}))

@@ -232,17 +232,20 @@ def test_every_checkpoint_carries_the_model_card(card_trainer, monkeypatch):
     checkpoint = os.path.join(output_dir, "checkpoint-7")
     os.makedirs(checkpoint, exist_ok=True)
     saved = []
-    monkeypatch.setattr(trainer_module.GRPOTrainer, "_save_checkpoint", lambda self, model, trial: saved.append((model, trial)))
+    monkeypatch.setattr(card_trainer, "create_model_card", lambda model_name=None: None)  # keep "the card"
+    monkeypatch.setattr(card_trainer, "save_model", lambda output_dir, _internal_call: saved.append(output_dir))
+    for piece in ("_save_optimizer_and_scheduler", "_save_scaler", "_save_rng_state"):
+        monkeypatch.setattr(card_trainer, piece, lambda output_dir: None)
     monkeypatch.setattr(card_trainer.state, "global_step", 7)
     card_trainer._save_checkpoint(card_trainer.model, trial=None)
-    assert saved == [(card_trainer.model, None)]
+    assert saved == [checkpoint]
     assert open(os.path.join(checkpoint, "README.md"), encoding="utf-8").read() == "the card\n"
     # a hyperparameter-search trial saves under its own run folder: the card goes to that checkpoint
     trial_checkpoint = os.path.join(output_dir, "run-t1", "checkpoint-7")
     os.makedirs(trial_checkpoint)
     monkeypatch.setattr(card_trainer, "_get_output_dir", lambda trial: os.path.join(output_dir, f"run-{trial}"))
     card_trainer._save_checkpoint(card_trainer.model, trial="t1")
-    assert saved[-1] == (card_trainer.model, "t1")
+    assert saved[-1] == trial_checkpoint
     assert open(os.path.join(trial_checkpoint, "README.md"), encoding="utf-8").read() == "the card\n"
     os.remove(os.path.join(checkpoint, "README.md"))
     monkeypatch.setattr(type(card_trainer.args), "should_save", property(lambda self: False))

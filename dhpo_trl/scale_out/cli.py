@@ -318,25 +318,15 @@ def build_trainer(script_args: DHPOScriptArguments, training_args: DHPOConfig, m
 
 
 def resolve_resume(training_args: DHPOConfig) -> str | None:
-    """The checkpoint `--resume_from_checkpoint` names (`latest` / `True`: the newest complete one in output_dir), checked
-    before anything loads: a folder that is not a complete checkpoint, or one saved under other settings (objective,
-    batch geometry, `steps_per_generation`, number of processes), is refused naming the difference."""
+    """The checkpoint `--resume_from_checkpoint` names, resolved and checked before anything loads, by the one
+    resolver `DHPOTrainer.train()` uses too (`resume.resolve_for_run`): a folder that is not a complete checkpoint,
+    or one saved under other settings, is refused naming the file or the setting."""
     from ..training import resume
 
-    value = training_args.resume_from_checkpoint
-    if not value:
-        return None
-    wanted = str(value).strip()
-    checkpoint = resume.resolve_checkpoint(wanted, training_args.output_dir)
     main_process = int(os.environ.get("RANK", "0")) == 0
-    if checkpoint is None:
-        if main_process and wanted.lower() == "latest":
-            print(f"--resume_from_checkpoint latest: no checkpoint in {training_args.output_dir} yet, training from "
-                  "step 0.")  # fmt: skip
-        return None
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    resume.check_resumable(checkpoint, resume.run_settings(training_args, world_size))
-    if main_process:
+    checkpoint = resume.resolve_for_run(training_args.resume_from_checkpoint, training_args, world_size, main_process)
+    if checkpoint is not None and main_process:
         print(f"Resuming from {checkpoint}.")
     return checkpoint
 

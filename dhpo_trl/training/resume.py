@@ -8,11 +8,21 @@ sees other data from then on. Here:
   the not-yet-consumed micro-batches (whatever `_buffered_inputs` holds, recursively: dicts, lists,
   `batching.Passes`, tensors with their device, numbers), the adaptive entropy controller and the metrics not yet
   logged. `restore_generation_state` puts them back before training resumes.
+* **loss accumulators**: transformers' `_tr_loss`, `_total_loss_scalar` and `_globalstep_last_logged` (reset when
+  training starts, after the restore) are in the same file and put back when training begins, so the logged `loss`
+  between logging steps and the final `train_loss` are the uninterrupted run's.
+* **reference model**: with `sync_ref_model`, the reference model TRL mixes with the policy is saved whole
+  (`dhpo_reference_model.safetensors`, gathered under ZeRO-3) and loaded back.
 * **completeness**: the main process writes `dhpo_checkpoint_complete.json` last, after every process wrote its
-  files; it records the run's settings. A folder holding our files but not the marker was left half-written and
-  is never loaded. A checkpoint from before this module (no file of ours) counts as complete when transformers'
-  `trainer_state.json` (written after weights, optimizer and RNG states) is there.
-* **settings**: a resume whose objective, batch geometry or world size differs from the checkpoint's is refused.
+  files; it records the run's settings and the size of every file. A folder holding our files but not the marker
+  was left half-written, and one whose files differ from the recorded sizes was damaged since: neither is loaded.
+  A checkpoint from before the marker (no file of ours) counts as complete when transformers' `trainer_state.json`
+  (written after weights, optimizer and RNG states) is there.
+* **settings**: a resume whose objective, batch geometry, world size, data order or generation-buffer content
+  (reference log-probs, vLLM correction, reward shaping, batching layout) differs from the checkpoint's is refused,
+  before any model loads when `resolve_for_run` is called first (as `dhpo-train` does).
+* **writing**: `write_checkpoint` is transformers' checkpoint sequence with our files, the marker last and the
+  rotation of old checkpoints after it, deciding `save_only_model` per checkpoint without touching `args`.
 * **graceful stop**: `stop_on_signals` installs handlers for the duration of `train()` only; the first signal sets
   a flag, a second one stops at once. `GracefulStopCallback` agrees on the flag across processes once per optimizer
   step (one all-reduce of one number, on every process) and asks the Trainer to save and stop.
@@ -25,6 +35,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import warnings
 from collections import defaultdict
@@ -39,8 +50,10 @@ from . import batching
 
 GENERATION_STATE = "dhpo_generation_state_rank{rank}.pt"
 COMPLETE_MARKER = "dhpo_checkpoint_complete.json"
+REFERENCE_MODEL = "dhpo_reference_model.safetensors"
 TRAINER_STATE = "trainer_state.json"  # transformers' TRAINER_STATE_NAME, written after weights, optimizer and RNG
-FORMAT = 1
+FORMAT = 1  # of the generation-state files (keys added later are optional)
+MARKER_FORMAT = 2  # 2: the marker records BUFFER_SETTINGS and the files' sizes
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 _STATE_FILE = re.compile(r"^dhpo_generation_state_rank\d+\.pt$")
 
@@ -52,10 +65,22 @@ RESUME_SETTINGS = (
     "num_generations", "num_iterations", "dynamic_batching", "max_tokens_per_micro_batch",
 )  # fmt: skip
 WORLD_SIZE = "world_size"
+# Settings that decide what the buffered generation batch holds, or the data order, recorded from MARKER_FORMAT 2:
+# the reference log-probs and the synced reference model (`beta`, `sync_ref_model`), the temperature the buffered
+# log-probs were computed at, the vLLM importance-sampling ratios, the advantages and masks (reward shaping), the
+# planned layout of the micro-batches, the sampler's order.
+BUFFER_SETTINGS = (
+    "beta", "sync_ref_model", "temperature", "use_vllm", "vllm_importance_sampling_correction", "vllm_importance_sampling_mode",
+    "vllm_importance_sampling_clip_min", "vllm_importance_sampling_clip_max", "scale_rewards", "reward_weights",
+    "multi_objective_aggregation", "mask_truncated_completions", "padding_free", "share_prompts", "shuffle_dataset",
+    "seed",
+)  # fmt: skip
 
 # Trainer attributes that change during training and decide what later steps do. `_last_loaded_step` (vLLM) is
 # deliberately not here: after a resume the server must receive the resumed weights before it generates.
 TRAINER_ATTRIBUTES = ("_step", "_buffered_inputs", "entropy_coef", "_last_world_entropy", "_entropy_window_stats")
+# transformers' loss accumulators: set when the training loop starts (after any restore), so put back at train begin.
+LOSS_ACCUMULATORS = ("_tr_loss", "_total_loss_scalar", "_globalstep_last_logged")
 
 
 # ----------------------------------------------------------------------------------------------- settings
@@ -63,10 +88,15 @@ def run_settings(args, world_size: int) -> dict:
     """The settings a resume must agree with (see `RESUME_SETTINGS`), with the objective's own settings."""
     from ..core.objectives import get_objective
 
-    names = (*RESUME_SETTINGS, *get_objective(args.algorithm).settings(args))
-    settings = {name: getattr(args, name, None) for name in dict.fromkeys(names)}
+    names = (*RESUME_SETTINGS, *get_objective(args.algorithm).settings(args), *BUFFER_SETTINGS)
+    settings = {name: _plain(getattr(args, name, None)) for name in dict.fromkeys(names)}
     settings[WORLD_SIZE] = int(world_size)
     return settings
+
+
+def _plain(value):
+    """A setting as JSON writes and reads it back (a tuple of reward weights compares as the list it becomes)."""
+    return list(value) if isinstance(value, tuple) else value
 
 
 def settings_difference(saved: dict, current: dict) -> list[str]:
@@ -86,7 +116,11 @@ def incomplete_reason(path: str) -> str | None:
         return "it is not a folder"
     names = set(os.listdir(path))
     if COMPLETE_MARKER in names:
-        weights_only = bool((read_marker(path) or {}).get("save_only_model"))
+        marker = read_marker(path) or {}
+        damaged = file_mismatch(path, marker.get("files") or {})
+        if damaged is not None:
+            return damaged
+        weights_only = bool(marker.get("save_only_model"))
     elif any(_STATE_FILE.match(name) for name in names):  # written by this version, the marker never came
         return f"it has no {COMPLETE_MARKER} (the save was interrupted)"
     elif TRAINER_STATE not in names:
@@ -96,6 +130,31 @@ def incomplete_reason(path: str) -> str | None:
     if weights_only:
         return ("it holds the weights only (save_only_model: true), without the optimizer and RNG states a resume "
                 "needs; save with --save_only_model false to resume")  # fmt: skip
+    return None
+
+
+def file_sizes(path: str) -> dict[str, int]:
+    """Every file under the checkpoint folder `path` (relative path -> bytes), the marker and temporaries left out."""
+    sizes = {}
+    for root, _, files in os.walk(path):
+        for name in files:
+            full = os.path.join(root, name)
+            relative = os.path.relpath(full, path).replace(os.sep, "/")
+            if relative != COMPLETE_MARKER and not name.endswith(".tmp"):
+                sizes[relative] = os.path.getsize(full)
+    return dict(sorted(sizes.items()))
+
+
+def file_mismatch(path: str, recorded: dict[str, int]) -> str | None:
+    """Why the files of `path` differ from the sizes the marker `recorded` (None: they match). A truncated weights
+    or state file under an intact marker is caught here, before anything loads it."""
+    for relative, size in recorded.items():
+        full = os.path.join(path, *relative.split("/"))
+        if not os.path.isfile(full):
+            return f"its file {relative} is missing (the marker records {size} bytes)"
+        actual = os.path.getsize(full)
+        if actual != size:
+            return f"its file {relative} has {actual} bytes, the marker records {size} (truncated or overwritten)"
     return None
 
 
@@ -167,6 +226,8 @@ def check_resumable(path: str, current: dict) -> None:
     if marker is None:  # older checkpoint: no settings recorded (restore_generation_state warns once)
         return
     saved = marker.get("settings", {})
+    if marker.get("format", 1) < 2:  # recorded before BUFFER_SETTINGS were: those are not compared
+        current = {name: value for name, value in current.items() if name not in BUFFER_SETTINGS}
     differ = settings_difference(saved, current)
     if differ:
         listed = ", ".join(f"{name}={saved.get(name)!r} in the checkpoint but {current.get(name)!r} now" for name in differ)
@@ -174,6 +235,24 @@ def check_resumable(path: str, current: dict) -> None:
             f"--resume_from_checkpoint {path}: {listed}. Resume with the checkpoint's settings, or train into a new "
             "output_dir."
         )
+
+
+def resolve_for_run(value, args, world_size: int, main: bool = True) -> str | None:
+    """The one place `resume_from_checkpoint` is resolved (the command, before any model loads, and `train()`):
+    the checkpoint `value` names (see `resolve_checkpoint`), refused when saved under other settings than `args`
+    with `world_size` processes. Skipped folders are warned about and the outcome printed on the main process."""
+    fsdp = bool(args.fsdp) or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true")
+    if args.sync_ref_model and fsdp and (args.save_strategy != "no" or value not in (None, False)):
+        raise ValueError("sync_ref_model under FSDP: the synced reference model cannot be saved in or restored from a "
+                         "checkpoint; use DeepSpeed ZeRO-3 or DDP, or save_strategy='no'.")  # fmt: skip
+    warn = (lambda message: warnings.warn(message, stacklevel=4)) if main else (lambda message: None)
+    checkpoint = resolve_checkpoint(value, args.output_dir, warn)
+    if checkpoint is None:
+        if main and str(value).strip().lower() == "latest":
+            print(f"resume_from_checkpoint=latest: no checkpoint in {args.output_dir} yet, training from step 0.")
+        return None
+    check_resumable(checkpoint, run_settings(args, world_size))
+    return checkpoint
 
 
 # ---------------------------------------------------------------------------------------- generation state
@@ -230,7 +309,8 @@ def capture(trainer) -> dict:
     (a resume, not an exact one), rather than the run dying at a save.
     """
     state = {"format": FORMAT, "global_step": trainer.state.global_step}
-    values = {name: getattr(trainer, name) for name in TRAINER_ATTRIBUTES if hasattr(trainer, name)}
+    names = (*TRAINER_ATTRIBUTES, *LOSS_ACCUMULATORS)
+    values = {name: getattr(trainer, name) for name in names if hasattr(trainer, name)}
     values["_metrics_train"] = dict(trainer._metrics["train"])
     for name, value in values.items():
         try:
@@ -259,18 +339,20 @@ def unmark(checkpoint: str) -> None:
 
 
 def mark_complete(checkpoint: str, settings: dict, global_step: int, save_only_model: bool = False) -> None:
-    """Write the completeness marker (last, by the main process, after every process saved). A weights-only
-    checkpoint (`save_only_model`) is complete but cannot be resumed; the marker says so."""
+    """Write the completeness marker (last, by the main process, after every process saved), with the size of
+    every file the folder holds. A weights-only checkpoint (`save_only_model`) is complete but cannot be resumed;
+    the marker says so."""
     path = os.path.join(checkpoint, COMPLETE_MARKER)
-    record = {"format": FORMAT, "global_step": global_step, "save_only_model": bool(save_only_model),
-              "settings": settings}  # fmt: skip
+    record = {"format": MARKER_FORMAT, "global_step": global_step, "save_only_model": bool(save_only_model),
+              "settings": settings, "files": file_sizes(checkpoint)}  # fmt: skip
     with open(f"{path}.tmp", "w", encoding="utf-8") as handle:
         json.dump(record, handle, indent=1)
     os.replace(f"{path}.tmp", path)
 
 
-def restore_generation_state(trainer, checkpoint: str, rank: int, device, warn: bool = True) -> bool:
-    """Put the generation state saved in `checkpoint` for `rank` back on `trainer`. True if restored.
+def restore_generation_state(trainer, checkpoint: str, rank: int, device, warn: bool = True) -> dict | None:
+    """Put the generation state saved in `checkpoint` for `rank` back on `trainer`; return the saved loss
+    accumulators (`LOSS_ACCUMULATORS`, to set when training begins: `RestoreAtTrainBegin`), None without a state.
 
     An older checkpoint without it: `_step` is set to the micro-steps done (global_step x accumulation steps), so
     the run regenerates at this step and later generation batches start where the uninterrupted run's do; one
@@ -291,7 +373,7 @@ def restore_generation_state(trainer, checkpoint: str, rank: int, device, warn: 
             )  # fmt: skip
         trainer._step = global_step * trainer.args.gradient_accumulation_steps
         trainer._buffered_inputs = None
-        return False
+        return None
     state = torch.load(path, map_location="cpu", weights_only=True)
     if state.get("format") != FORMAT:
         raise ValueError(f"{path} has format {state.get('format')}, this dhpo_trl reads {FORMAT}.")
@@ -301,7 +383,128 @@ def restore_generation_state(trainer, checkpoint: str, rank: int, device, warn: 
     metrics = defaultdict(list)
     metrics.update(decode(state.get("_metrics_train", encode({}))))
     trainer._metrics["train"] = metrics
+    return {name: decode(state[name], device) for name in LOSS_ACCUMULATORS if name in state}
+
+
+class RestoreAtTrainBegin(TrainerCallback):
+    """Sets `values` on `target` when training begins: transformers resets its loss accumulators there, after the
+    checkpoint's other states were loaded."""
+
+    def __init__(self, target, values: dict):
+        self.target, self.values = target, dict(values)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        for name, value in self.values.items():
+            current = getattr(self.target, name, None)
+            if torch.is_tensor(value) and torch.is_tensor(current):  # where transformers put it ("cuda:0", not "cuda")
+                value = value.to(current.device)
+            setattr(self.target, name, value)
+        self.values = {}
+
+
+# ------------------------------------------------------------------------------------------ reference model
+def _gathered(parameters: list, modifier_rank: int | None = None):
+    """Every parameter whole inside the block: under ZeRO-3 a collective on every process (`modifier_rank`: the
+    process whose changes are kept); elsewhere the parameters are whole already."""
+    if not any(hasattr(parameter, "ds_id") for parameter in parameters):
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(parameters, modifier_rank=modifier_rank)
+
+
+def save_reference_model(model, checkpoint: str, main: bool) -> None:
+    """Write the reference model's parameters whole into `checkpoint` (call on every process: ZeRO-3 gathers)."""
+    from safetensors.torch import save_file
+
+    named = list(model.named_parameters())
+    with _gathered([parameter for _, parameter in named]):
+        if main:
+            tensors = {name: parameter.detach().to("cpu").contiguous().clone() for name, parameter in named}
+            path = os.path.join(checkpoint, REFERENCE_MODEL)
+            save_file(tensors, f"{path}.tmp")
+            os.replace(f"{path}.tmp", path)
+
+
+def restore_reference_model(model, checkpoint: str, main: bool, warn: bool = True) -> bool:
+    """Load the reference model `checkpoint` saved back into `model` (every process; under ZeRO-3 the main one
+    loads, the others receive). A checkpoint without the file (written before it was saved) keeps the initial
+    reference model, with one warning (`warn`). True if restored."""
+    path = os.path.join(checkpoint, REFERENCE_MODEL)
+    if not os.path.isfile(path):
+        if warn:
+            warnings.warn(f"{checkpoint} holds no reference model ({REFERENCE_MODEL}): with sync_ref_model the run "
+                          "continues from the initial reference model, not the synced one.", stacklevel=3)  # fmt: skip
+        return False
+    from safetensors.torch import load_file
+
+    named = list(model.named_parameters())
+    zero3 = any(hasattr(parameter, "ds_id") for _, parameter in named)
+    tensors = load_file(path) if main or not zero3 else None
+    if tensors is not None and set(tensors) != {name for name, _ in named}:
+        differ = sorted(set(tensors) ^ {name for name, _ in named})
+        raise ValueError(f"{path} does not fit the reference model (parameters {differ[:3]}): another model?")
+    with torch.no_grad(), _gathered([parameter for _, parameter in named], modifier_rank=0):
+        if tensors is not None:
+            for name, parameter in named:
+                parameter.data.copy_(tensors[name].to(device=parameter.device, dtype=parameter.dtype))
     return True
+
+
+# ------------------------------------------------------------------------------------------------ writing
+def write_checkpoint(trainer, model, trial, full: bool = False) -> str:
+    """Write `checkpoint-<global_step>` of `trainer`: transformers' `Trainer._save_checkpoint` sequence (mirrored in
+    `trl_mirror.MIRRORED`), with our files first and the marker last. Differences: weights only when
+    `save_only_model` unless `full` (a stop's checkpoint is the run's only way back), and older checkpoints are
+    rotated out only after this one is marked complete. `args` is read, never changed. Returns the folder."""
+    from transformers.trainer_callback import ExportableState
+    from transformers.trainer_utils import SaveStrategy, rotate_checkpoints
+
+    args, state = trainer.args, trainer.state
+    run_dir = trainer._get_output_dir(trial=trial)
+    checkpoint = os.path.join(run_dir, f"checkpoint-{state.global_step}")
+    main = args.should_save
+    if main:
+        unmark(checkpoint)  # our file first: a folder holding it without the marker is recognisably half-written
+    save_generation_state(checkpoint, trainer.accelerator.process_index, capture(trainer))
+    if args.sync_ref_model and trainer.ref_model is not None:
+        save_reference_model(trainer.accelerator.unwrap_model(trainer.ref_model), checkpoint, main)
+    weights_only = bool(args.save_only_model) and not full
+    if trainer.hp_search_backend is None and trial is None:
+        trainer.store_flos()
+    trainer.save_model(checkpoint, _internal_call=True)
+    if args.save_strategy in (SaveStrategy.STEPS, SaveStrategy.EPOCH, SaveStrategy.BEST) and state.best_global_step:
+        trainer.accelerator.wait_for_everyone()  # process 0 has saved the model before the best folder is looked up
+        best = os.path.join(run_dir, f"checkpoint-{state.best_global_step}")
+        if os.path.exists(best):
+            state.best_model_checkpoint = best
+    if not weights_only:
+        trainer._save_optimizer_and_scheduler(checkpoint)
+        trainer._save_scaler(checkpoint)
+        trainer._save_rng_state(checkpoint)
+    if main:
+        for callback in [*trainer.callback_handler.callbacks, trainer.control]:
+            if isinstance(callback, ExportableState):
+                name, callback_state = type(callback).__name__, callback.state()
+                if isinstance(state.stateful_callbacks[name], list):
+                    state.stateful_callbacks[name].append(callback_state)
+                else:
+                    state.stateful_callbacks[name] = callback_state
+        state.save_to_json(os.path.join(checkpoint, TRAINER_STATE))
+        # TRL writes the card to output_dir only; copy it so every checkpoint (and every Hub push of one) carries it.
+        card = os.path.join(args.output_dir, "README.md")
+        if os.path.isfile(card) and os.path.isdir(checkpoint):
+            shutil.copyfile(card, os.path.join(checkpoint, "README.md"))
+    trainer.accelerator.wait_for_everyone()  # every process's files are written
+    if main:
+        mark_complete(checkpoint, run_settings(args, trainer.accelerator.num_processes), state.global_step,
+                      weights_only)  # fmt: skip
+    if args.push_to_hub:
+        trainer._push_from_checkpoint(checkpoint)
+    if main:
+        rotate_checkpoints(output_dir=run_dir, save_total_limit=args.save_total_limit,
+                           best_model_checkpoint=state.best_model_checkpoint, use_mtime=True)  # fmt: skip
+    return checkpoint
 
 
 # -------------------------------------------------------------------------------------------- graceful stop

@@ -9,14 +9,12 @@ and the `dhpo/` / `gmpo/` metrics are ours too; TRL's metric keys keep their mea
 from __future__ import annotations
 
 import os
-import shutil
 import textwrap
 import warnings
 
 import torch
 import torch.distributed as dist
 from accelerate.utils import DistributedType
-from transformers.trainer_utils import rotate_checkpoints
 from trl import GRPOTrainer
 
 from ..core import aggregation, metrics
@@ -27,6 +25,7 @@ from .moe import maybe_set_zero3_leaf_modules, zero3_leaf_modules_for_trl_prepar
 from .vllm_utils import check_vllm_setup
 from . import batching, resume, shared_prompts, trl_mirror, update_path
 from .reward_checks import check_reward_functions
+from .sampler import EpochRepeatSampler
 
 CITATION = textwrap.dedent("""\
     @inproceedings{min-etal-2026-orchestrating,
@@ -326,59 +325,54 @@ class DHPOTrainer(GRPOTrainer):
         `output_dir`), and stopping gracefully on SIGTERM / SIGUSR1: after the optimizer step in progress, with a
         checkpoint (`self.graceful_stop` then names the signal, step and checkpoint; None otherwise)."""
         self.graceful_stop = None
-        main = self.accelerator.is_main_process
-        warn = (lambda message: warnings.warn(message, stacklevel=4)) if main else (lambda message: None)
-        checkpoint = resume.resolve_checkpoint(resume_from_checkpoint, self.args.output_dir, warn)
+        main, processes = self.accelerator.is_main_process, self.accelerator.num_processes
+        checkpoint = resume.resolve_for_run(resume_from_checkpoint, self.args, processes, main)
+        callbacks = []
         if checkpoint is not None:
-            resume.check_resumable(checkpoint, resume.run_settings(self.args, self.accelerator.num_processes))
-            resume.restore_generation_state(self, checkpoint, self.accelerator.process_index, self.accelerator.device,
-                                            warn=main)  # fmt: skip
-        elif main and str(resume_from_checkpoint).strip().lower() == "latest":
-            print(f"resume_from_checkpoint={resume_from_checkpoint}: no checkpoint in {self.args.output_dir} yet, "
-                  "training from step 0.")  # fmt: skip
+            rank, device = self.accelerator.process_index, self.accelerator.device
+            accumulators = resume.restore_generation_state(self, checkpoint, rank, device, warn=main)
+            callbacks.append(resume.RestoreAtTrainBegin(self, accumulators or {}))
+            if self.args.sync_ref_model and self.ref_model is not None:
+                resume.restore_reference_model(self.accelerator.unwrap_model(self.ref_model), checkpoint, main, main)
         with resume.stop_on_signals() as request:
-            callback = resume.GracefulStopCallback(request, lambda flag: resume.agree_any(flag, self.accelerator.device))
-            self.add_callback(callback)
-            self._stop_callback = callback
+            stop = resume.GracefulStopCallback(request, lambda flag: resume.agree_any(flag, self.accelerator.device))
+            callbacks.append(stop)
+            for callback in callbacks:
+                self.add_callback(callback)
+            self._stop_callback = stop
             try:
                 output = super().train(checkpoint, trial, ignore_keys_for_eval, **kwargs)
             finally:
-                self.remove_callback(callback)
+                for callback in callbacks:
+                    self.remove_callback(callback)
                 self._stop_callback = None
-        if callback.stopped_at is not None and callback.stopped_at < self.state.max_steps:  # not if it had finished
-            path = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{callback.stopped_at}")
+        if stop.stopped_at is not None and stop.stopped_at < self.state.max_steps:  # not if it had finished
+            path = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{stop.stopped_at}")
             signalled = request.name if request is not None and request.requested else "a signal to another process"
-            self.graceful_stop = {"signal": signalled, "step": callback.stopped_at,
-                                  "checkpoint": path}  # fmt: skip
+            self.graceful_stop = {"signal": signalled, "step": stop.stopped_at, "checkpoint": path}
         return output
 
     def _save_checkpoint(self, model, trial):
-        run_dir = self._get_output_dir(trial=trial)
-        checkpoint = os.path.join(run_dir, f"checkpoint-{self.state.global_step}")
-        # Our file first: a folder holding it without the marker is recognisably half-written.
-        if self.args.should_save:
-            resume.unmark(checkpoint)
-        resume.save_generation_state(checkpoint, self.accelerator.process_index, resume.capture(self))
-        limit, self.args.save_total_limit = self.args.save_total_limit, None  # delete old checkpoints only once
-        # The checkpoint of a graceful stop is the run's only way back: it is always a full one (optimizer, RNG and
-        # generation states), also where `save_only_model` keeps the periodic ones small.
+        """TRL's model card, then the checkpoint with our states (`resume.write_checkpoint`); TRL's own copy of the
+        adaptive entropy state is not written (ours, in the generation state, is the one restored)."""
+        name = self.args.hub_model_id.split("/")[-1] if self.args.hub_model_id else os.path.basename(
+            os.path.normpath(self.args.output_dir))  # fmt: skip
+        self.create_model_card(model_name=name)
         stop = getattr(self, "_stop_callback", None)
-        weights_only = self.args.save_only_model and not (stop is not None and stop.stopped_at == self.state.global_step)
-        only_model, self.args.save_only_model = self.args.save_only_model, weights_only
-        try:  # this one is marked complete, never before
-            super()._save_checkpoint(model, trial)
-        finally:
-            self.args.save_total_limit, self.args.save_only_model = limit, only_model
-        # TRL writes the card to output_dir only; copy it so every checkpoint (and every Hub push of one) carries it.
-        card = os.path.join(self.args.output_dir, "README.md")
-        if self.args.should_save and os.path.isfile(card) and os.path.isdir(checkpoint):
-            shutil.copyfile(card, os.path.join(checkpoint, "README.md"))
-        self.accelerator.wait_for_everyone()  # every process's files are written
-        if self.args.should_save:
-            settings = resume.run_settings(self.args, self.accelerator.num_processes)
-            resume.mark_complete(checkpoint, settings, self.state.global_step, weights_only)
-            rotate_checkpoints(run_dir, save_total_limit=limit, best_model_checkpoint=self.state.best_model_checkpoint,
-                               use_mtime=True)  # fmt: skip
+        resume.write_checkpoint(self, model, trial, full=stop is not None and stop.stopped_at == self.state.global_step)
+
+    def _get_train_sampler(self, dataset=None):
+        """TRL's sampler, with a shuffle that follows the epoch (`dhpo_trl/training/sampler.py`)."""
+        self._epoch_sampler = EpochRepeatSampler.like(super()._get_train_sampler(dataset))
+        return self._epoch_sampler
+
+    def _run_epoch(self, *args, **kwargs):
+        """transformers' epoch loop, with the sampler told its epoch first: after `skip_first_batches` on several
+        processes, accelerate's `set_epoch` no longer reaches it."""
+        sampler = getattr(self, "_epoch_sampler", None)
+        if sampler is not None and "epoch" in kwargs:
+            sampler.set_epoch(kwargs["epoch"])
+        return super()._run_epoch(*args, **kwargs)
 
     # ------------------------------------------------------------ model card
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):

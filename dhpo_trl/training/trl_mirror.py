@@ -62,6 +62,18 @@ MIRRORED: tuple[Mirror, ...] = (
            "when a generation batch is fresh (the same test as TRL's) and which buffered micro-batch a step takes"),
 )  # fmt: skip
 
+# Private names of transformers' `Trainer` and TRL's `GRPOTrainer` that resuming and checkpoint writing use
+# (`dhpo_trl/training/resume.py`, `DHPOTrainer.train` / `_save_checkpoint` / `_get_train_sampler` / `_run_epoch`).
+# `write_checkpoint` mirrors transformers 5.17's `Trainer._save_checkpoint` (trainer.py, lines 3215-3283): the
+# same sequence, with `save_only_model` decided per checkpoint and the rotation after our completeness marker.
+RESUME_SURFACE: tuple[tuple[str, str], ...] = (
+    ("Trainer", "_save_checkpoint"), ("Trainer", "_get_output_dir"), ("Trainer", "_save_optimizer_and_scheduler"),
+    ("Trainer", "_save_scaler"), ("Trainer", "_save_rng_state"), ("Trainer", "_push_from_checkpoint"),
+    ("Trainer", "_run_epoch"), ("Trainer", "_inner_training_loop"), ("Trainer", "store_flos"),
+    ("GRPOTrainer", "_get_train_sampler"), ("GRPOTrainer", "_save_checkpoint"),
+    ("GRPOTrainer", "_load_optimizer_and_scheduler"),
+)  # fmt: skip
+
 
 def per_token_kl(ref_per_token_logps: torch.Tensor, per_token_logps: torch.Tensor, mask: torch.Tensor,
                  weight: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip

@@ -8,7 +8,9 @@ Four short DHPO-E runs (k = 4 optimizer steps per generation batch, a checkpoint
   stopped  rank 0 sends itself SIGTERM at the end of step 2: only rank 0 is signalled, both must stop after step 2;
   after    from stopped's newest complete checkpoint (`latest`) to step 6;
   budget_full, budget_resumed  a token budget (max_tokens_per_micro_batch=24) splitting micro-steps into passes
-           whose count the ranks agree on, 2 accumulation steps, k = 4; resumed from checkpoint-1.
+           whose count the ranks agree on, 2 accumulation steps, k = 4; resumed from checkpoint-1;
+  epoch_full, epoch_resumed  8 prompts, k = 2, logging every 3 steps: 4 steps per epoch, 8 steps; resumed from
+           checkpoint-5 (epoch 2, mid generation batch; the next generation batch comes from epoch 2's order).
 Every rank dumps OUT_DIR/<run>_rank{r}.json: final parameters, per-step logs, the data of every step, the step it
 stopped at and the signal handlers after train() (they must be the previous ones again).
 
@@ -17,7 +19,9 @@ accumulation steps per optimizer step, k = 2 optimizer steps per generation batc
   z3_full     uninterrupted;
   z3_resumed  from z3_full's checkpoint-1 (mid generation batch) to step 4;
   z3_stopped  rank 0 sends itself SIGTERM at the end of step 1 (mid generation batch); no scheduled checkpoint;
-  z3_after    from z3_stopped's newest complete checkpoint (`latest`) to step 4.
+  z3_after    from z3_stopped's newest complete checkpoint (`latest`) to step 4;
+  z3_sync_full, z3_sync_resumed  beta 0.1 with `sync_ref_model` (the reference model mixed into the policy every
+              step, partitioned like the policy), resumed from checkpoint-1; they also dump the reference model.
 The parameters dumped are the full ones, gathered from both ranks' partitions; every checkpoint also holds them
 whole in model.safetensors (`stage3_gather_16bit_weights_on_model_save`; the model's dtype, float32 here).
 """
@@ -79,6 +83,7 @@ def digit_share(completions, **kwargs):
     return [sum(ch.isdigit() for ch in text) / max(len(text), 1) for text in completions]
 
 
+EPOCH = dict(steps_per_generation=2, max_steps=8, logging_steps=3, prompts=8)
 BUDGET = dict(gradient_accumulation_steps=2, steps_per_generation=8, max_steps=4, max_tokens_per_micro_batch=24)
 ZERO3 = dict(gradient_accumulation_steps=2, steps_per_generation=4, max_steps=4,
              deepspeed={"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True},
@@ -97,10 +102,11 @@ def full_parameters(model) -> dict:
         return {k: v.detach().flatten().tolist() for k, v in model.named_parameters()}
 
 
-def run(out_dir: Path, name: str, output_dir: Path, tok, resume=None, callbacks=(), **overrides):
+def run(out_dir: Path, name: str, output_dir: Path, tok, resume=None, callbacks=(), prompts=16, model=None,
+        **overrides):  # fmt: skip
     args = config_for("DHPO-E", output_dir=str(output_dir), **{**SETTINGS, **overrides}, **CPU)
-    dataset = Dataset.from_dict({"prompt": [f"{'x' * (a % 3)}{a}+{2 * a + 1}=" for a in range(16)]})
-    trainer = RecordingTrainer(model=build_tiny_qwen3(tok, hidden_size=32, seed=0), reward_funcs=digit_share,
+    dataset = Dataset.from_dict({"prompt": [f"{'x' * (a % 3)}{a}+{2 * a + 1}=" for a in range(prompts)]})
+    trainer = RecordingTrainer(model=model or build_tiny_qwen3(tok, hidden_size=32, seed=0), reward_funcs=digit_share,
                                args=args, train_dataset=dataset, processing_class=tok, callbacks=list(callbacks))  # fmt: skip
     trainer.seen = {}
     before = signal.getsignal(signal.SIGTERM)
@@ -113,9 +119,12 @@ def run(out_dir: Path, name: str, output_dir: Path, tok, resume=None, callbacks=
         "params": full_parameters(trainer.model),
         "logs": {str(e["step"]): {k: v for k, v in e.items() if k not in TIMINGS}
                  for e in trainer.state.log_history if "loss" in e},  # fmt: skip
+        "train_loss": trainer.state.log_history[-1].get("train_loss"),
         "seen": trainer.seen,
         "checkpoints": sorted(p.name for p in output_dir.glob("checkpoint-*")),
     }
+    if trainer.args.sync_ref_model:
+        dump["ref_params"] = full_parameters(trainer.accelerator.unwrap_model(trainer.ref_model))
     rank = trainer.accelerator.process_index
     (out_dir / f"{name}_rank{rank}.json").write_text(json.dumps(dump))
     trainer.accelerator.wait_for_everyone()
@@ -139,12 +148,20 @@ def main() -> None:
     out_dir = Path(sys.argv[1])
     tok = build_char_tokenizer()
     if "--zero3" in sys.argv:
+        # TRL builds the reference model from the policy's folder: one per rank, the same weights, saved before any
+        # ZeRO-3 trainer exists (after one, a model built here is partitioned and saves no loadable folder)
+        folder = out_dir / f"tiny_rank{os.environ.get('RANK', '0')}"
+        build_tiny_qwen3(tok, hidden_size=32, seed=0).save_pretrained(folder)
         run(out_dir, "z3_full", out_dir / "z3_full", tok, **ZERO3)
         run(out_dir, "z3_resumed", out_dir / "z3_resumed", tok, resume=str(out_dir / "z3_full" / "checkpoint-1"),
             **ZERO3)
         run(out_dir, "z3_stopped", out_dir / "z3_stopped", tok, callbacks=[SignalRankZeroAt(1)],
             **{**ZERO3, "save_steps": 10})  # its only checkpoint is the one the stop writes
         run(out_dir, "z3_after", out_dir / "z3_stopped", tok, resume="latest", **ZERO3)
+        sync = {**ZERO3, "beta": 0.1, "sync_ref_model": True, "ref_model_sync_steps": 1, "ref_model_mixup_alpha": 0.5}
+        run(out_dir, "z3_sync_full", out_dir / "z3_sync_full", tok, model=str(folder), **sync)
+        run(out_dir, "z3_sync_resumed", out_dir / "z3_sync_resumed", tok, model=str(folder),
+            resume=str(out_dir / "z3_sync_full" / "checkpoint-1"), **sync)
         destroy_process_group()
         return
     run(out_dir, "full", out_dir / "full", tok)
@@ -154,6 +171,9 @@ def main() -> None:
     run(out_dir, "budget_full", out_dir / "budget_full", tok, **BUDGET)
     run(out_dir, "budget_resumed", out_dir / "budget_resumed", tok, resume=str(out_dir / "budget_full" / "checkpoint-1"),
         **BUDGET)
+    run(out_dir, "epoch_full", out_dir / "epoch_full", tok, **EPOCH)
+    run(out_dir, "epoch_resumed", out_dir / "epoch_resumed", tok, resume=str(out_dir / "epoch_full" / "checkpoint-5"),
+        **EPOCH)
     destroy_process_group()
 
 
