@@ -24,6 +24,7 @@ answer, with a warning naming it (`dhpo_trl.scoring.golds` reports such golds at
 
 from __future__ import annotations
 
+import bisect
 import contextvars
 import ctypes
 import functools
@@ -180,7 +181,8 @@ def refusal(text: str) -> str | None:
             opener[index] = stack.pop()  # any closer ends the innermost bracket: `[0, 1)` is one group
     if depth > MAX_NESTING:
         return "MAX_NESTING"
-    return _power_refusal(text, opener) or _factorial_refusal(text, opener) or _bounds_refusal(text)
+    known: dict[int, int] = {}
+    return _power_refusal(text, opener, known) or _factorial_refusal(text, opener, known) or _bounds_refusal(text)
 
 
 def _numbers_only(text: str) -> bool:
@@ -215,8 +217,12 @@ def _group_after(text: str, index: int) -> tuple[str, int]:
     return text[index:end], end
 
 
-def _start_of_operand(text: str, end: int, opener: dict[int, int]) -> int:
-    """Where the operand that ends just before `end` starts: `\\frac{a}{b}`, `(x+1)`, `12`, `x_{1}`, `\\pi`."""
+def _start_of_operand(text: str, end: int, opener: dict[int, int], known: dict[int, int] | None = None) -> int:
+    """Where the operand that ends just before `end` starts: `\\frac{a}{b}`, `(x+1)`, `12`, `x_{1}`, `\\pi`.
+
+    `known` maps the position of each `^` already seen to the start of its operand: a chain `x^{1}^{1}...` is then
+    crossed in one step per power instead of once per power and per earlier power (quadratic in the chain).
+    """
     index = end
     while index > 0 and text[index - 1] == " ":
         index -= 1
@@ -225,6 +231,9 @@ def _start_of_operand(text: str, end: int, opener: dict[int, int]) -> int:
         start = opener[start - 1]  # `\frac{a}{b}`: both groups, then the command
         while start > 0 and text[start - 1] in "_^ ":
             start -= 1  # `x_{1}`, `x^{2}`: the subscript's or power's own base comes next
+            if known is not None and text[start] == "^" and start in known:
+                start = known[start]  # that power's base is the start of an operand already found
+                break
     if start == index or text[start - 1 : start].isalpha() or text[start - 1 : start].isdigit():
         while start > 0 and (text[start - 1].isalnum() or text[start - 1] == "."):
             start -= 1
@@ -233,28 +242,41 @@ def _start_of_operand(text: str, end: int, opener: dict[int, int]) -> int:
     return start
 
 
-def _power_refusal(text: str, opener: dict[int, int]) -> str | None:
-    effective: dict[int, int] = {}  # position of each `^` -> its exponent bound times the exponents inside its base
+def _power_refusal(text: str, opener: dict[int, int], known: dict[int, int]) -> str | None:
+    # Linear: `peaks` holds (position, effective bound) of the powers seen, bounds strictly decreasing, so the largest
+    # bound of the powers inside a base (the powers from the base's start on) is that of the first peak from there;
+    # `digits_before` counts the digits before each position, so a base's digits cost one subtraction.
+    positions: list[int] = []
+    peaks: list[tuple[int, int]] = []
+    digits_before = [0]
+    for char in text:
+        digits_before.append(digits_before[-1] + char.isdigit())
     digits = 0
     for position in (i for i, char in enumerate(text) if char == "^"):
         exponent, _ = _group_after(text, position + 1)
         if _NESTED.search(exponent) and _numbers_only(exponent):
             return "MAX_EXPONENT"  # a tower of numbers (`9^{9^{9}}`): letters keep `2^{2^{n}}` symbolic
-        start = _start_of_operand(text, position, opener)
-        inner = max((e for p, e in effective.items() if start <= p < position), default=1)
-        effective[position] = _literal_bound(exponent) * inner
-        if effective[position] > MAX_EXPONENT:
+        start = _start_of_operand(text, position, opener, known)
+        known[position] = start
+        first = bisect.bisect_left(positions, start)
+        inner = peaks[first][1] if first < len(peaks) else 1
+        effective = _literal_bound(exponent) * inner
+        if effective > MAX_EXPONENT:
             return "MAX_EXPONENT"
-        base = text[start:position]
-        digits += max(1, sum(len(run) for run in _DIGIT_RUN.findall(base))) * effective[position]
+        while peaks and peaks[-1][1] <= effective:
+            peaks.pop()
+            positions.pop()
+        peaks.append((position, effective))
+        positions.append(position)
+        digits += max(1, digits_before[position] - digits_before[start]) * effective
         if digits > MAX_POWER_DIGITS:
             return "MAX_POWER_DIGITS"
     return None
 
 
-def _factorial_refusal(text: str, opener: dict[int, int]) -> str | None:
+def _factorial_refusal(text: str, opener: dict[int, int], known: dict[int, int]) -> str | None:
     for position in (i for i, char in enumerate(text) if char == "!" and text[i + 1 : i + 2] != "="):
-        operand = text[_start_of_operand(text, position, opener) : position]
+        operand = text[_start_of_operand(text, position, opener, known) : position]
         if _NESTED.search(operand) and _numbers_only(operand):
             return "MAX_FACTORIAL"  # `(10^{5})!`, `(5!)!`, `\frac{10^{9}}{2}!`
         if _DIGIT_RUN.search(operand) and _literal_bound(operand) > MAX_FACTORIAL:
@@ -610,7 +632,7 @@ def _numbers_equal(gold, answer) -> bool:
         # a decimal gold: a relative 1e-4, and never wider than half a unit of its last written digit
         unit = min((u for value, u in _GOLD_UNITS.get() if value == abs(gold)), default=None)
         if unit is not None and gold.is_Rational:
-            return _close(gold, answer, NUMBER_REL_TOL) and bool(abs(sympy.N(answer - gold, 50)) <= unit / 2)
+            return _close(gold, answer, NUMBER_REL_TOL) and bool(abs(sympy.N(answer - gold, 50)) < unit / 2)
         return _close(gold, answer, NUMBER_REL_TOL)
     # a decimal answer to an exact gold (0.33333 for 1/3): a relative 1e-4; exact forms (sqrt(2)/2 vs 1/sqrt(2))
     # compared at 50 digits
@@ -620,7 +642,9 @@ def _numbers_equal(gold, answer) -> bool:
 def _close(gold, answer, tolerance: float) -> bool:
     try:
         a, b = sympy.N(gold, 50), sympy.N(answer, 50)
-        return bool(abs(a - b) <= tolerance * max(abs(a), abs(b)))
+        difference = abs(a - b)
+        bound = sympy.Rational(str(tolerance)) * max(abs(a), abs(b))  # 1e-4 exactly, not its binary neighbour
+        return bool(difference == 0 or difference < bound)  # a tie is outside
     except (TypeError, ValueError, ArithmeticError):  # NaN (0/0, a divergent integral): sympy refuses to compare it
         return False
 
