@@ -820,6 +820,8 @@ def test_a_repeated_slow_answer_costs_once():
     assert rewards.score_many([(slow, "12")], timeout_s=1.0) == [0.0]  # and nothing in a later call
     assert time.perf_counter() - start < 0.5
     assert rewards.pop_grading_counts()["cached"] == 1
+    assert rewards.score_many([(slow, "12")], timeout_s=1.2) == [0.0]  # a longer deadline tries it again
+    assert rewards.pop_grading_counts() == {"answers": 1, "over_budget": 0, "over_deadline": 1, "cached": 0}
 
 
 def test_parallel_workers_give_the_same_scores():

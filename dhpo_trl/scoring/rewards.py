@@ -13,9 +13,12 @@ memory spent on each completion:
   `MAX_ANSWER_CHARS` (or an unterminated `\boxed{`) scores 0 without being parsed;
 - an answer with a number, power, factorial, sum or matrix larger than any answer needs
   (`dhpo_trl.scoring._math_verify_core.refusal`, a linear scan) scores 0 without being parsed;
-- every comparison, from the main thread or any other, runs in one long-lived worker process (`_VerifyWorker`)
-  under a deadline (`timeout_s`, default `DEFAULT_TIMEOUT_S`) and a memory limit; an overrun scores 0 and the
-  worker is killed and replaced.
+- every comparison, from the main thread or any other, runs in a long-lived worker process (`_VerifyWorker`)
+  under a deadline (`timeout_s`, default `DEFAULT_TIMEOUT_S`) and a memory limit; an overrun scores 0 and a worker
+  stuck in C code is killed and replaced by its spare;
+- one call (`score_many`, `math_verify_reward`) runs under one budget (`DEFAULT_BUDGET_S` per `BUDGET_ANSWERS`
+  answers) shared by all its answers (`_Pool`): quick answers are scored first, results are cached, and the answers
+  left at the end of the budget score 0 and are counted (`pop_grading_counts`).
 """
 
 from __future__ import annotations
@@ -304,8 +307,9 @@ class _Pool:
         self._workers: list[_VerifyWorker] = []
         self._lock = threading.Lock()
         self._cache: collections.OrderedDict[tuple[str, str], bool] = collections.OrderedDict()
-        # pairs that overran a first-pass deadline and were not decided since: the next call gives them only the
-        # full deadline, so that a repeated slow answer costs its first-pass deadline once
+        # pairs that overran a deadline and were not decided since -> the longest deadline they overran: the next
+        # call scores 0 at once a pair that overran its full deadline, and gives one that overran only a first-pass
+        # deadline the full deadline at once, so that a repeated slow answer costs once
         self._slow: collections.OrderedDict[tuple[str, str], float] = collections.OrderedDict()
 
     def grade(self, pairs: list[tuple[str, str]], timeout_s: float, budget_s: float, workers: int | None):
@@ -315,11 +319,15 @@ class _Pool:
                 if pair in self._cache:
                     self._cache.move_to_end(pair)
                     results[pair] = self._cache[pair]
+                elif self._slow.get(pair, 0.0) >= timeout_s:
+                    results[pair] = False  # it overran this deadline before: a longer one would try it again
             todo = [pair for pair in pairs if pair not in results]
-            over_deadline = self._grade(todo, timeout_s, budget_s, workers or default_workers(), results)
+            overran: set[tuple[str, str]] = set()
+            self._grade(todo, timeout_s, budget_s, workers or default_workers(), results, overran)
             for pair in todo:
-                if pair in results:
+                if pair in results and pair not in overran:
                     self._remember(pair, results[pair])
+            over_deadline = len(overran)
             over_budget = len(todo) - sum(pair in results for pair in todo)
             _count(answers=len(pairs), cached=len(pairs) - len(todo), over_budget=over_budget, over_deadline=over_deadline)
             if over_budget:
@@ -333,6 +341,7 @@ class _Pool:
             return results
 
     def _remember(self, pair, matched: bool) -> None:
+        """A decided pair: its result for any later call."""
         self._slow.pop(pair, None)
         self._cache[pair] = matched
         if len(self._cache) > CACHE_SIZE:
@@ -344,10 +353,11 @@ class _Pool:
         if len(self._slow) > CACHE_SIZE:
             self._slow.popitem(last=False)
 
-    def _grade(self, pairs, timeout_s, budget_s, count, results) -> int:
-        """Fills `results` with the pairs decided within the budget; returns how many overran the full deadline."""
+    def _grade(self, pairs, timeout_s, budget_s, count, results, overran) -> None:
+        """Fills `results` with the pairs decided within the budget, and `overran` with those that overran the full
+        deadline (scored 0, and remembered as slow)."""
         if not pairs:
-            return 0
+            return
         while len(self._workers) < count:
             self._workers.append(_VerifyWorker())
         workers = self._workers[:count]
@@ -360,8 +370,12 @@ class _Pool:
         known_slow = [self._slow.get(pair, 0.0) >= first for pair in pairs]
         queue = collections.deque((index, first) for index in range(len(pairs)) if not known_slow[index])
         queue.extend((index, timeout_s) for index in range(len(pairs)) if known_slow[index])
-        state = {"over_deadline": 0}
         queue_lock = threading.Lock()
+
+        def give_up(index: int) -> None:  # overran the full deadline: 0, and remembered
+            results[pairs[index]] = False
+            overran.add(pairs[index])
+            self._remember_slow(pairs[index], timeout_s)
 
         def serve(worker: _VerifyWorker) -> None:
             while True:
@@ -382,8 +396,7 @@ class _Pool:
                             queue.append((index, timeout_s))  # the second pass, with the full deadline
                             self._remember_slow(pairs[index], deadline)
                         elif code == _OVERRAN:
-                            results[pairs[index]] = False
-                            state["over_deadline"] += 1
+                            give_up(index)
                     if len(codes) < len(chunk):  # the worker was killed on (or died at) chunk[len(codes)]
                         index = chunk[len(codes)]
                         if time.monotonic() < end:  # stuck past its deadline, not cut by the budget
@@ -391,19 +404,27 @@ class _Pool:
                                 queue.append((index, timeout_s))
                                 self._remember_slow(pairs[index], deadline)
                             else:
-                                results[pairs[index]] = False
-                                state["over_deadline"] += 1
+                                give_up(index)
                         queue.extendleft(reversed([(i, deadline) for i in chunk[len(codes) + 1 :]]))
 
         if len(workers) == 1:
             serve(workers[0])
-        else:
-            threads = [threading.Thread(target=serve, args=(worker,), daemon=True) for worker in workers]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join()
-        return state["over_deadline"]
+            return
+        errors: list[BaseException] = []
+
+        def serve_or_keep_error(worker: _VerifyWorker) -> None:
+            try:
+                serve(worker)
+            except BaseException as error:  # noqa: BLE001 - raised in the calling thread below
+                errors.append(error)
+
+        threads = [threading.Thread(target=serve_or_keep_error, args=(worker,), daemon=True) for worker in workers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
 
     def close(self) -> None:
         for worker in self._workers:
