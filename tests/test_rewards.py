@@ -893,3 +893,15 @@ def test_the_worker_ends_when_its_parent_dies(tmp_path):
         if parent.poll() is None:
             os.killpg(parent.pid, signal.SIGKILL)
             parent.wait()
+
+
+def test_forgetting_slow_answers_compares_them_again():
+    from dhpo_trl.scoring import rewards
+
+    assert score_answer(r"\boxed{1}", "1") == 1.0
+    (slow,) = slow_answers(1, offset=4000)
+    assert rewards.score_many([(slow, "12")], timeout_s=0.5) == [0.0]
+    rewards.pop_grading_counts()
+    rewards.forget_slow_answers()
+    assert rewards.score_many([(slow, "12")], timeout_s=0.5) == [0.0]
+    assert rewards.pop_grading_counts()["cached"] == 0
