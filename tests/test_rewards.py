@@ -830,8 +830,13 @@ def test_parallel_workers_give_the_same_scores():
     pairs = [(rf"\boxed{{{k}}}", str(k if k % 3 else k + 1)) for k in range(40)] + [(r"\boxed{0.5}", r"\frac{1}{2}")]
     expected = [1.0 if k % 3 else 0.0 for k in range(40)] + [1.0]
     rewards._POOL._cache.clear()
-    assert rewards.score_many(pairs, workers=2) == expected
-    assert len(rewards._POOL._workers) >= 2 and all(w._process is not None for w in rewards._POOL._workers[:2])
+    try:
+        assert rewards.score_many(pairs, workers=2) == expected
+        assert len(rewards._POOL._workers) >= 2 and all(w._process is not None for w in rewards._POOL._workers[:2])
+    finally:
+        for worker in rewards._POOL._workers[1:]:  # the later tests' single worker stays
+            worker.close()
+        del rewards._POOL._workers[1:]
     assert rewards.default_workers() >= 1
 
 
