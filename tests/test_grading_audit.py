@@ -111,13 +111,13 @@ def test_the_audit_fails_a_grader_that_accepts_anything(monkeypatch):
 
 def test_the_audit_fails_a_grader_that_reads_a_base_subscript_as_a_number(monkeypatch):
     """The bug the real audit found: 52_8 read as 52, so 52_9 scored 1. Grading runs in a worker process, out of
-    this test's reach, so the planted grader runs in-process behind a stand-in worker."""
+    this test's reach, so the planted grader runs in-process behind a stand-in pool."""
 
-    class InProcessWorker:
-        def match_many(self, pairs, timeout_s):
-            return [_math_verify_core.answers_match(answer, gold) for answer, gold in pairs]
+    class InProcessPool:
+        def grade(self, pairs, timeout_s, budget_s, workers):
+            return {(answer, gold): _math_verify_core.answers_match(answer, gold) for answer, gold in pairs}
 
-    monkeypatch.setattr(rewards, "_WORKER", InProcessWorker())
+    monkeypatch.setattr(rewards, "_POOL", InProcessPool())
     monkeypatch.setattr(_math_verify_core, "_base_number", lambda text: None)
     _math_verify_core.gold_form.cache_clear()
     try:

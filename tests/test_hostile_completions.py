@@ -112,7 +112,7 @@ def test_hostile_completions_from_a_thread_in_time_and_memory_and_correct_answer
     assert {name: round(t, 2) for name, (_, t) in results.items() if t >= TIMEOUT_S + MARGIN_S} == {}
     assert correct == [1.0, 1.0]
     assert tree_rss() - before < 1 << 30  # the process tree grew by less than 1 GiB
-    assert len(graders()) <= 1  # one reused worker, none left behind by a kill
+    assert len(graders()) <= 2 * len(rewards._POOL._workers)  # reused workers and their spares, none left by a kill
 
 
 def test_a_batch_with_hostile_completions_scores_the_rest_as_usual():
@@ -192,16 +192,21 @@ def test_every_pattern_is_fast_on_adversarial_strings(name, pattern, call):
 @pytest.mark.parametrize("answer", [r"\frac{2^{9999999}}{3^{9999999}}", r"\mathbf{I}_{20000} + \mathbf{I}_{20000}"])
 def test_the_worker_refuses_on_its_own(answer):
     """The guards also run inside the worker: a caller that reaches it directly (`match_many`) cannot skip them."""
-    start = time.perf_counter()
-    assert rewards._WORKER.match_many([(answer, "12"), ("12", "12")], TIMEOUT_S) == [False, True]
-    assert time.perf_counter() - start < TIMEOUT_S + MARGIN_S
+    worker = rewards._VerifyWorker()
+    try:
+        worker.ensure_ready()
+        start = time.perf_counter()
+        assert worker.match_many([(answer, "12"), ("12", "12")], TIMEOUT_S) == [False, True]
+        assert time.perf_counter() - start < TIMEOUT_S + MARGIN_S
+    finally:
+        worker.close()
 
 
 def test_the_worker_runs_under_a_memory_and_a_cpu_limit():
     """What gets past the guards is bounded by the worker's address-space and CPU limits (a kill past the deadline
     is tested in tests/test_rewards.py with a worker stuck in C code)."""
     assert rewards.score_answer(r"\boxed{12}", "12") == 1.0  # the worker is up
-    (worker,) = graders()
+    worker = psutil.Process(rewards._POOL._workers[0]._process.pid)
     rows = Path(f"/proc/{worker.pid}/limits").read_text().splitlines()[1:]
     limits = {row[:26].strip(): row[26:].split() for row in rows}
     address_space, cpu = limits["Max address space"][0], limits["Max cpu time"][0]
@@ -217,6 +222,66 @@ def test_the_worker_runs_under_a_memory_and_a_cpu_limit():
     ("3.14159", "\\pi", 1.0), ("3.15", "\\pi", 0.0),
     ("100 = 3", "3", 0.0), ("1 = 2 = 3", "3", 0.0), ("3 = 3", "3", 1.0),  # every side of a chain must hold
     ("x = 2 + 3 = 5", "5", 1.0), ("x = 5", "5", 1.0), ("y = 4 = 5", "5", 0.0),
+    # an integer-valued gold is compared exactly whatever its form
+    ("12346", "12345.0", 0.0), ("12345", "12345.0", 1.0), ("12345.00", "12345.0", 1.0),
+    ("1499850", "1.5 \\times 10^{6}", 0.0), ("1500150", "1.5 \\times 10^{6}", 0.0), ("1500001", "1.5 \\times 10^{6}", 0.0),
+    ("1500000", "1.5 \\times 10^{6}", 1.0), ("15 \\times 10^{5}", "1.5 \\times 10^{6}", 1.0), ("1.5e6", "1.5 \\times 10^{6}", 1.0),
+    ("12345.0000000000000000001", "12345", 0.0),
+    # an integer never matches a non-integer gold
+    ("12345", "12345.5", 0.0), ("12346", "12345.5", 0.0), ("1414214", "1000000\\sqrt{2}", 0.0),
+    # a decimal gold: never wider than half a unit of its last written digit
+    ("18.001", "18.0", 0.0), ("18", "18.0", 1.0), ("12.3457", "12.3456", 0.0), ("12.34561", "12.3456", 1.0),
+    ("1234.51", "1234.50", 0.0), ("1234.504", "1234.50", 1.0), ("2.89 \\times 10^{-19}", "2.88 \\times 10^{-19}", 0.0),
+    ("0.6251", "62.5\\%", 0.0), ("0.625", "62.5\\%", 1.0),
+    # only names may stand on the left of a chain
+    ("\\pi = 3", "3", 0.0), ("\\infty = 3", "3", 0.0), ("e = 3", "3", 0.0), ("\\sin(100) = 3", "3", 0.0),
+    ("f(2) = 3", "3", 0.0), ("\\theta = 3", "3", 1.0), ("f(x) = 3", "3", 1.0), ("a_{n} = 3", "3", 1.0),
+    ("AB = 3", "3", 1.0), ("x = 3, \\pi = 3", "3, 3", 0.0),
+    # the scalar rules element by element
+    ("(2.89 \\times 10^{-19}, 1)", "(2.88 \\times 10^{-19}, 1)", 0.0),
+    ("(2.88 \\times 10^{-19}, 1)", "(2.88 \\times 10^{-19}, 1)", 1.0),
+    ("\\{2.89 \\times 10^{-19}, 1\\}", "\\{2.88 \\times 10^{-19}, 1\\}", 0.0),
+    ("[2.89 \\times 10^{-19}, 1)", "[2.88 \\times 10^{-19}, 1)", 0.0),
+    ("\\begin{pmatrix} 2.89 \\times 10^{-19} \\\\ 1 \\end{pmatrix}", "\\begin{pmatrix} 2.88 \\times 10^{-19} \\\\ 1 \\end{pmatrix}", 0.0),
+    ("\\begin{pmatrix} \\frac{3}{2} \\\\ 1 \\end{pmatrix}", "\\begin{pmatrix} 1.5 \\\\ 1 \\end{pmatrix}", 1.0),
+    ("(12346, 1)", "(12345.0, 1)", 0.0), ("(1.0000001, 2)", "(1, 2)", 0.0), ("(12.3457, 1)", "(12.3456, 1)", 0.0),
+    ("(12345, 1)", "(12345.5, 1)", 0.0), ("(0.33333, 1)", "(\\frac{1}{3}, 1)", 1.0),
+    ("x = 2.89 \\times 10^{-19}", "x = 2.88 \\times 10^{-19}", 0.0), ("y = 0.5 x", "y = \\frac{x}{2}", 1.0),
 ])  # fmt: skip
 def test_training_reward_has_no_exploitable_tolerance_or_chain(answer, gold, score):
     assert rewards.score_answer(f"\\boxed{{{answer}}}", gold) == score
+
+
+# ------------------------------------------------------------------ the guards are linear in the answer
+GROWING = {  # shapes whose guard cost grew with the square of their length
+    "primes": lambda n: "x" + "'" * n,  # each prime becomes a power ^{\prime}: a chain of n powers
+    "powers": lambda n: "x^2" * n,
+    "chain": lambda n: "x" + "^{a}" * n,
+    "sums": lambda n: "\\sum_{i=1}^{2}" * n,
+    "chain-and-factorials": lambda n: "x" + "^{a}" * n + "!" * n,
+}
+
+
+def _guard_cpu(text: str) -> float:
+    best = float("inf")
+    for _ in range(3):
+        start = time.thread_time()
+        _math_verify_core.refusal(_math_verify_core.clean(text))
+        best = min(best, time.thread_time() - start)
+    return best
+
+
+@pytest.mark.parametrize("shape", list(GROWING))
+def test_the_guards_take_linear_time(shape):
+    """Four times the text costs about four times the CPU (a quadratic guard: sixteen), measured where the cost is
+    well above the timer's resolution; the best of three runs, in this thread's CPU time."""
+    small, large = _guard_cpu(GROWING[shape](1000)), _guard_cpu(GROWING[shape](4000))
+    assert large < 8 * small + 2e-3, f"{shape}: {small * 1e3:.2f} ms, then {large * 1e3:.2f} ms for 4x the text"
+
+
+def test_998_primes_in_a_box_cost_the_trainer_little():
+    completion = "\\boxed{x" + "'" * 998 + "}"
+    start = time.thread_time()
+    for _ in range(10):
+        rewards._pair(completion, "3", "none")
+    assert (time.thread_time() - start) / 10 < 0.02  # a quadratic guard took 38-80 ms

@@ -1,6 +1,7 @@
 r"""The one scoring function (reward and evaluation): equivalences that must score 1, near misses that must score 0,
 SimpleRL-Zoo's no-box fallback as an option, loader/reward edge cases, and hard time bounds."""
 
+import os
 import threading
 import time
 
@@ -112,7 +113,7 @@ def test_extract_boxed_answer(text, expected):
         (r"\boxed{2 M_{\Earth}}", r"2 M_{\text{Earth}}"),  # a command in a subscript reads as its name, capitals too
         (r"\boxed{2\lambda_{\alpha}}", r"2\lambda_\alpha"),  # a Greek letter in a subscript stays a Greek letter
         (r"\boxed{3 v_{\text{max }}}", r"3v_{max}"),  # spaces in a subscript do not count
-        (r"\boxed{(0.1234567, 2)}", "(0.1234568, 2)"),  # math-verify rounds decimals in a tuple to 6 places
+        (r"\boxed{(\frac{1}{8}, 2)}", "(0.125, 2)"),  # inside a tuple, numbers compare as they do alone
         (r"\boxed{|x|}", r"\sqrt{x^2}"),  # variables are real numbers, as math-verify reads them
         (r"\boxed{\binom{6}{2} = 15 = 15}", "15"),  # a chain the parser refuses (15 = 15 is True): its last part
         (r"\boxed{y^{\prime\prime} + y = 0}", "y'' + y = 0"),  # primes however written, after capitals too
@@ -170,6 +171,7 @@ def test_equivalent_answers_score_one(completion, truth):
         (r"\boxed{Y}", "Y'"),  # the parser would drop the quote
         (r"\boxed{0.5772}", r"\gamma"),  # a variable, not Euler's constant (which sympy names gamma)
         (r"\boxed{0.5772}", r"\Gamma"),
+        (r"\boxed{(0.1234567, 2)}", "(0.1234568, 2)"),  # inside a tuple too, the gold's last digit is not free
     ],
 )
 def test_wrong_missing_or_garbage_answers_score_zero(completion, truth):
@@ -447,15 +449,15 @@ def test_equal_values_in_other_forms_and_near_misses(completion, truth, reward):
 
 
 # ------------------------------------------------------------------ the verifier is called with what and how long
-class FakeWorker:
+class FakePool:
     def __init__(self, result):
         self.result, self.calls = result, []
 
-    def match_many(self, pairs, timeout_s):
+    def grade(self, pairs, timeout_s, budget_s, workers):
         self.calls.append((list(pairs), timeout_s))
         if isinstance(self.result, BaseException):
             raise self.result
-        return [self.result] * len(pairs)
+        return dict.fromkeys(pairs, self.result)
 
 
 def test_verifier_arguments_errors_and_timeouts(monkeypatch):
@@ -463,8 +465,8 @@ def test_verifier_arguments_errors_and_timeouts(monkeypatch):
     from the main thread (where TRL calls the reward) and from any other thread alike."""
     from dhpo_trl.scoring import rewards
 
-    worker = FakeWorker(True)
-    monkeypatch.setattr(rewards, "_WORKER", worker)
+    worker = FakePool(True)
+    monkeypatch.setattr(rewards, "_POOL", worker)
     assert DEFAULT_TIMEOUT_S == 2.0
     assert score_answer(r"so \boxed{\frac{1}{2}}.", "$0.5$.") == 1.0
     assert score_answer(r"\boxed{3}", "4.5e33", timeout_s=0.7) == 1.0
@@ -488,13 +490,13 @@ def test_verifier_arguments_errors_and_timeouts(monkeypatch):
         with pytest.raises(ValueError, match="timeout_s"):
             score_answer(r"\boxed{3}", "3", timeout_s=bad)
 
-    monkeypatch.setattr(rewards, "_WORKER", FakeWorker(RuntimeError("parser crashed")))
+    monkeypatch.setattr(rewards, "_POOL", FakePool(RuntimeError("parser crashed")))
     assert score_answer(r"\boxed{3}", "3") == 0.0  # a crash scores 0 instead of taking the step down
     assert math_verify_reward([r"\boxed{3}", r"\boxed{4}"], answer=["3", "4"]) == [0.0, 0.0]
-    monkeypatch.setattr(rewards, "_WORKER", FakeWorker(False))
+    monkeypatch.setattr(rewards, "_POOL", FakePool(False))
     assert score_answer(r"\boxed{3}", "3") == 0.0  # a deadline overrun reads as no match
     unavailable = rewards.GraderUnavailableError("the grading worker process did not start")
-    monkeypatch.setattr(rewards, "_WORKER", FakeWorker(unavailable))
+    monkeypatch.setattr(rewards, "_POOL", FakePool(unavailable))
     with pytest.raises(rewards.GraderUnavailableError):  # loud: never an unbounded grade, never silent zeros
         math_verify_reward([r"\boxed{3}"], answer=["3"])
 
@@ -542,6 +544,8 @@ if mode == "noisy":
     print("warning: noise on the worker's stderr", file=sys.stderr, flush=True)
 if mode == "slow-start":
     time.sleep(30)
+if mode == "stuck-and-slow-to-start":
+    time.sleep(1.5)  # as a real worker importing sympy and math-verify
 print("hello" if mode == "wrong-greeting" else "ready", flush=True)
 if mode == "exit-after-ready":
     sys.exit(0)
@@ -551,7 +555,7 @@ for line in sys.stdin:
     for index, (answer, gold) in enumerate(request["pairs"]):
         if mode == "slow-reply":
             time.sleep(request["timeout_s"] + 0.3)  # past its deadline, as a worker whose alarm fires at the end
-        if mode == "stuck-on-x" and answer == "x":
+        if mode in ("stuck-on-x", "stuck-and-slow-to-start") and answer == "x":
             time.sleep(600)  # C code that never returns to Python
         if mode == "stale":  # first a reply to an older request, and one to a wrong index
             print(f"{request['id'] - 1} {index} 1", flush=True)
@@ -591,6 +595,16 @@ def fake_worker(tmp_path, monkeypatch):
         worker.close()
 
 
+def starts(log, expected: int) -> int:
+    """How many worker processes have started, once `expected` have or 10 s have passed (a spare starts in the
+    background: its line may come a little after the reply that needed it)."""
+    deadline = time.monotonic() + 10.0
+    while log().count("start") < expected and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)  # and no more than expected
+    return log().count("start")
+
+
 def test_worker_protocol_and_reuse(fake_worker):
     import json
 
@@ -601,8 +615,8 @@ def test_worker_protocol_and_reuse(fake_worker):
     pairs = [(str(i), str(i % 3)) for i in range(40)]  # more than one request's worth
     assert worker.match_many(pairs, 2.0) == [a == g for a, g in pairs]
     lines = log()
-    assert lines[0] == "start" and lines.count("start") == 1  # one process for every request
-    requests = [json.loads(line) for line in lines[1:]]
+    assert lines[0] == "start" and starts(log, 2) == 2  # one process for every request, and its spare
+    requests = [json.loads(line) for line in lines if line != "start"]
     assert requests[:2] == [
         {"id": 1, "timeout_s": 0.5, "pairs": [["1", "1"]]},
         {"id": 2, "timeout_s": 0.25, "pairs": [["1", "2"], ["3", "3"]]},
@@ -657,7 +671,7 @@ def test_a_stuck_comparison_is_killed_and_the_rest_of_the_list_goes_on(fake_work
     assert worker.match_many([("1", "1"), ("x", "x"), ("2", "2"), ("3", "4")], 0.2) == [True, False, True, False]
     assert time.perf_counter() - start < 0.2 + _KILL_MARGIN_S + 5.0  # one deadline, one restart of a tiny script
     assert first.poll() is not None  # killed
-    assert log().count("start") == 2
+    assert starts(log, 3) == 3  # the first worker, its spare (which took over), the next spare
 
 
 def test_a_dead_worker_is_restarted(fake_worker):
@@ -666,7 +680,7 @@ def test_a_dead_worker_is_restarted(fake_worker):
     assert worker.answers_match("1", "1", 1.0) is True
     worker._process.wait(10)  # it exits after its one reply
     assert worker.answers_match("2", "2", 1.0) is True  # a fresh one answers
-    assert log().count("start") == 2
+    assert starts(log, 3) == 3  # the first worker, its spare (which took over), the next spare
 
 
 def test_a_worker_that_dies_after_its_greeting_scores_no_match(fake_worker):
@@ -687,7 +701,10 @@ def test_a_worker_that_does_not_start_in_time_is_refused_loudly(fake_worker, mon
         worker.answers_match("1", "1", 1.0)
     assert time.perf_counter() - start < 5.0  # not the worker's 30 s
     assert worker._process is None
-    monkeypatch.setattr(rewards, "_WORKER", worker)
+    pool = rewards._Pool()
+    pool._workers = [worker]
+    monkeypatch.setattr(rewards, "_POOL", pool)
+    monkeypatch.setattr(rewards, "default_workers", lambda: 1)
     with pytest.raises(rewards.GraderUnavailableError):
         score_answer(r"\boxed{1}", "1")  # the scoring function raises it, it does not score 0 for ever
     assert log().count("start") == 2
@@ -752,9 +769,144 @@ def test_a_crashing_comparison_is_logged_at_debug_with_its_traceback(monkeypatch
 
     from dhpo_trl.scoring import rewards
 
-    monkeypatch.setattr(rewards, "_WORKER", FakeWorker(RuntimeError("parser crashed")))
+    monkeypatch.setattr(rewards, "_POOL", FakePool(RuntimeError("parser crashed")))
     with caplog.at_level(logging.DEBUG, logger=rewards.logger.name):
         assert score_answer(r"\boxed{3}", "3") == 0.0
     (record,) = [r for r in caplog.records if r.name == rewards.logger.name]
     assert record.levelno == logging.DEBUG and record.getMessage() == "score_answer failed"
     assert record.exc_info is not None and str(record.exc_info[1]) == "parser crashed"
+
+
+# ------------------------------------------------------------------ one call, one budget
+def slow_answers(count: int, offset: int = 0) -> list[str]:
+    """Distinct integrals the guards let through and sympy cannot settle within a deadline."""
+    return [
+        rf"\boxed{{\int_{{0}}^{{1}} x^{{{k}}} e^{{x}} \sin(3 x) \cos(5 x) \, dx}}"
+        for k in range(1 + offset, count + 1 + offset)
+    ]
+
+
+def test_a_call_of_slow_answers_keeps_its_budget_and_scores_the_quick_ones():
+    """Many slow answers cannot stretch a call past its budget: the quick answers behind them still score (first
+    pass: every answer under a short deadline), the slow ones score 0 and are counted."""
+    from dhpo_trl.scoring import rewards
+
+    assert score_answer(r"\boxed{1}", "1") == 1.0  # the worker is up: its start is not part of the budget
+    rewards.pop_grading_counts()
+    completions = slow_answers(30, offset=1000)
+    completions[24], completions[28] = r"\boxed{12}", r"\boxed{\frac{24}{2}}"
+    start = time.perf_counter()
+    scores = rewards.score_many([(c, "12") for c in completions], budget_s=4.0, timeout_s=2.0)
+    elapsed = time.perf_counter() - start
+    assert scores[24] == scores[28] == 1.0 and sum(scores) == 2.0
+    assert elapsed < 4.0 + 1.5  # the budget, and a little for the process round trips on a loaded machine
+    counts = rewards.pop_grading_counts()
+    assert counts["answers"] == 30 and counts["over_budget"] + counts["over_deadline"] == 28
+    assert counts["over_budget"] > 0  # 28 slow answers at 2 s each do not fit 4 s
+
+
+def test_a_repeated_slow_answer_costs_once():
+    from dhpo_trl.scoring import rewards
+
+    assert score_answer(r"\boxed{1}", "1") == 1.0
+    rewards.pop_grading_counts()
+    (slow,) = slow_answers(1, offset=2000)
+    start = time.perf_counter()
+    assert rewards.score_many([(slow, "12")] * 40 + [(r"\boxed{73421}", "73421")], timeout_s=1.0) == [0.0] * 40 + [1.0]
+    first = time.perf_counter() - start
+    assert first < 40 * 0.5  # one comparison for the 40 copies (each alone would use at least its first deadline)
+    assert rewards.pop_grading_counts() == {"answers": 2, "over_budget": 0, "over_deadline": 1, "cached": 0}
+    start = time.perf_counter()
+    assert rewards.score_many([(slow, "12")], timeout_s=1.0) == [0.0]  # and nothing in a later call
+    assert time.perf_counter() - start < 0.5
+    assert rewards.pop_grading_counts()["cached"] == 1
+    assert rewards.score_many([(slow, "12")], timeout_s=1.2) == [0.0]  # a longer deadline tries it again
+    assert rewards.pop_grading_counts() == {"answers": 1, "over_budget": 0, "over_deadline": 1, "cached": 0}
+
+
+def test_parallel_workers_give_the_same_scores():
+    from dhpo_trl.scoring import rewards
+
+    pairs = [(rf"\boxed{{{k}}}", str(k if k % 3 else k + 1)) for k in range(40)] + [(r"\boxed{0.5}", r"\frac{1}{2}")]
+    expected = [1.0 if k % 3 else 0.0 for k in range(40)] + [1.0]
+    rewards._POOL._cache.clear()
+    try:
+        assert rewards.score_many(pairs, workers=2) == expected
+        assert len(rewards._POOL._workers) >= 2 and all(w._process is not None for w in rewards._POOL._workers[:2])
+    finally:
+        for worker in rewards._POOL._workers[1:]:  # the later tests' single worker stays
+            worker.close()
+        del rewards._POOL._workers[1:]
+    assert rewards.default_workers() >= 1
+
+
+def test_budget_and_worker_settings_are_checked_at_once():
+    from dhpo_trl.scoring import rewards
+
+    for name, bad in (("budget_s", 0), ("budget_s", float("inf")), ("workers", 0), ("workers", 1.5), ("timeout_s", -1)):
+        with pytest.raises(ValueError, match=name):
+            rewards.make_math_verify_reward(**{name: bad})
+    reward = rewards.make_math_verify_reward(budget_s=60.0, workers=1)
+    assert reward.__name__ == "math_verify_reward"  # TRL logs rewards under the function's name
+    assert reward([r"\boxed{3}", r"\boxed{4}"], answer=["3", "3"]) == [1.0, 0.0]
+
+
+def test_a_restart_costs_the_next_answer_nothing(fake_worker):
+    """A worker killed on a stuck answer is replaced by its spare, started long before: the next answer does not
+    wait for a worker to start (1.5 s here, as a real worker importing sympy)."""
+    make, log = fake_worker
+    worker = make("stuck-and-slow-to-start")
+    assert worker.answers_match("0", "0", 1.0) is True
+    time.sleep(2.0)  # the spare has started
+    start = time.perf_counter()
+    assert worker.match_many([("x", "x"), ("2", "2")], 0.2) == [False, True]
+    from dhpo_trl.scoring.rewards import _KILL_MARGIN_S
+
+    assert time.perf_counter() - start < 0.2 + _KILL_MARGIN_S + 1.0  # no 1.5 s start on the way
+
+
+def test_the_worker_ends_when_its_parent_dies(tmp_path):
+    """A trainer killed mid-comparison leaves no worker computing on (the parent-death signal)."""
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    script = tmp_path / "parent.py"
+    script.write_text(
+        "import sys, threading\n"
+        "from dhpo_trl.scoring import rewards\n"
+        "rewards.score_answer(r'\\boxed{1}', '1')\n"
+        "worker = rewards._POOL._workers[0]\n"
+        "print(worker._process.pid, worker._spare.pid, flush=True)\n"
+        f"rewards.score_answer({slow_answers(1, offset=3000)[0]!r}, '12', timeout_s=60.0)\n"
+    )
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        pids = [int(pid) for pid in parent.stdout.readline().split()]
+        assert len(pids) == 2
+        time.sleep(1.0)  # the comparison has started
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in pids):
+            time.sleep(0.05)
+        alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+        assert alive == []  # not 60 s later, at the deadline
+    finally:
+        if parent.poll() is None:
+            os.killpg(parent.pid, signal.SIGKILL)
+            parent.wait()
+
+
+def test_forgetting_slow_answers_compares_them_again():
+    from dhpo_trl.scoring import rewards
+
+    assert score_answer(r"\boxed{1}", "1") == 1.0
+    (slow,) = slow_answers(1, offset=4000)
+    assert rewards.score_many([(slow, "12")], timeout_s=0.5) == [0.0]
+    rewards.pop_grading_counts()
+    rewards.forget_slow_answers()
+    assert rewards.score_many([(slow, "12")], timeout_s=0.5) == [0.0]
+    assert rewards.pop_grading_counts()["cached"] == 0

@@ -24,7 +24,7 @@ import sympy
 
 from ..scoring._math_verify_core import _TEXT_GOLD, clean, gold_form, to_sympy
 from ..scoring.golds import split_top_level
-from ..scoring.rewards import DEFAULT_TIMEOUT_S, score_answer
+from ..scoring.rewards import DEFAULT_TIMEOUT_S, forget_slow_answers, score_answer
 
 
 @dataclass
@@ -291,6 +291,7 @@ def audit_benchmark(
         value = score_answer(f"The answer is $\\boxed{{{answer}}}$.", golds[index], timeout_s=timeout_s)
         elapsed = time.perf_counter() - started
         if elapsed >= timeout_s and retry:  # once more, so that a busy machine is not taken for a slow grader
+            forget_slow_answers()  # else the reward's cache would answer 0 at once
             return score(index, check, answer, retry=False)
         report.seconds.append(elapsed)
         if elapsed >= timeout_s:

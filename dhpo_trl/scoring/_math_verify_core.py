@@ -11,9 +11,12 @@ The gold is expected already normalised (`dhpo_trl.scoring.golds.normalise_gold`
 - `52_{8}` is a number in base 8: the answer must have the same digits, in base 8 or without a base.
 - `\text{east}` is a word: compared as lower-case letters.
 - anything else is mathematics: both sides are parsed by math-verify's LaTeX parser (latex2sympy2_extended) and
-  compared by `math_verify.verify`, except that two plain numbers are compared here: exactly, or within a relative
-  1e-4 when one is written with a decimal point (math-verify rounds to 6 decimals, so it equates 2.88e-19 with
-  2.89e-19). A percentage gold also accepts its value divided by 100 (`62.5\%` accepts `62.5` and `0.625`).
+  compared by `math_verify.verify`, except that two numbers, alone or inside a tuple, set, interval or matrix, are
+  compared here (`_numbers_equal`, rules in docs/grading.md): decimals are read as the exact values they write; an
+  integer-valued gold (`12345.0`, `1.5 \times 10^{6}`) needs an equal value; an integer never matches a non-integer
+  gold; a decimal gold allows a relative 1e-4 and never more than half a unit of its last written digit; a decimal
+  answer to an exact gold (`\frac{1}{3}`) a relative 1e-4 (math-verify rounds to 6 decimals, so it equates 2.88e-19
+  with 2.89e-19). A percentage gold also accepts its value divided by 100 (`62.5\%` accepts `62.5` and `0.625`).
 
 No answer passes because its text equals the gold's text: a gold that cannot be parsed only matches an identical
 answer, with a warning naming it (`dhpo_trl.scoring.golds` reports such golds at load time).
@@ -21,8 +24,12 @@ answer, with a warning naming it (`dhpo_trl.scoring.golds` reports such golds at
 
 from __future__ import annotations
 
+import bisect
+import contextvars
+import ctypes
 import functools
 import json
+import os
 import logging
 import math
 import re
@@ -33,6 +40,7 @@ import time
 
 import sympy
 from latex2sympy2_extended import NormalizationConfig, latex2sympy, normalize_latex
+from math_verify import grader as _grader
 from math_verify import verify
 from math_verify.grader import should_treat_as_complex
 from sympy.core.function import AppliedUndef
@@ -173,7 +181,8 @@ def refusal(text: str) -> str | None:
             opener[index] = stack.pop()  # any closer ends the innermost bracket: `[0, 1)` is one group
     if depth > MAX_NESTING:
         return "MAX_NESTING"
-    return _power_refusal(text, opener) or _factorial_refusal(text, opener) or _bounds_refusal(text)
+    known: dict[int, int] = {}
+    return _power_refusal(text, opener, known) or _factorial_refusal(text, opener, known) or _bounds_refusal(text)
 
 
 def _numbers_only(text: str) -> bool:
@@ -208,8 +217,12 @@ def _group_after(text: str, index: int) -> tuple[str, int]:
     return text[index:end], end
 
 
-def _start_of_operand(text: str, end: int, opener: dict[int, int]) -> int:
-    """Where the operand that ends just before `end` starts: `\\frac{a}{b}`, `(x+1)`, `12`, `x_{1}`, `\\pi`."""
+def _start_of_operand(text: str, end: int, opener: dict[int, int], known: dict[int, int] | None = None) -> int:
+    """Where the operand that ends just before `end` starts: `\\frac{a}{b}`, `(x+1)`, `12`, `x_{1}`, `\\pi`.
+
+    `known` maps the position of each `^` already seen to the start of its operand: a chain `x^{1}^{1}...` is then
+    crossed in one step per power instead of once per power and per earlier power (quadratic in the chain).
+    """
     index = end
     while index > 0 and text[index - 1] == " ":
         index -= 1
@@ -218,6 +231,9 @@ def _start_of_operand(text: str, end: int, opener: dict[int, int]) -> int:
         start = opener[start - 1]  # `\frac{a}{b}`: both groups, then the command
         while start > 0 and text[start - 1] in "_^ ":
             start -= 1  # `x_{1}`, `x^{2}`: the subscript's or power's own base comes next
+            if known is not None and text[start] == "^" and start in known:
+                start = known[start]  # that power's base is the start of an operand already found
+                break
     if start == index or text[start - 1 : start].isalpha() or text[start - 1 : start].isdigit():
         while start > 0 and (text[start - 1].isalnum() or text[start - 1] == "."):
             start -= 1
@@ -226,28 +242,41 @@ def _start_of_operand(text: str, end: int, opener: dict[int, int]) -> int:
     return start
 
 
-def _power_refusal(text: str, opener: dict[int, int]) -> str | None:
-    effective: dict[int, int] = {}  # position of each `^` -> its exponent bound times the exponents inside its base
+def _power_refusal(text: str, opener: dict[int, int], known: dict[int, int]) -> str | None:
+    # Linear: `peaks` holds (position, effective bound) of the powers seen, bounds strictly decreasing, so the largest
+    # bound of the powers inside a base (the powers from the base's start on) is that of the first peak from there;
+    # `digits_before` counts the digits before each position, so a base's digits cost one subtraction.
+    positions: list[int] = []
+    peaks: list[tuple[int, int]] = []
+    digits_before = [0]
+    for char in text:
+        digits_before.append(digits_before[-1] + char.isdigit())
     digits = 0
     for position in (i for i, char in enumerate(text) if char == "^"):
         exponent, _ = _group_after(text, position + 1)
         if _NESTED.search(exponent) and _numbers_only(exponent):
             return "MAX_EXPONENT"  # a tower of numbers (`9^{9^{9}}`): letters keep `2^{2^{n}}` symbolic
-        start = _start_of_operand(text, position, opener)
-        inner = max((e for p, e in effective.items() if start <= p < position), default=1)
-        effective[position] = _literal_bound(exponent) * inner
-        if effective[position] > MAX_EXPONENT:
+        start = _start_of_operand(text, position, opener, known)
+        known[position] = start
+        first = bisect.bisect_left(positions, start)
+        inner = peaks[first][1] if first < len(peaks) else 1
+        effective = _literal_bound(exponent) * inner
+        if effective > MAX_EXPONENT:
             return "MAX_EXPONENT"
-        base = text[start:position]
-        digits += max(1, sum(len(run) for run in _DIGIT_RUN.findall(base))) * effective[position]
+        while peaks and peaks[-1][1] <= effective:
+            peaks.pop()
+            positions.pop()
+        peaks.append((position, effective))
+        positions.append(position)
+        digits += max(1, digits_before[position] - digits_before[start]) * effective
         if digits > MAX_POWER_DIGITS:
             return "MAX_POWER_DIGITS"
     return None
 
 
-def _factorial_refusal(text: str, opener: dict[int, int]) -> str | None:
+def _factorial_refusal(text: str, opener: dict[int, int], known: dict[int, int]) -> str | None:
     for position in (i for i, char in enumerate(text) if char == "!" and text[i + 1 : i + 2] != "="):
-        operand = text[_start_of_operand(text, position, opener) : position]
+        operand = text[_start_of_operand(text, position, opener, known) : position]
         if _NESTED.search(operand) and _numbers_only(operand):
             return "MAX_FACTORIAL"  # `(10^{5})!`, `(5!)!`, `\frac{10^{9}}{2}!`
         if _DIGIT_RUN.search(operand) and _literal_bound(operand) > MAX_FACTORIAL:
@@ -349,7 +378,28 @@ def gold_form(gold: str) -> tuple:
         return ("unreadable", re.sub(r"\s+", "", text))
     # A gold that ends in a letter the unit filter would drop (`6m`, `\frac{1}{m} t`) keeps it in answers too.
     answer_units = _normalised(value, True) == _normalised(value, False)
-    return ("math", expr, percent, answer_units, should_treat_as_complex(_normalised(value, False)))
+    units = written_units(value, percent)
+    return ("math", expr, percent, answer_units, should_treat_as_complex(_normalised(value, False)), units)
+
+
+# A decimal as written, with an optional power of ten: `-2.88 \times 10^{-19}`, `18.50`, `.5`
+_DECIMAL = re.compile(r"(?<![\w.])(\d*+\.\d++)(?:\s*+\\(?:times|cdot)\s*+10\s*+\^\s*+\{?\s*+([+-]?\d{1,4})\s*+\}?)?")
+
+
+def written_units(text: str, percent: bool = False) -> tuple[tuple[sympy.Rational, sympy.Rational], ...]:
+    """(value, unit of its last written digit) for each decimal written in `text`: `18.50` -> (37/2, 1/100),
+    `2.88 \\times 10^{-19}` -> (288/10^21, 1/10^21). A percentage's hundredths are listed too (`62.5\\%` also gives
+    (0.625, 0.001)), as the percentage gold is also compared divided by 100. Linear in `text`."""
+    units = []
+    for match in _DECIMAL.finditer(text):
+        digits, power = match[1], int(match[2] or 0)
+        scale = sympy.Integer(10) ** power
+        value = sympy.Rational(digits) * scale
+        unit = sympy.Rational(1, 10 ** (len(digits) - digits.index(".") - 1)) * scale
+        units.append((value, unit))
+        if percent:
+            units.append((value / 100, unit / 100))
+    return tuple(units)
 
 
 def _base_number(text: str) -> tuple[str, int] | None:
@@ -391,8 +441,8 @@ def answers_match(answer: str, gold: str) -> bool:
     sides = _chain_sides(value)
     if len(sides) > 1 and not isinstance(form[1], sympy.core.relational.Relational):
         # `x = 2 + 3 = 5` against 5: every side but a name (`x`, `f(x)`, `a_{n}`) must equal the gold, so that
-        # `100 = 3` or `1 = 2 = 3` cannot pass against 3 (math-verify would compare only the last side).
-        values = [side for side in sides if not _LABEL.fullmatch(side.replace(" ", ""))]
+        # `100 = 3`, `\pi = 3` or `1 = 2 = 3` cannot pass against 3 (math-verify would compare only the last side).
+        values = [side for side in sides if not is_name(side)]
         return bool(values) and all(_math_matches(form, side, percent) for side in values)
     if "=" in value and not isinstance(form[1], sympy.core.relational.Relational) and not _relations_hold(value):
         return False  # `100 = 3 \text{ or } 100 = 3`, `x = 3, 1 = 2`: a list with a false relation in it
@@ -404,7 +454,7 @@ def _relations_hold(text: str) -> bool:
     are not names are equal to each other."""
     items = re.split(r"[,;]", _CONNECTIVE.sub(",", text)) if _top_level_only(text) else [text]
     for item in items:
-        sides = [side for side in _chain_sides(item) if not _LABEL.fullmatch(side.replace(" ", ""))]
+        sides = [side for side in _chain_sides(item) if not is_name(side)]
         for left, right in zip(sides, sides[1:]):
             a, b = to_sympy(left, units=False), to_sympy(right, units=False)
             if a is None or b is None or not _equivalent(a, b):
@@ -426,6 +476,19 @@ def _top_level_only(text: str) -> bool:
 
 
 _LABEL = re.compile(r"(?:\\angle\s*+)?(?:\\[A-Za-z]++|[A-Za-z]++)(?:_\{[^{}]*+\}|_[A-Za-z0-9])?(?:\([^()=]*+\))?")
+
+
+def is_name(side: str) -> bool:
+    """True if `side` names a quantity rather than giving a value: a variable (`x`, `a_{n}`, `\\theta`, `AB`,
+    `\\angle ABC`) or an unknown function of variables (`f(x)`). Constants (`\\pi`, `e`, `\\infty`), known functions
+    (`\\sin(100)`) and functions of numbers (`f(2)`) give values: a chain's side that holds one must equal the gold."""
+    if not _LABEL.fullmatch(side.replace(" ", "")):
+        return False
+    expr = to_sympy(side, units=False)
+    if isinstance(expr, AppliedUndef):
+        return all(isinstance(argument, sympy.Symbol) for argument in expr.args)
+    factors = expr.args if isinstance(expr, sympy.Mul) else (expr,)
+    return all(isinstance(factor, sympy.Symbol) for factor in factors)
 
 
 _CONNECTIVE = re.compile(r"\\(?:text|mbox|mathrm|textrm)\s*+\{\s*+(?:or|and)\s*+\}|\\l(?:or|and)\b|\b(?:or|and)\b")
@@ -453,7 +516,7 @@ def _chain_sides(text: str) -> list[str]:
 
 
 def _math_matches(form: tuple, value: str, percent: bool) -> bool:
-    _, gold_expr, gold_percent, answer_units, complex_numbers = form
+    _, gold_expr, gold_percent, answer_units, complex_numbers, units = form
     if not value:
         return False
     answer_expr = _parse_answer(value, gold_expr, answer_units, complex_numbers)
@@ -464,7 +527,11 @@ def _math_matches(form: tuple, value: str, percent: bool) -> bool:
         pairs.append((gold_expr / 100, answer_expr))  # 62.5% = 0.625
     if percent and not gold_percent:
         pairs.append((gold_expr, answer_expr / 100))
-    return any(_equivalent(g, a) for g, a in pairs)
+    token = _GOLD_UNITS.set(units)
+    try:
+        return any(_equivalent(g, a) for g, a in pairs)
+    finally:
+        _GOLD_UNITS.reset(token)
 
 
 def _parse_answer(value: str, gold_expr, units: bool, complex_numbers: bool):
@@ -535,26 +602,85 @@ def _differ_at_a_point(gold, answer) -> bool:
     return any(abs(r - ratios[0]) > 1e-6 * abs(ratios[0]) for r in ratios)
 
 
+# The decimals written in the gold being compared, as `written_units` lists them: set by `_math_matches` around
+# one comparison, read by `_numbers_equal` wherever math-verify calls it from (an element of a tuple or a matrix).
+_GOLD_UNITS: contextvars.ContextVar[tuple] = contextvars.ContextVar("gold_units", default=())
+
+
+def exact(expr):
+    """`expr` with every decimal read as the exact value it writes (`1.5` -> 3/2, so `1.5 \\times 10^{6}` is the
+    integer 1500000), evaluated. A decimal keeps all its written digits (sympy gives a long literal the precision
+    it needs), so `12345.0000000000000000001` stays apart from 12345."""
+    floats = expr.atoms(sympy.Float)
+    if floats:
+        expr = expr.xreplace({f: sympy.Rational(str(f)) for f in floats if f.is_finite})
+    return expr.doit()
+
+
 def _numbers_equal(gold, answer) -> bool:
-    gold, answer = gold.doit(), answer.doit()
+    """Two numbers (sympy objects) compared by the rules of docs/grading.md ("Numbers"); `gold` is the gold's."""
+    decimal_gold, decimal_answer = gold.has(sympy.Float), answer.has(sympy.Float)
+    gold, answer = exact(gold), exact(answer)
     if gold.is_infinite or answer.is_infinite:  # the test below reads oo = -oo (oo <= 1e-30 * oo) and oo != oo (nan)
         return gold == answer and not gold.has(sympy.zoo)  # zoo, as in 1/0, is no value
     if gold.is_Rational and answer.is_Rational:
-        return gold == answer
-    # The tolerance is for a decimal answer to a non-integer gold (0.33333 for 1/3); against an integer gold only an
-    # equal value scores (12345.0 and 12345 + 0.0 do, 12346.0 does not), else a policy learns to add `.0`.
-    decimal = (gold.has(sympy.Float) or answer.has(sympy.Float)) and not gold.is_Integer
-    tolerance = NUMBER_REL_TOL if decimal else 1e-30  # exact forms (sqrt(2)/2 vs 1/sqrt(2)) compared at 50 digits
+        if gold.is_Integer or answer.is_Integer or not (decimal_gold or decimal_answer):
+            return gold == answer  # an integer on either side, or two exact fractions: no tolerance at all
+    elif gold.is_Integer or answer.is_Integer:
+        return _close(gold, answer, 1e-30)  # an integer and an exact form of it (`\sqrt{144}`), nothing near
+    if decimal_gold:
+        # a decimal gold: a relative 1e-4, and never wider than half a unit of its last written digit
+        unit = min((u for value, u in _GOLD_UNITS.get() if value == abs(gold)), default=None)
+        if unit is not None and gold.is_Rational:
+            return _close(gold, answer, NUMBER_REL_TOL) and bool(abs(sympy.N(answer - gold, 50)) < unit / 2)
+        return _close(gold, answer, NUMBER_REL_TOL)
+    # a decimal answer to an exact gold (0.33333 for 1/3): a relative 1e-4; exact forms (sqrt(2)/2 vs 1/sqrt(2))
+    # compared at 50 digits
+    return _close(gold, answer, NUMBER_REL_TOL if decimal_answer else 1e-30)
+
+
+def _close(gold, answer, tolerance: float) -> bool:
     try:
         a, b = sympy.N(gold, 50), sympy.N(answer, 50)
-        return bool(abs(a - b) <= tolerance * max(abs(a), abs(b)))
+        difference = abs(a - b)
+        bound = sympy.Rational(str(tolerance)) * max(abs(a), abs(b))  # 1e-4 exactly, not its binary neighbour
+        return bool(difference == 0 or difference < bound)  # a tie is outside
     except (TypeError, ValueError, ArithmeticError):  # NaN (0/0, a divergent integral): sympy refuses to compare it
         return False
+
+
+# math-verify compares the elements of tuples, sets, intervals and matrices with its own number rule (rounding to 6
+# decimals): its two comparison functions are wrapped so that two numbers anywhere go through `_numbers_equal`.
+_EXPR_EQ, _NUMERIC_EQ = _grader.sympy_expr_eq, _grader.sympy_numeric_eq
+
+
+def _expr_eq(gold, pred, *args, **kwargs) -> bool:
+    if _is_number(gold) and _is_number(pred):
+        return _numbers_equal(gold, pred)
+    return _EXPR_EQ(gold, pred, *args, **kwargs)
+
+
+def _numeric_eq(gold, pred, *args, **kwargs) -> bool:
+    if _is_number(gold) and _is_number(pred):
+        return _numbers_equal(gold, pred)
+    if isinstance(gold, sympy.Expr) and isinstance(pred, sympy.Expr) and (gold.has(sympy.Float) or pred.has(sympy.Float)):
+        # math-verify evaluates the difference with `chop`, which drops any coefficient under 1e-15 or so
+        # (`x = 2.89 \times 10^{-19}` against `x = 2.88 \times 10^{-19}`): decimals are compared as written instead
+        return sympy.expand(exact(gold) - exact(pred)) == 0
+    return _NUMERIC_EQ(gold, pred, *args, **kwargs)
+
+
+_grader.sympy_expr_eq, _grader.sympy_numeric_eq = _expr_eq, _numeric_eq
 
 
 # ------------------------------------------------------------------ time bound
 def answers_match_with_deadline(answer: str, gold: str, timeout_s: float) -> bool:
     """`answers_match`, interrupted after `timeout_s` seconds (counts as no match). Main thread only."""
+    return _compare(answer, gold, timeout_s) == "1"
+
+
+def _compare(answer: str, gold: str, timeout_s: float) -> str:
+    """`answers_match` under a deadline: "1" (a match), "0" (no match) or "t" (interrupted at `timeout_s`)."""
     if threading.current_thread() is not threading.main_thread():
         raise RuntimeError("answers_match_with_deadline needs the main thread (it uses SIGALRM).")
 
@@ -571,12 +697,12 @@ def answers_match_with_deadline(answer: str, gold: str, timeout_s: float) -> boo
     previous_delay, _ = signal.setitimer(signal.ITIMER_REAL, timeout_s, 0.05)
     try:
         try:
-            return answers_match(answer, gold)
+            return "1" if answers_match(answer, gold) else "0"
         finally:
             armed[0] = False
             signal.setitimer(signal.ITIMER_REAL, 0)
     except _DeadlineExceeded:
-        return False
+        return "t"
     finally:
         signal.signal(signal.SIGALRM, previous_handler)
         if previous_delay > 0:  # someone else's timer was running: give it back (approximately)
@@ -611,26 +737,64 @@ def _limit_cpu(timeout_s: float) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (seconds if hard == resource.RLIM_INFINITY else min(seconds, hard), hard))
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _follow_parent(parent_pid: int, death_signal: bool) -> None:
+    """End this process when its parent dies, also in the middle of a comparison: the kernel's parent-death signal
+    (Linux; SIGKILL, which C code cannot delay), and a watchdog thread on the parent's id for the cases it does not
+    cover (another system, or a parent thread that ends while the process lives on)."""
+    if death_signal and sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.2)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
 def _serve() -> None:
-    """Worker loop. Request, one JSON line on stdin: `{"id": int, "timeout_s": float, "pairs": [[answer, gold], ...]}`.
-    Reply, one line per pair as soon as it is compared: `<id> <index> <1|0>`. The id lets the parent skip replies to a
-    request it gave up on. Ends when stdin closes."""
+    """Worker loop. Request, one JSON line on stdin:
+    `{"id": int, "timeout_s": float, "pairs": [[answer, gold], ...], "budget_s": float (optional)}`.
+    Reply, one line per pair as soon as it is compared: `<id> <index> <code>`, code "1" (a match), "0" (no match),
+    "t" (interrupted at `timeout_s`) or "b" (interrupted or not started because `budget_s` seconds have passed since
+    the request arrived). The id lets the parent skip replies to a request it gave up on. Ends when stdin closes.
+    Arguments: the parent's process id and "1" to arm the parent-death signal (`_follow_parent`)."""
+    if len(sys.argv) >= 3:
+        _follow_parent(int(sys.argv[1]), sys.argv[2] == "1")
     _limit_memory()
     print("ready", flush=True)
     for line in sys.stdin:
+        arrived = time.monotonic()
         try:
             request = json.loads(line)
             request_id, timeout_s, pairs = int(request["id"]), float(request["timeout_s"]), list(request["pairs"])
+            end = arrived + float(request.get("budget_s", math.inf))
         except Exception:  # noqa: BLE001 - not a request: nothing to answer
             continue
         for index, pair in enumerate(pairs):
+            left = end - time.monotonic()
+            deadline = min(timeout_s, left)
             try:
-                _limit_cpu(timeout_s)
-                answer, gold = pair
-                matched = answers_match_with_deadline(str(answer), str(gold), timeout_s)
+                if left <= 0:
+                    code = "b"
+                else:
+                    _limit_cpu(deadline)
+                    answer, gold = pair
+                    code = _compare(str(answer), str(gold), deadline)
+                    if code == "t" and deadline < timeout_s:
+                        code = "b"
             except Exception:  # noqa: BLE001 - a bad pair (or MemoryError) scores 0, the worker keeps serving
-                matched = False
-            print(f"{request_id} {index} {1 if matched else 0}", flush=True)
+                code = "0"
+            print(f"{request_id} {index} {code}", flush=True)
 
 
 if __name__ == "__main__":
