@@ -4,6 +4,7 @@ the model card copied into every checkpoint. Expected values are written out by 
 cross-process reductions are pure functions, tested in test_aggregation.py and test_metric_functions.py.
 """
 
+import contextlib
 import os
 import warnings
 from collections import defaultdict
@@ -17,7 +18,7 @@ from datasets import Dataset
 from dhpo_trl import DHPOConfig, DHPOTrainer
 from dhpo_trl.core import metrics
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
-from dhpo_trl.training import batching
+from dhpo_trl.training import batching, update_path
 from dhpo_trl.training import trainer as trainer_module
 
 
@@ -126,12 +127,13 @@ def planning_host(dynamic_batching=True, steps=1, pad_to_multiple_of=None):
     host = SimpleNamespace(
         args=SimpleNamespace(dynamic_batching=dynamic_batching, gradient_accumulation_steps=steps,
                              steps_per_generation=steps, max_tokens_per_micro_batch=None),
-        pad_to_multiple_of=pad_to_multiple_of, _batching_warned=False, _padding_free=False,
-        _metrics=metrics_store(),
-        accelerator=SimpleNamespace(num_processes=1),
+        pad_to_multiple_of=pad_to_multiple_of, _metrics=metrics_store(),
+        _update=update_path.UpdatePath(batching.DYNAMIC if dynamic_batching else batching.PADDED),
+        accelerator=SimpleNamespace(num_processes=1, autocast=contextlib.nullcontext),
         _reduce=lambda sums, maxima: metrics.reduce_across(sums, maxima, metrics.local_all_reduce),
         _max_over_processes=lambda values: values,
     )  # fmt: skip
+    host._run = lambda: DHPOTrainer._run(host)
     return host
 
 

@@ -61,10 +61,12 @@ TRAINER_ATTRIBUTES = ("_step", "_buffered_inputs", "entropy_coef", "_last_world_
 # ----------------------------------------------------------------------------------------------- settings
 def run_settings(args, world_size: int) -> dict:
     """The settings a resume must agree with (see `RESUME_SETTINGS`), with the objective's own settings."""
+    from ..core.config import uses_dynamic_batching
     from ..core.objectives import get_objective
 
     names = (*RESUME_SETTINGS, *get_objective(args.algorithm).settings(args))
     settings = {name: getattr(args, name, None) for name in dict.fromkeys(names)}
+    settings["dynamic_batching"] = uses_dynamic_batching(args)  # None (automatic) recorded as what it decided
     settings[WORLD_SIZE] = int(world_size)
     return settings
 

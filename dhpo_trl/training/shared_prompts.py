@@ -25,7 +25,6 @@ tensors and lengths; the packed forward itself is `packing.forward_packed`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -49,10 +48,10 @@ class Sequences:
 def sequences(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_mask: torch.Tensor) -> Sequences:
     """The `Sequences` of a TRL batch (left-padded prompts, right-padded completions). A sequence with no attended
     token at all keeps its last prompt column, as `packing.pack` forwards it."""
-    prompt_mask = prompt_mask.bool().clone()
     completions = completion_mask.sum(1)
     if prompt_mask.size(1):
-        prompt_mask[(~prompt_mask.any(1)) & (completions == 0), -1] = True
+        prompt_mask = packing.attended(torch.cat([prompt_mask, completion_mask], 1), prompt_mask.size(1))
+        prompt_mask = prompt_mask[:, : prompt_ids.size(1)]
     ids = prompt_ids.tolist()
     keys = [tuple(token for token, kept in zip(row, mask, strict=True) if kept)
             for row, mask in zip(ids, prompt_mask.tolist(), strict=True)]  # fmt: skip
@@ -141,9 +140,11 @@ def plan_generation_batch(buffered: list[dict], micro_steps: int, budget: int | 
                           max_over_processes: Callable = lambda counts: counts, window_of: Callable | None = None,
                           ) -> list[dict | batching.Passes]:  # fmt: skip
     """`batching.plan_packed_generation_batch` with shared rows: each row one pass (`batching.split_window_into_rows`)."""
-    windows = [batching.concat(buffered[i : i + micro_steps]) for i in range(0, len(buffered), micro_steps)]
-    plans = batching.plan_windows([window_sequences(window) for window in windows], micro_steps, budget,
-                                  max_over_processes, rows_needed, plan_rows)  # over prompt groups
+    windows = batching.windows(buffered, micro_steps)
+    seqs = [window_sequences(window) for window in windows]
+    passes = batching.passes_per_step([rows_needed(s, budget) for s in seqs], micro_steps, budget, max_over_processes)
+    plans = [batching.steps_of(plan_rows(s, micro_steps * per_step, budget), micro_steps)
+             for s, per_step in zip(seqs, passes, strict=True)]  # over prompt groups  # fmt: skip
     return [micro for window, plan in zip(windows, plans, strict=True)
             for micro in batching.split_window_into_rows(window, plan, window_of)]  # fmt: skip
 
@@ -173,6 +174,31 @@ def saved_fraction(sums: dict) -> float:
     return (total - float(sums["shared_prompt_forwarded"])) / max(total, 1.0)
 
 
+class Shared(packing.Packed):
+    """The update path of `share_prompts`: packed rows planned over prompt groups, each group's prompt forwarded
+    once, and the share of prompt tokens saved (`batching/prompt_tokens_saved`)."""
+
+    name = "shared"
+    fallback = "share_prompts, padding_free and dynamic_batching keep"
+
+    def plan(self, buffered: list[dict], run) -> list:
+        return plan_generation_batch(buffered, run.micro_steps, run.budget, run.agree, run.window_of)
+
+    def forward(self, model, trl, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
+                compute_aux_loss, run):  # fmt: skip
+        return packed_forward(model, input_ids, attention_mask, logits_to_keep, batch_size, run.budget, run.agree,
+                              compute_entropy, compute_aux_loss, run.autocast)  # fmt: skip
+
+    def sums(self, passes: list[dict]) -> dict:
+        return {**super().sums(passes), **prompt_sums(passes)}
+
+    def logged(self, sums: dict) -> dict:
+        return {**super().logged(sums), "batching/prompt_tokens_saved": saved_fraction(sums)}
+
+
+SHARED = Shared()
+
+
 # ------------------------------------------------------------------------------------------------- packing
 @dataclass(frozen=True)
 class Segments:
@@ -199,10 +225,8 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: 
          rows: list[list[int]]) -> list[SharedRow]:  # fmt: skip
     """`packing.pack` with each row's groups laid out shared (module docstring). Predictors, targets, scatter indices and
     `cu_seqlens` (the segments' bounds) have `packing.PackedRow`'s meaning."""
-    mask = attention_mask.bool().clone()
     prompt_width = input_ids.size(1) - logits_to_keep
-    empty = ~mask.any(1)
-    mask[empty, max(prompt_width - 1, 0)] = True
+    mask = packing.attended(attention_mask, prompt_width)
     device = input_ids.device
     columns = torch.arange(input_ids.size(1), device=device)
     out = []
@@ -273,9 +297,8 @@ def packed_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     seqs = sequences(input_ids[:, :prompt_width], attention_mask[:, :prompt_width], attention_mask[:, prompt_width:])
     count = 1
     if batch_size is not None:
-        count = math.ceil(input_ids.size(0) / batch_size)
-        if budget is not None:
-            count = max_over_processes([max(count, rows_needed(seqs, budget))])[0]
+        count = batching.forward_count(input_ids.size(0), batch_size, lambda: rows_needed(seqs, budget), budget,
+                                       max_over_processes)  # fmt: skip
     rows = plan_rows(seqs, count, budget if count > 1 else None)
     packed = pack(input_ids, attention_mask, logits_to_keep, rows)
     return packing.forward_packed(model, packed, (input_ids.size(0), logits_to_keep), compute_entropy,
@@ -313,8 +336,8 @@ def unsupported_model_reason(model) -> str | None:
     reason = packing.unsupported_model_reason(model)
     if reason is not None:
         return reason
-    implementation = packing.base_model(model).config._attn_implementation or "eager"
-    if implementation.removeprefix("dhpo_packed_") not in packing.REPLACEABLE_IMPLEMENTATIONS:
+    implementation = packing.attention_implementation(model)
+    if implementation not in packing.REPLACEABLE_IMPLEMENTATIONS:
         return (f"attn_implementation={implementation!r}: the per-group attention runs on SDPA (load the model with "
                 "attn_implementation='sdpa')")  # fmt: skip
     return None
