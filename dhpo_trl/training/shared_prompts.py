@@ -227,65 +227,75 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: 
     `cu_seqlens` (the segments' bounds) have `packing.PackedRow`'s meaning."""
     prompt_width = input_ids.size(1) - logits_to_keep
     mask = packing.attended(attention_mask, prompt_width)
-    device = input_ids.device
-    columns = torch.arange(input_ids.size(1), device=device)
-    out = []
-    for row in rows:
-        ids, positions, targets, scored_rows, scored_columns, predictors = [], [], [], [], [], []
-        lengths, prefix, masks = [], [], []
-        offset = 0
+    return [_pack_row(input_ids, mask, prompt_width, row) for row in rows]
 
-        def add(tokens, position, label, prefix_segment, batch_row=None, completion_columns=None):
-            nonlocal offset
-            ids.append(tokens)
-            positions.append(position)
-            lengths.append(tokens.numel())
-            prefix.append(prefix_segment)
-            if prefix_segment < 0:
-                masks.append(None)
-            else:
-                width = lengths[prefix_segment]
-                masks.append(torch.ones(tokens.numel(), width + tokens.numel(), dtype=torch.bool, device=device)
-                             .tril(width))  # fmt: skip
-            if batch_row is not None:
-                where = (label != -100).nonzero(as_tuple=True)[0]
-                scored_rows.append(torch.full_like(where, batch_row))
-                scored_columns.append(completion_columns[where] - prompt_width)
-                targets.append(label[where])
-                predictors.append(offset + where - 1)  # the hidden state before a scored token predicts it
-            offset += tokens.numel()
 
-        kept = [mask[i] for i in row]
-        keys = [tuple(input_ids[i, kept_i & (columns < prompt_width)].tolist()) for i, kept_i in zip(row, kept)]
-        for group in groups(keys):
-            members = [row[g] for g in group]
-            prompt = len(keys[group[0]])
-            shared = shares(prompt, len(members))
-            if shared:
-                head = input_ids[members[0], kept[group[0]] & (columns < prompt_width)][:-1]
-                add(head, torch.arange(prompt - 1, device=device), torch.full_like(head, -100), -1)
-                prefix_segment = len(lengths) - 1
-            for g, i in zip(group, members, strict=True):
-                sequence_columns = kept[g].nonzero(as_tuple=True)[0]
-                if shared:
-                    sequence_columns = sequence_columns[prompt - 1 :]
-                tokens = input_ids[i, sequence_columns]
-                start = prompt - 1 if shared else 0
-                position = torch.arange(start, start + tokens.numel(), device=device)
-                label = torch.where((sequence_columns >= prompt_width) & (position > 0), tokens,
-                                    torch.full_like(tokens, -100))  # fmt: skip
-                add(tokens, position, label, prefix_segment if shared else -1, i, sequence_columns)
-        bounds = torch.tensor([0, *lengths], device=device).cumsum(0).to(torch.int32)
-        scored = torch.cat(targets)
+class _Segments:
+    """The segments of one shared row as they are laid out, left to right."""
+
+    def __init__(self, prompt_width: int, device):
+        self.prompt_width, self.device = prompt_width, device
+        self.ids, self.positions, self.targets, self.rows, self.columns, self.predictors = [], [], [], [], [], []
+        self.lengths, self.prefix, self.masks = [], [], []
+        self.offset = 0
+
+    def add(self, tokens, position, label, prefix_segment, batch_row=None, completion_columns=None):
+        self.ids.append(tokens)
+        self.positions.append(position)
+        self.lengths.append(tokens.numel())
+        self.prefix.append(prefix_segment)
+        if prefix_segment < 0:
+            self.masks.append(None)
+        else:
+            width = self.lengths[prefix_segment]
+            self.masks.append(torch.ones(tokens.numel(), width + tokens.numel(), dtype=torch.bool, device=self.device)
+                              .tril(width))  # fmt: skip
+        if batch_row is not None:
+            where = (label != -100).nonzero(as_tuple=True)[0]
+            self.rows.append(torch.full_like(where, batch_row))
+            self.columns.append(completion_columns[where] - self.prompt_width)
+            self.targets.append(label[where])
+            self.predictors.append(self.offset + where - 1)  # the hidden state before a scored token predicts it
+        self.offset += tokens.numel()
+
+    def row(self) -> SharedRow:
+        bounds = torch.tensor([0, *self.lengths], device=self.device).cumsum(0).to(torch.int32)
+        scored, predictors = torch.cat(self.targets), self.predictors
         if scored.numel() == 0:  # as `packing.pack`: one ignored target keeps the forward connected to the model
             scored, predictors = scored.new_full((1,), -100), [scored.new_zeros(1)]
-        out.append(SharedRow(
-            input_ids=torch.cat(ids).unsqueeze(0), position_ids=torch.cat(positions).unsqueeze(0),
-            cu_seqlens=bounds, max_length=max(lengths), predictors=torch.cat(predictors), targets=scored.unsqueeze(0),
-            rows=torch.cat(scored_rows), columns=torch.cat(scored_columns),
-            segments=Segments(tuple(lengths), tuple(prefix), tuple(masks)),
-        ))  # fmt: skip
-    return out
+        return SharedRow(
+            input_ids=torch.cat(self.ids).unsqueeze(0), position_ids=torch.cat(self.positions).unsqueeze(0),
+            cu_seqlens=bounds, max_length=max(self.lengths), predictors=torch.cat(predictors),
+            targets=scored.unsqueeze(0), rows=torch.cat(self.rows), columns=torch.cat(self.columns),
+            segments=Segments(tuple(self.lengths), tuple(self.prefix), tuple(self.masks)),
+        )  # fmt: skip
+
+
+def _pack_row(input_ids: torch.Tensor, mask: torch.Tensor, prompt_width: int, row: list[int]) -> SharedRow:
+    device = input_ids.device
+    columns = torch.arange(input_ids.size(1), device=device)
+    segments = _Segments(prompt_width, device)
+    kept = [mask[i] for i in row]
+    keys = [tuple(input_ids[i, kept_i & (columns < prompt_width)].tolist()) for i, kept_i in zip(row, kept)]
+    for group in groups(keys):
+        members = [row[g] for g in group]
+        prompt = len(keys[group[0]])
+        shared = shares(prompt, len(members))
+        if shared:
+            head = input_ids[members[0], kept[group[0]] & (columns < prompt_width)][:-1]
+            segments.add(head, torch.arange(prompt - 1, device=device), torch.full_like(head, -100), -1)
+            prefix_segment = len(segments.lengths) - 1
+        for g, i in zip(group, members, strict=True):
+            sequence_columns = kept[g].nonzero(as_tuple=True)[0]
+            if shared:
+                sequence_columns = sequence_columns[prompt - 1 :]
+            tokens = input_ids[i, sequence_columns]
+            start = prompt - 1 if shared else 0
+            position = torch.arange(start, start + tokens.numel(), device=device)
+            label = torch.where((sequence_columns >= prompt_width) & (position > 0), tokens,
+                                torch.full_like(tokens, -100))  # fmt: skip
+            segments.add(tokens, position, label, prefix_segment if shared else -1, i, sequence_columns)
+    return segments.row()
 
 
 def packed_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,

@@ -117,8 +117,10 @@ class DHPOTrainer(GRPOTrainer):
         """TRL's forward, run by the update path (padded, dynamic, packed or shared-prompt rows)."""
         parent = super()._get_per_token_logps_and_entropies
 
-        def trl(ids, mask, keep, rows, entropy, aux, **extra):
-            return parent(model, ids, mask, keep, rows, compute_entropy=entropy, compute_aux_loss=aux, **extra)
+        def trl(ids, mask, keep, rows, entropy, aux, **images):
+            if images:  # TRL's own call with the images, as TRL's callers make it
+                return parent(model, ids, mask, keep, rows, entropy, aux, **images)
+            return parent(model, ids, mask, keep, batch_size=rows, compute_entropy=entropy, compute_aux_loss=aux)
 
         return self._update.forward(model, trl, input_ids, attention_mask, logits_to_keep, batch_size,
                                     compute_entropy, compute_aux_loss, multimodal, self._run())  # fmt: skip
@@ -195,9 +197,9 @@ class DHPOTrainer(GRPOTrainer):
         )
         # How far pi_theta has drifted from pi_old on the trained tokens, for every objective (staleness).
         info = {**info, "abs_log_ratio": masked_log_ratio(per_token_logps.detach(), old_per_token_logps, mask).abs()}
-        per_token_loss, entropy_mask, kl = self._trl_corrections(inputs, per_token_loss, per_token_logps,
-                                                                 old_per_token_logps, advantages, mask, entropies,
-                                                                 kl_weight)  # fmt: skip
+        per_token_loss, entropy_mask, kl = trl_mirror.tail_corrections(
+            self, inputs, per_token_loss, per_token_logps, old_per_token_logps, advantages, mask, entropies, kl_weight
+        )
         window = self._window(inputs, mode)
         loss = aggregation.aggregate(self.loss_type, per_token_loss, mask, window, self.max_completion_length)
         sums, maxima = {}, {}
@@ -213,27 +215,6 @@ class DHPOTrainer(GRPOTrainer):
         if self._entropy_bonus_enabled:
             self._update_entropy_coefficient(mode, entropies, mask, entropy_mask)
         return loss
-
-    def _trl_corrections(self, inputs, per_token_loss, per_token_logps, old_per_token_logps, advantages, mask,
-                         entropies, kl_weight):  # fmt: skip
-        """TRL's off-policy mask, top-entropy mask, vLLM importance-sampling ratio and KL term, in TRL's order."""
-        off_policy_mask = entropy_mask = kl = None
-        if self.off_policy_mask_threshold is not None:
-            off_policy_mask = self.get_off_policy_mask(
-                advantages=advantages, per_token_logps=per_token_logps,
-                sampling_per_token_logps=inputs.get("sampling_per_token_logps", old_per_token_logps),
-                mask=mask, off_policy_threshold=self.off_policy_mask_threshold,
-            )  # fmt: skip
-        if self.top_entropy_quantile < 1.0:
-            entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
-        if self.beta != 0.0:
-            weight = kl_weight if self.args.use_bias_correction_kl else None
-            kl = trl_mirror.per_token_kl(inputs["ref_per_token_logps"], per_token_logps, mask, weight)
-        vllm = self.use_vllm and self.vllm_importance_sampling_correction
-        vllm_ratio = inputs["importance_sampling_ratio"] if vllm else None
-        per_token_loss = trl_mirror.apply_corrections(per_token_loss, off_policy_mask, entropy_mask, vllm_ratio,
-                                                      self.beta, kl)  # fmt: skip
-        return per_token_loss, entropy_mask, kl
 
     def _entropy_state(self) -> entropy_control.State:
         return entropy_control.State(self.entropy_coef, self._last_world_entropy, self._entropy_window_stats)
@@ -261,17 +242,8 @@ class DHPOTrainer(GRPOTrainer):
     def _log_loss_metrics(self, mode, info, entropies, mask, per_token_kl, sums=None, maxima=None):
         """TRL's `entropy`, `kl`, clip metrics, `policy_loss`, `aux_loss` and the objective's `<prefix>/` metrics,
         reduced over all processes in one sum and one max."""
-        objective = get_objective(self.args.algorithm)
-        loss_sums, loss_maxima = metrics.loss_sums(info, entropies, mask, per_token_kl, objective.metric_prefix,
-                                                   objective.fractions)  # fmt: skip
-        clip_sums, clip_maxima = metrics.clip_sums(objective.clip_metrics, info, mask)
-        totals, extremes = self._reduce({**(sums or {}), **loss_sums, **clip_sums},
-                                        {**(maxima or {}), **loss_maxima, **clip_maxima})  # fmt: skip
-        logged = {
-            **{name: metrics.nan_mean(name, totals) for name in ("policy_loss", "aux_loss") if name in totals},
-            **metrics.loss_metrics(totals, extremes, objective.metric_prefix, objective.fractions),
-            **metrics.clip_metrics(objective.clip_metrics, totals, extremes),
-        }
+        logged = metrics.logged_loss_metrics(get_objective(self.args.algorithm), info, entropies, mask, per_token_kl,
+                                             sums or {}, maxima or {}, self._reduce)  # fmt: skip
         for name, value in logged.items():
             self._metrics[mode][name].append(value)
 

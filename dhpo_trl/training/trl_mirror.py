@@ -157,3 +157,24 @@ def apply_corrections(per_token_loss: torch.Tensor, off_policy_mask: torch.Tenso
     if beta != 0.0:
         per_token_loss = per_token_loss + beta * kl
     return per_token_loss
+
+
+def tail_corrections(trainer, inputs: dict, per_token_loss, per_token_logps, old_per_token_logps, advantages, mask,
+                     entropies, kl_weight):  # fmt: skip
+    """TRL's off-policy mask, top-entropy mask, vLLM importance-sampling ratio and KL term on `per_token_loss`, in
+    TRL's order, from the trainer's TRL settings. Returns (per-token loss, top-entropy mask or None, KL or None)."""
+    off_policy_mask = entropy_mask = kl = None
+    if trainer.off_policy_mask_threshold is not None:
+        off_policy_mask = trainer.get_off_policy_mask(
+            advantages=advantages, per_token_logps=per_token_logps,
+            sampling_per_token_logps=inputs.get("sampling_per_token_logps", old_per_token_logps),
+            mask=mask, off_policy_threshold=trainer.off_policy_mask_threshold,
+        )  # fmt: skip
+    if trainer.top_entropy_quantile < 1.0:
+        entropy_mask = trainer.get_high_entropy_mask(entropies, mask, 1 - trainer.top_entropy_quantile)
+    if trainer.beta != 0.0:
+        weight = kl_weight if trainer.args.use_bias_correction_kl else None
+        kl = per_token_kl(inputs["ref_per_token_logps"], per_token_logps, mask, weight)
+    vllm = trainer.use_vllm and trainer.vllm_importance_sampling_correction
+    vllm_ratio = inputs["importance_sampling_ratio"] if vllm else None
+    return apply_corrections(per_token_loss, off_policy_mask, entropy_mask, vllm_ratio, trainer.beta, kl), entropy_mask, kl
