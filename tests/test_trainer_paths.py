@@ -356,3 +356,19 @@ def test_a_new_trainer_warns_on_its_first_unsupported_batch(tmp_path):
         "dynamic_batching keeps TRL's micro-batches for this run: the batch holds multimodal input `pixel_values`."
     ])  # fmt: skip
     assert plan(trainer, buffered) == (buffered, [])
+
+
+@pytest.mark.parametrize(("settings", "named"), [(dict(loss_type="bnpo"), "loss_type"),
+                                                 (dict(gradient_accumulation_steps=2, steps_per_generation=3),
+                                                  "steps_per_generation")])  # fmt: skip
+def test_trl_settings_dynamic_batching_cannot_serve_get_trl_batching_said_once(tmp_path, capsys, settings, named):
+    """The automatic default keeps TRL's micro-batches and forwards where dynamic batching cannot serve a TRL
+    setting, printing one line that names it (an explicit request is refused: test_contracts.py)."""
+    tokenizer = build_char_tokenizer()
+    args = DHPOConfig(str(tmp_path), use_cpu=True, bf16=False, report_to="none", **settings)
+    trainer = DHPOTrainer(build_tiny_qwen3(tokenizer), zero_reward, args, processing_class=tokenizer,
+                          train_dataset=Dataset.from_dict({"prompt": ["1+1="] * 8}))  # fmt: skip
+    lines = [line for line in capsys.readouterr().out.splitlines() if "dynamic_batching=None" in line]
+    assert trainer._update.path is batching.PADDED and len(lines) == 1 and named in lines[0]
+    buffered = [micro_batch(), micro_batch()]
+    assert plan(trainer, buffered) == (buffered, [])  # TRL's micro-batches, unchanged, nothing warned
