@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import textwrap
 import warnings
 
 import torch
@@ -18,7 +17,7 @@ from accelerate.utils import DistributedType
 from transformers.trainer_utils import rotate_checkpoints
 from trl import GRPOTrainer
 
-from ..core import aggregation, entropy_control, metrics
+from ..core import aggregation, entropy_control, metrics, paper
 from ..core.config import DHPOConfig, trl_batching_reason
 from ..core.losses import masked_log_ratio
 from ..core.objectives import get_objective
@@ -26,20 +25,6 @@ from .moe import maybe_set_zero3_leaf_modules, zero3_leaf_modules_for_trl_prepar
 from .vllm_utils import check_vllm_setup
 from . import batching, collectives, resume, trl_mirror, update_path
 from .reward_checks import check_reward_functions
-
-CITATION = textwrap.dedent("""\
-    @inproceedings{min-etal-2026-orchestrating,
-        title     = {Orchestrating Tokens and Sequences: Dynamic Hybrid Policy Optimization for {RLVR}},
-        author    = {Min, Zijun and Liu, Bingshuai and Wang, Ante and Zhang, Long and Zeng, Anxiang and Zhang, Haibo and Su, Jinsong},
-        booktitle = {Findings of the Association for Computational Linguistics: ACL 2026},
-        year      = {2026},
-    }""")
-
-# Settings recorded in the model card of every checkpoint, after `algorithm` and the objective's own settings.
-CARD_FIELDS = (
-    "loss_type", "beta", "num_generations", "steps_per_generation", "gradient_accumulation_steps", "num_iterations",
-    "learning_rate", "temperature", "max_completion_length",
-)  # fmt: skip
 
 
 class DHPOTrainer(GRPOTrainer):
@@ -54,7 +39,7 @@ class DHPOTrainer(GRPOTrainer):
     _paper = {
         "title": "Orchestrating Tokens and Sequences: Dynamic Hybrid Policy Optimization for RLVR",
         "id": None,
-        "citation": CITATION,
+        "citation": paper.CITATION,
     }
 
     def __init__(self, model, reward_funcs=None, args: DHPOConfig | None = None, *pos, **kwargs):
@@ -125,8 +110,7 @@ class DHPOTrainer(GRPOTrainer):
         return self._update.forward(model, trl, input_ids, attention_mask, logits_to_keep, batch_size,
                                     compute_entropy, compute_aux_loss, multimodal, self._run())  # fmt: skip
 
-    def _all_reduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
-        """The one cross-process reduction ("sum" or "max") every metric and agreement goes through."""
+    def _all_reduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:  # every metric and agreement's collective
         return collectives.all_reduce(tensor, op, self.accelerator.device, self.accelerator.num_processes)
 
     def _reduce(self, sums: dict, maxima: dict) -> tuple[dict, dict]:
@@ -146,10 +130,8 @@ class DHPOTrainer(GRPOTrainer):
         return super().compute_loss(model, inputs[-1], return_outputs, num_items_in_batch) + done
 
     def _pass_before_the_boundary(self, model, part, return_outputs, num_items_in_batch):
-        """One pass that is not the optimizer step's last: `sync_gradients` is False for its forward too, so what
-        runs once per optimizer step (the adaptive entropy update, the `entropy_coef` log) waits for the last pass;
-        DDP / FSDP need the forward inside `no_sync` as well; DeepSpeed must not rescale by accumulation (the loss is
-        already normalised) nor step the engine (not the accumulation boundary)."""
+        """A pass before the step's last: `sync_gradients` False for its forward too (the once-per-step entropy update
+        waits), the forward inside `no_sync` (DDP / FSDP), no DeepSpeed rescaling (the loss is normalised) or step."""
         kwargs = {"scale_wrt_gas": False} if self.accelerator.distributed_type == DistributedType.DEEPSPEED else {}
         sync = self.accelerator.sync_gradients
         self.accelerator.sync_gradients = False
@@ -164,10 +146,10 @@ class DHPOTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ loss
     def _window(self, inputs, mode) -> aggregation.Window:
         """The micro-batch's window: attached by a planned path, else TRL's slices, whose count (the Trainer's
-        `current_gradient_accumulation_steps`, shorter for an epoch's last window) is known only at the micro-step."""
+        `current_gradient_accumulation_steps`, set by train(), shorter for an epoch's last window) is known only at
+        the micro-step."""
         if batching.WINDOW in inputs:
             return inputs[batching.WINDOW]
-        # The Trainer sets it when training starts; a loss computed in train mode before that takes the config's.
         accumulation = getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
         return aggregation.trl_slice_window(inputs["completion_mask"].size(0), inputs.get("num_items_in_batch"),
                                             mode == "train", accumulation, self.args.steps_per_generation,
@@ -216,11 +198,11 @@ class DHPOTrainer(GRPOTrainer):
             self._update_entropy_coefficient(mode, entropies, mask, entropy_mask)
         return loss
 
-    def _entropy_state(self) -> entropy_control.State:
+    def _entropy_state(self) -> entropy_control.State:  # TRL's attributes (TRL saves and loads them)
         return entropy_control.State(self.entropy_coef, self._last_world_entropy, self._entropy_window_stats)
 
     def _update_entropy_coefficient(self, mode, entropies, mask, entropy_mask) -> None:
-        """TRL's adaptive controller (`core/entropy_control.py`): accumulate the window, move once per step."""
+        """TRL's adaptive controller (core/entropy_control.py): accumulate the window, move once per step."""
         boundary = mode == "train" and self.accelerator.sync_gradients
         if self.use_adaptive_entropy and mode == "train":
             state = entropy_control.accumulate(self._entropy_state(),
@@ -238,7 +220,6 @@ class DHPOTrainer(GRPOTrainer):
         _, maxima = self._reduce({}, metrics.entropy_range_maxima(entropies, mask))
         return metrics.entropy_range(maxima)
 
-    # --------------------------------------------------------------- metrics
     def _log_loss_metrics(self, mode, info, entropies, mask, per_token_kl, sums=None, maxima=None):
         """TRL's `entropy`, `kl`, clip metrics, `policy_loss`, `aux_loss` and the objective's `<prefix>/` metrics,
         reduced over all processes in one sum and one max."""
@@ -314,13 +295,6 @@ class DHPOTrainer(GRPOTrainer):
         if not self.is_world_process_zero():
             return
         path = os.path.join(self.args.output_dir, "README.md")
-        names = ("algorithm", *get_objective(self.args.algorithm).settings(self.args), *CARD_FIELDS)
-        rows = "\n".join(f"| `{name}` | `{getattr(self.args, name)}` |" for name in names)
-        section = (
-            "\n\n## DHPO settings\n\n"
-            f"Trained with `dhpo_trl.DHPOTrainer` (Dynamic Hybrid Policy Optimization), objective "
-            f"`algorithm={self.args.algorithm}` (the DHPO citation is above).\n\n"
-            f"| setting | value |\n|---|---|\n{rows}\n"
-        )
+        section = paper.card_section(self.args, get_objective(self.args.algorithm).settings(self.args))
         with open(path, "a", encoding="utf-8") as handle:
             handle.write(section)
