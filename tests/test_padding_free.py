@@ -207,7 +207,7 @@ def test_settings_padding_free_cannot_honour_are_refused(tok, tmp_path):
         DHPOConfig(padding_free=True, dynamic_batching=False, **base)
     with pytest.raises(ValueError, match=r"padding_free='yes'"):
         DHPOConfig(padding_free="yes", **base)
-    with pytest.raises(ValueError, match=r"padding_free=True cannot run on this model: sliding.*padding_free=False"):
+    with pytest.raises(ValueError, match="padding_free"):  # the wording: test_update_path.py
         DHPOTrainer(model=sliding_qwen3(tok), reward_funcs=length_reward, processing_class=tok,
                     args=config_for("GRPO", padding_free=True, **base), train_dataset=dataset())  # fmt: skip
 
