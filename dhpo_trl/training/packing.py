@@ -7,8 +7,9 @@ for every sequence, and attention never crosses a sequence boundary:
 * with `attn_implementation="sdpa"` or `"eager"`, `packed_sdpa_attention` runs `scaled_dot_product_attention`
   causally over each sequence on its own, so attention costs the sum of the squared sequence lengths, not the square
   of the row. The model is switched to `dhpo_packed_sdpa` / `dhpo_packed_eager` (registered in transformers'
-  `AttentionInterface` and `AttentionMaskInterface`), which dispatch: packed rows get the per-sequence attention,
-  everything else (generation, padded forwards) the model's own attention and mask;
+  `AttentionInterface` and `AttentionMaskInterface` by `packed_attention`, when a model first runs packed), which
+  dispatch: packed rows get the per-sequence attention, everything else (generation, padded forwards) the model's
+  own attention and mask (`_dispatching_attention` is the one place a packed row's kernel is picked);
 * with `attn_implementation="flash_attention_2"/"_3"/"_4"` (or a hub flash kernel) transformers' own varlen path
   runs on the `cu_seq_lens_*` passed with every packed forward; the model's implementation is then left alone.
 
