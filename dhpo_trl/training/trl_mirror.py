@@ -5,7 +5,7 @@ text of the first and last line of that range. `tests/test_trl_mirror.py` checks
 text at those lines, so a TRL upgrade fails there, and the review is this list. The code below is the part of
 TRL's `_compute_loss` tail we copy rather than call (TRL's loss is one method; we need its pieces around our
 objective's per-token loss); aggregation and the entropy bonus are in `dhpo_trl.core.aggregation`, the metrics in
-`dhpo_trl.core.metrics`, the chunked forward and micro-batch cutting in `dhpo_trl.training.batching`, all listed here.
+`dhpo_trl.core.metrics`, the adaptive entropy controller in `dhpo_trl.core.entropy_control`, the chunked forward and micro-batch cutting in `dhpo_trl.training.batching`, all listed here.
 
 `PRIVATE` lists every private name of TRL, transformers and DeepSpeed that dhpo-trl reads, writes, overrides or
 passes (the private surface a version upgrade can break), with the file and line range where the installed version
@@ -45,7 +45,7 @@ MIRRORED: tuple[Mirror, ...] = (
            'mode = "train" if self.model.training else "eval"', "policy_loss = loss.detach()",
            "grpo / bnpo / dr_grpo / dapo and their accumulation normalisers; ours divides by the Window's counts "
            "(TRL's when the slices are TRL's)"),
-    Mirror("aggregation.entropy_bonus, applied_coefficient, next_coefficient", "_compute_loss", (3189, 3245),
+    Mirror("aggregation.entropy_bonus, entropy_control", "_compute_loss", (3189, 3245),
            "if self._entropy_bonus_enabled:", 'self._metrics[mode]["entropy_coef"].append(self.entropy_coef)',
            "the entropy bonus, the adaptive controller and its once-per-step update; ours weighs a planned "
            "micro-batch by its share of the window's tokens"),
