@@ -136,8 +136,9 @@ class Probe:
             self.step_seconds += self.clock() - start
         if self.scored is not False:  # the buffer was just filled: the micro-batches this generation batch trains on
             parts = [p for m in self.trainer._buffered_inputs for p in (m if isinstance(m, list) else [m])]
-            packed = getattr(self.trainer, "_padding_free", False)  # None (automatic) resolved by the trainer
-            real, forwarded = (batching.packed_fraction if packed else batching.padded_fraction)(parts)
+            update = getattr(self.trainer, "_update", None)  # TRL's trainer: its padded micro-batches
+            sums = (update.path if update is not None else batching.PADDED).sums(parts)  # the path's own count
+            real, forwarded = int(sums["padding_real"]), int(sums["padding_forwarded"])
             self.real, self.forwarded = self.real + real, self.forwarded + forwarded
             if getattr(self.trainer.args, "share_prompts", False):
                 self._count_old_prompts(self.scored)

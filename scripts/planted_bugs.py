@@ -59,8 +59,8 @@ BUGS = {
     ),
     "entropy-bonus-sign": (
         "dhpo_trl/training/trainer.py",
-        'loss = loss - self._entropy_coefficient() * bonus',
-        'loss = loss + self._entropy_coefficient() * bonus',
+        'loss = loss - entropy_control.applied(self._entropy_state(), entropy_control.control_of(self.args)) * bonus',
+        'loss = loss + entropy_control.applied(self._entropy_state(), entropy_control.control_of(self.args)) * bonus',
         MATRIX, "the entropy bonus penalises entropy",
     ),
     "entropy-bonus-not-per-accumulation": (
@@ -70,7 +70,7 @@ BUGS = {
         MATRIX, "TRL's per-micro-batch entropy bonus is not divided by the accumulation steps",
     ),
     "adaptive-gate-ignored": (
-        "dhpo_trl/core/aggregation.py",
+        "dhpo_trl/core/entropy_control.py",
         'return coef if last_world_entropy <= target else 0.0',
         'return coef',
         MATRIX, "the adaptive coefficient applies before any step measured the entropy (and above the target)",
@@ -183,9 +183,9 @@ BUGS = {
         MATRIX, "the window's token count includes tool-output tokens that some runs mask",
     ),
     "pass-count-not-agreed": (
-        "dhpo_trl/training/trainer.py",
-        "_, maxima = self._reduce({}, {str(index): value for index, value in enumerate(values)})",
-        "maxima = {str(index): value for index, value in enumerate(values)}",
+        "dhpo_trl/training/collectives.py",
+        'return [int(value) for value in reduce(torch.tensor([float(v) for v in values]), "max").tolist()]',
+        "return [int(value) for value in values]",
         MATRIX, "each process runs its own number of forwards: ZeRO-3 hangs, DDP desynchronises",
     ),
     "question-rule-case-sensitive": (
@@ -221,9 +221,9 @@ BUGS = {
     # Kinds not in the lists above. The cross-process ones are caught by the
     # two-process cells of the feature matrix; the resume and gold ones by behaviour tests written for them.
     "top-entropy-quantile-over-tool-tokens": (
-        "dhpo_trl/training/trainer.py",
-        "entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)",
-        "entropy_mask = self.get_high_entropy_mask(entropies, completion_mask, 1 - self.top_entropy_quantile)",
+        "dhpo_trl/training/trl_mirror.py",
+        "entropy_mask = trainer.get_high_entropy_mask(entropies, mask, 1 - trainer.top_entropy_quantile)",
+        'entropy_mask = trainer.get_high_entropy_mask(entropies, inputs["completion_mask"], 1 - trainer.top_entropy_quantile)',
         MATRIX, "the top-entropy quantile is taken over tool-output tokens too (the wrong mask)",
     ),
     "global-entropy-range-not-reduced": (
@@ -234,8 +234,8 @@ BUGS = {
     ),
     "adaptive-world-entropy-not-reduced": (
         "dhpo_trl/training/trainer.py",
-        'sums, _ = self._reduce({"sum": stats[0], "count": stats[1]}, {})',
-        'sums = {"sum": stats[0], "count": stats[1]}',
+        'sums, _ = self._reduce({"sum": state.window[0], "count": state.window[1]}, {})',
+        'sums = {"sum": float(state.window[0]), "count": float(state.window[1])}',
         MATRIX, "the adaptive controller reads this process's window entropy, not the world's",
     ),
     "gsm8k-first-hashes": (
@@ -297,6 +297,42 @@ BUGS = {
         "trainer._step = global_step * trainer.args.gradient_accumulation_steps",
         "trainer._step = global_step",
         ["tests/test_resume.py"], "an older checkpoint resumes its micro-step counter at optimizer steps",
+    ),
+    # Bugs in the update-path seam and the entropy controller.
+    "entropy-window-not-reset": (
+        "dhpo_trl/core/entropy_control.py",
+        "return State(coef, world_entropy, None)",
+        "return State(coef, world_entropy, state.window)",
+        ["tests/test_entropy_control.py"] + MATRIX,
+        "the adaptive controller's window keeps the previous steps' entropy (an unbounded running mean)",
+    ),
+    "budget-passes-not-agreed": (
+        "dhpo_trl/training/batching.py",
+        "return [math.ceil(count / micro_steps) for count in agree(needed)]",
+        "return [math.ceil(count / micro_steps) for count in needed]",
+        ["tests/test_batching.py", "tests/test_shared_prompts.py", "tests/test_padding_free.py"],
+        "a token budget's pass count is each process's own (ZeRO-3 hangs, DDP desynchronises)",
+    ),
+    "no-grad-forwards-ignore-the-budget": (
+        "dhpo_trl/training/batching.py",
+        "return count if budget is None else agree([max(count, needed())])[0]",
+        "return count if budget is None else agree([count])[0]",
+        ["tests/test_dynamic_batching.py", "tests/test_padding_free.py", "tests/test_shared_prompts.py"],
+        "the old / reference log-prob passes keep TRL's chunk count whatever the token budget",
+    ),
+    "automatic-ignores-trl-settings": (
+        "dhpo_trl/training/update_path.py",
+        "if trl_only is not None:  # the config refuses an explicit request: only the automatic choice gets here",
+        "if False:",
+        ["tests/test_update_path.py", "tests/test_trainer_paths.py"],
+        "loss_type='bnpo' is dynamically batched: its per-micro-batch normaliser changes meaning",
+    ),
+    "empty-sequence-guard-past-the-prompt": (
+        "dhpo_trl/training/packing.py",
+        "mask[~mask.any(1), max(prompt_width - 1, 0)] = True",
+        "mask[~mask.any(1), prompt_width] = True",
+        ["tests/test_padding_free.py", "tests/test_shared_prompts.py"],
+        "a sequence with no attended token forwards its first completion column, not its last prompt column",
     ),
 }
 

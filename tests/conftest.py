@@ -20,6 +20,32 @@ torch.set_num_threads(1)
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
 
 
+# The test tiers, by file (`pytest -m pure` runs the pure functions alone, in well under a minute). A test of a
+# "trainer" file whose name says it launches processes is in the "processes" tier.
+PURE = {
+    "test_aggregation", "test_entropy_control", "test_batching", "test_plan_optimum", "test_update_path",
+    "test_trl_mirror", "test_metric_functions", "test_staleness", "test_boundaries", "test_user_errors",
+    "test_memory_estimate", "test_golds", "test_data", "test_vllm_utils", "test_evaluation_metrics", "test_tiny",
+    "test_moe_edges", "test_row_contracts", "test_plotting", "test_study_pages", "test_recipes",
+}  # fmt: skip
+PROCESSES = {
+    "test_distributed", "test_metrics_distributed", "test_evaluation_callback_distributed", "test_resume_processes",
+    "test_resume_zero3", "test_processes", "test_scale_out_scripts", "test_notebook", "test_accelerate_configs",
+    "test_printed_commands", "test_cli",
+}  # fmt: skip
+
+
+def tier(module: str, test: str) -> str:
+    if module in PROCESSES or "two_processes" in test or "distributed" in test:
+        return "processes"
+    return "pure" if module in PURE else "trainer"
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        item.add_marker(getattr(pytest.mark, tier(item.path.stem, item.name)))
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     return build_char_tokenizer()

@@ -1,7 +1,6 @@
 """`dhpo_trl.core.aggregation` on hand-made tensors: every expected value is written out by hand or summed in a naive
 loop here, never recomputed with the module."""
 
-import math
 
 import pytest
 import torch
@@ -121,30 +120,6 @@ def test_planned_bonus_with_a_top_entropy_mask_is_the_mean_over_the_kept_tokens(
 def test_a_micro_batch_without_valid_tokens_adds_no_bonus():
     for window in (aggregation.fixed_slice_window(2, 1, 1.0), aggregation.planned_window(MASK, 1, 1.0)):
         assert entropy_bonus(ENTROPIES, torch.zeros_like(MASK), None, window).item() == 0.0
-
-
-def test_effective_entropy_stats_sum_the_bonus_tokens_detached():
-    entropies = ENTROPIES.clone().requires_grad_(True)
-    stats = aggregation.effective_entropy_stats(entropies, MASK, None)
-    assert stats.tolist() == [7.0, 3.0] and not stats.requires_grad
-    assert aggregation.effective_entropy_stats(entropies, MASK, HIGH).tolist() == [5.0, 2.0]
-
-
-# ------------------------------------------------------------------ adaptive coefficient
-def test_adaptive_coefficient_applies_only_at_or_below_the_target():
-    assert aggregation.applied_coefficient(0.1, math.inf, 2.5, adaptive=True) == 0.0  # no world entropy yet
-    assert aggregation.applied_coefficient(0.1, 2.5, 2.5, adaptive=True) == 0.1  # at the target: applied
-    assert aggregation.applied_coefficient(0.1, 2.6, 2.5, adaptive=True) == 0.0
-    assert aggregation.applied_coefficient(0.1, math.inf, 2.5, adaptive=False) == 0.1  # static: always
-
-
-def test_adaptive_coefficient_moves_by_delta_within_its_bounds():
-    step = dict(target=2.5, delta=0.05, low=0.01, high=0.2)
-    assert aggregation.next_coefficient(0.1, 7 / 3, **step) == pytest.approx(0.15)  # below: up
-    assert aggregation.next_coefficient(0.1, 2.5, **step) == pytest.approx(0.15)  # at: up
-    assert aggregation.next_coefficient(0.18, 1.0, **step) == pytest.approx(0.2)  # capped
-    assert aggregation.next_coefficient(0.1, 3.0, **step) == pytest.approx(0.05)  # above: down
-    assert aggregation.next_coefficient(0.03, 3.0, **step) == pytest.approx(0.01)  # floored
 
 
 def test_dapo_without_num_items_is_refused_naming_it():

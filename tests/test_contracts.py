@@ -98,11 +98,17 @@ CONTRACTS = {
     "loss_type": [(("config", dict(loss_type="sapo")), ["sapo"]),
                   (("config", dict(loss_type="cispo")), ["algorithm"]),
                   (("config", dict(algorithm="gmpo", loss_type="dapo")), ["gmpo"]),
-                  (("config", dict(loss_type="bnpo")), ["dynamic_batching", "dapo"]),
-                  (("validate", dict(loss_type="bnpo")), ["dynamic_batching"]),
                   (("validate", dict(loss_type="luspo")), ["luspo"])],
     "dynamic_batching": [(("config", dict(dynamic_batching=1)), ["1"]),
-                         (("config", dict(dynamic_batching="yes")), ["yes"])],
+                         (("config", dict(dynamic_batching="yes")), ["yes"]),
+                         # an explicit request that the TRL settings rule out (automatic falls back instead)
+                         (("config", dict(dynamic_batching=True, loss_type="bnpo")), ["loss_type", "dapo"]),
+                         (("validate", dict(dynamic_batching=True, loss_type="bnpo")), ["loss_type"]),
+                         (("config", dict(dynamic_batching=True, gradient_accumulation_steps=2,
+                                          steps_per_generation=3)), ["steps_per_generation"])],
+    "padding_free": [(("config", dict(padding_free=True, loss_type="bnpo")), ["loss_type"])],
+    "share_prompts": [(("config", dict(share_prompts=True, gradient_accumulation_steps=2, steps_per_generation=3)),
+                       ["steps_per_generation"])],
     "max_tokens_per_micro_batch": [
         (("config", dict(max_tokens_per_micro_batch=0)), ["0"]),
         (("config", dict(max_tokens_per_micro_batch=True)), ["True"]),
@@ -110,11 +116,10 @@ CONTRACTS = {
         (("config", dict(max_tokens_per_micro_batch=512.0)), ["512.0"]),
         (("config", dict(max_tokens_per_micro_batch=-5)), ["-5"]),
         (("config", dict(dynamic_batching=False, max_tokens_per_micro_batch=5)), ["dynamic_batching"]),
+        (("config", dict(max_tokens_per_micro_batch=64, loss_type="bnpo")), ["loss_type"]),
         (("validate", dict(max_tokens_per_micro_batch=0)), ["0"]),
     ],
     "steps_per_generation": [
-        (("config", dict(gradient_accumulation_steps=2, steps_per_generation=3)),
-         ["gradient_accumulation_steps", "dynamic_batching"]),
         (("warn", dict(gradient_accumulation_steps=2, steps_per_generation=2)),
          ["gradient_accumulation_steps", "num_iterations", "algorithm='dhpo'"]),
         (("warn", dict(algorithm="gmpo", gradient_accumulation_steps=1, steps_per_generation=1)),
@@ -181,6 +186,8 @@ def test_refusal_names_the_setting(tmp_path, setting, trigger, names):
 ACCEPTED = [  # the boundary values next to the refusals above act, so they are accepted
     dict(max_tokens_per_micro_batch=1),
     dict(loss_type="bnpo", dynamic_batching=False),
+    dict(loss_type="bnpo"),  # dynamic_batching=None: TRL's batching for this run, said by the trainer
+    dict(gradient_accumulation_steps=2, steps_per_generation=3),
     dict(gradient_accumulation_steps=2, steps_per_generation=2),
     dict(gradient_accumulation_steps=2, steps_per_generation=4),
     dict(mixing="averaged", token_weight=0.0),

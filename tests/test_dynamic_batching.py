@@ -84,7 +84,7 @@ def test_grpo_row_updates_as_trl_grpo_trainer(tok, tmp_path):
     trl, _ = parameter_change(tok, trl_config, trainer_cls=GRPOTrainer, truncated_every=5)
     ours, trainer = parameter_change(tok, config_for("GRPO", output_dir=str(tmp_path), **RUN, **CPU), truncated_every=5)
     assert trl.norm() > 1e-3 and relative_gap(ours, trl) < 1e-3
-    assert trainer.args.dynamic_batching and len({p["completion_mask"].size(0) for p in passes_of(trainer)}) > 1
+    assert trainer._update.path is batching.DYNAMIC and len({p["completion_mask"].size(0) for p in passes_of(trainer)}) > 1
 
 
 def passes_of(trainer):

@@ -84,6 +84,16 @@ def _params(cells):
     return [pytest.param(c, id=_name(c)) for c in cells]
 
 
+# The update paths every cell with planned batching runs on: the default (padding_free=None, which packs on CPU)
+# and padding_free=False (dynamic batching's padded forwards).
+PATHS = {"default": None, "padded": False}
+
+
+def _path_params(cells):
+    return [pytest.param(c, path, id=f"{path}-{_name(c)}") for c in cells
+            for path in (PATHS if c[0] != "off" else ["padded"])]  # fmt: skip
+
+
 def test_cells_cover_every_pair():
     def pairs(cells):
         factor_pairs = list(itertools.combinations(enumerate(FACTORS), 2))
@@ -100,7 +110,7 @@ def configure(tmp_path, cell, **overrides):
         gradient_accumulation_steps=ACCUMULATION, steps_per_generation=ACCUMULATION * (1 if policy == "on" else 2),
         max_completion_length=MAX_COMPLETION, max_steps=2, optim="sgd", learning_rate=0.5, max_grad_norm=0.0,
         mixing=mixing, loss_type=loss_type, dynamic_batching=batching != "off",
-        padding_free=False,  # the matrix's batching axis is TRL's / dynamic batching (packing: test_padding_free.py)
+        padding_free=False,  # the padded path unless a test asks for another (`PATHS`)
         max_tokens_per_micro_batch=BUDGET if batching == "budget" else None, top_entropy_quantile=top_entropy,
     )  # fmt: skip
     if bonus == "fixed":
@@ -149,16 +159,25 @@ def tok():
     return build_char_tokenizer()
 
 
-@pytest.mark.parametrize("cell", _params(CELLS))
-def test_gradient_equals_the_independent_computation(tok, tmp_path, cell):
-    config, settings = configure(tmp_path, cell)
+def forwarded_tokens(part: dict, packed: bool) -> int:
+    """Tokens one pass forwards: its real tokens when packed, rows x columns when padded."""
+    if packed:
+        return int(part["prompt_mask"].sum() + part["completion_mask"].sum())
+    return part["prompt_mask"].numel() + part["completion_mask"].numel()
+
+
+@pytest.mark.parametrize(("cell", "path"), _path_params(CELLS))
+def test_gradient_equals_the_independent_computation(tok, tmp_path, cell, path):
+    config, settings = configure(tmp_path, cell, padding_free=PATHS[path])
     trainer, recording, make = train(tok, config, cell)
+    packed = trainer._update.padding_free
+    assert packed is (path == "default")  # the default packs on CPU: the matrix covers the packed forwards
     assert len(recording.grads) == 2 and len(recording.micro_steps) == 2 * ACCUMULATION
     passes = [len(micro) for micro in recording.micro_steps]
     if cell[0] == "budget":
         assert max(passes) > 1  # the budget did split a micro-step
-        assert all(p["prompt_mask"].numel() + p["completion_mask"].numel() <= BUDGET
-                   or p["completion_mask"].size(0) == 1 for micro in recording.micro_steps for p in micro)  # fmt: skip
+        assert all(forwarded_tokens(p, packed) <= BUDGET or p["completion_mask"].size(0) == 1
+                   for micro in recording.micro_steps for p in micro)  # fmt: skip
     if cell[5] == "on":
         assert all("old_per_token_logps" not in p or p["old_per_token_logps"] is None
                    for micro in recording.micro_steps for p in micro)  # fmt: skip

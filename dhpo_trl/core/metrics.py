@@ -209,3 +209,18 @@ def entropy_range(maxima: dict) -> tuple[float, float]:
     if not (math.isfinite(low) and math.isfinite(high)):
         return (0.0, 0.0)
     return (low, high)
+
+
+def logged_loss_metrics(objective, info: dict, entropies, mask, per_token_kl, sums: dict, maxima: dict,
+                        reduce: Callable) -> dict:  # fmt: skip
+    """TRL's `entropy`, `kl`, clip metrics, `policy_loss`, `aux_loss` and the objective's `<prefix>/` metrics of one
+    micro-batch, reduced over all processes in one sum and one max (`reduce(sums, maxima)`), as logged values."""
+    loss_sums_, loss_maxima = loss_sums(info, entropies, mask, per_token_kl, objective.metric_prefix,
+                                        objective.fractions)  # fmt: skip
+    clip_sums_, clip_maxima = clip_sums(objective.clip_metrics, info, mask)
+    totals, extremes = reduce({**sums, **loss_sums_, **clip_sums_}, {**maxima, **loss_maxima, **clip_maxima})
+    return {
+        **{name: nan_mean(name, totals) for name in ("policy_loss", "aux_loss") if name in totals},
+        **loss_metrics(totals, extremes, objective.metric_prefix, objective.fractions),
+        **clip_metrics(objective.clip_metrics, totals, extremes),
+    }

@@ -1,5 +1,35 @@
-"""The paper's numbers (Min et al., 2026, appendix D), in one place: `DHPOConfig`'s defaults, the keyword defaults
-of `dhpo_trl.core.losses` and the rows of `dhpo_trl.core.presets` all read them from here."""
+"""The paper (Min et al., 2026) in one place: its citation and the model card's DHPO section, and its numbers
+(appendix D): `DHPOConfig`'s defaults, the keyword defaults of `dhpo_trl.core.losses` and the rows of
+`dhpo_trl.core.presets` all read them from here."""
+
+import textwrap
+
+CITATION = textwrap.dedent("""\
+    @inproceedings{min-etal-2026-orchestrating,
+        title     = {Orchestrating Tokens and Sequences: Dynamic Hybrid Policy Optimization for {RLVR}},
+        author    = {Min, Zijun and Liu, Bingshuai and Wang, Ante and Zhang, Long and Zeng, Anxiang and Zhang, Haibo and Su, Jinsong},
+        booktitle = {Findings of the Association for Computational Linguistics: ACL 2026},
+        year      = {2026},
+    }""")
+
+# Settings recorded in the model card of every checkpoint, after `algorithm` and the objective's own settings.
+CARD_FIELDS = (
+    "loss_type", "beta", "num_generations", "steps_per_generation", "gradient_accumulation_steps", "num_iterations",
+    "learning_rate", "temperature", "max_completion_length",
+)  # fmt: skip
+
+
+def card_section(args, objective_settings) -> str:
+    """The model card's DHPO section: the objective and its settings, then `CARD_FIELDS`, as a table."""
+    names = ("algorithm", *objective_settings, *CARD_FIELDS)
+    rows = "\n".join(f"| `{name}` | `{getattr(args, name)}` |" for name in names)
+    return (
+        "\n\n## DHPO settings\n\n"
+        f"Trained with `dhpo_trl.DHPOTrainer` (Dynamic Hybrid Policy Optimization), objective "
+        f"`algorithm={args.algorithm}` (the DHPO citation is above).\n\n"
+        f"| setting | value |\n|---|---|\n{rows}\n"
+    )
+
 
 # DHPO's trust regions: [1 - 0.2, 1 + 0.28] on the token and on the sequence branch.
 EPSILON_LOW = 0.2

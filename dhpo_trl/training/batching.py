@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..core import metrics
 from ..core.aggregation import dapo_tokens, planned_window
 
 PROMPT_KEYS = ("prompt_ids", "prompt_mask")
@@ -250,6 +251,29 @@ def _alone(values: list[int]) -> list[int]:
     return values
 
 
+def windows(buffered: list[dict], micro_steps: int) -> list[dict]:
+    """TRL's buffered generation batch as its accumulation windows: `micro_steps` consecutive micro-batches each."""
+    return [concat(buffered[i : i + micro_steps]) for i in range(0, len(buffered), micro_steps)]
+
+
+def passes_per_step(needed: list[int], micro_steps: int, budget: int | None, agree: Callable = _alone) -> list[int]:
+    """Forward passes per micro-step of each window: 1 without a budget (TRL's one forward per micro-step); under
+    one, the window's `needed` passes agreed over processes (`agree`: the element-wise maximum of a list of ints
+    over all processes, one collective; ZeRO-3 gathers parameters inside every forward), rounded up to a multiple
+    of `micro_steps`."""
+    if budget is None:
+        return [1] * len(needed)
+    return [math.ceil(count / micro_steps) for count in agree(needed)]
+
+
+def forward_count(rows: int, batch_size: int, needed: Callable[[], int], budget: int | None,
+                  agree: Callable = _alone) -> int:  # fmt: skip
+    """Forwards of a no-gradient pass over a generation batch of `rows`: TRL's `ceil(rows / batch_size)`, or under
+    a `budget` at least `needed()`, the maximum over processes (the same on every process)."""
+    count = math.ceil(rows / batch_size)
+    return count if budget is None else agree([max(count, needed())])[0]
+
+
 def plan_generation_batch(buffered: list[dict], micro_steps: int, budget: int | None = None,
                           pad_to_multiple_of: int | None = None, max_over_processes: Callable = _alone,
                           window_of: Callable | None = None) -> list[dict | Passes]:  # fmt: skip
@@ -260,15 +284,13 @@ def plan_generation_batch(buffered: list[dict], micro_steps: int, budget: int | 
     `micro_steps`; `max_over_processes` (element-wise maximum of a list of ints over all processes, one collective)
     makes every process run the same number, since ZeRO-3 gathers parameters inside every forward.
     """
-    windows = [concat(buffered[i : i + micro_steps]) for i in range(0, len(buffered), micro_steps)]
-    plans = [plan_for(window, pad_to_multiple_of) for window in windows]
-    passes = [1] * len(windows)
-    if budget is not None:
-        needed = max_over_processes([plan.groups_needed(budget) for plan in plans])
-        passes = [math.ceil(count / micro_steps) for count in needed]
+    cut = windows(buffered, micro_steps)
+    plans = [plan_for(window, pad_to_multiple_of) for window in cut]
+    needed = [plan.groups_needed(budget) for plan in plans] if budget is not None else [1] * len(plans)
+    passes = passes_per_step(needed, micro_steps, budget, max_over_processes)
     return [
         micro
-        for window, plan, count in zip(windows, plans, passes, strict=True)
+        for window, plan, count in zip(cut, plans, passes, strict=True)
         for micro in split_window(window, micro_steps, count, plan=plan, window_of=window_of)
     ]
 
@@ -291,9 +313,8 @@ def chunked_forward(forward: Callable, input_ids: torch.Tensor, attention_mask: 
     consumer masks it), and the mean aux loss over chunks.
     """
     plan = forward_plan(attention_mask, logits_to_keep, pad_to_multiple_of)
-    count = math.ceil(input_ids.size(0) / batch_size)
-    if budget is not None:
-        count = max_over_processes([max(count, plan.groups_needed(budget))])[0]
+    count = forward_count(input_ids.size(0), batch_size, lambda: plan.groups_needed(budget), budget,
+                          max_over_processes)
     prompt_width = input_ids.size(1) - logits_to_keep
     logps = entropies = None
     aux_losses = []
@@ -322,6 +343,52 @@ def padded_fraction(batches: list[dict]) -> tuple[int, int]:
         real += int(batch["prompt_mask"].sum()) + int(batch["completion_mask"].sum())
         forwarded += batch["prompt_mask"].numel() + batch["completion_mask"].numel()
     return real, forwarded
+
+
+# ------------------------------------------------------------------------- two update paths (`update_path.Path`)
+class Padded:
+    """TRL's micro-batches and forwards, unchanged (`dynamic_batching` off, or a batch it cannot regroup)."""
+
+    name = "padded"
+    fallback = "dynamic_batching keeps"  # said when a batch cannot be planned
+
+    def plan(self, buffered: list[dict], run) -> list:
+        return buffered
+
+    def forward(self, model, trl, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
+                compute_aux_loss, run):  # fmt: skip
+        return trl(input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss)
+
+    def sums(self, passes: list[dict]) -> dict:
+        return metrics.padding_sums(*padded_fraction(passes))
+
+    def logged(self, sums: dict) -> dict:
+        return {"batching/padding_fraction": metrics.padding_fraction(sums)}
+
+
+class Dynamic(Padded):
+    """Length-sorted, trimmed micro-batches in each accumulation window (`plan_generation_batch`), and the
+    no-gradient passes over the generation batch on length-sorted chunks (`chunked_forward`)."""
+
+    name = "dynamic"
+
+    def plan(self, buffered: list[dict], run) -> list:
+        return plan_generation_batch(buffered, run.micro_steps, run.budget, run.pad_to_multiple_of, run.agree,
+                                     run.window_of)  # fmt: skip
+
+    def forward(self, model, trl, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
+                compute_aux_loss, run):  # fmt: skip
+        if batch_size is None:  # a policy pass: its micro-batch is already planned
+            return trl(input_ids, attention_mask, logits_to_keep, None, compute_entropy, compute_aux_loss)
+
+        def chunk(ids, mask, keep, entropy, aux):
+            return trl(ids, mask, keep, None, entropy, aux)
+
+        return chunked_forward(chunk, input_ids, attention_mask, logits_to_keep, batch_size, run.budget,
+                               run.pad_to_multiple_of, run.agree, compute_entropy, compute_aux_loss)  # fmt: skip
+
+
+PADDED, DYNAMIC = Padded(), Dynamic()
 
 
 # ------------------------------------------------------------------------------- the packing plan (padding_free)
@@ -394,25 +461,24 @@ def plan_rows(lengths: list[int], count: int, budget: int | None = None) -> list
     return [sorted(row) for row in rows]
 
 
-def plan_windows(window_lengths: list, micro_steps: int, budget: int | None, agree,
-                 needed_rows: Callable = rows_needed, rows_of: Callable = plan_rows) -> list[list[list[list[int]]]]:  # fmt: skip
+def plan_windows(window_lengths: list[list[int]], micro_steps: int, budget: int | None, agree,
+                 ) -> list[list[list[list[int]]]]:  # fmt: skip
     """For every accumulation window (its sequences' token counts), `micro_steps` micro-steps of rows.
 
     Without a budget a micro-step is one row, as in TRL (one forward per micro-step). With one, every window needs
-    `needed_rows` rows; `agree` (a list of ints -> the element-wise maximum over processes, one collective) makes
-    the count the same on every process, rounded up to a multiple of `micro_steps`. Result: windows -> micro-steps
-    -> rows -> sequence indices (of the window). `needed_rows` and `rows_of` (`rows_needed`, `plan_rows`) are what
-    shared prompts replace: their windows are `shared_prompts.Sequences`, planned over prompt groups.
+    `rows_needed` rows, agreed over processes (`passes_per_step`). Result: windows -> micro-steps -> rows ->
+    sequence indices (of the window).
     """
-    passes = [1] * len(window_lengths)
-    if budget is not None:
-        needed = agree([needed_rows(lengths, budget) for lengths in window_lengths])
-        passes = [math.ceil(count / micro_steps) for count in needed]
-    plans = []
-    for lengths, per_step in zip(window_lengths, passes, strict=True):
-        rows = rows_of(lengths, micro_steps * per_step, budget)
-        plans.append([rows[step * per_step : (step + 1) * per_step] for step in range(micro_steps)])
-    return plans
+    needed = [rows_needed(lengths, budget) for lengths in window_lengths]
+    passes = passes_per_step(needed, micro_steps, budget, agree)
+    return [steps_of(plan_rows(lengths, micro_steps * per_step, budget), micro_steps)
+            for lengths, per_step in zip(window_lengths, passes, strict=True)]  # fmt: skip
+
+
+def steps_of(rows: list, micro_steps: int) -> list[list]:
+    """`rows` (a multiple of `micro_steps` of them) as `micro_steps` consecutive micro-steps."""
+    per_step = len(rows) // micro_steps
+    return [rows[step * per_step : (step + 1) * per_step] for step in range(micro_steps)]
 
 
 def token_counts(prompt_mask: torch.Tensor, completion_mask: torch.Tensor) -> list[int]:
@@ -449,10 +515,10 @@ def plan_packed_generation_batch(buffered: list[dict], micro_steps: int, budget:
                                  ) -> list[dict | Passes]:  # fmt: skip
     """`plan_generation_batch` for packed forwards: every accumulation window of TRL's buffered generation
     batch becomes rows of whole sequences (`plan_windows`), each row one pass."""
-    windows = [concat(buffered[i : i + micro_steps]) for i in range(0, len(buffered), micro_steps)]
-    lengths = [token_counts(window["prompt_mask"], window["completion_mask"]) for window in windows]
+    cut = windows(buffered, micro_steps)
+    lengths = [token_counts(window["prompt_mask"], window["completion_mask"]) for window in cut]
     plans = plan_windows(lengths, micro_steps, budget, max_over_processes)
-    return [micro for window, plan in zip(windows, plans, strict=True)
+    return [micro for window, plan in zip(cut, plans, strict=True)
             for micro in split_window_into_rows(window, plan, window_of)]  # fmt: skip
 
 

@@ -7,8 +7,9 @@ for every sequence, and attention never crosses a sequence boundary:
 * with `attn_implementation="sdpa"` or `"eager"`, `packed_sdpa_attention` runs `scaled_dot_product_attention`
   causally over each sequence on its own, so attention costs the sum of the squared sequence lengths, not the square
   of the row. The model is switched to `dhpo_packed_sdpa` / `dhpo_packed_eager` (registered in transformers'
-  `AttentionInterface` and `AttentionMaskInterface`), which dispatch: packed rows get the per-sequence attention,
-  everything else (generation, padded forwards) the model's own attention and mask;
+  `AttentionInterface` and `AttentionMaskInterface` by `packed_attention`, when a model first runs packed), which
+  dispatch: packed rows get the per-sequence attention, everything else (generation, padded forwards) the model's
+  own attention and mask (`_dispatching_attention` is the one place a packed row's kernel is picked);
 * with `attn_implementation="flash_attention_2"/"_3"/"_4"` (or a hub flash kernel) transformers' own varlen path
   runs on the `cu_seq_lens_*` passed with every packed forward; the model's implementation is then left alone.
 
@@ -22,7 +23,6 @@ every process) is `batching.py`'s, pure and tested on its own. Everything here b
 
 from __future__ import annotations
 
-import math
 import sys
 import threading
 from collections.abc import Callable
@@ -35,6 +35,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from ..core import metrics
 from . import batching
 
 # Implementations whose own kernel reads `cu_seq_lens_*` (transformers' varlen flash path): left in place.
@@ -55,13 +56,34 @@ def packed_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     lengths = attention_mask.sum(1).clamp(min=1).tolist()
     count = 1
     if batch_size is not None:
-        count = math.ceil(input_ids.size(0) / batch_size)
-        if budget is not None:
-            count = max_over_processes([max(count, batching.rows_needed(lengths, budget))])[0]
+        count = batching.forward_count(input_ids.size(0), batch_size, lambda: batching.rows_needed(lengths, budget),
+                                       budget, max_over_processes)  # fmt: skip
     rows = batching.plan_rows(lengths, count, budget if count > 1 else None)
     packed = pack(input_ids, attention_mask, logits_to_keep, rows)
     return forward_packed(model, packed, (input_ids.size(0), logits_to_keep), compute_entropy, compute_aux_loss,
                           autocast)  # fmt: skip
+
+
+class Packed(batching.Padded):
+    """The update path of `padding_free`: rows of whole sequences (`batching.plan_packed_generation_batch`), every
+    forward packed (`packed_forward`)."""
+
+    name = "packed"
+    fallback = "padding_free and dynamic_batching keep"
+
+    def plan(self, buffered: list[dict], run) -> list:
+        return batching.plan_packed_generation_batch(buffered, run.micro_steps, run.budget, run.agree, run.window_of)
+
+    def forward(self, model, trl, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
+                compute_aux_loss, run):  # fmt: skip
+        return packed_forward(model, input_ids, attention_mask, logits_to_keep, batch_size, run.budget, run.agree,
+                              compute_entropy, compute_aux_loss, run.autocast)  # fmt: skip
+
+    def sums(self, passes: list[dict]) -> dict:
+        return metrics.padding_sums(*batching.packed_fraction(passes))
+
+
+PACKED = Packed()
 
 
 # ------------------------------------------------------------------------------------------------- packing
@@ -79,6 +101,19 @@ class PackedRow:
     rows: torch.Tensor  # (M,) batch row of each scored token
     columns: torch.Tensor  # (M,) its completion column
 
+    @property
+    def attention_kwargs(self) -> dict:
+        """Extra forward arguments for the row's attention (none: the per-sequence attention needs only `cu_seq_lens_*`)."""
+        return {}
+
+
+def attended(attention_mask: torch.Tensor, prompt_width: int) -> torch.Tensor:
+    """The tokens each packed sequence forwards: its attended ones, or, for a sequence with none, its last prompt
+    column (every row of a packed forward must be non-empty). A bool copy of `attention_mask`."""
+    mask = attention_mask.bool().clone()
+    mask[~mask.any(1), max(prompt_width - 1, 0)] = True
+    return mask
+
 
 def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
          rows: list[list[int]]) -> list[PackedRow]:  # fmt: skip
@@ -86,10 +121,8 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: 
     sequence indices. A sequence keeps its attended tokens in column order; one with none keeps its last prompt
     column. A row without a scored token keeps one ignored target (-100), so that its forward still has an output
     connected to the model, as TRL's head gives a fully masked micro-batch."""
-    mask = attention_mask.bool().clone()
     prompt_width = input_ids.size(1) - logits_to_keep
-    empty = ~mask.any(1)
-    mask[empty, max(prompt_width - 1, 0)] = True
+    mask = attended(attention_mask, prompt_width)
     packed = []
     for sequences in rows:
         index = torch.as_tensor(sequences, dtype=torch.long, device=input_ids.device)
@@ -202,13 +235,21 @@ def _dispatching_mask(original: str):
     return mask
 
 
+DISPATCHING_PREFIX = "dhpo_packed_"
+
+
 def dispatching_name(original: str) -> str:
-    return f"dhpo_packed_{original}"
+    return f"{DISPATCHING_PREFIX}{original}"
 
 
-for _original in REPLACEABLE_IMPLEMENTATIONS:
-    AttentionInterface.register(dispatching_name(_original), _dispatching_attention(_original))
-    AttentionMaskInterface.register(dispatching_name(_original), _dispatching_mask(_original))
+def register_dispatching_attention(original: str) -> str:
+    """Register the dispatching attention and mask for `original` in transformers' interfaces (once per process;
+    `packed_attention` calls it before switching a model to it). Returns its name."""
+    name = dispatching_name(original)
+    if name not in ALL_ATTENTION_FUNCTIONS:
+        AttentionInterface.register(name, _dispatching_attention(original))
+        AttentionMaskInterface.register(name, _dispatching_mask(original))
+    return name
 
 
 def base_model(model):
@@ -221,7 +262,7 @@ def base_model(model):
 def attention_implementation(model) -> str:
     """The model's own attention implementation (the one before an earlier packed forward switched it)."""
     implementation = base_model(model).config._attn_implementation or "eager"
-    return implementation.removeprefix("dhpo_packed_")
+    return implementation.removeprefix(DISPATCHING_PREFIX)
 
 
 def is_varlen(implementation: str) -> bool:
@@ -277,7 +318,7 @@ def packed_attention(model):
     config = base_model(model).config
     original = config._attn_implementation or "eager"
     if original in REPLACEABLE_IMPLEMENTATIONS:
-        config._attn_implementation = dispatching_name(original)
+        config._attn_implementation = register_dispatching_attention(original)
     _PACKING.active = True
     try:
         yield
@@ -302,7 +343,7 @@ def forward_packed(model, packed: list[PackedRow], shape: tuple[int, int], compu
                 input_ids=row.input_ids, position_ids=row.position_ids, shift_labels=row.targets, use_cache=False,
                 cu_seq_lens_q=row.cu_seqlens, cu_seq_lens_k=row.cu_seqlens, max_length_q=row.max_length,
                 max_length_k=row.max_length,
-                **getattr(row, "attention_kwargs", {}),  # shared_prompts.SharedRow: its per-group attention
+                **row.attention_kwargs,  # shared_prompts.SharedRow: its per-group attention
             )  # fmt: skip
             if compute_aux_loss:
                 inputs["output_router_logits"] = True

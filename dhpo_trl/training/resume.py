@@ -86,10 +86,12 @@ LOSS_ACCUMULATORS = ("_tr_loss", "_total_loss_scalar", "_globalstep_last_logged"
 # ----------------------------------------------------------------------------------------------- settings
 def run_settings(args, world_size: int) -> dict:
     """The settings a resume must agree with (see `RESUME_SETTINGS`), with the objective's own settings."""
+    from ..core.config import uses_dynamic_batching
     from ..core.objectives import get_objective
 
     names = (*RESUME_SETTINGS, *get_objective(args.algorithm).settings(args), *BUFFER_SETTINGS)
     settings = {name: _plain(getattr(args, name, None)) for name in dict.fromkeys(names)}
+    settings["dynamic_batching"] = uses_dynamic_batching(args)  # None (automatic) recorded as what it decided
     settings[WORLD_SIZE] = int(world_size)
     return settings
 
@@ -565,17 +567,6 @@ def stop_on_signals(signals=STOP_SIGNALS) -> Iterator[StopRequest | None]:
         yield request
     finally:
         restore()
-
-
-def agree_any(flag: bool, device) -> bool:
-    """True on every process if `flag` is True on any (one all-reduce of one number; no-op with one process)."""
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return flag
-    tensor = torch.tensor([1.0 if flag else 0.0], device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-    return bool(tensor.item() > 0)
 
 
 class GracefulStopCallback(TrainerCallback):

@@ -25,7 +25,6 @@ tensors and lengths; the packed forward itself is `packing.forward_packed`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -49,10 +48,10 @@ class Sequences:
 def sequences(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, completion_mask: torch.Tensor) -> Sequences:
     """The `Sequences` of a TRL batch (left-padded prompts, right-padded completions). A sequence with no attended
     token at all keeps its last prompt column, as `packing.pack` forwards it."""
-    prompt_mask = prompt_mask.bool().clone()
     completions = completion_mask.sum(1)
     if prompt_mask.size(1):
-        prompt_mask[(~prompt_mask.any(1)) & (completions == 0), -1] = True
+        prompt_mask = packing.attended(torch.cat([prompt_mask, completion_mask], 1), prompt_mask.size(1))
+        prompt_mask = prompt_mask[:, : prompt_ids.size(1)]
     ids = prompt_ids.tolist()
     keys = [tuple(token for token, kept in zip(row, mask, strict=True) if kept)
             for row, mask in zip(ids, prompt_mask.tolist(), strict=True)]  # fmt: skip
@@ -141,9 +140,11 @@ def plan_generation_batch(buffered: list[dict], micro_steps: int, budget: int | 
                           max_over_processes: Callable = lambda counts: counts, window_of: Callable | None = None,
                           ) -> list[dict | batching.Passes]:  # fmt: skip
     """`batching.plan_packed_generation_batch` with shared rows: each row one pass (`batching.split_window_into_rows`)."""
-    windows = [batching.concat(buffered[i : i + micro_steps]) for i in range(0, len(buffered), micro_steps)]
-    plans = batching.plan_windows([window_sequences(window) for window in windows], micro_steps, budget,
-                                  max_over_processes, rows_needed, plan_rows)  # over prompt groups
+    windows = batching.windows(buffered, micro_steps)
+    seqs = [window_sequences(window) for window in windows]
+    passes = batching.passes_per_step([rows_needed(s, budget) for s in seqs], micro_steps, budget, max_over_processes)
+    plans = [batching.steps_of(plan_rows(s, micro_steps * per_step, budget), micro_steps)
+             for s, per_step in zip(seqs, passes, strict=True)]  # over prompt groups  # fmt: skip
     return [micro for window, plan in zip(windows, plans, strict=True)
             for micro in batching.split_window_into_rows(window, plan, window_of)]  # fmt: skip
 
@@ -173,6 +174,31 @@ def saved_fraction(sums: dict) -> float:
     return (total - float(sums["shared_prompt_forwarded"])) / max(total, 1.0)
 
 
+class Shared(packing.Packed):
+    """The update path of `share_prompts`: packed rows planned over prompt groups, each group's prompt forwarded
+    once, and the share of prompt tokens saved (`batching/prompt_tokens_saved`)."""
+
+    name = "shared"
+    fallback = "share_prompts, padding_free and dynamic_batching keep"
+
+    def plan(self, buffered: list[dict], run) -> list:
+        return plan_generation_batch(buffered, run.micro_steps, run.budget, run.agree, run.window_of)
+
+    def forward(self, model, trl, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
+                compute_aux_loss, run):  # fmt: skip
+        return packed_forward(model, input_ids, attention_mask, logits_to_keep, batch_size, run.budget, run.agree,
+                              compute_entropy, compute_aux_loss, run.autocast)  # fmt: skip
+
+    def sums(self, passes: list[dict]) -> dict:
+        return {**super().sums(passes), **prompt_sums(passes)}
+
+    def logged(self, sums: dict) -> dict:
+        return {**super().logged(sums), "batching/prompt_tokens_saved": saved_fraction(sums)}
+
+
+SHARED = Shared()
+
+
 # ------------------------------------------------------------------------------------------------- packing
 @dataclass(frozen=True)
 class Segments:
@@ -199,69 +225,77 @@ def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: 
          rows: list[list[int]]) -> list[SharedRow]:  # fmt: skip
     """`packing.pack` with each row's groups laid out shared (module docstring). Predictors, targets, scatter indices and
     `cu_seqlens` (the segments' bounds) have `packing.PackedRow`'s meaning."""
-    mask = attention_mask.bool().clone()
     prompt_width = input_ids.size(1) - logits_to_keep
-    empty = ~mask.any(1)
-    mask[empty, max(prompt_width - 1, 0)] = True
-    device = input_ids.device
-    columns = torch.arange(input_ids.size(1), device=device)
-    out = []
-    for row in rows:
-        ids, positions, targets, scored_rows, scored_columns, predictors = [], [], [], [], [], []
-        lengths, prefix, masks = [], [], []
-        offset = 0
+    mask = packing.attended(attention_mask, prompt_width)
+    return [_pack_row(input_ids, mask, prompt_width, row) for row in rows]
 
-        def add(tokens, position, label, prefix_segment, batch_row=None, completion_columns=None):
-            nonlocal offset
-            ids.append(tokens)
-            positions.append(position)
-            lengths.append(tokens.numel())
-            prefix.append(prefix_segment)
-            if prefix_segment < 0:
-                masks.append(None)
-            else:
-                width = lengths[prefix_segment]
-                masks.append(torch.ones(tokens.numel(), width + tokens.numel(), dtype=torch.bool, device=device)
-                             .tril(width))  # fmt: skip
-            if batch_row is not None:
-                where = (label != -100).nonzero(as_tuple=True)[0]
-                scored_rows.append(torch.full_like(where, batch_row))
-                scored_columns.append(completion_columns[where] - prompt_width)
-                targets.append(label[where])
-                predictors.append(offset + where - 1)  # the hidden state before a scored token predicts it
-            offset += tokens.numel()
 
-        kept = [mask[i] for i in row]
-        keys = [tuple(input_ids[i, kept_i & (columns < prompt_width)].tolist()) for i, kept_i in zip(row, kept)]
-        for group in groups(keys):
-            members = [row[g] for g in group]
-            prompt = len(keys[group[0]])
-            shared = shares(prompt, len(members))
-            if shared:
-                head = input_ids[members[0], kept[group[0]] & (columns < prompt_width)][:-1]
-                add(head, torch.arange(prompt - 1, device=device), torch.full_like(head, -100), -1)
-                prefix_segment = len(lengths) - 1
-            for g, i in zip(group, members, strict=True):
-                sequence_columns = kept[g].nonzero(as_tuple=True)[0]
-                if shared:
-                    sequence_columns = sequence_columns[prompt - 1 :]
-                tokens = input_ids[i, sequence_columns]
-                start = prompt - 1 if shared else 0
-                position = torch.arange(start, start + tokens.numel(), device=device)
-                label = torch.where((sequence_columns >= prompt_width) & (position > 0), tokens,
-                                    torch.full_like(tokens, -100))  # fmt: skip
-                add(tokens, position, label, prefix_segment if shared else -1, i, sequence_columns)
-        bounds = torch.tensor([0, *lengths], device=device).cumsum(0).to(torch.int32)
-        scored = torch.cat(targets)
+class _Segments:
+    """The segments of one shared row as they are laid out, left to right."""
+
+    def __init__(self, prompt_width: int, device):
+        self.prompt_width, self.device = prompt_width, device
+        self.ids, self.positions, self.targets, self.rows, self.columns, self.predictors = [], [], [], [], [], []
+        self.lengths, self.prefix, self.masks = [], [], []
+        self.offset = 0
+
+    def add(self, tokens, position, label, prefix_segment, batch_row=None, completion_columns=None):
+        self.ids.append(tokens)
+        self.positions.append(position)
+        self.lengths.append(tokens.numel())
+        self.prefix.append(prefix_segment)
+        if prefix_segment < 0:
+            self.masks.append(None)
+        else:
+            width = self.lengths[prefix_segment]
+            self.masks.append(torch.ones(tokens.numel(), width + tokens.numel(), dtype=torch.bool, device=self.device)
+                              .tril(width))  # fmt: skip
+        if batch_row is not None:
+            where = (label != -100).nonzero(as_tuple=True)[0]
+            self.rows.append(torch.full_like(where, batch_row))
+            self.columns.append(completion_columns[where] - self.prompt_width)
+            self.targets.append(label[where])
+            self.predictors.append(self.offset + where - 1)  # the hidden state before a scored token predicts it
+        self.offset += tokens.numel()
+
+    def row(self) -> SharedRow:
+        bounds = torch.tensor([0, *self.lengths], device=self.device).cumsum(0).to(torch.int32)
+        scored, predictors = torch.cat(self.targets), self.predictors
         if scored.numel() == 0:  # as `packing.pack`: one ignored target keeps the forward connected to the model
             scored, predictors = scored.new_full((1,), -100), [scored.new_zeros(1)]
-        out.append(SharedRow(
-            input_ids=torch.cat(ids).unsqueeze(0), position_ids=torch.cat(positions).unsqueeze(0),
-            cu_seqlens=bounds, max_length=max(lengths), predictors=torch.cat(predictors), targets=scored.unsqueeze(0),
-            rows=torch.cat(scored_rows), columns=torch.cat(scored_columns),
-            segments=Segments(tuple(lengths), tuple(prefix), tuple(masks)),
-        ))  # fmt: skip
-    return out
+        return SharedRow(
+            input_ids=torch.cat(self.ids).unsqueeze(0), position_ids=torch.cat(self.positions).unsqueeze(0),
+            cu_seqlens=bounds, max_length=max(self.lengths), predictors=torch.cat(predictors),
+            targets=scored.unsqueeze(0), rows=torch.cat(self.rows), columns=torch.cat(self.columns),
+            segments=Segments(tuple(self.lengths), tuple(self.prefix), tuple(self.masks)),
+        )  # fmt: skip
+
+
+def _pack_row(input_ids: torch.Tensor, mask: torch.Tensor, prompt_width: int, row: list[int]) -> SharedRow:
+    device = input_ids.device
+    columns = torch.arange(input_ids.size(1), device=device)
+    segments = _Segments(prompt_width, device)
+    kept = [mask[i] for i in row]
+    keys = [tuple(input_ids[i, kept_i & (columns < prompt_width)].tolist()) for i, kept_i in zip(row, kept)]
+    for group in groups(keys):
+        members = [row[g] for g in group]
+        prompt = len(keys[group[0]])
+        shared = shares(prompt, len(members))
+        if shared:
+            head = input_ids[members[0], kept[group[0]] & (columns < prompt_width)][:-1]
+            segments.add(head, torch.arange(prompt - 1, device=device), torch.full_like(head, -100), -1)
+            prefix_segment = len(segments.lengths) - 1
+        for g, i in zip(group, members, strict=True):
+            sequence_columns = kept[g].nonzero(as_tuple=True)[0]
+            if shared:
+                sequence_columns = sequence_columns[prompt - 1 :]
+            tokens = input_ids[i, sequence_columns]
+            start = prompt - 1 if shared else 0
+            position = torch.arange(start, start + tokens.numel(), device=device)
+            label = torch.where((sequence_columns >= prompt_width) & (position > 0), tokens,
+                                torch.full_like(tokens, -100))  # fmt: skip
+            segments.add(tokens, position, label, prefix_segment if shared else -1, i, sequence_columns)
+    return segments.row()
 
 
 def packed_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, logits_to_keep: int,
@@ -273,9 +307,8 @@ def packed_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
     seqs = sequences(input_ids[:, :prompt_width], attention_mask[:, :prompt_width], attention_mask[:, prompt_width:])
     count = 1
     if batch_size is not None:
-        count = math.ceil(input_ids.size(0) / batch_size)
-        if budget is not None:
-            count = max_over_processes([max(count, rows_needed(seqs, budget))])[0]
+        count = batching.forward_count(input_ids.size(0), batch_size, lambda: rows_needed(seqs, budget), budget,
+                                       max_over_processes)  # fmt: skip
     rows = plan_rows(seqs, count, budget if count > 1 else None)
     packed = pack(input_ids, attention_mask, logits_to_keep, rows)
     return packing.forward_packed(model, packed, (input_ids.size(0), logits_to_keep), compute_entropy,
@@ -313,8 +346,8 @@ def unsupported_model_reason(model) -> str | None:
     reason = packing.unsupported_model_reason(model)
     if reason is not None:
         return reason
-    implementation = packing.base_model(model).config._attn_implementation or "eager"
-    if implementation.removeprefix("dhpo_packed_") not in packing.REPLACEABLE_IMPLEMENTATIONS:
+    implementation = packing.attention_implementation(model)
+    if implementation not in packing.REPLACEABLE_IMPLEMENTATIONS:
         return (f"attn_implementation={implementation!r}: the per-group attention runs on SDPA (load the model with "
                 "attn_implementation='sdpa')")  # fmt: skip
     return None

@@ -9,37 +9,21 @@ and the `dhpo/` / `gmpo/` metrics are ours too; TRL's metric keys keep their mea
 from __future__ import annotations
 
 import os
-import textwrap
 import warnings
 
 import torch
-import torch.distributed as dist
 from accelerate.utils import DistributedType
 from trl import GRPOTrainer
 
-from ..core import aggregation, metrics
-from ..core.config import DHPOConfig
+from ..core import aggregation, entropy_control, metrics, paper
+from ..core.config import DHPOConfig, trl_batching_reason
 from ..core.losses import masked_log_ratio
 from ..core.objectives import get_objective
 from .moe import maybe_set_zero3_leaf_modules, zero3_leaf_modules_for_trl_prepared_models
 from .vllm_utils import check_vllm_setup
-from . import batching, resume, shared_prompts, trl_mirror, update_path
+from . import batching, collectives, resume, trl_mirror, update_path
 from .reward_checks import check_reward_functions
 from .sampler import EpochRepeatSampler
-
-CITATION = textwrap.dedent("""\
-    @inproceedings{min-etal-2026-orchestrating,
-        title     = {Orchestrating Tokens and Sequences: Dynamic Hybrid Policy Optimization for {RLVR}},
-        author    = {Min, Zijun and Liu, Bingshuai and Wang, Ante and Zhang, Long and Zeng, Anxiang and Zhang, Haibo and Su, Jinsong},
-        booktitle = {Findings of the Association for Computational Linguistics: ACL 2026},
-        year      = {2026},
-    }""")
-
-# Settings recorded in the model card of every checkpoint, after `algorithm` and the objective's own settings.
-CARD_FIELDS = (
-    "loss_type", "beta", "num_generations", "steps_per_generation", "gradient_accumulation_steps", "num_iterations",
-    "learning_rate", "temperature", "max_completion_length",
-)  # fmt: skip
 
 
 class DHPOTrainer(GRPOTrainer):
@@ -54,7 +38,7 @@ class DHPOTrainer(GRPOTrainer):
     _paper = {
         "title": "Orchestrating Tokens and Sequences: Dynamic Hybrid Policy Optimization for RLVR",
         "id": None,
-        "citation": CITATION,
+        "citation": paper.CITATION,
     }
 
     def __init__(self, model, reward_funcs=None, args: DHPOConfig | None = None, *pos, **kwargs):
@@ -75,18 +59,17 @@ class DHPOTrainer(GRPOTrainer):
         # ZeRO-3 + MoE: mark the MoE blocks as leaves (logged). DeepSpeed wraps the policy later, in train().
         self.zero3_leaf_modules = maybe_set_zero3_leaf_modules(self.model, self.accelerator)
         self._tag_names = ["trl", "dhpo", args.algorithm]
-        self._batching_warned = False
         self.graceful_stop = None  # set by train(): how a stop signal ended the run (see resume.py)
         # padded, dynamic, packed or shared-prompt forwards: decided once (dhpo_trl/training/update_path.py)
-        path = update_path.choose(args.padding_free, args.share_prompts, args.dynamic_batching,
-                                  {"model": self.model, "ref_model": self.ref_model}, self.accelerator.device.type)
-        if path.note and self.accelerator.is_main_process:
-            print(path.note)
-        self._padding_free, self._packed, self._plan_packed = path.padding_free, path.forward, path.plan
+        self._update = update_path.choose(args.padding_free, args.share_prompts, args.dynamic_batching,
+                                          {"model": self.model, "ref_model": self.ref_model},
+                                          self.accelerator.device.type, trl_batching_reason(args))  # fmt: skip
+        if self._update.note and self.accelerator.is_main_process:
+            print(self._update.note)
 
-    # --------------------------------------------------------------- batching
+    # ------------------------------------------------- the update's forwards (dhpo_trl/training/update_path.py)
     def _prepare_inputs(self, generation_batch):
-        """TRL's buffered micro-batches, re-cut by length within each accumulation window (`dynamic_batching`)."""
+        """TRL's buffered micro-batches, planned by the update path once per generation batch."""
         if not self.model.training:
             return super()._prepare_inputs(generation_batch)
         generate_every = self.args.steps_per_generation * self.num_iterations
@@ -98,50 +81,42 @@ class DHPOTrainer(GRPOTrainer):
         return inputs
 
     def _plan_micro_batches(self, buffered: list) -> list:
-        """Cut every accumulation window of the buffered generation batch into length-sorted micro-batches."""
-        reason = batching.unsupported_reason(buffered[0]) if self.args.dynamic_batching else "off"
-        steps, budget, counter = self.args.gradient_accumulation_steps, self.args.max_tokens_per_micro_batch, None
-        if reason is None:
-            share = steps / self.args.steps_per_generation
-            window_of = batching.planned_windows(self.accelerator.num_processes, share)
-            if self._padding_free:  # rows of whole sequences, each row one packed forward (dhpo_trl/training/packing.py)
-                buffered = self._plan_packed(buffered, steps, budget, self._max_over_processes, window_of)
-                counter = batching.packed_fraction
-            else:
-                buffered = batching.plan_generation_batch(
-                    buffered, steps, budget, self.pad_to_multiple_of, self._max_over_processes, window_of
-                )
-        elif reason != "off" and not self._batching_warned:
-            which = "padding_free and dynamic_batching keep" if self._padding_free else "dynamic_batching keeps"
-            warnings.warn(f"{which} TRL's micro-batches for this run: {reason}.", stacklevel=2)
-            self._batching_warned = True
-        counter = counter or batching.padded_fraction
-        passes = batching.forward_passes(buffered)
-        sums = metrics.padding_sums(*counter(passes))
-        share = self._padding_free and self.args.share_prompts  # share_prompts needs padding_free (validated)
-        if share:  # in the same all-reduce on every process (the setting is the same on all)
-            sums.update(shared_prompts.prompt_sums(passes if reason is None else []))
+        """Plan the buffered generation batch and log the path's padding (and sharing) metrics, all processes."""
+        buffered, sums = self._update.plan(buffered, self._run())
         sums, _ = self._reduce(sums, {})
-        self._metrics["train"]["batching/padding_fraction"].append(metrics.padding_fraction(sums))
-        if share:
-            self._metrics["train"]["batching/prompt_tokens_saved"].append(shared_prompts.saved_fraction(sums))
+        for name, value in self._update.logged(sums).items():
+            self._metrics["train"][name].append(value)
         return buffered
 
-    def _all_reduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:
-        """The one cross-process reduction ("sum" or "max") every metric and agreement goes through."""
-        if self.accelerator.num_processes == 1 or not (dist.is_available() and dist.is_initialized()):
-            return tensor
-        tensor = tensor.to(self.accelerator.device)
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
-        return tensor
+    def _run(self) -> update_path.Run:
+        share = self.args.gradient_accumulation_steps / self.args.steps_per_generation
+        return update_path.Run(
+            self.args.gradient_accumulation_steps, self.args.max_tokens_per_micro_batch, self._max_over_processes,
+            batching.planned_windows(self.accelerator.num_processes, share), self.pad_to_multiple_of,
+            self.accelerator.autocast,
+        )  # fmt: skip
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
+                                           compute_entropy=False, compute_aux_loss=False, **multimodal):  # fmt: skip
+        """TRL's forward, run by the update path (padded, dynamic, packed or shared-prompt rows)."""
+        parent = super()._get_per_token_logps_and_entropies
+
+        def trl(ids, mask, keep, rows, entropy, aux, **images):
+            if images:  # TRL's own call with the images, as TRL's callers make it
+                return parent(model, ids, mask, keep, rows, entropy, aux, **images)
+            return parent(model, ids, mask, keep, batch_size=rows, compute_entropy=entropy, compute_aux_loss=aux)
+
+        return self._update.forward(model, trl, input_ids, attention_mask, logits_to_keep, batch_size,
+                                    compute_entropy, compute_aux_loss, multimodal, self._run())  # fmt: skip
+
+    def _all_reduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:  # every metric and agreement's collective
+        return collectives.all_reduce(tensor, op, self.accelerator.device, self.accelerator.num_processes)
 
     def _reduce(self, sums: dict, maxima: dict) -> tuple[dict, dict]:
         return metrics.reduce_across(sums, maxima, self._all_reduce)
 
     def _max_over_processes(self, values: list[int]) -> list[int]:
-        """Element-wise maximum over processes (every process must run the same number of forward passes)."""
-        _, maxima = self._reduce({}, {str(index): value for index, value in enumerate(values)})
-        return [int(value) for value in maxima.values()]
+        return collectives.max_over_processes(values, self._all_reduce)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if not isinstance(inputs, batching.Passes):
@@ -154,10 +129,8 @@ class DHPOTrainer(GRPOTrainer):
         return super().compute_loss(model, inputs[-1], return_outputs, num_items_in_batch) + done
 
     def _pass_before_the_boundary(self, model, part, return_outputs, num_items_in_batch):
-        """One pass that is not the optimizer step's last: `sync_gradients` is False for its forward too, so what
-        runs once per optimizer step (the adaptive entropy update, the `entropy_coef` log) waits for the last pass;
-        DDP / FSDP need the forward inside `no_sync` as well; DeepSpeed must not rescale by accumulation (the loss is
-        already normalised) nor step the engine (not the accumulation boundary)."""
+        """A pass before the step's last: `sync_gradients` False for its forward too (the once-per-step entropy update
+        waits), the forward inside `no_sync` (DDP / FSDP), no DeepSpeed rescaling (the loss is normalised) or step."""
         kwargs = {"scale_wrt_gas": False} if self.accelerator.distributed_type == DistributedType.DEEPSPEED else {}
         sync = self.accelerator.sync_gradients
         self.accelerator.sync_gradients = False
@@ -169,44 +142,17 @@ class DHPOTrainer(GRPOTrainer):
             self.accelerator.sync_gradients = sync
         return loss
 
-    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None,
-                                           compute_entropy=False, compute_aux_loss=False, **multimodal):  # fmt: skip
-        """TRL's chunked forward; with `dynamic_batching`, the no-grad passes over the whole generation batch
-        (`batch_size` given: old and reference log-probs) run on length-sorted, trimmed chunks instead; with
-        `padding_free`, every forward runs on packed rows (`dhpo_trl/training/packing.py`)."""
-        parent = super()._get_per_token_logps_and_entropies
-        if self._padding_free and all(v is None for v in multimodal.values()):
-            return self._packed.packed_forward(
-                model, input_ids, attention_mask, logits_to_keep, batch_size, self.args.max_tokens_per_micro_batch,
-                self._max_over_processes, compute_entropy, compute_aux_loss, self.accelerator.autocast,
-            )  # fmt: skip
-        if batch_size is None or not self.args.dynamic_batching or any(v is not None for v in multimodal.values()):
-            return parent(model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
-                          compute_aux_loss, **multimodal)  # fmt: skip
-
-        def forward(ids, mask, keep, entropy, aux):
-            return parent(model, ids, mask, keep, compute_entropy=entropy, compute_aux_loss=aux)
-
-        return batching.chunked_forward(
-            forward, input_ids, attention_mask, logits_to_keep, batch_size, self.args.max_tokens_per_micro_batch,
-            self.pad_to_multiple_of, self._max_over_processes, compute_entropy, compute_aux_loss,
-        )  # fmt: skip
-
     # ------------------------------------------------------------------ loss
     def _window(self, inputs, mode) -> aggregation.Window:
-        """The micro-batch's window: attached by the dynamic plan, else TRL's fixed slices. Those are built here, at
-        the micro-step, because TRL's accumulation count (`current_gradient_accumulation_steps`) is only known then
-        (the Trainer shortens an epoch's last window)."""
+        """The micro-batch's window: attached by a planned path, else TRL's slices, whose count (the Trainer's
+        `current_gradient_accumulation_steps`, set by train(), shorter for an epoch's last window) is known only at
+        the micro-step."""
         if batching.WINDOW in inputs:
             return inputs[batching.WINDOW]
-        train = mode == "train"
-        # The Trainer sets it when training starts; a loss computed in train mode before that takes the config's.
         accumulation = getattr(self, "current_gradient_accumulation_steps", self.args.gradient_accumulation_steps)
-        steps = accumulation if train else 1
-        items = inputs.get("num_items_in_batch")
-        share = steps / self.args.steps_per_generation if train else 1.0
-        dapo = None if items is None else aggregation.dapo_tokens(items, self.accelerator.num_processes, share)
-        return aggregation.fixed_slice_window(inputs["completion_mask"].size(0), steps, dapo)
+        return aggregation.trl_slice_window(inputs["completion_mask"].size(0), inputs.get("num_items_in_batch"),
+                                            mode == "train", accumulation, self.args.steps_per_generation,
+                                            self.accelerator.num_processes)  # fmt: skip
 
     def _compute_loss(self, model, inputs):
         mode = "train" if self.model.training else "eval"
@@ -220,41 +166,21 @@ class DHPOTrainer(GRPOTrainer):
             completion_ids.size(1), compute_entropy=True, compute_aux_loss=self.aux_loss_enabled, **multimodal,
         )  # fmt: skip
         advantages = inputs["advantages"]
-        if advantages.dim() == 1:
-            advantages = advantages.unsqueeze(1)
+        advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
         # TRL skips old log-probs when the batch is exactly on-policy; then pi_old = sg[pi_theta].
         old_per_token_logps = inputs.get("old_per_token_logps")
-        if old_per_token_logps is None:
-            old_per_token_logps = per_token_logps.detach()
-
-        objective = get_objective(self.args.algorithm)
+        old_per_token_logps = per_token_logps.detach() if old_per_token_logps is None else old_per_token_logps
         # Only DHPO-E reads it (the config refuses "global" elsewhere); the same branch on every process.
         global_scope = self.args.entropy_norm_scope == "global"
         entropy_range = self._global_entropy_range(entropies, mask) if global_scope else None
-        per_token_loss, kl_weight, info = objective.compute(
+        per_token_loss, kl_weight, info = get_objective(self.args.algorithm).compute(
             per_token_logps, old_per_token_logps, advantages, mask, entropies, self.args, entropy_range
         )
         # How far pi_theta has drifted from pi_old on the trained tokens, for every objective (staleness).
         info = {**info, "abs_log_ratio": masked_log_ratio(per_token_logps.detach(), old_per_token_logps, mask).abs()}
-
-        off_policy_mask = entropy_mask = kl = None
-        if self.off_policy_mask_threshold is not None:
-            off_policy_mask = self.get_off_policy_mask(
-                advantages=advantages, per_token_logps=per_token_logps,
-                sampling_per_token_logps=inputs.get("sampling_per_token_logps", old_per_token_logps),
-                mask=mask, off_policy_threshold=self.off_policy_mask_threshold,
-            )  # fmt: skip
-        if self.top_entropy_quantile < 1.0:
-            entropy_mask = self.get_high_entropy_mask(entropies, mask, 1 - self.top_entropy_quantile)
-        if self.beta != 0.0:
-            weight = kl_weight if self.args.use_bias_correction_kl else None
-            kl = trl_mirror.per_token_kl(inputs["ref_per_token_logps"], per_token_logps, mask, weight)
-        vllm = self.use_vllm and self.vllm_importance_sampling_correction
-        vllm_ratio = inputs["importance_sampling_ratio"] if vllm else None
-        per_token_loss = trl_mirror.apply_corrections(
-            per_token_loss, off_policy_mask, entropy_mask, vllm_ratio, self.beta, kl
+        per_token_loss, entropy_mask, kl = trl_mirror.tail_corrections(
+            self, inputs, per_token_loss, per_token_logps, old_per_token_logps, advantages, mask, entropies, kl_weight
         )
-
         window = self._window(inputs, mode)
         loss = aggregation.aggregate(self.loss_type, per_token_loss, mask, window, self.max_completion_length)
         sums, maxima = {}, {}
@@ -262,7 +188,7 @@ class DHPOTrainer(GRPOTrainer):
             policy_loss = aggregation.reported_policy_loss(self.loss_type, loss, window)
             sums.update(metrics.nan_mean_sums("policy_loss", policy_loss))
             bonus = aggregation.entropy_bonus(entropies, mask, entropy_mask, window)
-            loss = loss - self._entropy_coefficient() * bonus
+            loss = loss - entropy_control.applied(self._entropy_state(), entropy_control.control_of(self.args)) * bonus
         if self.aux_loss_enabled:  # mean over the window's forward passes
             loss = loss + self.router_aux_loss_coef * aux_loss / window.passes
             sums.update(metrics.nan_mean_sums("aux_loss", aux_loss))
@@ -271,28 +197,20 @@ class DHPOTrainer(GRPOTrainer):
             self._update_entropy_coefficient(mode, entropies, mask, entropy_mask)
         return loss
 
-    def _entropy_coefficient(self) -> float:
-        return aggregation.applied_coefficient(
-            self.entropy_coef, self._last_world_entropy, self.args.entropy_target, self.use_adaptive_entropy
-        )
+    def _entropy_state(self) -> entropy_control.State:  # TRL's attributes (TRL saves and loads them)
+        return entropy_control.State(self.entropy_coef, self._last_world_entropy, self._entropy_window_stats)
 
     def _update_entropy_coefficient(self, mode, entropies, mask, entropy_mask) -> None:
-        """TRL's adaptive controller: accumulate the window's entropy, update once at the optimizer step."""
+        """TRL's adaptive controller (core/entropy_control.py): accumulate the window, move once per step."""
         boundary = mode == "train" and self.accelerator.sync_gradients
         if self.use_adaptive_entropy and mode == "train":
-            stats = aggregation.effective_entropy_stats(entropies, mask, entropy_mask)
-            if self._entropy_window_stats is not None:
-                stats = self._entropy_window_stats + stats
-            self._entropy_window_stats = stats
+            state = entropy_control.accumulate(self._entropy_state(),
+                                               entropy_control.effective_entropy_stats(entropies, mask, entropy_mask))
             if boundary:
-                sums, _ = self._reduce({"sum": stats[0], "count": stats[1]}, {})
-                world_entropy = sums["sum"] / max(sums["count"], 1.0)
-                self.entropy_coef = aggregation.next_coefficient(
-                    self.entropy_coef, world_entropy, self.args.entropy_target, self.args.entropy_coef_delta,
-                    self.args.entropy_coef_min, self.args.entropy_coef_max,
-                )  # fmt: skip
-                self._last_world_entropy = world_entropy
-                self._entropy_window_stats = None
+                sums, _ = self._reduce({"sum": state.window[0], "count": state.window[1]}, {})
+                state = entropy_control.close_window(state, sums["sum"], sums["count"],
+                                                     entropy_control.control_of(self.args))  # fmt: skip
+            self.entropy_coef, self._last_world_entropy, self._entropy_window_stats = state
         if boundary:
             self._metrics[mode]["entropy_coef"].append(self.entropy_coef)
 
@@ -301,21 +219,11 @@ class DHPOTrainer(GRPOTrainer):
         _, maxima = self._reduce({}, metrics.entropy_range_maxima(entropies, mask))
         return metrics.entropy_range(maxima)
 
-    # --------------------------------------------------------------- metrics
     def _log_loss_metrics(self, mode, info, entropies, mask, per_token_kl, sums=None, maxima=None):
         """TRL's `entropy`, `kl`, clip metrics, `policy_loss`, `aux_loss` and the objective's `<prefix>/` metrics,
         reduced over all processes in one sum and one max."""
-        objective = get_objective(self.args.algorithm)
-        loss_sums, loss_maxima = metrics.loss_sums(info, entropies, mask, per_token_kl, objective.metric_prefix,
-                                                   objective.fractions)  # fmt: skip
-        clip_sums, clip_maxima = metrics.clip_sums(objective.clip_metrics, info, mask)
-        totals, extremes = self._reduce({**(sums or {}), **loss_sums, **clip_sums},
-                                        {**(maxima or {}), **loss_maxima, **clip_maxima})  # fmt: skip
-        logged = {
-            **{name: metrics.nan_mean(name, totals) for name in ("policy_loss", "aux_loss") if name in totals},
-            **metrics.loss_metrics(totals, extremes, objective.metric_prefix, objective.fractions),
-            **metrics.clip_metrics(objective.clip_metrics, totals, extremes),
-        }
+        logged = metrics.logged_loss_metrics(get_objective(self.args.algorithm), info, entropies, mask, per_token_kl,
+                                             sums or {}, maxima or {}, self._reduce)  # fmt: skip
         for name, value in logged.items():
             self._metrics[mode][name].append(value)
 
@@ -335,7 +243,7 @@ class DHPOTrainer(GRPOTrainer):
             if self.args.sync_ref_model and self.ref_model is not None:
                 resume.restore_reference_model(self.accelerator.unwrap_model(self.ref_model), checkpoint, main, main)
         with resume.stop_on_signals() as request:
-            stop = resume.GracefulStopCallback(request, lambda flag: resume.agree_any(flag, self.accelerator.device))
+            stop = resume.GracefulStopCallback(request, lambda flag: collectives.any_process(flag, self._all_reduce))
             callbacks.append(stop)
             for callback in callbacks:
                 self.add_callback(callback)
@@ -381,13 +289,6 @@ class DHPOTrainer(GRPOTrainer):
         if not self.is_world_process_zero():
             return
         path = os.path.join(self.args.output_dir, "README.md")
-        names = ("algorithm", *get_objective(self.args.algorithm).settings(self.args), *CARD_FIELDS)
-        rows = "\n".join(f"| `{name}` | `{getattr(self.args, name)}` |" for name in names)
-        section = (
-            "\n\n## DHPO settings\n\n"
-            f"Trained with `dhpo_trl.DHPOTrainer` (Dynamic Hybrid Policy Optimization), objective "
-            f"`algorithm={self.args.algorithm}` (the DHPO citation is above).\n\n"
-            f"| setting | value |\n|---|---|\n{rows}\n"
-        )
+        section = paper.card_section(self.args, get_objective(self.args.algorithm).settings(self.args))
         with open(path, "a", encoding="utf-8") as handle:
             handle.write(section)

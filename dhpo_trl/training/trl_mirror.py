@@ -5,7 +5,11 @@ text of the first and last line of that range. `tests/test_trl_mirror.py` checks
 text at those lines, so a TRL upgrade fails there, and the review is this list. The code below is the part of
 TRL's `_compute_loss` tail we copy rather than call (TRL's loss is one method; we need its pieces around our
 objective's per-token loss); aggregation and the entropy bonus are in `dhpo_trl.core.aggregation`, the metrics in
-`dhpo_trl.core.metrics`, the chunked forward and micro-batch cutting in `dhpo_trl.training.batching`, all listed here.
+`dhpo_trl.core.metrics`, the adaptive entropy controller in `dhpo_trl.core.entropy_control`, the chunked forward and micro-batch cutting in `dhpo_trl.training.batching`, all listed here.
+
+`PRIVATE` lists every private name of TRL, transformers and DeepSpeed that dhpo-trl reads, writes, overrides or
+passes (the private surface a version upgrade can break), with the file and line range where the installed version
+defines it; `tests/test_trl_mirror.py` checks each still exists there, so an upgrade fails one test with the list.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ MIRRORED: tuple[Mirror, ...] = (
            'mode = "train" if self.model.training else "eval"', "policy_loss = loss.detach()",
            "grpo / bnpo / dr_grpo / dapo and their accumulation normalisers; ours divides by the Window's counts "
            "(TRL's when the slices are TRL's)"),
-    Mirror("aggregation.entropy_bonus, applied_coefficient, next_coefficient", "_compute_loss", (3189, 3245),
+    Mirror("aggregation.entropy_bonus, entropy_control", "_compute_loss", (3189, 3245),
            "if self._entropy_bonus_enabled:", 'self._metrics[mode]["entropy_coef"].append(self.entropy_coef)',
            "the entropy bonus, the adaptive controller and its once-per-step update; ours weighs a planned "
            "micro-batch by its share of the window's tokens"),
@@ -75,6 +79,70 @@ RESUME_SURFACE: tuple[tuple[str, str], ...] = (
 )  # fmt: skip
 
 
+class Private(NamedTuple):
+    owner: str  # the importable object that holds the name ("module:Object" or "module")
+    name: str
+    use: str  # "reads", "writes", "overrides", "passes" (a call argument or output field)
+    file: str  # the defining file, relative to site-packages
+    lines: tuple[int, int]  # where it is defined there (1-based, inclusive)
+    where: str  # what in dhpo-trl uses it
+
+
+_GRPO = "trl.trainer.grpo_trainer:GRPOTrainer"
+_TRAINER = "transformers.trainer:Trainer"
+_FUSED = "trl.trainer.utils:FusedCausalLMOutput"
+_FLASH = "transformers.modeling_flash_attention_utils:_flash_attention_forward"
+
+PRIVATE: tuple[Private, ...] = (
+    Private(_GRPO, "_prepare_inputs", "overrides", TRL_FILE, (1522, 1551), "DHPOTrainer._prepare_inputs"),
+    Private(_GRPO, "_get_per_token_logps_and_entropies", "overrides", TRL_FILE, (1419, 1508),
+            "DHPOTrainer._get_per_token_logps_and_entropies (TRL's forward handed to the update path)"),
+    Private(_GRPO, "_compute_loss", "overrides", TRL_FILE, (3020, 3293), "DHPOTrainer._compute_loss"),
+    Private(_GRPO, "_save_checkpoint", "overrides", TRL_FILE, (3384, 3395),
+            "DHPOTrainer._save_checkpoint (TRL's writes the adaptive entropy state)"),
+    Private(_GRPO, "_step", "reads", TRL_FILE, (948, 948), "DHPOTrainer._prepare_inputs; resume.TRAINER_ATTRIBUTES"),
+    Private(_GRPO, "_buffered_inputs", "writes", TRL_FILE, (951, 951),
+            "DHPOTrainer._prepare_inputs (the planned micro-batches); resume.TRAINER_ATTRIBUTES"),
+    Private(_GRPO, "_metrics", "writes", TRL_FILE, (1080, 1080), "DHPOTrainer metrics; resume"),
+    Private(_GRPO, "_entropy_bonus_enabled", "reads", TRL_FILE, (850, 850), "DHPOTrainer._compute_loss"),
+    Private(_GRPO, "_last_world_entropy", "writes", TRL_FILE, (853, 853),
+            "DHPOTrainer._update_entropy_coefficient (core/entropy_control.State); resume"),
+    Private(_GRPO, "_entropy_window_stats", "writes", TRL_FILE, (857, 857),
+            "DHPOTrainer._update_entropy_coefficient (core/entropy_control.State); resume"),
+    Private(_GRPO, "_tag_names", "overrides", TRL_FILE, (287, 287), "DHPOTrainer._tag_names (model card tags)"),
+    Private(_GRPO, "_name", "overrides", TRL_FILE, (288, 288), "DHPOTrainer._name (model card)"),
+    Private(_GRPO, "_paper", "overrides", TRL_FILE, (289, 289), "DHPOTrainer._paper (model card citation)"),
+    Private("trl.trainer.grpo_trainer", "prepare_deepspeed", "overrides", TRL_FILE, (73, 73),
+            "moe.zero3_leaf_modules_for_trl_prepared_models (replaced while GRPOTrainer.__init__ runs)"),
+    Private(_TRAINER, "_save_checkpoint", "overrides", "transformers/trainer.py", (3215, 3282),
+            "DHPOTrainer._save_checkpoint (super() chain)"),
+    Private(_TRAINER, "_get_output_dir", "reads", "transformers/trainer.py", (3196, 3213),
+            "DHPOTrainer.train / _save_checkpoint"),
+    Private(_TRAINER, "current_gradient_accumulation_steps", "reads", "transformers/trainer.py", (1813, 1813),
+            "DHPOTrainer._window (TRL's slices of an epoch's last, shorter window)"),
+    Private("transformers.configuration_utils:PretrainedConfig", "_attn_implementation", "writes",
+            "transformers/configuration_utils.py", (332, 332),
+            "packing.packed_attention (switches the model to the dispatching attention), attention_implementation"),
+    Private("transformers.configuration_utils:PretrainedConfig", "_name_or_path", "reads",
+            "transformers/configuration_utils.py", (327, 327), "DHPOTrainer.__init__ (default output_dir)"),
+    Private("transformers.modeling_utils:PreTrainedModel", "_supports_attention_backend", "reads",
+            "transformers/modeling_utils.py", (1148, 1148), "packing.unsupported_model_reason"),
+    Private("trl.trainer.utils:add_fused_lm_head", "fused_lm_head", "passes", "trl/trainer/utils.py", (1600, 1600),
+            "packing.forward_packed (model(..., fused_lm_head=True, shift_labels=...))"),
+    Private("trl.trainer.utils:add_fused_lm_head", "shift_labels", "passes", "trl/trainer/utils.py", (1600, 1600),
+            "packing.forward_packed (the scored tokens of a packed row)"),
+    Private(_FUSED, "log_probs", "reads", "trl/trainer/utils.py", (1539, 1539), "packing.forward_packed"),
+    Private(_FUSED, "entropy", "reads", "trl/trainer/utils.py", (1540, 1540), "packing.forward_packed"),
+    Private(_FUSED, "aux_loss", "reads", "trl/trainer/utils.py", (1545, 1545), "packing.forward_packed"),
+    Private(_FLASH, "cu_seq_lens_q", "passes", "transformers/modeling_flash_attention_utils.py", (708, 708),
+            "packing.forward_packed (the varlen flash path's sequence bounds; the dispatching attention reads it)"),
+    Private(_FLASH, "max_length_q", "passes", "transformers/modeling_flash_attention_utils.py", (710, 710),
+            "packing.forward_packed"),
+    Private("deepspeed.accelerator.cpu_accelerator:CPU_Accelerator", "_name", "reads",
+            "deepspeed/accelerator/cpu_accelerator.py", (28, 28), "demo.tiny.use_deepspeed_on_cpu"),
+)  # fmt: skip
+
+
 def per_token_kl(ref_per_token_logps: torch.Tensor, per_token_logps: torch.Tensor, mask: torch.Tensor,
                  weight: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
     """TRL's k3 estimator exp(ref - logp) - (ref - logp) - 1, times `weight` (`use_bias_correction_kl`).
@@ -101,3 +169,24 @@ def apply_corrections(per_token_loss: torch.Tensor, off_policy_mask: torch.Tenso
     if beta != 0.0:
         per_token_loss = per_token_loss + beta * kl
     return per_token_loss
+
+
+def tail_corrections(trainer, inputs: dict, per_token_loss, per_token_logps, old_per_token_logps, advantages, mask,
+                     entropies, kl_weight):  # fmt: skip
+    """TRL's off-policy mask, top-entropy mask, vLLM importance-sampling ratio and KL term on `per_token_loss`, in
+    TRL's order, from the trainer's TRL settings. Returns (per-token loss, top-entropy mask or None, KL or None)."""
+    off_policy_mask = entropy_mask = kl = None
+    if trainer.off_policy_mask_threshold is not None:
+        off_policy_mask = trainer.get_off_policy_mask(
+            advantages=advantages, per_token_logps=per_token_logps,
+            sampling_per_token_logps=inputs.get("sampling_per_token_logps", old_per_token_logps),
+            mask=mask, off_policy_threshold=trainer.off_policy_mask_threshold,
+        )  # fmt: skip
+    if trainer.top_entropy_quantile < 1.0:
+        entropy_mask = trainer.get_high_entropy_mask(entropies, mask, 1 - trainer.top_entropy_quantile)
+    if trainer.beta != 0.0:
+        weight = kl_weight if trainer.args.use_bias_correction_kl else None
+        kl = per_token_kl(inputs["ref_per_token_logps"], per_token_logps, mask, weight)
+    vllm = trainer.use_vllm and trainer.vllm_importance_sampling_correction
+    vllm_ratio = inputs["importance_sampling_ratio"] if vllm else None
+    return apply_corrections(per_token_loss, off_policy_mask, entropy_mask, vllm_ratio, trainer.beta, kl), entropy_mask, kl

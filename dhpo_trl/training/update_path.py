@@ -1,53 +1,130 @@
-"""Which forwards the update runs: TRL's padded micro-batches, dynamic batching, packed rows, or packed rows with
-shared prompts. A pure decision from the settings, the models and the device; the trainer only applies it.
+"""The seam of the update's forwards: TRL's padded micro-batches, dynamic batching, packed rows, or packed rows with
+shared prompts, as four implementations of one small interface (`Path`), chosen once by a pure decision (`choose`).
+
+A path plans a generation batch into forward passes (under the processes' agreement: every process runs the same
+number), runs a forward and scatters it back to TRL's (B, T) layout, and reports its padding and sharing metrics.
+The trainer holds the chosen `UpdatePath` and calls it, never asking which path it is. Another path is one module
+with a class like `packing.Packed` plus one line in `choose`.
 
 `padding_free=True` refuses a model that packed rows would give wrong outputs; `None` (automatic) packs where that
 is supported and the faster path known (`packing.automatic_reason`), else keeps dynamic batching and says why;
-`share_prompts=True` needs packing to be on and an attention that runs its per-group layout.
+`share_prompts=True` needs packing to be on and an attention that runs its per-group layout. `dynamic_batching=None`
+(automatic) keeps TRL's batching, saying why, for a run whose TRL settings dynamic batching cannot serve
+(`core.config.trl_batching_reason`); an explicit request for it is refused by the config instead.
 """
 
 from __future__ import annotations
 
+import contextlib
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import ModuleType
+from typing import Protocol
 
 from . import batching, packing, shared_prompts
 
 
 @dataclass(frozen=True)
+class Run:
+    """What every path reads of the run."""
+
+    micro_steps: int  # gradient_accumulation_steps: micro-steps of one accumulation window
+    budget: int | None  # max_tokens_per_micro_batch
+    agree: Callable[[list[int]], list[int]]  # element-wise maximum over processes (one collective)
+    window_of: Callable  # batching.planned_windows(...): the aggregation.Window of a planned window
+    pad_to_multiple_of: int | None = None
+    autocast: Callable = contextlib.nullcontext  # the accelerator's autocast (packed forwards call the model)
+
+
+class Path(Protocol):
+    name: str
+    fallback: str  # the settings that chose it, where a batch it cannot plan keeps TRL's micro-batches
+
+    def plan(self, buffered: list[dict], run: Run) -> list:
+        """TRL's buffered micro-batches -> planned micro-steps (a dict, or a `batching.Passes` of several)."""
+
+    def forward(self, model, trl: Callable, input_ids, attention_mask, logits_to_keep: int, batch_size: int | None,
+                compute_entropy: bool, compute_aux_loss: bool, run: Run):  # fmt: skip
+        """TRL's `(logps, entropies, aux_loss)` in its (B, logits_to_keep) layout. `trl(ids, mask, keep, batch_size,
+        entropy, aux)` is TRL's own forward; `batch_size` None: a policy pass over one planned micro-batch."""
+
+    def sums(self, passes: list[dict]) -> dict:
+        """This process's metric sums over its planned forwards (summed over processes by the caller)."""
+
+    def logged(self, sums: dict) -> dict:
+        """The logged metrics from the summed `sums`."""
+
+
+@dataclass
 class UpdatePath:
-    padding_free: bool  # every forward of the update runs on packed rows
-    forward: ModuleType | None  # the module whose `packed_forward` runs them (None: padded forwards)
-    plan: Callable | None  # plans a generation batch into packed rows (None: dynamic batching's plan)
-    note: str | None = None  # one line for the main process: why the automatic choice kept dynamic batching
+    """The chosen path, applied: a batch the path cannot regroup (multimodal, non-tensor values) keeps TRL's
+    micro-batches and forwards, said once."""
+
+    path: Path
+    note: str | None = None  # one line for the main process: why the automatic choice is not the default path
+    warned: bool = False
+
+    @property
+    def padding_free(self) -> bool:
+        return isinstance(self.path, packing.Packed)
+
+    def plan(self, buffered: list[dict], run: Run) -> tuple[list, dict]:
+        """The planned micro-steps and this process's metric sums (the same keys on every process)."""
+        reason = batching.unsupported_reason(buffered[0]) if self.path is not batching.PADDED else None
+        if reason is None:
+            planned = self.path.plan(buffered, run)
+            return planned, self.path.sums(batching.forward_passes(planned))
+        if not self.warned:
+            warnings.warn(f"{self.path.fallback} TRL's micro-batches for this run: {reason}.", stacklevel=3)
+            self.warned = True
+        return buffered, {**self.path.sums([]), **batching.PADDED.sums(batching.forward_passes(buffered))}
+
+    def forward(self, model, trl: Callable, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
+                compute_aux_loss, multimodal: dict, run: Run):  # fmt: skip
+        if any(value is not None for value in multimodal.values()):
+            return trl(input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
+                       **multimodal)  # fmt: skip
+        return self.path.forward(model, trl, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
+                                 compute_aux_loss, run)  # fmt: skip
+
+    def logged(self, sums: dict) -> dict:
+        return self.path.logged(sums)
 
 
-def choose(padding_free: bool | None, share_prompts: bool, dynamic_batching: bool, models: dict,
-           device_type: str) -> UpdatePath:  # fmt: skip
-    """`models`: name -> model for the policy and the reference model (None where there is none)."""
+def choose(padding_free: bool | None, share_prompts: bool, dynamic_batching: bool | None, models: dict,
+           device_type: str, trl_only: str | None = None) -> UpdatePath:  # fmt: skip
+    """`models`: name -> model for the policy and the reference model (None where there is none). `trl_only`: why
+    dynamic batching cannot serve this run's TRL settings (`core.config.trl_batching_reason`), or None."""
     models = {name: model for name, model in models.items() if model is not None}
-    for name, model in models.items() if padding_free is True else ():
-        reason = packing.unsupported_model_reason(model)
-        if reason:
-            raise ValueError(f"DHPOConfig.padding_free=True cannot run on this {name}: {reason}. Set "
-                             "padding_free=False (dynamic batching) or change the model.")  # fmt: skip
-    packed, note = padding_free is True, None
-    if padding_free is None and dynamic_batching:
-        reason = packing.automatic_reason(list(models.values()), device_type)
-        packed = reason is None
-        if reason and share_prompts:
-            raise ValueError(f"DHPOConfig.share_prompts=True needs padding-free packing, which padding_free=None "
-                             f"leaves off here ({reason}): set padding_free=True, or share_prompts=False.")
-        if reason:
-            note = f"DHPOConfig.padding_free=None (automatic): dynamic batching for this run, since {reason}."
+    if dynamic_batching is False:
+        return UpdatePath(batching.PADDED)
+    if trl_only is not None:  # the config refuses an explicit request: only the automatic choice gets here
+        return UpdatePath(batching.PADDED, f"DHPOConfig.dynamic_batching=None (automatic): TRL's batching for this "
+                                           f"run, since {trl_only}.")  # fmt: skip
+    packed, note = _packs(padding_free, share_prompts, models, device_type)
     for name, model in models.items() if share_prompts else ():
         reason = shared_prompts.unsupported_model_reason(model)
         if reason:
             raise ValueError(f"DHPOConfig.share_prompts=True cannot run on this {name}: {reason}. Set "
                              "share_prompts=False or change the model.")  # fmt: skip
     if not packed:
-        return UpdatePath(False, None, None, note)
-    if share_prompts:  # the same rows with each prompt forwarded once
-        return UpdatePath(True, shared_prompts, shared_prompts.plan_generation_batch)
-    return UpdatePath(True, packing, batching.plan_packed_generation_batch)
+        return UpdatePath(batching.DYNAMIC, note)
+    return UpdatePath(shared_prompts.SHARED if share_prompts else packing.PACKED)
+
+
+def _packs(padding_free: bool | None, share_prompts: bool, models: dict, device_type: str) -> tuple[bool, str | None]:
+    """Whether the forwards run on packed rows, and the line that says why the automatic choice does not pack."""
+    for name, model in models.items() if padding_free is True else ():
+        reason = packing.unsupported_model_reason(model)
+        if reason:
+            raise ValueError(f"DHPOConfig.padding_free=True cannot run on this {name}: {reason}. Set "
+                             "padding_free=False (dynamic batching) or change the model.")  # fmt: skip
+    if padding_free is not None:
+        return padding_free, None
+    reason = packing.automatic_reason(list(models.values()), device_type)
+    if reason and share_prompts:
+        raise ValueError(f"DHPOConfig.share_prompts=True needs padding-free packing, which padding_free=None "
+                         f"leaves off here ({reason}): set padding_free=True, or share_prompts=False.")
+    if reason:
+        return False, f"DHPOConfig.padding_free=None (automatic): dynamic batching for this run, since {reason}."
+    return True, None
