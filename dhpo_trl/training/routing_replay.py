@@ -37,7 +37,6 @@ SUPPORTED_ROUTERS = {
     "OlmoeTopKRouter": "norm_topk_prob",
     "MixtralTopKRouter": None,
 }
-MODES = ("none", "old", "rollout")
 ROUTED_EXPERTS = "routed_experts"  # batch key: (B, prompt + completion columns, layers, top_k) int16, -1 at padding
 
 _SEEDS = (0x2545F4914F6CDD1D, 0x1B873593CC9E2D51)
@@ -401,3 +400,97 @@ def from_rows(rows: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch
     layout = padded_layout(input_ids, mask)
     experts = rows[recorded.to(rows.device)].permute(1, 0, 2)  # row-major, like the layout's tokens
     return Routing(layout.keys, layout.checks, experts.to(layout.keys.device))
+
+
+# ------------------------------------------------------------------------------------------------ trainer
+def sequence_inputs(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """A TRL batch's (prompt + completion) ids and attention mask, as its forwards see them."""
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    return ids, torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+
+
+class TrainerRouting:
+    """`DHPOConfig.routing_replay` for `DHPOTrainer`; every method is inert under "none".
+
+    "old" (R2): in a generation batch, the first log-prob pass (TRL's pi_old pass) records; the later ones (the
+    reference) replay; the routing goes into the batch as `ROUTED_EXPERTS` rows and every policy pass replays it.
+    """
+
+    def __init__(self, mode: str, model: torch.nn.Module, ref_model: torch.nn.Module | None = None):
+        self.mode = mode
+        self.hooks = None
+        if mode == "none":
+            return
+        reason = unsupported_reason(model)
+        if reason is not None:
+            raise ValueError(f"DHPOConfig.routing_replay={mode!r} replays mixture-of-experts routing, but {reason}: "
+                             "set routing_replay='none'.")  # fmt: skip
+        self.hooks = RoutingReplay(model, *([ref_model] if ref_model is not None else []))
+
+    @contextlib.contextmanager
+    def generation_batch(self, trainer) -> Iterator[dict]:
+        """While TRL builds a generation batch: its first `_get_per_token_logps_and_entropies` call records, the
+        later ones replay (wrapped on the instance for the block). Yields a dict holding "routing" afterwards."""
+        held: dict = {"routing": None}
+        if self.hooks is None:
+            yield held
+            return
+        original = trainer._get_per_token_logps_and_entropies
+
+        def log_probs(*args, **kwargs):
+            if held["routing"] is None:
+                with self.hooks.record() as out:
+                    result = original(*args, **kwargs)
+                held["routing"] = out[0]
+                return result
+            with self.hooks.replay(held["routing"]):
+                return original(*args, **kwargs)
+
+        shadowed = trainer.__dict__.get("_get_per_token_logps_and_entropies")  # an instance-level wrapper, kept
+        trainer._get_per_token_logps_and_entropies = log_probs
+        try:
+            yield held
+        finally:
+            if shadowed is None:
+                del trainer._get_per_token_logps_and_entropies
+            else:
+                trainer._get_per_token_logps_and_entropies = shadowed
+
+    def attach(self, batch: dict, held: dict) -> dict:
+        """The generation batch with its recorded routing as rows (`ROUTED_EXPERTS`), int16."""
+        if self.hooks is None:
+            return batch
+        if held["routing"] is None:
+            raise RuntimeError(f"DHPOConfig.routing_replay={self.mode!r}: the generation batch ran no log-prob pass "
+                               "to record routing from (TRL skips pi_old on-policy)")  # fmt: skip
+        return {**batch, ROUTED_EXPERTS: to_rows(held["routing"], *sequence_inputs(batch))}
+
+    @contextlib.contextmanager
+    def policy_pass(self, batch: dict) -> Iterator[Stats | None]:
+        """Around a policy forward over `batch`: replay its recorded routing; yields the decision counts."""
+        if self.hooks is None:
+            yield None
+            return
+        if batch.get(ROUTED_EXPERTS) is None:
+            raise ValueError(f"DHPOConfig.routing_replay={self.mode!r}: this micro-batch carries no recorded routing "
+                             f"({ROUTED_EXPERTS}): it was generated with routing_replay='none' (resumed from such a "
+                             "checkpoint?); resume with the setting it was saved with.")  # fmt: skip
+        with self.hooks.replay(from_rows(batch[ROUTED_EXPERTS], *sequence_inputs(batch))) as stats:
+            yield stats
+
+
+def metric_sums(stats: Stats | None) -> dict:
+    """The counts behind the `moe/` metrics, to be summed over processes (empty without replay)."""
+    if stats is None:
+        return {}
+    return {"moe_decisions": stats.decisions, "moe_replayed": stats.replayed, "moe_flipped": stats.flipped}
+
+
+def metrics(totals: dict) -> dict:
+    """`moe/routing_flip_fraction`: the share of the policy pass's token-layer decisions where the live router's
+    top-k differs from the recorded one (what replay overrode); `moe/replayed_fraction`: the share it forced."""
+    if "moe_decisions" not in totals:
+        return {}
+    decisions = max(totals["moe_decisions"], 1.0)
+    return {"moe/routing_flip_fraction": totals["moe_flipped"] / decisions,
+            "moe/replayed_fraction": totals["moe_replayed"] / decisions}  # fmt: skip

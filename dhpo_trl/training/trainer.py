@@ -25,7 +25,7 @@ from ..core.losses import masked_log_ratio
 from ..core.objectives import get_objective
 from .moe import maybe_set_zero3_leaf_modules, zero3_leaf_modules_for_trl_prepared_models
 from .vllm_utils import check_vllm_setup
-from . import batching, resume, shared_prompts, trl_mirror, update_path
+from . import batching, resume, routing_replay, shared_prompts, trl_mirror, update_path
 from .reward_checks import check_reward_functions
 
 CITATION = textwrap.dedent("""\
@@ -84,6 +84,14 @@ class DHPOTrainer(GRPOTrainer):
         if path.note and self.accelerator.is_main_process:
             print(path.note)
         self._padding_free, self._packed, self._plan_packed = path.padding_free, path.forward, path.plan
+        # MoE routing replay (dhpo_trl/training/routing_replay.py): refused here on a dense model
+        self._routing = routing_replay.TrainerRouting(args.routing_replay, self.model, self.ref_model)
+
+    def _generate_and_score_completions(self, inputs):
+        """TRL's generation batch; with `routing_replay="old"`, the pi_old pass's routing added to it as rows."""
+        with self._routing.generation_batch(self) as recorded:
+            batch = super()._generate_and_score_completions(inputs)
+        return self._routing.attach(batch, recorded)
 
     # --------------------------------------------------------------- batching
     def _prepare_inputs(self, generation_batch):
@@ -216,10 +224,11 @@ class DHPOTrainer(GRPOTrainer):
         mask = batching.loss_mask(inputs)
         multimodal = {key: inputs.get(key) for key in batching.UNSUPPORTED_KEYS}
         # Entropies come out of TRL's fused LM head with the log-probs: no (B, T, V) tensor is kept.
-        per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
-            model, torch.cat([prompt_ids, completion_ids], dim=1), torch.cat([prompt_mask, completion_mask], dim=1),
-            completion_ids.size(1), compute_entropy=True, compute_aux_loss=self.aux_loss_enabled, **multimodal,
-        )  # fmt: skip
+        with self._routing.policy_pass(inputs) as routing_stats:  # replays the recorded routing ("old")
+            per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+                model, torch.cat([prompt_ids, completion_ids], dim=1), torch.cat([prompt_mask, completion_mask], dim=1),
+                completion_ids.size(1), compute_entropy=True, compute_aux_loss=self.aux_loss_enabled, **multimodal,
+            )  # fmt: skip
         advantages = inputs["advantages"]
         if advantages.dim() == 1:
             advantages = advantages.unsqueeze(1)
@@ -258,7 +267,7 @@ class DHPOTrainer(GRPOTrainer):
 
         window = self._window(inputs, mode)
         loss = aggregation.aggregate(self.loss_type, per_token_loss, mask, window, self.max_completion_length)
-        sums, maxima = {}, {}
+        sums, maxima = routing_replay.metric_sums(routing_stats), {}
         if self._entropy_bonus_enabled:  # TRL logs the policy loss only then, before the bonus
             policy_loss = aggregation.reported_policy_loss(self.loss_type, loss, window)
             sums.update(metrics.nan_mean_sums("policy_loss", policy_loss))
@@ -316,6 +325,7 @@ class DHPOTrainer(GRPOTrainer):
             **{name: metrics.nan_mean(name, totals) for name in ("policy_loss", "aux_loss") if name in totals},
             **metrics.loss_metrics(totals, extremes, objective.metric_prefix, objective.fractions),
             **metrics.clip_metrics(objective.clip_metrics, totals, extremes),
+            **routing_replay.metrics(totals),
         }
         for name, value in logged.items():
             self._metrics[mode][name].append(value)

@@ -1,0 +1,159 @@
+"""`DHPOConfig.routing_replay` through `DHPOTrainer`: the pi_old pass records, every policy pass of the generation
+batch runs the recorded experts (read by a spy on the experts modules, independently of the replay hooks), on the
+padded, dynamic, packed and shared-prompt paths, with gradient checkpointing; refused where it cannot act."""
+
+import math
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import Qwen3MoeForCausalLM
+
+from dhpo_trl import DHPOConfig, DHPOTrainer
+from dhpo_trl.training import routing_replay as rr
+
+
+def _reward(completions, **kwargs):
+    return [float(len(c) % 3) for c in completions]
+
+
+def _config(tmp_path, **overrides):
+    kwargs = dict(
+        output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", save_strategy="no",
+        per_device_train_batch_size=4, num_generations=4, gradient_accumulation_steps=1, steps_per_generation=4,
+        max_completion_length=8, max_steps=4, logging_steps=1, learning_rate=5e-2, seed=0, routing_replay="old",
+        beta=0.04,
+    )  # fmt: skip
+    kwargs.update(overrides)
+    return DHPOConfig(**kwargs)
+
+
+def _dataset(n=8):
+    return Dataset.from_dict({"prompt": [f"{a}+{a}=" for a in range(n)]})
+
+
+@pytest.fixture
+def moe_model(tiny_moe_model, tmp_path):
+    tiny_moe_model.config.output_router_logits = False  # as tests/test_moe.py: generate() needs it off
+    tiny_moe_model.save_pretrained(tmp_path / "model")  # TRL loads the reference model (beta > 0) from its path
+    return Qwen3MoeForCausalLM.from_pretrained(tmp_path / "model")
+
+
+def _spy(model, calls):
+    return [m.register_forward_pre_hook(lambda m, args, name=name: calls.append((name, args[1].clone())))
+            for name, m in model.named_modules() if name.endswith("mlp.experts")]  # fmt: skip
+
+
+def test_every_policy_pass_runs_the_experts_of_the_pi_old_pass(tmp_path, moe_model, tokenizer):
+    args = _config(tmp_path, dynamic_batching=False, padding_free=False)
+    trainer = DHPOTrainer(moe_model, _reward, args=args, train_dataset=_dataset(), processing_class=tokenizer)
+    old_pass, policy_passes = [], []
+    generate = trainer._generate_and_score_completions
+
+    def generate_and_spy(inputs):
+        calls = []
+        original = trainer._get_per_token_logps_and_entropies
+
+        def first_pass_spied(*a, **k):  # the pi_old pass is TRL's first log-prob pass of the batch
+            if old_pass:  # the first generation batch's pi_old pass only
+                return original(*a, **k)
+            handles = _spy(trainer.model, calls)
+            try:
+                return original(*a, **k)
+            finally:
+                for handle in handles:
+                    handle.remove()
+                old_pass.append((a[1], a[2], calls))
+
+        trainer._get_per_token_logps_and_entropies = first_pass_spied
+        try:
+            return generate(inputs)
+        finally:
+            del trainer._get_per_token_logps_and_entropies
+
+    compute_loss = trainer._compute_loss
+
+    def compute_loss_spied(model, inputs):
+        calls = []
+        handles = _spy(trainer.model, calls)
+        try:
+            return compute_loss(model, inputs)
+        finally:
+            for handle in handles:
+                handle.remove()
+            policy_passes.append((inputs, calls[:2]))  # the forward's two layers (backward does not recompute)
+
+    trainer._generate_and_score_completions = generate_and_spy
+    trainer._compute_loss = compute_loss_spied
+    trainer.train()
+
+    ids, mask, calls = old_pass[0]
+    layers = [torch.cat([c for n, c in calls if n == name]).view(*ids.shape, -1) for name in dict(calls)]
+    recorded = torch.stack(layers, 2)  # (B, T, layers, top_k) as the pi_old forward ran it
+    flips = []
+    for inputs, used in policy_passes:
+        rows = inputs[rr.ROUTED_EXPERTS]
+        sub_ids, sub_mask = rr.sequence_inputs(inputs)
+        used = torch.stack([u.view(*sub_ids.shape, -1) for _, u in used], 2)
+        assert torch.equal(used[sub_mask.bool()].long(), rows[rows[:, :, 0, 0] >= 0].long())
+    # The rows of the batch equal what the pi_old pass ran, row by row (the batch is shuffled: match on ids).
+    for inputs, _ in policy_passes[:4]:
+        sub_ids, sub_mask = rr.sequence_inputs(inputs)
+        for row in range(sub_ids.size(0)):
+            match = [i for i in range(ids.size(0)) if torch.equal(ids[i], sub_ids[row])]
+            if match:
+                want = recorded[match[0]][mask[match[0]].bool()]
+                got = inputs[rr.ROUTED_EXPERTS][row]
+                assert torch.equal(got[got[:, 0, 0] >= 0].long(), want.long())
+    logs = [e for e in trainer.state.log_history if "moe/routing_flip_fraction" in e]
+    assert len(logs) == 4 and all(e["moe/replayed_fraction"] == 1.0 for e in logs)
+    flips = [e["moe/routing_flip_fraction"] for e in logs]
+    assert flips[0] == 0.0 and max(flips) > 0.0  # the first step runs pi_old's weights; then the routers drift
+
+
+@pytest.mark.parametrize("batching", [
+    dict(dynamic_batching=True, padding_free=False),
+    dict(dynamic_batching=True, padding_free=True),
+    dict(dynamic_batching=True, padding_free=True, share_prompts=True),
+    dict(dynamic_batching=False, padding_free=False, gradient_checkpointing=True),
+])  # fmt: skip
+def test_replay_acts_on_every_batching_path(tmp_path, moe_model, tokenizer, batching):
+    args = _config(tmp_path, max_steps=3, **batching)
+    trainer = DHPOTrainer(moe_model, _reward, args=args, train_dataset=_dataset(4), processing_class=tokenizer)
+    trainer.train()
+    logs = [e for e in trainer.state.log_history if "moe/routing_flip_fraction" in e]
+    assert len(logs) == 3 and all(e["moe/replayed_fraction"] == 1.0 for e in logs)
+    assert all(math.isfinite(e["loss"]) for e in logs)
+
+
+def test_none_installs_nothing_and_adds_nothing_to_the_batch(tmp_path, moe_model, tokenizer):
+    args = _config(tmp_path, routing_replay="none")
+    trainer = DHPOTrainer(moe_model, _reward, args=args, train_dataset=_dataset(4), processing_class=tokenizer)
+    assert all(not router._forward_hooks for _, router in rr.routers(trainer.model))
+    batch = trainer._generate_and_score_completions([{"prompt": p} for p in _dataset(4)["prompt"]])
+    assert rr.ROUTED_EXPERTS not in batch
+
+
+def test_a_dense_model_is_refused_by_name(tmp_path, tiny_model, tokenizer):
+    with pytest.raises(ValueError, match=r"routing_replay='old'.*dense model.*routing_replay='none'"):
+        DHPOTrainer(tiny_model, _reward, args=_config(tmp_path, beta=0.0), train_dataset=_dataset(4), processing_class=tokenizer)
+
+
+def test_a_micro_batch_without_routing_is_refused_by_name(tmp_path, moe_model, tokenizer):
+    trainer = DHPOTrainer(moe_model, _reward, args=_config(tmp_path), train_dataset=_dataset(4),
+                          processing_class=tokenizer)  # fmt: skip
+    batch = trainer._generate_and_score_completions([{"prompt": p} for p in _dataset(4)["prompt"]])
+    assert batch[rr.ROUTED_EXPERTS].dtype == torch.int16
+    del batch[rr.ROUTED_EXPERTS]
+    with pytest.raises(ValueError, match="routing_replay='old'.*routed_experts"):
+        trainer._compute_loss(trainer.model, batch)
+
+
+def test_config_refuses_what_cannot_act(tmp_path):
+    with pytest.raises(ValueError, match="routing_replay='rollout'.*--enable-return-routed-experts"):
+        _config(tmp_path, routing_replay="rollout")
+    with pytest.raises(ValueError, match="routing_replay='old'.*on-policy"):
+        _config(tmp_path, routing_replay="old", steps_per_generation=1)
+    with pytest.raises(ValueError, match="routing_replay='r2'"):
+        _config(tmp_path, routing_replay="r2")
+    assert _config(tmp_path, routing_replay="none", steps_per_generation=1).routing_replay == "none"
