@@ -47,19 +47,19 @@ def _spy(model, calls):
 
 
 def test_every_policy_pass_runs_the_experts_of_the_pi_old_pass(tmp_path, moe_model, tokenizer):
-    args = _config(tmp_path, dynamic_batching=False, padding_free=False)
+    args = _config(tmp_path, dynamic_batching=False, padding_free=False, max_steps=5)  # two generation batches
     trainer = DHPOTrainer(moe_model, _reward, args=args, train_dataset=_dataset(), processing_class=tokenizer)
     old_pass, policy_passes = [], []
     generate = trainer._generate_and_score_completions
 
     def generate_and_spy(inputs):
-        calls = []
         original = trainer._get_per_token_logps_and_entropies
 
-        def first_pass_spied(*a, **k):  # the pi_old pass is TRL's first log-prob pass of the batch
-            if old_pass:  # the first generation batch's pi_old pass only
-                return original(*a, **k)
-            handles = _spy(trainer.model, calls)
+        old_pass.clear()  # the last generation batch's passes are kept
+
+        def first_pass_spied(*a, **k):  # TRL's log-prob passes of a batch: pi_old, then the reference
+            calls = []
+            handles = _spy(a[0], calls)
             try:
                 return original(*a, **k)
             finally:
@@ -89,9 +89,22 @@ def test_every_policy_pass_runs_the_experts_of_the_pi_old_pass(tmp_path, moe_mod
     trainer._compute_loss = compute_loss_spied
     trainer.train()
 
+    def ran(ids, calls):  # (B, T, layers, top_k) as a pass's forwards ran it
+        return torch.stack([torch.cat([c for n, c in calls if n == name]).view(*ids.shape, -1)
+                            for name in dict(calls)], 2)  # fmt: skip
+
     ids, mask, calls = old_pass[0]
-    layers = [torch.cat([c for n, c in calls if n == name]).view(*ids.shape, -1) for name in dict(calls)]
-    recorded = torch.stack(layers, 2)  # (B, T, layers, top_k) as the pi_old forward ran it
+    recorded = ran(ids, calls)
+    assert trainer.ref_model is not None and old_pass[1][0] is ids  # the reference pass over the same batch
+    reference = ran(ids, old_pass[1][2])
+    assert torch.equal(reference[mask.bool()], recorded[mask.bool()])
+    live = []  # the reference model's own routing differs by now: the check above can fail
+    with torch.no_grad():
+        handles = _spy(trainer.ref_model, live)
+        trainer.ref_model(input_ids=ids, attention_mask=mask)
+        for handle in handles:
+            handle.remove()
+    assert not torch.equal(ran(ids, live)[mask.bool()], recorded[mask.bool()])
     flips = []
     for inputs, used in policy_passes:
         rows = inputs[rr.ROUTED_EXPERTS]
@@ -99,7 +112,7 @@ def test_every_policy_pass_runs_the_experts_of_the_pi_old_pass(tmp_path, moe_mod
         used = torch.stack([u.view(*sub_ids.shape, -1) for _, u in used], 2)
         assert torch.equal(used[sub_mask.bool()].long(), rows[rows[:, :, 0, 0] >= 0].long())
     # The rows of the batch equal what the pi_old pass ran, row by row (the batch is shuffled: match on ids).
-    for inputs, _ in policy_passes[:4]:
+    for inputs, _ in policy_passes[-1:]:
         sub_ids, sub_mask = rr.sequence_inputs(inputs)
         for row in range(sub_ids.size(0)):
             match = [i for i in range(ids.size(0)) if torch.equal(ids[i], sub_ids[row])]
@@ -108,9 +121,9 @@ def test_every_policy_pass_runs_the_experts_of_the_pi_old_pass(tmp_path, moe_mod
                 got = inputs[rr.ROUTED_EXPERTS][row]
                 assert torch.equal(got[got[:, 0, 0] >= 0].long(), want.long())
     logs = [e for e in trainer.state.log_history if "moe/routing_flip_fraction" in e]
-    assert len(logs) == 4 and all(e["moe/replayed_fraction"] == 1.0 for e in logs)
+    assert len(logs) == 5 and all(e["moe/replayed_fraction"] == 1.0 for e in logs)
     flips = [e["moe/routing_flip_fraction"] for e in logs]
-    assert flips[0] == 0.0 and max(flips) > 0.0  # the first step runs pi_old's weights; then the routers drift
+    assert flips[0] == 0.0 and flips[4] == 0.0 and max(flips) > 0.0  # the first step runs pi_old's weights; then the routers drift
 
 
 @pytest.mark.parametrize("batching", [
