@@ -1,7 +1,7 @@
 """MoE routing replay on the tiny Qwen3-MoE (CPU): how far routing drifts off-policy, what replay does to the token
 log-ratio, and what recording and replaying cost.
 
-    python benchmarks/routing_replay.py --ks 4 8 --seeds 0 1 2 --learning-rate 3e-3
+    python benchmarks/routing_replay.py --ks 4 8 --seeds 0 1 2 --learning-rate 3e-3 [--expert-scale 20]
 
 Each cell (k, seed): the tiny Qwen3-MoE (`build_tiny_qwen3(moe=True)`: 2 layers, 4 experts, top-2) samples a
 generation batch (32 prompts of digits, 24 sampled tokens each); the pi_old pass records its routing; the batch is
@@ -10,9 +10,13 @@ cut into k micro-batches and k Adam steps take a GRPO clipped-surrogate step on 
 same weights and data: live routing ("none") and replayed pi_old routing ("old", R2). Each arm measures, on the
 micro-batch it updates on, before the step:
 
-* flip fraction: the token-layer decisions whose top-k set differs from pi_old's (the live router's, in both arms:
-  "none" records its forward, "old" counts what replay overrode);
-* |log r| = |log pi_theta - log pi_old| over completion tokens: mean and 99th percentile.
+* flip fraction (live run): the token-layer decisions whose top-k set differs from pi_old's;
+* |log r| = |log pi_theta - log pi_old| over completion tokens, mean and 99th percentile: in the live run, in the
+  live run's weights with pi_old's routing forced (a measurement forward: what replay removes at equal weights),
+  and in the R2 run.
+
+`--expert-scale` multiplies the experts' initial weights: at init the experts' output is small beside the residual
+stream, so which expert runs barely moves a log-prob; scaled up, the experts differ as trained ones do.
 
 Overhead: one policy update (forward + backward) and one no-grad pi_old pass, with and without the hooks, on the same
 batch, interleaved and alternating order, CPU time of this process on one thread; reported as % of the plain one.
@@ -60,7 +64,7 @@ def advantages(ids, prompt_width, tokenizer, group: int):
 def run_arm(model, hooks, routing, ids, mask, prompt_width, old_logps, adv, k, learning_rate, replay: bool):
     """k Adam steps, one per micro-batch; per step: flip fraction and the |log r| of the micro-batch's tokens."""
     optimizer = torch.optim.Adam(model.parameters(), lr=learning_rate)
-    flips, ratios = [], []
+    flips, ratios, forced = [], [], []
     for rows in torch.arange(ids.size(0)).chunk(k):
         sub_ids, sub_mask = ids[rows], mask[rows]
         if replay:
@@ -72,6 +76,8 @@ def run_arm(model, hooks, routing, ids, mask, prompt_width, old_logps, adv, k, l
                 logps = token_logps(model, sub_ids, sub_mask, prompt_width)
             live = out[0]
             flips.append(rr.decisions_differ(live.experts.long(), routing.lookup(live.keys, live.checks)).float().mean().item())
+            with torch.no_grad(), hooks.replay(routing):  # the same weights, pi_old's routing: measured only
+                forced.append((token_logps(model, sub_ids, sub_mask, prompt_width) - old_logps[rows]).abs().flatten())
         log_ratio = logps - old_logps[rows]
         ratios.append(log_ratio.detach().abs().flatten())
         ratio = log_ratio.exp()
@@ -80,25 +86,40 @@ def run_arm(model, hooks, routing, ids, mask, prompt_width, old_logps, adv, k, l
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    return flips, torch.cat(ratios)
+    return flips, torch.cat(ratios), torch.cat(forced) if forced else None
 
 
-def cell(k: int, seed: int, learning_rate: float, tokenizer, batches: int):
+def build(tokenizer, seed: int, expert_scale: float):
+    """The tiny Qwen3-MoE; `expert_scale` multiplies the experts' weights (at init their output is small beside the
+    residual stream, so which expert runs barely changes a log-prob)."""
     model = build_tiny_qwen3(tokenizer, moe=True, seed=seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".mlp.experts." in name:
+                param.mul_(expert_scale)
+    return model
+
+
+def cell(k: int, seed: int, learning_rate: float, tokenizer, batches: int, expert_scale: float):
+    model = build(tokenizer, seed, expert_scale)
     arms = {"none": model, "old": copy.deepcopy(model)}
     hooks = {name: rr.RoutingReplay(m) for name, m in arms.items()}
-    result = {name: {"flips": [], "ratios": []} for name in arms}
+    result = {name: {"flips": [], "ratios": [], "forced": []} for name in arms}
     for batch in range(batches):
         for name, m in arms.items():  # each arm samples its own batch from its own weights, same seed
             ids, mask, width = sample_batch(m, tokenizer, 32, 24, seed * 1000 + batch)
             with torch.no_grad(), hooks[name].record() as out:
                 old_logps = token_logps(m, ids, mask, width)
             adv = advantages(ids, width, tokenizer, group=8)
-            flips, ratios = run_arm(m, hooks[name], out[0], ids, mask, width, old_logps, adv, k, learning_rate,
+            flips, ratios, forced = run_arm(m, hooks[name], out[0], ids, mask, width, old_logps, adv, k, learning_rate,
                                     replay=name == "old")  # fmt: skip
             result[name]["flips"] += flips
             result[name]["ratios"].append(ratios)
-    return {name: {"flip": statistics.mean(r["flips"]), "ratios": torch.cat(r["ratios"])} for name, r in result.items()}
+            if forced is not None:
+                result[name]["forced"].append(forced)
+    out = {name: {"flip": statistics.mean(r["flips"]), "ratios": torch.cat(r["ratios"])} for name, r in result.items()}
+    out["forced"] = {"ratios": torch.cat(result["none"]["forced"])}
+    return out
 
 
 def overhead(tokenizer, repeats: int):
@@ -136,6 +157,12 @@ def overhead(tokenizer, repeats: int):
     return {name: (statistics.median(p), statistics.median(h)) for name, (p, h) in times.items()}
 
 
+def row(k, seed, flip, ratios) -> str:
+    means = " / ".join(f"{r.mean():.4f}" for r in ratios)
+    tails = " / ".join(f"{torch.quantile(r, 0.99):.4f}" for r in ratios)
+    return f"| {k} | {seed} | {flip:.4f} | {means} | {tails} |"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ks", type=int, nargs="+", default=[4, 8])
@@ -143,28 +170,28 @@ def main() -> None:
     parser.add_argument("--learning-rate", type=float, default=3e-3)
     parser.add_argument("--generation-batches", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=30, help="timed repeats of each overhead arm")
+    parser.add_argument("--expert-scale", type=float, default=1.0, help="multiply the experts' initial weights")
     options = parser.parse_args()
     torch.set_num_threads(1)
     tokenizer = build_char_tokenizer()
     print(f"tiny Qwen3-MoE (2 layers, 4 experts, top-2), CPU {platform.processor() or platform.machine()}, 1 thread, "
-          f"Adam lr {options.learning_rate}, {options.generation_batches} generation batches of 32 x (8 + 24) tokens")  # fmt: skip
-    print("| k | seed | flip fraction, no replay | flip overridden, R2 | mean abs log r: none / R2 | p99 abs log r: none / R2 |")
-    print("|---|---|---|---|---|---|")
+          f"experts x{options.expert_scale}, Adam lr {options.learning_rate}, {options.generation_batches} generation batches of 32 x (8 + 24) tokens")  # fmt: skip
+    print("abs log r over the completion tokens of each micro-batch before its step; 'live': the live-routing run; "
+          "'replayed': the same weights with pi_old's routing forced (measured only); 'R2 run': trained with replay")
+    print("| k | seed | flip fraction, live run | mean abs log r: live / replayed / R2 run | "
+          "p99 abs log r: live / replayed / R2 run |")
+    print("|---|---|---|---|---|")
+    arms = ("none", "forced", "old")
     for k in options.ks:
-        pooled = {"none": [], "old": []}
+        pooled = {name: [] for name in arms}
         for seed in options.seeds:
-            r = cell(k, seed, options.learning_rate, tokenizer, options.generation_batches)
-            for name in pooled:
-                pooled[name].append(r[name])
-            q = {name: torch.quantile(r[name]["ratios"], 0.99).item() for name in r}
-            print(f"| {k} | {seed} | {r['none']['flip']:.4f} | {r['old']['flip']:.4f} | "
-                  f"{r['none']['ratios'].mean():.4f} / {r['old']['ratios'].mean():.4f} | "
-                  f"{q['none']:.4f} / {q['old']:.4f} |")  # fmt: skip
-        none, old = torch.cat([c["ratios"] for c in pooled["none"]]), torch.cat([c["ratios"] for c in pooled["old"]])
-        print(f"| {k} | all | {statistics.mean(c['flip'] for c in pooled['none']):.4f} | "
-              f"{statistics.mean(c['flip'] for c in pooled['old']):.4f} | {none.mean():.4f} / {old.mean():.4f} | "
-              f"{torch.quantile(none, 0.99):.4f} / {torch.quantile(old, 0.99):.4f} |")  # fmt: skip
-    for name, (plain, hooked) in overhead(tokenizer, options.repeats).items():
+            r = cell(k, seed, options.learning_rate, tokenizer, options.generation_batches, options.expert_scale)
+            for name in arms:
+                pooled[name].append(r[name]["ratios"])
+            pooled.setdefault("flip", []).append(r["none"]["flip"])
+            print(row(k, seed, r["none"]["flip"], [r[name]["ratios"] for name in arms]))
+        print(row(k, "all", statistics.mean(pooled["flip"]), [torch.cat(pooled[name]) for name in arms]))
+    for name, (plain, hooked) in (overhead(tokenizer, options.repeats) if options.repeats else {}).items():
         print(f"overhead, {name}: {1e3 * plain:.2f} ms plain, {1e3 * hooked:.2f} ms with "
               f"{'replay' if name == 'update' else 'record'}: {100 * (hooked - plain) / plain:+.1f}% (median CPU time)")
 
