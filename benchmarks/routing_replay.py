@@ -122,9 +122,9 @@ def cell(k: int, seed: int, learning_rate: float, tokenizer, batches: int, exper
     return out
 
 
-def overhead(tokenizer, repeats: int):
+def overhead(tokenizer, repeats: int, hidden: int):
     """CPU time of the update and of the pi_old pass, plain and with the hooks, interleaved."""
-    model = build_tiny_qwen3(tokenizer, moe=True, seed=0)
+    model = build_tiny_qwen3(tokenizer, moe=True, seed=0, hidden_size=hidden)
     hooks = rr.RoutingReplay(model)
     ids, mask, width = sample_batch(model, tokenizer, 32, 24, 0)
     with torch.no_grad(), hooks.record() as out:
@@ -170,6 +170,7 @@ def main() -> None:
     parser.add_argument("--learning-rate", type=float, default=3e-3)
     parser.add_argument("--generation-batches", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=30, help="timed repeats of each overhead arm")
+    parser.add_argument("--overhead-hidden", type=int, nargs="+", default=[64, 256], help="model widths timed")
     parser.add_argument("--expert-scale", type=float, default=1.0, help="multiply the experts' initial weights")
     options = parser.parse_args()
     torch.set_num_threads(1)
@@ -191,9 +192,11 @@ def main() -> None:
             pooled.setdefault("flip", []).append(r["none"]["flip"])
             print(row(k, seed, r["none"]["flip"], [r[name]["ratios"] for name in arms]))
         print(row(k, "all", statistics.mean(pooled["flip"]), [torch.cat(pooled[name]) for name in arms]))
-    for name, (plain, hooked) in (overhead(tokenizer, options.repeats) if options.repeats else {}).items():
-        print(f"overhead, {name}: {1e3 * plain:.2f} ms plain, {1e3 * hooked:.2f} ms with "
-              f"{'replay' if name == 'update' else 'record'}: {100 * (hooked - plain) / plain:+.1f}% (median CPU time)")
+    for hidden in options.overhead_hidden if options.repeats else []:
+        for name, (plain, hooked) in overhead(tokenizer, options.repeats, hidden).items():
+            print(f"overhead, hidden {hidden}, {name}: {1e3 * plain:.2f} ms plain, {1e3 * hooked:.2f} ms with "
+                  f"{'replay' if name == 'update' else 'record'}: {100 * (hooked - plain) / plain:+.1f}% "
+                  "(median CPU time)")
 
 
 if __name__ == "__main__":
