@@ -75,7 +75,8 @@ def run_arm(model, hooks, routing, ids, mask, prompt_width, old_logps, adv, k, l
             with hooks.record() as out:
                 logps = token_logps(model, sub_ids, sub_mask, prompt_width)
             live = out[0]
-            flips.append(rr.decisions_differ(live.experts.long(), routing.lookup(live.keys, live.checks)).float().mean().item())
+            differ = rr.decisions_differ(live.experts.long(), routing.lookup(live.keys, live.checks))
+            flips.append(differ.float().mean().item())
             with torch.no_grad(), hooks.replay(routing):  # the same weights, pi_old's routing: measured only
                 forced.append((token_logps(model, sub_ids, sub_mask, prompt_width) - old_logps[rows]).abs().flatten())
         log_ratio = logps - old_logps[rows]
@@ -176,7 +177,8 @@ def main() -> None:
     torch.set_num_threads(1)
     tokenizer = build_char_tokenizer()
     print(f"tiny Qwen3-MoE (2 layers, 4 experts, top-2), CPU {platform.processor() or platform.machine()}, 1 thread, "
-          f"experts x{options.expert_scale}, Adam lr {options.learning_rate}, {options.generation_batches} generation batches of 32 x (8 + 24) tokens")  # fmt: skip
+          f"experts x{options.expert_scale}, Adam lr {options.learning_rate}, {options.generation_batches} "
+          "generation batches of 32 x (8 + 24) tokens")  # fmt: skip
     print("abs log r over the completion tokens of each micro-batch before its step; 'live': the live-routing run; "
           "'replayed': the same weights with pi_old's routing forced (measured only); 'R2 run': trained with replay")
     print("| k | seed | flip fraction, live run | mean abs log r: live / replayed / R2 run | "

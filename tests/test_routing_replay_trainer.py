@@ -123,7 +123,8 @@ def test_every_policy_pass_runs_the_experts_of_the_pi_old_pass(tmp_path, moe_mod
     logs = [e for e in trainer.state.log_history if "moe/routing_flip_fraction" in e]
     assert len(logs) == 5 and all(e["moe/replayed_fraction"] == 1.0 for e in logs)
     flips = [e["moe/routing_flip_fraction"] for e in logs]
-    assert flips[0] == 0.0 and flips[4] == 0.0 and max(flips) > 0.0  # the first step runs pi_old's weights; then the routers drift
+    # The first step of a generation batch runs pi_old's weights; then the routers drift.
+    assert flips[0] == 0.0 and flips[4] == 0.0 and max(flips) > 0.0
 
 
 @pytest.mark.parametrize("batching", [
@@ -151,7 +152,8 @@ def test_none_installs_nothing_and_adds_nothing_to_the_batch(tmp_path, moe_model
 
 def test_a_dense_model_is_refused_by_name(tmp_path, tiny_model, tokenizer):
     with pytest.raises(ValueError, match=r"routing_replay='old'.*dense model.*routing_replay='none'"):
-        DHPOTrainer(tiny_model, _reward, args=_config(tmp_path, beta=0.0), train_dataset=_dataset(4), processing_class=tokenizer)
+        DHPOTrainer(tiny_model, _reward, args=_config(tmp_path, beta=0.0), train_dataset=_dataset(4),
+                    processing_class=tokenizer)  # fmt: skip
 
 
 def test_a_micro_batch_without_routing_is_refused_by_name(tmp_path, moe_model, tokenizer):

@@ -393,7 +393,9 @@ class DHPOConfig(GRPOConfig):
         """A dense model is refused by the trainer (it needs the model); here what the settings alone decide."""
         mode = self.routing_replay
         if mode not in ROUTING_REPLAY_MODES:
-            raise ValueError(f"DHPOConfig.routing_replay={mode!r} is not supported: use one of {list(ROUTING_REPLAY_MODES)}.")
+            raise ValueError(
+                f"DHPOConfig.routing_replay={mode!r} is not supported: use one of {list(ROUTING_REPLAY_MODES)}."
+            )
         if mode == "rollout":
             backend = ("vLLM server started with --enable-return-routed-experts" if self.use_vllm
                        else "use_vllm=True and a vLLM server started with --enable-return-routed-experts")  # fmt: skip
@@ -409,8 +411,8 @@ class DHPOConfig(GRPOConfig):
         )
         if mode == "old" and not old_pass:
             raise ValueError(
-                f"DHPOConfig.routing_replay='old' replays the routing of TRL's pi_old pass, which this on-policy setup "
-                f"skips (gradient_accumulation_steps={self.gradient_accumulation_steps} is a multiple of "
+                f"DHPOConfig.routing_replay='old' replays the routing of TRL's pi_old pass, which this on-policy "
+                f"setup skips (gradient_accumulation_steps={self.gradient_accumulation_steps} is a multiple of "
                 f"steps_per_generation={self.steps_per_generation} x num_iterations={self.num_iterations}): take "
                 "several optimizer steps per generation batch (steps_per_generation or num_iterations), or set "
                 "routing_replay='none'."

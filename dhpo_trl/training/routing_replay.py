@@ -126,7 +126,8 @@ def packed_layout(input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seqlen
         starts = (positions == 0).nonzero(as_tuple=True)[0]
         lengths = torch.cat([starts, starts.new_tensor([ids.numel()])]).diff()
     if int(lengths.sum()) != ids.numel():
-        raise ValueError(f"routing replay: the packed row holds {ids.numel()} tokens, its segments {int(lengths.sum())}")
+        raise ValueError(f"routing replay: the packed row holds {ids.numel()} tokens, its segments "
+                         f"{int(lengths.sum())}")  # fmt: skip
     segment = torch.repeat_interleave(torch.arange(lengths.numel(), device=ids.device), lengths)
     keys, checks = prefix_keys(ids, positions, segment, prefix_of)
     return Layout(torch.arange(ids.numel(), device=ids.device), keys, checks, ids.numel())
@@ -156,7 +157,8 @@ class Routing:
     _order: torch.Tensor | None = field(default=None, repr=False)
 
     def __post_init__(self):
-        if self.experts.dim() != 3 or self.keys.shape != self.checks.shape or self.experts.size(1) != self.keys.numel():
+        shape = self.experts.shape
+        if len(shape) != 3 or self.keys.shape != self.checks.shape or shape[1] != self.keys.numel():
             raise ValueError(f"routing: experts {tuple(self.experts.shape)} must be (layers, tokens, top_k) for the "
                              f"{self.keys.numel()} keyed tokens")  # fmt: skip
 
@@ -183,7 +185,8 @@ class Routing:
         return self.experts[:, index].long()
 
 
-def gate_weights(router_logits: torch.Tensor, experts: torch.Tensor, normalise: bool, dtype: torch.dtype) -> torch.Tensor:
+def gate_weights(router_logits: torch.Tensor, experts: torch.Tensor, normalise: bool,
+                 dtype: torch.dtype) -> torch.Tensor:  # fmt: skip
     """The router's top-k weights at the given experts: softmax over all experts (float32), picked, renormalised
     where the model renormalises (`norm_topk_prob`), in `dtype`. Differentiable in the logits."""
     weights = F.softmax(router_logits.float(), dim=-1).gather(-1, experts.long())
@@ -345,8 +348,8 @@ class RoutingReplay:
             logits, scores, indices = output
             layout = forward.layout
             if indices.size(0) != layout.tokens:
-                raise ValueError(f"routing replay: {name} routes {tuple(indices.shape)} (tokens, top_k), the forward's "
-                                 f"layout has {layout.tokens} tokens")  # fmt: skip
+                raise ValueError(f"routing replay: {name} routes {tuple(indices.shape)} (tokens, top_k), the "
+                                 f"forward's layout has {layout.tokens} tokens")  # fmt: skip
             if forward.mode == "record":
                 forward.captured[layer] = indices[layout.where].to(torch.int16)
                 return None
@@ -370,7 +373,8 @@ class RoutingReplay:
 def _sequence_mask(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     mask = attention_mask.bool()
     if mask.shape != input_ids.shape:
-        raise ValueError(f"routing: attention_mask {tuple(mask.shape)} does not match input_ids {tuple(input_ids.shape)}")
+        raise ValueError(f"routing: attention_mask {tuple(mask.shape)} does not match input_ids "
+                         f"{tuple(input_ids.shape)}")  # fmt: skip
     return mask
 
 
@@ -395,8 +399,9 @@ def from_rows(rows: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch
     have, need = recorded.sum(1), mask.sum(1)
     if not torch.equal(have, need.to(have.device)):
         row = int((have != need.to(have.device)).nonzero()[0])
-        raise ValueError(f"routing: row {row} has routing for {int(have[row])} tokens, its sequence {int(need[row])} "
-                         f"tokens ({ROUTED_EXPERTS} {tuple(rows.shape)}, input_ids {tuple(input_ids.shape)})")  # fmt: skip
+        raise ValueError(f"routing: row {row} has routing for {int(have[row])} tokens, its sequence "
+                         f"{int(need[row])} tokens ({ROUTED_EXPERTS} {tuple(rows.shape)}, input_ids "
+                         f"{tuple(input_ids.shape)})")  # fmt: skip
     layout = padded_layout(input_ids, mask)
     experts = rows[recorded.to(rows.device)].permute(1, 0, 2)  # row-major, like the layout's tokens
     return Routing(layout.keys, layout.checks, experts.to(layout.keys.device))
