@@ -361,3 +361,13 @@ def test_a_dense_model_is_refused_by_name():
     with pytest.raises(ValueError, match="dense model"):
         rr.RoutingReplay(dense)
     assert rr.unsupported_reason(tiny_moe()) is None
+
+
+def test_routers_of_another_shape_are_refused_by_name():
+    class DeepseekV3TopKRouter(torch.nn.Module):  # grouped top-k with a bias: not a shape replay supports
+        pass
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), DeepseekV3TopKRouter())
+    assert "DeepseekV3TopKRouter" in rr.unsupported_reason(model)
+    with pytest.raises(ValueError, match="DeepseekV3TopKRouter"):
+        rr.RoutingReplay(model)
