@@ -2,8 +2,13 @@
 batch runs the recorded experts (read by a spy on the experts modules, independently of the replay hooks), on the
 padded, dynamic, packed and shared-prompt paths, with gradient checkpointing; refused where it cannot act."""
 
+import json
 import math
+import os
+import sys
+from pathlib import Path
 
+import processes
 import pytest
 import torch
 from datasets import Dataset
@@ -206,3 +211,25 @@ def test_a_mid_generation_batch_resume_replays_the_saved_routing(tmp_path, token
     for step in again:
         for key in ("loss", "moe/routing_flip_fraction", "moe/replayed_fraction"):
             assert again[step][key] == pytest.approx(logs[step][key], abs=1e-6), (step, key)
+
+
+@pytest.mark.parametrize("engine", ["ddp", "zero3"])
+def test_two_processes_replay_the_recorded_experts(tmp_path, engine):
+    """2 ranks (gloo), DDP and ZeRO-3 (MoE blocks as leaf modules): every policy pass of every rank runs the
+    recorded experts for every token and layer, and the `moe/` metrics are logged from both ranks' counts."""
+    if engine == "zero3":
+        pytest.importorskip("deepspeed")
+    script = Path(__file__).parent / "dist_scripts" / "routing_replay_distributed.py"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    env.pop("ACCELERATE_USE_CPU", None)  # set, it would keep accelerate from using the DeepSpeed plugin
+    if engine == "ddp":
+        env["ACCELERATE_USE_CPU"] = "1"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
+               str(tmp_path), *(["--zero3"] if engine == "zero3" else [])]  # fmt: skip
+    result = processes.run_ranks(command, env=env, timeout=300)  # its process group stopped on the way out
+    assert result.returncode == 0, result.stderr[-4000:]
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    for rank in ranks:
+        assert rank["checked"] == 4 and rank["differing"] == 0
+        assert rank["replayed"] == [1.0] * 4 and rank["flip"][0] == 0.0 and max(rank["flip"]) > 0.0
+    assert ranks[0]["flip"] == ranks[1]["flip"]  # reduced over both ranks before logging
