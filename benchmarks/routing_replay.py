@@ -164,7 +164,7 @@ def row(k, seed, flip, ratios) -> str:
     return f"| {k} | {seed} | {flip:.4f} | {means} | {tails} |"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ks", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -173,7 +173,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30, help="timed repeats of each overhead arm")
     parser.add_argument("--overhead-hidden", type=int, nargs="+", default=[64, 256], help="model widths timed")
     parser.add_argument("--expert-scale", type=float, default=1.0, help="multiply the experts' initial weights")
-    options = parser.parse_args()
+    options = parser.parse_args(argv)
     torch.set_num_threads(1)
     tokenizer = build_char_tokenizer()
     print(f"tiny Qwen3-MoE (2 layers, 4 experts, top-2), CPU {platform.processor() or platform.machine()}, 1 thread, "
