@@ -388,7 +388,6 @@ class DHPOConfig(GRPOConfig):
                 "dynamic_batching=False."
             )
 
-
     def _validate_routing_replay(self) -> None:
         """A dense model is refused by the trainer (it needs the model); here what the settings alone decide."""
         mode = self.routing_replay

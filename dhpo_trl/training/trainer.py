@@ -226,8 +226,9 @@ class DHPOTrainer(GRPOTrainer):
         # Entropies come out of TRL's fused LM head with the log-probs: no (B, T, V) tensor is kept.
         with self._routing.policy_pass(inputs) as routing_stats:  # replays the recorded routing ("old")
             per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
-                model, torch.cat([prompt_ids, completion_ids], dim=1), torch.cat([prompt_mask, completion_mask], dim=1),
-                completion_ids.size(1), compute_entropy=True, compute_aux_loss=self.aux_loss_enabled, **multimodal,
+                model, torch.cat([prompt_ids, completion_ids], dim=1),
+                torch.cat([prompt_mask, completion_mask], dim=1), completion_ids.size(1), compute_entropy=True,
+                compute_aux_loss=self.aux_loss_enabled, **multimodal,
             )  # fmt: skip
         advantages = inputs["advantages"]
         if advantages.dim() == 1:
