@@ -36,6 +36,8 @@ import processes  # noqa: E402 - kills the whole process group of a run (torchru
 
 MATRIX = ["tests/test_feature_matrix.py"]
 LOSSES = ["tests/test_losses.py"]
+REPLAY = ["tests/test_routing_replay.py", "tests/test_routing_replay_trainer.py"]
+REPLAY_TRAINER = ["tests/test_routing_replay_trainer.py"]
 
 # id: (file, anchor, replacement, test files, what the bug is)
 BUGS = {
@@ -333,6 +335,42 @@ BUGS = {
         "mask[~mask.any(1), prompt_width] = True",
         ["tests/test_padding_free.py", "tests/test_shared_prompts.py"],
         "a sequence with no attended token forwards its first completion column, not its last prompt column",
+    ),
+    "replayed-gate-not-renormalised": (
+        "dhpo_trl/training/routing_replay.py",
+        'weights = weights / weights.sum(dim=-1, keepdim=True)',
+        'weights = weights',
+        REPLAY, "replayed gate weights skip the renormalisation the model applies (norm_topk_prob, Mixtral)",
+    ),
+    "replayed-gate-detached": (
+        "dhpo_trl/training/routing_replay.py",
+        'weights = F.softmax(router_logits.float(), dim=-1).gather(-1, experts.long())',
+        'weights = F.softmax(router_logits.detach().float(), dim=-1).gather(-1, experts.long())',
+        REPLAY, "replayed gate weights from detached logits: the router gets no gradient",
+    ),
+    "replay-counted-on-recompute": (
+        "dhpo_trl/training/routing_replay.py",
+        'if layer not in forward.counted:',
+        'if True:',
+        REPLAY, "gradient checkpointing's recomputed forward counts the replayed decisions again",
+    ),
+    "shared-prompt-prefix-dropped": (
+        "dhpo_trl/training/routing_replay.py",
+        'keys = keys + offsets[segment]',
+        'keys = keys',
+        REPLAY, "a shared-prompt completion's keys forget the prompt before it",
+    ),
+    "reference-pass-not-replayed": (
+        "dhpo_trl/training/routing_replay.py",
+        'with self.hooks.replay(held["routing"]):',
+        'with self.hooks.record():',
+        REPLAY_TRAINER, "the reference pass routes live instead of replaying pi_old's routing",
+    ),
+    "policy-pass-not-replayed": (
+        "dhpo_trl/training/routing_replay.py",
+        'with self.hooks.replay(from_rows(batch[ROUTED_EXPERTS], *sequence_inputs(batch))) as stats:',
+        'with contextlib.nullcontext(Stats()) as stats:',
+        REPLAY_TRAINER, "the policy pass routes live: routing_replay='old' acts nowhere",
     ),
 }
 

@@ -20,6 +20,7 @@ EPSILON_FIELDS = ("epsilon_low_token", "epsilon_high_token", "epsilon_low_seq", 
                   "gmpo_epsilon_low", "gmpo_epsilon_high", "epsilon", "epsilon_high")  # fmt: skip
 NUMBER_FIELDS = ("token_weight", *EPSILON_FIELDS, "delta")
 OPTIONAL_NUMBER_FIELDS = ("epsilon_high", "delta")
+ROUTING_REPLAY_MODES = ("none", "old", "rollout")  # MoE routing replay: live, pi_old (R2), rollout (R3)
 
 
 @dataclass
@@ -222,6 +223,14 @@ class DHPOConfig(GRPOConfig):
         default="grpo",
         metadata={"help": "Aggregation for every objective: 'grpo' (eq. 7, default), 'bnpo', 'dr_grpo', 'dapo'."},
     )
+    # ---- mixture-of-experts routing replay (dhpo_trl/training/routing_replay.py)
+    routing_replay: str = field(
+        default="none",
+        metadata={"help": "MoE models: 'old' (R2) records each token's top-k experts in the pi_old pass and every "
+                          "policy and reference pass of that generation batch routes it through them (gate weights "
+                          "from the live router); 'rollout' (R3) would replay the generation backend's routing; "
+                          "'none' (default): live routing."},
+    )  # fmt: skip
 
     def __post_init__(self):
         self._validate_dhpo_fields()
@@ -229,6 +238,7 @@ class DHPOConfig(GRPOConfig):
         refuse_deepspeed_dropped_by_accelerate(self.deepspeed, os.environ)  # before transformers builds its DeepSpeed config
         super().__post_init__()  # TRL resolves steps_per_generation here
         self._validate_batching()
+        self._validate_routing_replay()
         self._warn_if_on_policy()
 
     def validate(self) -> None:
@@ -238,6 +248,7 @@ class DHPOConfig(GRPOConfig):
         self._apply_algorithm()
         refuse_deepspeed_dropped_by_accelerate(self.deepspeed, os.environ)
         self._validate_batching()
+        self._validate_routing_replay()
         self._warn_if_on_policy()
 
     def _apply_algorithm(self) -> None:
@@ -373,6 +384,35 @@ class DHPOConfig(GRPOConfig):
             raise ValueError(
                 f"DHPOConfig.{name}={getattr(self, name)!r} needs dynamic batching, which cannot serve this run: "
                 f"{reason}. Leave {name} at its default (TRL's batching for this run), or change that setting."
+            )
+
+    def _validate_routing_replay(self) -> None:
+        """A dense model is refused by the trainer (it needs the model); here what the settings alone decide."""
+        mode = self.routing_replay
+        if mode not in ROUTING_REPLAY_MODES:
+            raise ValueError(
+                f"DHPOConfig.routing_replay={mode!r} is not supported: use one of {list(ROUTING_REPLAY_MODES)}."
+            )
+        if mode == "rollout":
+            backend = ("vLLM server started with --enable-return-routed-experts" if self.use_vllm
+                       else "use_vllm=True and a vLLM server started with --enable-return-routed-experts")  # fmt: skip
+            raise ValueError(
+                f"DHPOConfig.routing_replay='rollout' replays the routing the generation backend returns; it needs "
+                f"{backend}, and dhpo-trl's vLLM client does not carry that routing to the trainer: use "
+                "routing_replay='old' (the pi_old pass's routing)."
+            )
+        # TRL's own test (GRPOTrainer._generate_and_score_completions) for computing pi_old, whose routing R2 replays.
+        generate_every = self.steps_per_generation * self.num_iterations
+        old_pass = self.gradient_accumulation_steps % generate_every != 0 or (
+            self.use_vllm and self.vllm_importance_sampling_correction
+        )
+        if mode == "old" and not old_pass:
+            raise ValueError(
+                f"DHPOConfig.routing_replay='old' replays the routing of TRL's pi_old pass, which this on-policy "
+                f"setup skips (gradient_accumulation_steps={self.gradient_accumulation_steps} is a multiple of "
+                f"steps_per_generation={self.steps_per_generation} x num_iterations={self.num_iterations}): take "
+                "several optimizer steps per generation batch (steps_per_generation or num_iterations), or set "
+                "routing_replay='none'."
             )
 
 

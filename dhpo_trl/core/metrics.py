@@ -223,4 +223,16 @@ def logged_loss_metrics(objective, info: dict, entropies, mask, per_token_kl, su
         **{name: nan_mean(name, totals) for name in ("policy_loss", "aux_loss") if name in totals},
         **loss_metrics(totals, extremes, objective.metric_prefix, objective.fractions),
         **clip_metrics(objective.clip_metrics, totals, extremes),
+        **routing_metrics(totals),
     }
+
+
+def routing_metrics(totals: dict) -> dict:
+    """`moe/routing_flip_fraction`: the share of the policy pass's token-layer decisions where the live router's
+    top-k differs from the recorded one (what replay overrode); `moe/replayed_fraction`: the share it forced."""
+    if "moe_decisions" not in totals:
+        return {}
+    decisions = max(totals["moe_decisions"], 1.0)
+    return {"moe/routing_flip_fraction": totals["moe_flipped"] / decisions,
+            "moe/replayed_fraction": totals["moe_replayed"] / decisions}  # fmt: skip
+

@@ -569,6 +569,19 @@ def stop_on_signals(signals=STOP_SIGNALS) -> Iterator[StopRequest | None]:
         restore()
 
 
+def restore(trainer, checkpoint: str) -> list:
+    """What transformers does not restore of a checkpoint: each process's generation state and, with
+    `sync_ref_model`, the synced reference model. Returns the callbacks that finish the restore once training begins
+    (transformers resets its loss accumulators then)."""
+    accelerator = trainer.accelerator
+    main = accelerator.is_main_process
+    accumulators = restore_generation_state(trainer, checkpoint, accelerator.process_index, accelerator.device,
+                                            warn=main)  # fmt: skip
+    if trainer.args.sync_ref_model and trainer.ref_model is not None:
+        restore_reference_model(accelerator.unwrap_model(trainer.ref_model), checkpoint, main, main)
+    return [RestoreAtTrainBegin(trainer, accumulators or {})]
+
+
 class GracefulStopCallback(TrainerCallback):
     """After every optimizer step, on every process: agree on the stop request; if any process got a signal, save
     a checkpoint and stop (the Trainer saves in the same step's `_maybe_log_save_evaluate`, then leaves its loops)."""

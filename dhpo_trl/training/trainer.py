@@ -21,7 +21,7 @@ from ..core.losses import masked_log_ratio
 from ..core.objectives import get_objective
 from .moe import maybe_set_zero3_leaf_modules, zero3_leaf_modules_for_trl_prepared_models
 from .vllm_utils import check_vllm_setup
-from . import batching, collectives, resume, trl_mirror, update_path
+from . import batching, collectives, resume, routing_replay, trl_mirror, update_path
 from .reward_checks import check_reward_functions
 from .sampler import EpochRepeatSampler
 
@@ -66,6 +66,13 @@ class DHPOTrainer(GRPOTrainer):
                                           self.accelerator.device.type, trl_batching_reason(args))  # fmt: skip
         if self._update.note and self.accelerator.is_main_process:
             print(self._update.note)
+        self._routing = routing_replay.TrainerRouting(args.routing_replay, self.model, self.ref_model)  # MoE only
+
+    def _generate_and_score_completions(self, inputs):
+        """TRL's generation batch; with `routing_replay="old"`, the pi_old pass's routing added to it as rows."""
+        with self._routing.generation_batch(self) as recorded:
+            batch = super()._generate_and_score_completions(inputs)
+        return self._routing.attach(batch, recorded)
 
     # ------------------------------------------------- the update's forwards (dhpo_trl/training/update_path.py)
     def _prepare_inputs(self, generation_batch):
@@ -156,15 +163,15 @@ class DHPOTrainer(GRPOTrainer):
 
     def _compute_loss(self, model, inputs):
         mode = "train" if self.model.training else "eval"
-        prompt_ids, prompt_mask = inputs["prompt_ids"], inputs["prompt_mask"]
-        completion_ids, completion_mask = inputs["completion_ids"], inputs["completion_mask"]
-        mask = batching.loss_mask(inputs)
+        completion_ids, mask = inputs["completion_ids"], batching.loss_mask(inputs)
         multimodal = {key: inputs.get(key) for key in batching.UNSUPPORTED_KEYS}
         # Entropies come out of TRL's fused LM head with the log-probs: no (B, T, V) tensor is kept.
-        per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
-            model, torch.cat([prompt_ids, completion_ids], dim=1), torch.cat([prompt_mask, completion_mask], dim=1),
-            completion_ids.size(1), compute_entropy=True, compute_aux_loss=self.aux_loss_enabled, **multimodal,
-        )  # fmt: skip
+        ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
+        attended = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
+        with self._routing.policy_pass(inputs) as routing_stats:  # replays the recorded routing ("old")
+            per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
+                model, ids, attended, completion_ids.size(1), compute_entropy=True,
+                compute_aux_loss=self.aux_loss_enabled, **multimodal)
         advantages = inputs["advantages"]
         advantages = advantages.unsqueeze(1) if advantages.dim() == 1 else advantages
         # TRL skips old log-probs when the batch is exactly on-policy; then pi_old = sg[pi_theta].
@@ -183,7 +190,7 @@ class DHPOTrainer(GRPOTrainer):
         )
         window = self._window(inputs, mode)
         loss = aggregation.aggregate(self.loss_type, per_token_loss, mask, window, self.max_completion_length)
-        sums, maxima = {}, {}
+        sums, maxima = routing_replay.metric_sums(routing_stats), {}
         if self._entropy_bonus_enabled:  # TRL logs the policy loss only then, before the bonus
             policy_loss = aggregation.reported_policy_loss(self.loss_type, loss, window)
             sums.update(metrics.nan_mean_sums("policy_loss", policy_loss))
@@ -235,13 +242,7 @@ class DHPOTrainer(GRPOTrainer):
         self.graceful_stop = None
         main, processes = self.accelerator.is_main_process, self.accelerator.num_processes
         checkpoint = resume.resolve_for_run(resume_from_checkpoint, self.args, processes, main)
-        callbacks = []
-        if checkpoint is not None:
-            rank, device = self.accelerator.process_index, self.accelerator.device
-            accumulators = resume.restore_generation_state(self, checkpoint, rank, device, warn=main)
-            callbacks.append(resume.RestoreAtTrainBegin(self, accumulators or {}))
-            if self.args.sync_ref_model and self.ref_model is not None:
-                resume.restore_reference_model(self.accelerator.unwrap_model(self.ref_model), checkpoint, main, main)
+        callbacks = [] if checkpoint is None else resume.restore(self, checkpoint)
         with resume.stop_on_signals() as request:
             stop = resume.GracefulStopCallback(request, lambda flag: collectives.any_process(flag, self._all_reduce))
             callbacks.append(stop)
