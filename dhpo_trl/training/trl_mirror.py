@@ -66,18 +66,6 @@ MIRRORED: tuple[Mirror, ...] = (
            "when a generation batch is fresh (the same test as TRL's) and which buffered micro-batch a step takes"),
 )  # fmt: skip
 
-# Private names of transformers' `Trainer` and TRL's `GRPOTrainer` that resuming and checkpoint writing use
-# (`dhpo_trl/training/resume.py`, `DHPOTrainer.train` / `_save_checkpoint` / `_get_train_sampler` / `_run_epoch`).
-# `write_checkpoint` mirrors transformers 5.17's `Trainer._save_checkpoint` (trainer.py, lines 3215-3283): the
-# same sequence, with `save_only_model` decided per checkpoint and the rotation after our completeness marker.
-RESUME_SURFACE: tuple[tuple[str, str], ...] = (
-    ("Trainer", "_save_checkpoint"), ("Trainer", "_get_output_dir"), ("Trainer", "_save_optimizer_and_scheduler"),
-    ("Trainer", "_save_scaler"), ("Trainer", "_save_rng_state"), ("Trainer", "_push_from_checkpoint"),
-    ("Trainer", "_run_epoch"), ("Trainer", "_inner_training_loop"), ("Trainer", "store_flos"),
-    ("GRPOTrainer", "_get_train_sampler"), ("GRPOTrainer", "_save_checkpoint"),
-    ("GRPOTrainer", "_load_optimizer_and_scheduler"),
-)  # fmt: skip
-
 
 class Private(NamedTuple):
     owner: str  # the importable object that holds the name ("module:Object" or "module")
@@ -140,6 +128,22 @@ PRIVATE: tuple[Private, ...] = (
             "packing.forward_packed"),
     Private("deepspeed.accelerator.cpu_accelerator:CPU_Accelerator", "_name", "reads",
             "deepspeed/accelerator/cpu_accelerator.py", (28, 28), "demo.tiny.use_deepspeed_on_cpu"),
+    # resume.write_checkpoint repeats transformers' Trainer._save_checkpoint (3215-3282) step by step, with
+    # save_only_model decided per checkpoint and the rotation after our completeness marker.
+    Private(_TRAINER, "_save_optimizer_and_scheduler", "reads", "transformers/trainer.py", (3373, 3437),
+            "resume.write_checkpoint"),
+    Private(_TRAINER, "_save_scaler", "reads", "transformers/trainer.py", (3439, 3458), "resume.write_checkpoint"),
+    Private(_TRAINER, "_save_rng_state", "reads", "transformers/trainer.py", (3322, 3371), "resume.write_checkpoint"),
+    Private(_TRAINER, "_push_from_checkpoint", "reads", "transformers/trainer.py", (4259, 4326),
+            "resume.write_checkpoint"),
+    Private(_TRAINER, "_run_epoch", "overrides", "transformers/trainer.py", (1755, 1924),
+            "DHPOTrainer._run_epoch (the sampler told its epoch)"),
+    # transformers' loss accumulators, reset by _inner_training_loop after the restore: put back when training begins
+    *(Private(_TRAINER, name, "writes", "transformers/trainer.py", (1589, 1591),
+              "resume.LOSS_ACCUMULATORS, resume.RestoreAtTrainBegin")
+      for name in ("_tr_loss", "_total_loss_scalar", "_globalstep_last_logged")),
+    Private(_GRPO, "_get_train_sampler", "overrides", TRL_FILE, (1280, 1316),
+            "DHPOTrainer._get_train_sampler (the epoch-following RepeatSampler)"),
 )  # fmt: skip
 
 
