@@ -258,7 +258,7 @@ def relative_gap(change: list[torch.Tensor], reference: list[torch.Tensor]) -> f
     return math.sqrt(difference / sum(float(r.double().pow(2).sum()) for r in reference))
 
 
-def main() -> None:
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
@@ -287,7 +287,7 @@ def main() -> None:
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="cpu: this process's CPU time (one thread: less sensitive to other jobs on a shared "
                              "machine than wall time); --device cpu only")  # fmt: skip
-    options = parser.parse_args()
+    options = parser.parse_args(argv)
     arms = tuple(options.arms.split(","))
     if not arms or set(arms) - set(TRAINERS) or len(set(arms)) != len(arms):
         parser.error(f"--arms {options.arms!r}: a comma-separated subset of {','.join(TRAINERS)}, each once")

@@ -84,13 +84,17 @@ def unmet_requirements(names: list[str]) -> list[str]:
     return lines
 
 
+def file_names(paths: list[str]) -> list[str]:
+    return [Path(path).name for path in paths]
+
+
 def wheels_part(options) -> tuple[dict, int]:
     folder = Path(options.wheels)
     wheels = sorted(str(path) for path in folder.glob("*.whl")) if folder.is_dir() else []
     names = [wheel_identity(wheel)[0] for wheel in wheels]
     install, present = choose_wheels(wheels, {name: installed_version(name) for name in names})
-    report = {"folder": str(folder), "wheels": [Path(w).name for w in wheels], "install": [Path(w).name for w in install],
-              "already_installed": [Path(w).name for w in present], "site": None, "notes": []}  # fmt: skip
+    report = {"folder": str(folder), "wheels": file_names(wheels), "install": file_names(install),
+              "already_installed": file_names(present), "site": None, "notes": []}  # fmt: skip
     if install and not options.check_only:
         command = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                    "--no-cache-dir", "--upgrade", "--target", options.site, *install]  # fmt: skip

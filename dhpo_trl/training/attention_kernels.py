@@ -92,9 +92,9 @@ def parameter_names(function: Callable) -> frozenset[str]:
 def torch_varlen_arguments(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seqlens: torch.Tensor,
                            max_length: int, scaling: float | None, parameters: frozenset[str]):  # fmt: skip
     """`(args, kwargs)` of a causal `varlen_attn` call for transformers' (1, heads, L, dim) query/key/value, given the
-    installed `varlen_attn`'s parameter names. Its tensors are (L, heads, dim); key/value heads are repeated (query head
-    h reads key head h // groups, as transformers' `repeat_kv`) where it has no `enable_gqa`, and the query is scaled
-    where it has no `scale`."""
+    installed `varlen_attn`'s parameter names. Its tensors are (L, heads, dim); key/value heads are repeated (query
+    head h reads key head h // groups, as transformers' `repeat_kv`) where it has no `enable_gqa`, and the query is
+    scaled where it has no `scale`."""
     q, k, v = (tensor[0].transpose(0, 1).contiguous() for tensor in (query, key, value))
     kwargs = {}
     groups = q.size(1) // k.size(1)
