@@ -108,13 +108,26 @@ def test_varlen_arguments_give_per_sequence_causal_attention_for_every_signature
     query, key, value, bounds = random_row(kv_heads)
     parameters = frozenset(inspect.signature(signature).parameters)
     args, kwargs = attention_kernels.torch_varlen_arguments(query, key, value, torch.tensor(bounds), 21, scale,
-                                                            parameters)  # fmt: skip
+                                                            parameters, torch.float32)  # fmt: skip
     out = signature(*args, **kwargs).unsqueeze(0)
     expected = reference_attention(query, key, value, bounds, 8**-0.5 if scale is None else scale)
     assert out.shape == (1, 40, 4, 8)
     torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
     if "enable_gqa" in parameters:  # the kernel repeats the heads itself: no copies of key/value
         assert args[1].size(1) == kv_heads
+
+
+def test_under_autocast_the_kernel_gets_autocasts_dtype():
+    """Qwen3's norms hand float32 queries to attention under autocast; SDPA would run them in bf16, so must the
+    kernel (the flash kernels take no float32)."""
+    query, key, value, bounds = random_row(2)
+    assert attention_kernels.compute_dtype(query) == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert attention_kernels.compute_dtype(query) == torch.bfloat16
+    assert attention_kernels.compute_dtype(query.bfloat16()) == torch.bfloat16
+    args, _ = attention_kernels.torch_varlen_arguments(query, key, value, torch.tensor(bounds), 21, None,
+                                                       frozenset(), torch.bfloat16)  # fmt: skip
+    assert [a.dtype for a in args[:3]] == [torch.bfloat16] * 3 and args[3].dtype == torch.int32
 
 
 def test_flash_attn_arguments(monkeypatch):

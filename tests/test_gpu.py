@@ -179,5 +179,5 @@ def test_tiny_moe_trains_with_routing_and_aux_loss(tok, tmp_path):
     assert all(math.isfinite(e["loss"]) and math.isfinite(e["aux_loss"]) and e["aux_loss"] > 0.5 for e in logs)
     after = [p.detach() for n, p in trainer.model.named_parameters() if "gate.weight" in n and "mlp.gate." in n]
     assert any(float((a.float() - b.float()).abs().max()) > 0 for a, b in zip(after, router, strict=True))
-    if cuda and attention_kernels.available():
-        assert trainer._padding_free and sum((attention_kernels.CALLS - before).values()) > 0
+    if cuda and attention_kernels.available():  # fp32 weights under bf16 autocast still get the varlen kernel
+        assert trainer._padding_free and (attention_kernels.CALLS - before)[attention_kernels.available()[0]] > 0

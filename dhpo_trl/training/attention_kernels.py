@@ -68,9 +68,18 @@ def choose(device_type: str, dtype: torch.dtype, head_dim: int, dropout: float, 
     return next((name for name in ("flash_attn", "torch_varlen") if name in kernels), "sdpa")
 
 
+def compute_dtype(query: torch.Tensor) -> torch.dtype:
+    """The dtype attention runs in: autocast's where it is on (the model's SDPA would run in it; Qwen3's norms hand
+    float32 queries to attention under autocast), else the query's."""
+    device = query.device.type
+    if query.dtype == torch.float32 and torch.is_autocast_enabled(device):
+        return torch.get_autocast_dtype(device)
+    return query.dtype
+
+
 def select(query: torch.Tensor, dropout: float) -> str:
     """`choose` for this call's query (1, heads, L, dim), counted in `CALLS`."""
-    kernel = choose(query.device.type, query.dtype, query.size(-1), dropout, available())
+    kernel = choose(query.device.type, compute_dtype(query), query.size(-1), dropout, available())
     CALLS[kernel] += 1
     return kernel
 
@@ -89,13 +98,19 @@ def parameter_names(function: Callable) -> frozenset[str]:
     return frozenset(inspect.signature(function).parameters)
 
 
+def row_major(tensors, dtype: torch.dtype):
+    """transformers' (1, heads, L, dim) -> the kernels' contiguous (L, heads, dim), in `dtype`."""
+    return (tensor[0].transpose(0, 1).to(dtype).contiguous() for tensor in tensors)
+
+
 def torch_varlen_arguments(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cu_seqlens: torch.Tensor,
-                           max_length: int, scaling: float | None, parameters: frozenset[str]):  # fmt: skip
+                           max_length: int, scaling: float | None, parameters: frozenset[str],
+                           dtype: torch.dtype):  # fmt: skip
     """`(args, kwargs)` of a causal `varlen_attn` call for transformers' (1, heads, L, dim) query/key/value, given the
-    installed `varlen_attn`'s parameter names. Its tensors are (L, heads, dim); key/value heads are repeated (query
-    head h reads key head h // groups, as transformers' `repeat_kv`) where it has no `enable_gqa`, and the query is
-    scaled where it has no `scale`."""
-    q, k, v = (tensor[0].transpose(0, 1).contiguous() for tensor in (query, key, value))
+    installed `varlen_attn`'s parameter names. Its tensors are (L, heads, dim) in `dtype`; key/value heads are
+    repeated (query head h reads key head h // groups, as transformers' `repeat_kv`) where it has no `enable_gqa`,
+    and the query is scaled where it has no `scale`."""
+    q, k, v = row_major((query, key, value), dtype)
     kwargs = {}
     groups = q.size(1) // k.size(1)
     if groups > 1:
@@ -117,9 +132,9 @@ def torch_varlen_arguments(query: torch.Tensor, key: torch.Tensor, value: torch.
     return (q, k, v, cu_seqlens, cu_seqlens, int(max_length), int(max_length)), kwargs
 
 
-def flash_attn_arguments(query, key, value, cu_seqlens, max_length, scaling):
+def flash_attn_arguments(query, key, value, cu_seqlens, max_length, scaling, dtype):
     """`(args, kwargs)` of a causal `flash_attn_varlen_func` call (it takes GQA and the scale itself)."""
-    q, k, v = (tensor[0].transpose(0, 1).contiguous() for tensor in (query, key, value))
+    q, k, v = row_major((query, key, value), dtype)
     cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.int32)
     return (q, k, v, cu_seqlens, cu_seqlens, int(max_length), int(max_length)), dict(
         dropout_p=0.0, softmax_scale=scaling, causal=True
@@ -128,17 +143,18 @@ def flash_attn_arguments(query, key, value, cu_seqlens, max_length, scaling):
 
 def varlen_attention(kernel: str, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      cu_seqlens: torch.Tensor, max_length: int | None, scaling: float | None) -> torch.Tensor:  # fmt: skip
-    """Run `kernel` over the packed row; returns (1, L, heads, dim), the layout transformers' attention functions
-    return."""
+    """Run `kernel` over the packed row, in `compute_dtype`; returns (1, L, heads, dim), the layout transformers'
+    attention functions return."""
     if max_length is None:
         max_length = int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+    dtype = compute_dtype(query)
     if kernel == "torch_varlen":
         function = torch_varlen()
         args, kwargs = torch_varlen_arguments(query, key, value, cu_seqlens, max_length, scaling,
-                                              parameter_names(function))  # fmt: skip
+                                              parameter_names(function), dtype)  # fmt: skip
     elif kernel == "flash_attn":
         function = flash_attn_varlen()
-        args, kwargs = flash_attn_arguments(query, key, value, cu_seqlens, max_length, scaling)
+        args, kwargs = flash_attn_arguments(query, key, value, cu_seqlens, max_length, scaling, dtype)
     else:
         raise ValueError(f"varlen_attention: kernel must be one of {KERNELS[:2]}, not {kernel!r}")
     return function(*args, **kwargs).unsqueeze(0)
