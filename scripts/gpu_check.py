@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -169,13 +170,23 @@ def main(argv=None) -> int:
         unknown = set(wanted) - {p.name for p in parts}
         if unknown:
             parser.error(f"--parts: unknown {sorted(unknown)}; the parts are {[p.name for p in parts]}")
-        parts = [p for p in parts if p.name in wanted]
+        parts = [p for p in parts if p.name in wanted or p.name == "wheels"]  # later parts import what it installs
     deadline = time.monotonic() + (options.total_seconds or (1800 if options.cpu else 450))
-    site = work / "site"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRL_DISABLE_TELEMETRY": "1",
            "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}  # fmt: skip
     report = {"mode": "cpu" if options.cpu else "gpu", "commit": git_commit(),
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "parts": {}}  # fmt: skip
+    try:
+        run_parts(parts, report, env, work, output, deadline)
+    finally:  # the installed wheels, the parts' own files: all merged into gpu_check.json by now
+        shutil.rmtree(work, ignore_errors=True)
+    failed = [name for name, entry in report["parts"].items() if entry["status"] != "ok"]
+    print(f"gpu_check: {len(parts) - len(failed)}/{len(parts)} parts ok; figures in {output / 'gpu_check.json'}")
+    return 1 if failed else 0
+
+
+def run_parts(parts: list[Part], report: dict, env: dict, work: Path, output: Path, deadline: float) -> None:
+    site = work / "site"
     with open(output / "gpu_check.log", "w") as log:
         for index, part in enumerate(parts):
             # installed wheels come first on the path; the repository is importable uninstalled
@@ -191,9 +202,6 @@ def main(argv=None) -> int:
         for name in ("wheels", "environment"):
             for note in report["parts"].get(name, {}).get("result", {}).get("notes", []):
                 print(f"NOTE: {note}")
-    failed = [name for name, entry in report["parts"].items() if entry["status"] != "ok"]
-    print(f"gpu_check: {len(parts) - len(failed)}/{len(parts)} parts ok; figures in {output / 'gpu_check.json'}")
-    return 1 if failed else 0
 
 
 if __name__ == "__main__":
