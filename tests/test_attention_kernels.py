@@ -145,10 +145,19 @@ def test_flash_attn_arguments(monkeypatch):
 
 @pytest.fixture
 def stand_in_kernel(monkeypatch):
-    """torch's newest `varlen_attn` semantics as the kernel `packing` picks, whatever the device."""
-    monkeypatch.setattr(attention_kernels, "torch_varlen", lambda: torch_2_12)
+    """torch's newest `varlen_attn` semantics as the kernel `packing` picks, whatever the device; returns the list of
+    its calls' token counts."""
+    calls = []
+
+    def kernel(query, *args, **kwargs):
+        calls.append(query.size(0))
+        return torch_2_12(query, *args, **kwargs)
+
+    kernel.__signature__ = inspect.signature(torch_2_12)
+    monkeypatch.setattr(attention_kernels, "torch_varlen", lambda: kernel)
     monkeypatch.setattr(attention_kernels, "available", lambda: ("torch_varlen",))
     monkeypatch.setattr(attention_kernels, "choose", lambda device, dtype, head_dim, dropout, kernels: kernels[0])
+    return calls
 
 
 def test_packed_attention_runs_the_varlen_kernel(stand_in_kernel):
@@ -157,6 +166,7 @@ def test_packed_attention_runs_the_varlen_kernel(stand_in_kernel):
     out, weights = packing.packed_sdpa_attention(None, query, key, value, None, scaling=0.3,
                                                  cu_seq_lens_q=torch.tensor(bounds, dtype=torch.int32))  # fmt: skip
     assert weights is None and attention_kernels.CALLS["torch_varlen"] == before + 1
+    assert stand_in_kernel == [40]  # one kernel call over the whole row
     torch.testing.assert_close(out.double(), reference_attention(query, key, value, bounds, 0.3), atol=1e-5,
                                rtol=1e-5)  # fmt: skip
 
@@ -185,6 +195,7 @@ def test_packed_model_through_the_varlen_kernel_equals_the_padded_model(stand_in
                                          torch.enable_grad)  # fmt: skip
     logps.sum().backward()
     assert attention_kernels.CALLS["torch_varlen"] == before + model.config.num_hidden_layers
+    assert stand_in_kernel == [int(mask.sum())] * model.config.num_hidden_layers  # each layer: one call, the row
     torch.testing.assert_close(logps, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(torch.cat([p.grad.flatten() for p in model.parameters()]), expected_gradient,
                                atol=1e-5, rtol=1e-4)  # fmt: skip
