@@ -101,8 +101,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("report", help="gpu_check.json of a GPU run")
     parser.add_argument("--doc", default=str(DOC))
+    parser.add_argument("--commit", default=None,
+                        help="the commit that ran, where the report has none (a copy of the tree without .git)")  # fmt: skip
     options = parser.parse_args(argv)
     report = json.loads(Path(options.report).read_text())
+    report["commit"] = report.get("commit") or options.commit
+    if not report["commit"]:
+        parser.error(f"{options.report} names no commit (the tree that ran had no .git): pass --commit SHA")
     if report.get("mode") != "gpu":
         parser.error(f"{options.report} is a CPU dry run (mode {report.get('mode')!r}): the section holds GPU runs")
     doc = Path(options.doc)

@@ -140,6 +140,8 @@ def summarise(part: Part, status: str, seconds: float, cpu: float, tail: list[st
         entry["result"] = json.loads(result.read_text())
     if part.name == "tests" and (work / "junit.xml").is_file():
         entry["result"] = junit_summary(work / "junit.xml")
+        if status == "ok" and not entry["result"]["counts"]["passed"]:  # all skipped: no GPU, or no test collected
+            entry["status"] = status = "failed (no test passed; the skip reasons say why)"
     if status != "ok":
         entry["error"] = tail
     return entry

@@ -114,6 +114,16 @@ def test_environment_names_pin_mismatches_no_gpu_and_an_old_torch(monkeypatch):
     assert SpecifierSet(report["pins"]["trl"]) == SpecifierSet(">=1.16.0,<1.17")
 
 
+def test_a_tests_part_where_nothing_passed_fails(tmp_path):
+    """On a machine where torch sees no GPU every GPU test skips: that part must not read as a pass."""
+    (tmp_path / "junit.xml").write_text('<testsuite><testcase name="a"><skipped message="needs a CUDA GPU"/>'
+                                        '</testcase></testsuite>')  # fmt: skip
+    entry = check.summarise(check.Part("tests", [], 1, 1), "ok", 3.0, 1.0, ["1 skipped"], tmp_path)
+    assert entry["status"].startswith("failed") and entry["result"]["tests"][0]["message"] == "needs a CUDA GPU"
+    (tmp_path / "junit.xml").write_text('<testsuite><testcase name="a"/></testsuite>')
+    assert check.summarise(check.Part("tests", [], 1, 1), "ok", 3.0, 1.0, [], tmp_path)["status"] == "ok"
+
+
 def test_junit_summary(tmp_path):
     path = tmp_path / "junit.xml"
     path.write_text(

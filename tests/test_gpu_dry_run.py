@@ -99,9 +99,12 @@ def test_docs_block_renders_the_run_and_the_cli_refuses_a_dry_run(dry_run, tmp_p
     with pytest.raises(SystemExit) as exit_info:
         docs.main([str(path), "--doc", str(doc)])
     assert exit_info.value.code == 2
-    report = {**report, "mode": "gpu"}
+    report = {**report, "mode": "gpu", "commit": None}  # a tree copied without .git
     path.write_text(json.dumps(report))
-    assert docs.main([str(path), "--doc", str(doc)]) == 0 and "| packed |" in doc.read_text()
+    with pytest.raises(SystemExit):
+        docs.main([str(path), "--doc", str(doc)])
+    assert docs.main([str(path), "--doc", str(doc), "--commit", "0123456789abc"]) == 0
+    assert "| packed |" in doc.read_text() and "commit `0123456789`" in doc.read_text()
 
 
 def test_the_shipped_doc_says_it_is_empty():
