@@ -25,17 +25,23 @@ Figures per trainer (medians over repeats):
   the memory a micro-step adds (CPU: tensor allocations recorded by torch.profiler; CUDA: max_memory_allocated);
 * the update: relative gap of each run's parameter change to TRL's (plain SGD, so it is the summed gradient);
 * shared: prompt tokens its update rows forward / the same sequences' prompt tokens, as TRL's shuffle left them in
-  each accumulation window (and the same for the old-log-prob pass's rows over the whole generation batch).
-On CUDA also MFU: 6 x parameters x trained tokens / update time / --peak-tflops.
+  each accumulation window (and the same for the old-log-prob pass's rows over the whole generation batch);
+* the packed attention calls per kernel (`dhpo_trl.training.attention_kernels`: a varlen kernel or the
+  per-sequence SDPA loop).
+On CUDA also MFU: the update's model FLOPs (`update_flops`: matrix products, the LM head on completion tokens, causal
+attention; forward + backward, padding not counted) / update time / the GPU's dense bf16 peak (`--peak-tflops`, or
+`peak_tflops` of the device's name). `--shape qwen3-0.6b|qwen3-1.7b` trains a released Qwen3's shape with random
+weights; `--json` writes the figures (after every run, so a run cut short leaves what it measured).
 
     python benchmarks/bench_dynamic_batching.py                       # CPU, 1 thread, the issue's workload
-    python benchmarks/bench_dynamic_batching.py --device cuda --dtype bfloat16 --hidden-size 1024 --layers 16 \\
-        --max-completion 4096 --batch-size 16 --accumulation 8 --repeats 3
+    python benchmarks/bench_dynamic_batching.py --device cuda --dtype bfloat16 --shape qwen3-1.7b \\
+        --max-completion 2048 --batch-size 4 --accumulation 8 --arms trl,dynamic,packed,shared --repeats 2
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import random
@@ -55,8 +61,8 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 
 from dhpo_trl import DHPOTrainer  # noqa: E402
 from dhpo_trl.core.presets import PAPER_ALGORITHMS, config_for  # noqa: E402
-from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
-from dhpo_trl.training import batching, shared_prompts  # noqa: E402
+from dhpo_trl.demo.tiny import QWEN3_SHAPES, build_char_tokenizer, build_qwen3_shape, build_tiny_qwen3  # noqa: E402
+from dhpo_trl.training import attention_kernels, batching, shared_prompts  # noqa: E402
 
 TRAINERS = ("trl", "fixed", "dynamic", "packed", "shared")
 
@@ -83,6 +89,34 @@ def content_reward(completions, **kwargs):
     return [float(sum(map(ord, text)) % 5) for text in completions]
 
 
+def update_flops(config, prompts: list[int], completions: list[int]) -> float:
+    """Model FLOPs of a forward + backward (3x the forward) over these sequences, padding not counted: 2 FLOPs per
+    multiply-add of the layers' matrices for every token, of the LM head for every completion token (the tokens
+    scored), and of causal attention (QK^T and AV over the L(L+1)/2 visible pairs of each sequence)."""
+    hidden, layers, heads = config.hidden_size, config.num_hidden_layers, config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    kv_heads = config.num_key_value_heads
+    matrices = hidden * heads * head_dim * 2 + 2 * hidden * kv_heads * head_dim + 3 * hidden * config.intermediate_size
+    forward = 0.0
+    for prompt, completion in zip(prompts, completions, strict=True):
+        length = prompt + completion
+        forward += 2 * layers * matrices * length + 2 * hidden * config.vocab_size * completion
+        forward += layers * 2 * 2 * heads * head_dim * length * (length + 1) / 2
+    return 3 * forward
+
+
+def peak_tflops(device_name: str) -> float | None:
+    """Dense bf16 peak of a known GPU (NVIDIA's data sheets, SXM unless the name says PCIe), or None."""
+    name = device_name.upper()
+    if "H100" in name and "PCIE" in name:
+        return 756.0
+    if "H100" in name or "H200" in name:
+        return 989.0
+    if "A100" in name:
+        return 312.0
+    return None
+
+
 class Probe:
     """Times `training_step` and the generation batch's scoring; measures padding and per-micro-step memory."""
 
@@ -97,6 +131,8 @@ class Probe:
         self.prompts_forwarded = self.prompts_total = 0  # prompt tokens of the update rows: forwarded, in the sequences
         self.old_prompts_forwarded = self.old_prompts_total = 0  # the same, old-log-prob rows (whole generation batch)
         self.peaks: list[int] = []
+        self.prompt_lengths: list[int] = []  # of every sequence the update trained on
+        self.completion_lengths: list[int] = []
         self.scored = False
 
     def _sync(self):
@@ -139,6 +175,9 @@ class Probe:
             update = getattr(self.trainer, "_update", None)  # TRL's trainer: its padded micro-batches
             sums = (update.path if update is not None else batching.PADDED).sums(parts)  # the path's own count
             real, forwarded = int(sums["padding_real"]), int(sums["padding_forwarded"])
+            for part in parts:
+                self.prompt_lengths += part["prompt_mask"].sum(1).tolist()
+                self.completion_lengths += part["completion_mask"].sum(1).tolist()
             self.real, self.forwarded = self.real + real, self.forwarded + forwarded
             if getattr(self.trainer.args, "share_prompts", False):
                 self._count_old_prompts(self.scored)
@@ -185,11 +224,17 @@ def run_once(name: str, options, tokenizer, dataset, output_dir: str, measure_me
         args = config_for(options.algorithm, dynamic_batching=dynamic, padding_free=name in ("packed", "shared"),
                           share_prompts=name == "shared", **budget, **common)  # fmt: skip
         trainer_cls = DHPOTrainer
-    model = build_tiny_qwen3(tokenizer, hidden_size=options.hidden_size, num_layers=options.layers,
-                             num_heads=options.heads, seed=0, max_position_embeddings=4 * options.max_completion)  # fmt: skip
-    if options.device == "cuda":
-        model = model.to("cuda")
-    start = torch.cat([p.detach().flatten().float().cpu() for p in model.parameters()])
+    if options.shape:
+        model = build_qwen3_shape(tokenizer, options.shape, device=options.device,
+                                  max_position_embeddings=4 * options.max_completion)  # fmt: skip
+    else:
+        model = build_tiny_qwen3(tokenizer, hidden_size=options.hidden_size, num_layers=options.layers,
+                                 num_heads=options.heads, seed=0, max_position_embeddings=4 * options.max_completion)  # fmt: skip
+        model = model.to(options.device)
+    config = model.config
+    # the parameter change, for the update gap: warm-up runs only (a copy of the model, kept on its device)
+    start = [p.detach().clone() for p in model.parameters()] if measure_memory else None
+    calls = attention_kernels.CALLS.copy()
     rollout = long_tailed_rollout(tokenizer, options.max_completion, options.median_fraction, options.sigma)
     trainer = trainer_cls(model=model, reward_funcs=content_reward, args=args, train_dataset=dataset,
                           processing_class=tokenizer, rollout_func=rollout)  # fmt: skip
@@ -197,15 +242,24 @@ def run_once(name: str, options, tokenizer, dataset, output_dir: str, measure_me
     # memory: the micro-steps of the second optimizer step of the first generation batch (no scoring inside)
     probe = Probe(trainer, options.device, set(range(steps, 2 * steps)) if measure_memory else set(), options.clock)
     trainer.train()
-    change = torch.cat([p.detach().flatten().float().cpu() for p in model.parameters()]) - start
+    change = None if start is None else [p.detach().float() - s.float() for p, s in zip(model.parameters(), start,
+                                                                                      strict=True)]  # fmt: skip
+    probe.kernels = dict(attention_kernels.CALLS - calls)
+    probe.config = config
     parameters = sum(p.numel() for p in model.parameters())
-    del trainer, model
+    del trainer, model, start
     if options.device == "cuda":
         torch.cuda.empty_cache()
     return probe, change, parameters
 
 
-def main() -> None:
+def relative_gap(change: list[torch.Tensor], reference: list[torch.Tensor]) -> float:
+    """|change - reference| / |reference| over all parameters, one tensor at a time (no flat copy of the model)."""
+    difference = sum(float((c - r).double().pow(2).sum()) for c, r in zip(change, reference, strict=True))
+    return math.sqrt(difference / sum(float(r.double().pow(2).sum()) for r in reference))
+
+
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
@@ -224,12 +278,20 @@ def main() -> None:
     parser.add_argument("--hidden-size", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--peak-tflops", type=float, default=989.0, help="CUDA: dense bf16 peak (H100/H200 SXM)")
+    parser.add_argument("--peak-tflops", type=float, default=None,
+                        help="CUDA: the GPU's dense bf16 peak for MFU (default: peak_tflops of the device's name)")
+    parser.add_argument("--shape", choices=sorted(QWEN3_SHAPES), default=None,
+                        help="a released Qwen3's shape, random weights (instead of --hidden-size/--layers/--heads)")
+    parser.add_argument("--arms", default=",".join(TRAINERS), help=f"comma-separated subset of {','.join(TRAINERS)}")
+    parser.add_argument("--json", default=None, help="write the figures to this file (rewritten after every run)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1 on cpu)")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="cpu: this process's CPU time (one thread: less sensitive to other jobs on a shared "
                              "machine than wall time); --device cpu only")  # fmt: skip
-    options = parser.parse_args()
+    options = parser.parse_args(argv)
+    arms = tuple(options.arms.split(","))
+    if not arms or set(arms) - set(TRAINERS) or len(set(arms)) != len(arms):
+        parser.error(f"--arms {options.arms!r}: a comma-separated subset of {','.join(TRAINERS)}, each once")
     if options.device == "cpu":
         torch.set_num_threads(options.threads or 1)
         if options.clock == "cpu" and torch.get_num_threads() != 1:
@@ -237,68 +299,112 @@ def main() -> None:
     elif options.clock == "cpu":
         parser.error("--clock cpu: CPU time does not count GPU work; use --clock wall with --device cuda")
     elif not torch.cuda.is_available():
-        parser.error("--device cuda: no CUDA device is visible to torch")
+        parser.error("--device cuda: no CUDA device is visible to torch; run on a GPU, or use --device cpu")
     if options.steps < 2 or options.steps % 2:
         parser.error("--steps must be a positive even number (two optimizer steps per generation batch)")
+    device_name = torch.cuda.get_device_name() if options.device == "cuda" else "cpu"
+    peak = options.peak_tflops or (peak_tflops(device_name) if options.device == "cuda" else None)
 
     tokenizer = build_char_tokenizer()
     rng = random.Random(0)
     # 16 to 64 tokens: about what a MATH prompt is next to the paper's 4096-token completions, scaled to the maximum
     prompts = [f"{'Q' * rng.randint(6, options.max_prompt - 10)} {a}+{3 * a + 7}=" for a in range(512)]
     dataset = Dataset.from_dict({"prompt": prompts})
-    results = {name: [] for name in TRAINERS}
-    with tempfile.TemporaryDirectory() as output_dir:
-        for name in TRAINERS:  # warm-up and memory: allocator, kernels, caches
-            results[name].append(run_once(name, options, tokenizer, dataset, output_dir, measure_memory=True))
-        for repeat in range(options.repeats):
-            order = TRAINERS[repeat % len(TRAINERS) :] + TRAINERS[: repeat % len(TRAINERS)]
-            for name in order:
-                results[name].append(run_once(name, options, tokenizer, dataset, output_dir, measure_memory=False))
+    runs = {name: [] for name in arms}  # probes; the first of each is the warm-up and memory run
+    gaps, parameters, reference = {}, None, None
 
-    first = results["trl"][0][0]
-    print(f"device={options.device} dtype={options.dtype} threads={torch.get_num_threads()} clock={options.clock} "
-          f"row={options.algorithm} "
-          f"hidden={options.hidden_size} layers={options.layers} params={results['trl'][0][2] / 1e6:.2f}M "
-          f"batch={options.batch_size} accumulation={options.accumulation} max_prompt={options.max_prompt} "
-          f"max_completion={options.max_completion} "
-          f"median={options.median_fraction:.3f}*max sigma={options.sigma} max_tokens={options.max_tokens} "
-          f"steps={options.steps} repeats={options.repeats} trained tokens/run={first.trained_tokens}")  # fmt: skip
-    reference = float(results["trl"][0][1].norm())
-    summary = {}
-    for name in TRAINERS:
-        timed = results[name][1:]
-        update = statistics.median(p.step_seconds - p.score_seconds for p, _, _ in timed)
-        score = statistics.median(p.score_seconds for p, _, _ in timed)
-        probe = timed[0][0]
-        tokens_per_second = probe.trained_tokens / update
-        padding = 1 - probe.real / probe.forwarded
-        peak = max(results[name][0][0].peaks)
-        gap = float((results[name][0][1] - results["trl"][0][1]).norm()) / reference
-        summary[name] = (update, tokens_per_second, peak)
-        line = (f"{name:8s} update {1e3 * update / options.steps:9.1f} ms/optimizer step   "
-                f"{tokens_per_second:10.0f} trained tok/s   old-logp pass {1e3 * score / (options.steps // 2):8.1f} "
-                f"ms/generation batch   padding {100 * padding:5.1f}%   peak step memory {peak / 2**20:8.2f} MiB   "
-                f"update gap to trl {gap:.1e}")  # fmt: skip
-        if options.device == "cuda":
-            parameters = results[name][0][2]
-            line += f"   MFU {100 * 6 * parameters * tokens_per_second / (options.peak_tflops * 1e12):.2f}%"
+    def report():
+        return build_report(options, arms, runs, gaps, parameters, device_name, peak)
+
+    with tempfile.TemporaryDirectory() as output_dir:
+        for name in arms:  # warm-up and memory: allocator, kernels, caches (TRL first: the update gap's reference)
+            probe, change, parameters = run_once(name, options, tokenizer, dataset, output_dir, measure_memory=True)
+            runs[name].append(probe)
+            reference = change if name == "trl" else reference
+            gaps[name] = None if reference is None else relative_gap(change, reference)
+            del change
+            write_json(options.json, report())
+        for repeat in range(options.repeats):
+            order = arms[repeat % len(arms) :] + arms[: repeat % len(arms)]
+            for name in order:
+                runs[name].append(run_once(name, options, tokenizer, dataset, output_dir, measure_memory=False)[0])
+                write_json(options.json, report())
+    print_report(report())
+
+
+def write_json(path: str | None, report: dict) -> None:
+    if path:
+        with open(path + ".tmp", "w") as handle:
+            json.dump(report, handle, indent=1)
+        os.replace(path + ".tmp", path)
+
+
+def arm_figures(probes: list, gap: float | None, steps: int, peak: float | None) -> dict:
+    """One arm's figures: memory and padding from its warm-up run, times from the median of its timed runs (the
+    warm-up's memory-measured steps are not timed)."""
+    first = probes[0]
+    figures = {"padding_fraction": 1 - first.real / first.forwarded, "peak_step_memory_bytes": max(first.peaks),
+               "update_gap_to_trl": gap, "attention_kernels": first.kernels, "timed_runs": len(probes) - 1}  # fmt: skip
+    if first.prompts_total:  # shared prompts: prompt tokens not forwarded again
+        figures["prompt_tokens_saved"] = 1 - first.prompts_forwarded / first.prompts_total
+        figures["old_logp_prompt_tokens_saved"] = 1 - first.old_prompts_forwarded / first.old_prompts_total
+    timed = probes[1:]
+    if not timed:
+        return figures
+    update = statistics.median(p.step_seconds - p.score_seconds for p in timed)
+    flops = update_flops(first.config, first.prompt_lengths, first.completion_lengths)
+    figures.update(
+        update_seconds_per_step=update / steps,
+        old_logp_seconds_per_generation_batch=statistics.median(p.score_seconds for p in timed) / (steps // 2),
+        trained_tokens_per_second=first.trained_tokens / update,
+        real_tokens_per_second=first.real / update,
+        trained_tokens_per_second_per_repeat=[p.trained_tokens / (p.step_seconds - p.score_seconds) for p in timed],
+        update_flops=flops,
+        mfu=None if peak is None else flops / update / (peak * 1e12),
+    )
+    return figures
+
+
+def build_report(options, arms, runs, gaps, parameters, device_name, peak) -> dict:
+    figures = {name: arm_figures(runs[name], gaps[name], options.steps, peak) for name in arms if runs[name]}
+    ratios = {}
+    for top, bottom in (("packed", "dynamic"), ("packed", "trl"), ("dynamic", "trl"), ("shared", "packed")):
+        rates = [figures.get(name, {}).get("trained_tokens_per_second") for name in (top, bottom)]
+        if None not in rates:
+            ratios[f"{top}/{bottom}"] = rates[0] / rates[1]
+    first = next(iter(runs[name][0] for name in arms if runs[name]), None)
+    return {
+        "device": options.device, "device_name": device_name, "dtype": options.dtype, "shape": options.shape,
+        "parameters": parameters, "peak_tflops": peak, "torch": torch.__version__,
+        "options": {k: v for k, v in vars(options).items() if k != "json"},
+        "trained_tokens_per_run": None if first is None else first.trained_tokens,
+        "arms": figures, "throughput_ratios": ratios,
+    }  # fmt: skip
+
+
+def print_report(report: dict) -> None:
+    options = report["options"]
+    print(f"device={report['device_name']} dtype={report['dtype']} shape={report['shape']} "
+          f"params={report['parameters'] / 1e6:.2f}M row={options['algorithm']} batch={options['batch_size']} "
+          f"accumulation={options['accumulation']} max_prompt={options['max_prompt']} "
+          f"max_completion={options['max_completion']} median={options['median_fraction']:.3f}*max "
+          f"sigma={options['sigma']} max_tokens={options['max_tokens']} steps={options['steps']} "
+          f"repeats={options['repeats']} trained tokens/run={report['trained_tokens_per_run']}")  # fmt: skip
+    for name, arm in report["arms"].items():
+        line = f"{name:8s} padding {100 * arm['padding_fraction']:5.1f}%   peak step memory "
+        line += f"{arm['peak_step_memory_bytes'] / 2**20:9.2f} MiB   kernels {arm['attention_kernels']}"
+        if arm["update_gap_to_trl"] is not None:
+            line += f"   update gap to trl {arm['update_gap_to_trl']:.1e}"
+        if "update_seconds_per_step" in arm:
+            line += (f"   update {1e3 * arm['update_seconds_per_step']:9.1f} ms/optimizer step   "
+                     f"{arm['trained_tokens_per_second']:10.0f} trained tok/s   old-logp pass "
+                     f"{1e3 * arm['old_logp_seconds_per_generation_batch']:8.1f} ms/generation batch")  # fmt: skip
+            if arm["mfu"] is not None:
+                line += f"   MFU {100 * arm['mfu']:.1f}%"
+            line += "   per repeat: " + " ".join(f"{r:.0f}" for r in arm["trained_tokens_per_second_per_repeat"])
         print(line)
-    throughput = summary["dynamic"][1] / summary["trl"][1]
-    memory = summary["dynamic"][2] / summary["trl"][2]
-    print(f"dynamic / trl: update throughput {throughput:.2f}x (target >= 2.5x), peak step memory {memory:.2f}x "
-          f"(target <= 0.6x); fixed / trl throughput {summary['fixed'][1] / summary['trl'][1]:.2f}x")  # fmt: skip
-    print(f"packed / dynamic: update throughput {summary['packed'][1] / summary['dynamic'][1]:.2f}x (target >= 1.4x), "
-          f"peak step memory {summary['packed'][2] / summary['dynamic'][2]:.2f}x (target <= 1x); packed / trl: "
-          f"update throughput {summary['packed'][1] / summary['trl'][1]:.2f}x (target >= 3x)")  # fmt: skip
-    shared = results["shared"][0][0]
-    print(f"shared / packed: update throughput {summary['shared'][1] / summary['packed'][1]:.2f}x (pays if >= 1.1x), "
-          f"peak step memory {summary['shared'][2] / summary['packed'][2]:.2f}x; prompt tokens saved: update rows "
-          f"{1 - shared.prompts_forwarded / shared.prompts_total:.1%} of {shared.prompts_total} (prompts are "
-          f"{shared.prompts_total / shared.real:.1%} of the update's tokens), old-log-prob rows "
-          f"{1 - shared.old_prompts_forwarded / shared.old_prompts_total:.1%}")  # fmt: skip
-    for name in TRAINERS:  # the per-repeat spread, for a noisy shared machine
-        rates = [p.trained_tokens / (p.step_seconds - p.score_seconds) for p, _, _ in results[name][1:]]
-        print(f"{name:8s} trained tok/s per repeat: " + " ".join(f"{rate:.0f}" for rate in rates))
+    for ratio, value in report["throughput_ratios"].items():
+        print(f"update throughput {ratio}: {value:.2f}x")
 
 
 if __name__ == "__main__":

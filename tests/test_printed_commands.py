@@ -278,6 +278,10 @@ def check(where, block, monkeypatch):
                 _parse_with_main(
                     _load_main("scripts/gpu_zero3_moe_smoke.py"), ["--output_dir", "x", *extra], monkeypatch
                 )
+            elif path == "scripts/gpu_check.sh":  # it hands its arguments to scripts/gpu_check.py
+                _parse_with_main(_load_main("scripts/gpu_check.py"), extra, monkeypatch)
+            elif path == "scripts/fetch_gpu_wheels.sh":
+                assert extra == [], f"{where}: scripts/fetch_gpu_wheels.sh takes no arguments"
             elif path == "scripts/mutation.sh":  # its arguments are modules of dhpo_trl/, as the script checks
                 for module in extra:
                     name = module.removeprefix("dhpo_trl/").removesuffix(".py")

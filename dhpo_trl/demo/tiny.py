@@ -18,9 +18,15 @@ SPECIAL_TOKENS = ["<|pad|>", "<|endoftext|>", "<|unk|>"]
 CHARACTERS = string.printable  # digits, letters, punctuation, whitespace: every ASCII text tokenizes losslessly
 
 
-def build_char_tokenizer() -> PreTrainedTokenizerFast:
-    """One token per ASCII character, plus pad / end-of-text / unknown. Deterministic: same ids every time."""
+def build_char_tokenizer(vocab_size: int | None = None) -> PreTrainedTokenizerFast:
+    """One token per ASCII character, plus pad / end-of-text / unknown. Deterministic: same ids every time.
+
+    `vocab_size`: filler tokens `<|tN|>` up to that size, which text never encodes to but which decode, so that a
+    model with a real vocabulary size (151,936 for Qwen3) can generate through this tokenizer."""
     vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS + list(dict.fromkeys(CHARACTERS)))}
+    if vocab_size is not None and vocab_size < len(vocab):
+        raise ValueError(f"build_char_tokenizer: vocab_size={vocab_size} is below the {len(vocab)} characters")
+    vocab.update({f"<|t{index}|>": index for index in range(len(vocab), vocab_size or 0)})
     tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|unk|>"))
     # `[\s\S]`, not `.`: Oniguruma's `.` skips "\n", so a run like "\n\n" stayed one unmatched piece and became
     # <|unk|>. (`(?s)` is not accepted there; `[\s\S]` matches every character, "\n" included.)
@@ -78,6 +84,32 @@ def build_tiny_qwen3(
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     return model.to(dtype)
+
+
+# The released Qwen3 models' shapes (their hub config.json), for benchmarks and GPU checks with random weights.
+QWEN3_SHAPES = {
+    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
+    "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
+}  # fmt: skip
+
+
+def build_qwen3_shape(tokenizer: PreTrainedTokenizerFast, shape: str, *, seed: int = 0, device: str = "cpu",
+                      max_position_embeddings: int = 40960):  # fmt: skip
+    """A randomly initialised Qwen3 of a released model's shape (`QWEN3_SHAPES`), float32, built on `device` (no
+    download; weights drawn where they live, so a GPU builds billions of them in a second)."""
+    if shape not in QWEN3_SHAPES:
+        raise ValueError(f"build_qwen3_shape: shape={shape!r} must be one of {sorted(QWEN3_SHAPES)}")
+    config = Qwen3Config(**QWEN3_SHAPES[shape], max_position_embeddings=max_position_embeddings,
+                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                         bos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = Qwen3ForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
 
 
 def use_deepspeed_on_cpu() -> None:

@@ -36,7 +36,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMa
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..core import metrics
-from . import batching
+from . import attention_kernels, batching
 
 # Implementations whose own kernel reads `cu_seq_lens_*` (transformers' varlen flash path): left in place.
 VARLEN_IMPLEMENTATIONS = ("flash_attention_2", "flash_attention_3", "flash_attention_4")
@@ -171,7 +171,8 @@ def packed_sdpa_attention(module, query, key, value, attention_mask, scaling=Non
     """Causal attention over each packed sequence on its own: `query` (1, heads, L, dim), boundaries from
     `cu_seq_lens_q`. No mask is built; each sequence costs its own length squared.
 
-    One SDPA call per sequence (measured in benchmarks/bench_dynamic_batching.py's padding-free arm).
+    One SDPA call per sequence (measured in benchmarks/bench_dynamic_batching.py's padding-free arm); on CUDA in
+    half precision, one varlen kernel call over the row instead (`attention_kernels.select`).
     """
     bounds = kwargs.get("cu_seq_lens_q")
     if bounds is None or attention_mask is not None or query.size(0) != 1:
@@ -185,6 +186,10 @@ def packed_sdpa_attention(module, query, key, value, attention_mask, scaling=Non
                 f"padding_free's per-sequence SDPA attention cannot apply `{name}`: load the model with "
                 "attn_implementation='flash_attention_2', or set padding_free=False."
             )
+    kernel = attention_kernels.select(query, dropout)  # CUDA: one varlen kernel call over the row where one applies
+    if kernel != "sdpa":
+        return attention_kernels.varlen_attention(kernel, query, key, value, bounds, kwargs.get("max_length_q"),
+                                                  scaling), None  # fmt: skip
     bounds = bounds.tolist()
     lengths = [end - start for start, end in zip(bounds[:-1], bounds[1:], strict=False)]
     gqa = key.size(1) != query.size(1)
@@ -297,8 +302,9 @@ def unsupported_model_reason(model) -> str | None:
 def automatic_reason(models: list, device_type: str) -> str | None:
     """`padding_free=None`: why this run keeps dynamic batching, or None to pack. Packed where it is supported and
     the faster path known: CPU (measured: benchmarks/bench_dynamic_batching.py) and CUDA with transformers' varlen
-    flash path (what VERL and OpenRLHF pack with; not measured here). The per-sequence SDPA loop launches a kernel
-    per sequence and layer, unmeasured on a GPU: dynamic batching there, and on every other device."""
+    flash path (what VERL and OpenRLHF pack with) or, with `sdpa`/`eager`, a varlen kernel of `attention_kernels`.
+    Without one, the per-sequence SDPA loop would launch a kernel per sequence and layer, unmeasured on a GPU:
+    dynamic batching there, and on every other device."""
     for model in models:
         reason = unsupported_model_reason(model)
         if reason:
@@ -306,6 +312,8 @@ def automatic_reason(models: list, device_type: str) -> str | None:
     implementation = attention_implementation(models[0])
     if device_type == "cpu" or (device_type == "cuda" and is_varlen(implementation)):
         return None
+    if device_type == "cuda" and implementation in REPLACEABLE_IMPLEMENTATIONS:  # packed rows run a varlen kernel
+        return attention_kernels.cuda_packing_reason()
     return (f"packed rows are not measured faster on {device_type} with attn_implementation={implementation!r}; "
             "set padding_free=True to pack anyway")
 

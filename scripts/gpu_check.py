@@ -1,0 +1,210 @@
+"""Runs the GPU evidence of `scripts/gpu_check.sh` part by part, each in its own process with its own time box, and
+writes OUTPUT_DIR/gpu_check.json (every part's status, seconds, figures or error) and OUTPUT_DIR/gpu_check.log.
+
+    python scripts/gpu_check.py OUTPUT_DIR                  # on a GPU machine: about 8 minutes at most
+    python scripts/gpu_check.py --cpu OUTPUT_DIR            # the CPU dry run: the same parts at tiny shapes
+    python scripts/gpu_check.py --parts bench-qwen3-1.7b OUTPUT_DIR
+
+Parts, in order: `wheels` (install the carried wheels), `environment` (versions against the pins, the GPU, the
+varlen kernels), `tests` (tests/test_gpu.py, marker `gpu`), `train` (DHPO-E off-policy steps with generation on a
+random Qwen3-0.6B), `bench-qwen3-0.6b` and `bench-qwen3-1.7b` (benchmarks/bench_dynamic_batching.py, bf16, the
+long-tailed workload, TRL / dynamic batching / padding-free / shared prompts interleaved). A part that fails or runs
+out of time leaves its status, its error (the last lines of its output) and whatever figures it wrote, and the next
+part runs. Each part gets its box or less: the whole run keeps inside --total-seconds, with each later part's minimum
+held back for it. Standard library only: this runs before the wheels are installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ElementTree
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+ARMS = "trl,dynamic,packed,shared"
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str
+    command: list[str]
+    box: float  # seconds at most
+    minimum: float  # seconds held back for it while earlier parts run
+    env: dict = field(default_factory=dict)
+
+
+def bench_command(python: str, cpu: bool, shape: str, batch_size: int, out: str) -> list[str]:
+    command = [python, "benchmarks/bench_dynamic_batching.py", "--arms", ARMS, "--steps", "2", "--json", out]
+    if cpu:  # tiny: the same code path in seconds
+        return [*command, "--device", "cpu", "--hidden-size", "32", "--layers", "1", "--heads", "2", "--repeats",
+                "1", "--batch-size", "2", "--generations", "2", "--accumulation", "2", "--max-completion", "16",
+                "--max-prompt", "20"]  # fmt: skip
+    # the long tail at GPU scale: completions lognormal around 256 tokens, up to 2048; one generation batch per run
+    return [*command, "--device", "cuda", "--dtype", "bfloat16", "--shape", shape, "--repeats", "2", "--batch-size",
+            str(batch_size), "--generations", "8", "--accumulation", "8", "--max-completion", "2048"]  # fmt: skip
+
+
+def plan(cpu: bool, python: str, work: Path, wheels: str) -> list[Part]:
+    def out(name):
+        return str(work / f"{name}.json")
+
+    device = "cpu" if cpu else "cuda"
+    tests_env = {"DHPO_GPU_CHECK_DEVICE": "cpu"} if cpu else {
+        "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES") or "0"}  # tests/conftest.py hides GPUs otherwise
+    train = [python, "scripts/gpu_check_parts.py", "train", "--device", device, "--json", out("train"),
+             "--output-dir", str(work / "train_run")]  # fmt: skip
+    train += ["--shape", "tiny", "--steps", "2", "--batch-size", "4", "--max-completion", "8"] if cpu else []
+    parts = [
+        Part("wheels", [python, "scripts/gpu_check_parts.py", "wheels", "--wheels", wheels, "--site",
+                        str(work / "site"), "--json", out("wheels"), *(["--check-only"] if cpu else [])], 60, 20),
+        Part("environment", [python, "scripts/gpu_check_parts.py", "environment", "--json", out("environment"),
+                             *(["--cpu"] if cpu else [])], 60, 20),
+        Part("tests", [python, "-m", "pytest", "-q", "-m", "gpu", "tests/test_gpu.py", "-p", "no:cacheprovider",
+                       "-o", "addopts=", "--junitxml", str(work / "junit.xml")], 120, 40, tests_env),
+        Part("train", train, 110, 40),
+        Part("bench-qwen3-0.6b", bench_command(python, cpu, "qwen3-0.6b", 8, out("bench-qwen3-0.6b")), 120, 60),
+        Part("bench-qwen3-1.7b", bench_command(python, cpu, "qwen3-1.7b", 4, out("bench-qwen3-1.7b")), 200, 90),
+    ]  # fmt: skip
+    if cpu:  # the dry run's few CPU seconds can take minutes of wall time on a loaded machine: wide boxes
+        parts = [Part(p.name, p.command, 600, 30, p.env) for p in parts]
+    return parts
+
+
+def time_box(part: Part, later: list[Part], deadline: float, now: float) -> float:
+    """The part's seconds: its box, or what is left once every later part's minimum is held back (0: skip it)."""
+    return max(0.0, min(part.box, deadline - now - sum(p.minimum for p in later)))
+
+
+def junit_summary(path: Path) -> dict:
+    """Counts, and each test's outcome, message and recorded properties, from pytest's JUnit XML."""
+    tests = []
+    for case in ElementTree.parse(path).getroot().iter("testcase"):
+        outcome, message = "passed", None
+        for kind in ("failure", "error", "skipped"):
+            element = case.find(kind)
+            if element is not None:
+                outcome, message = kind, (element.get("message") or "")[:500]
+        properties = {p.get("name"): p.get("value") for p in case.iter("property")}
+        tests.append({"name": case.get("name"), "outcome": outcome, "message": message, "properties": properties,
+                      "seconds": float(case.get("time") or 0)})  # fmt: skip
+    counts = {kind: sum(t["outcome"] == kind for t in tests) for kind in ("passed", "failure", "error", "skipped")}
+    return {"counts": counts, "tests": tests}
+
+
+def run_part(part: Part, seconds: float, env: dict, log) -> tuple[str, float, float, list[str]]:
+    """(status, seconds taken, CPU seconds of its processes, last lines of output). The part runs in its own process
+    group, ended whole on time-out."""
+    log.write(f"\n===== {part.name} (at most {seconds:.0f} s): {' '.join(part.command)}\n")
+    log.flush()
+    start, cpu = time.monotonic(), children_cpu_seconds()
+    with tempfile.TemporaryFile("w+") as output:
+        process = subprocess.Popen(part.command, cwd=ROOT, env={**env, **part.env}, stdout=output,
+                                   stderr=subprocess.STDOUT, start_new_session=True, text=True)  # fmt: skip
+        try:
+            code = process.wait(timeout=seconds)
+            status = "ok" if code == 0 else f"failed (exit {code})"
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+            status = "timeout"
+        output.seek(0)
+        text = output.read()
+    log.write(text)
+    log.flush()
+    return status, time.monotonic() - start, children_cpu_seconds() - cpu, text.strip().splitlines()[-25:]
+
+
+def children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def summarise(part: Part, status: str, seconds: float, cpu: float, tail: list[str], work: Path) -> dict:
+    entry = {"status": status, "seconds": round(seconds, 1), "cpu_seconds": round(cpu, 1)}
+    result = work / f"{part.name}.json"
+    if result.is_file():  # written by the part, whole or (benchmarks) after every run
+        entry["result"] = json.loads(result.read_text())
+    if part.name == "tests" and (work / "junit.xml").is_file():
+        entry["result"] = junit_summary(work / "junit.xml")
+        if status == "ok" and not entry["result"]["counts"]["passed"]:  # all skipped: no GPU, or no test collected
+            entry["status"] = status = "failed (no test passed; the skip reasons say why)"
+    if status != "ok":
+        entry["error"] = tail
+    return entry
+
+
+def git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=10).stdout.strip() or None  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("output_dir")
+    parser.add_argument("--cpu", action="store_true", help="the CPU dry run: tiny shapes, no GPU, nothing installed")
+    parser.add_argument("--parts", default=None, help="comma-separated part names to run (default: all, in order)")
+    parser.add_argument("--total-seconds", type=float, default=None, help="the whole run's limit (GPU 450, CPU 1800)")
+    parser.add_argument("--wheels", default=str(ROOT / ".gpu_wheels"), help="the carried wheels' folder")
+    options = parser.parse_args(argv)
+    output = Path(options.output_dir).resolve()
+    output.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="dhpo_gpu_check_"))
+    parts = plan(options.cpu, sys.executable, work, options.wheels)
+    if options.parts:
+        wanted = options.parts.split(",")
+        unknown = set(wanted) - {p.name for p in parts}
+        if unknown:
+            parser.error(f"--parts: unknown {sorted(unknown)}; the parts are {[p.name for p in parts]}")
+        parts = [p for p in parts if p.name in wanted or p.name == "wheels"]  # later parts import what it installs
+    deadline = time.monotonic() + (options.total_seconds or (1800 if options.cpu else 450))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRL_DISABLE_TELEMETRY": "1",
+           "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}  # fmt: skip
+    report = {"mode": "cpu" if options.cpu else "gpu", "commit": git_commit(),
+              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "parts": {}}  # fmt: skip
+    try:
+        run_parts(parts, report, env, work, output, deadline)
+    finally:  # the installed wheels, the parts' own files: all merged into gpu_check.json by now
+        shutil.rmtree(work, ignore_errors=True)
+    failed = [name for name, entry in report["parts"].items() if entry["status"] != "ok"]
+    print(f"gpu_check: {len(parts) - len(failed)}/{len(parts)} parts ok; figures in {output / 'gpu_check.json'}")
+    return 1 if failed else 0
+
+
+def run_parts(parts: list[Part], report: dict, env: dict, work: Path, output: Path, deadline: float) -> None:
+    site = work / "site"
+    with open(output / "gpu_check.log", "w") as log:
+        for index, part in enumerate(parts):
+            # installed wheels come first on the path; the repository is importable uninstalled
+            env["PYTHONPATH"] = os.pathsep.join([*([str(site)] if site.is_dir() else []), str(ROOT)])
+            seconds = time_box(part, parts[index + 1 :], deadline, time.monotonic())
+            if seconds < 5:
+                report["parts"][part.name] = {"status": "skipped (no time left)", "seconds": 0}
+            else:
+                report["parts"][part.name] = summarise(part, *run_part(part, seconds, env, log), work)
+            line = f"{part.name}: {report['parts'][part.name]['status']} ({report['parts'][part.name]['seconds']} s)"
+            print(line, flush=True)
+            (output / "gpu_check.json").write_text(json.dumps(report, indent=1))
+        for name in ("wheels", "environment"):
+            for note in report["parts"].get(name, {}).get("result", {}).get("notes", []):
+                print(f"NOTE: {note}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

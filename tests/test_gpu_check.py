@@ -1,0 +1,168 @@
+"""scripts/gpu_check.sh's pure pieces, which decide what a GPU run does: time boxes, the parts' commands, which wheels
+to install (and installing one), pin mismatches, the one-line notes, the benchmark's FLOPs, MFU peak and partial
+figures. Its CPU dry run end to end is tests/test_gpu_dry_run.py.
+"""
+
+import importlib.util
+import json
+import sys
+import zipfile
+from pathlib import Path
+from types import SimpleNamespace
+
+import processes
+import pytest
+from packaging.specifiers import SpecifierSet
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load(path):
+    spec = importlib.util.spec_from_file_location(Path(path).stem + "_under_test", ROOT / path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+check = load("scripts/gpu_check.py")
+parts = load("scripts/gpu_check_parts.py")
+docs = load("scripts/docs_gpu_section.py")
+
+
+# ----------------------------------------------------------------------------------------------- pure pieces
+def test_time_boxes_hold_back_the_later_parts_minimums():
+    later = [check.Part("b", [], 100, 30), check.Part("c", [], 100, 40)]
+    first = check.Part("a", [], 60, 10)
+    assert check.time_box(first, later, deadline=1000, now=0) == 60  # its own box
+    assert check.time_box(first, later, deadline=120, now=0) == 50  # 120 - 30 - 40
+    assert check.time_box(first, later, deadline=60, now=0) == 0  # nothing left: skipped
+    gpu = check.plan(False, "python3", Path("/nonexistent"), ".gpu_wheels")
+    assert sum(p.minimum for p in gpu) < 450 and all(p.minimum <= p.box for p in gpu)
+    assert [p.name for p in gpu] == ["wheels", "environment", "tests", "train", "bench-qwen3-0.6b", "bench-qwen3-1.7b"]
+    tests = next(p for p in gpu if p.name == "tests")
+    assert tests.env["CUDA_VISIBLE_DEVICES"]  # tests/conftest.py would hide the GPU otherwise
+
+
+def test_gpu_parts_ask_for_the_gpu_workload():
+    gpu = {p.name: p.command for p in check.plan(False, "python3", Path("/nonexistent"), ".gpu_wheels")}
+    for shape in ("qwen3-0.6b", "qwen3-1.7b"):
+        command = gpu[f"bench-{shape}"]
+        assert command[command.index("--device") + 1] == "cuda" and command[command.index("--shape") + 1] == shape
+        assert command[command.index("--dtype") + 1] == "bfloat16"
+    assert gpu["train"][gpu["train"].index("--device") + 1] == "cuda" and "--shape" not in gpu["train"]  # 0.6B
+
+
+def test_wheel_choice():
+    wheels = ["/w/trl-1.16.0-py3-none-any.whl", "/w/datasets-5.2.0-py3-none-any.whl",
+              "/w/transformers-5.17.0-py3-none-any.whl", "/w/math_verify-0.9.0-py3-none-any.whl"]  # fmt: skip
+    installed = {"trl": None, "datasets": "5.1.0", "transformers": "5.17.0", "math-verify": None}
+    install, present = parts.choose_wheels(wheels, installed)
+    assert sorted(Path(w).name.split("-")[0] for w in install) == ["datasets", "math_verify", "trl"]
+    assert [Path(w).name for w in present] == ["transformers-5.17.0-py3-none-any.whl"]
+    with pytest.raises(ValueError, match="two wheels of trl"):
+        parts.choose_wheels([*wheels, "/w/trl-1.15.0-py3-none-any.whl"], installed)
+    with pytest.raises(ValueError, match="not a wheel"):
+        parts.wheel_identity("trl-1.16.0.tar.gz")
+
+
+def make_wheel(folder: Path, name: str, version: str) -> Path:
+    wheel = folder / f"{name}-{version}-py3-none-any.whl"
+    info = f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr(f"{name}/__init__.py", f"VERSION = {version!r}\n")
+        archive.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        wheel_file = "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        archive.writestr(f"{info}/WHEEL", wheel_file)
+        archive.writestr(f"{info}/RECORD", "")
+    return wheel
+
+
+def test_wheels_part_installs_what_is_missing_into_the_site_folder(tmp_path):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    make_wheel(wheels, "dhpo_probe_package", "1.2.3")
+    site, out = tmp_path / "site", tmp_path / "wheels.json"
+    processes.run([sys.executable, "scripts/gpu_check_parts.py", "wheels", "--wheels", str(wheels), "--site",
+                   str(site), "--json", str(out)], cwd=ROOT, timeout=300, check=True)  # fmt: skip
+    report = json.loads(out.read_text())
+    assert report["install"] == ["dhpo_probe_package-1.2.3-py3-none-any.whl"] and report["site"] == str(site)
+    assert (site / "dhpo_probe_package" / "__init__.py").read_text() == "VERSION = '1.2.3'\n"
+    assert report["notes"] == [] and report["unmet_requirements"] == []
+
+
+def test_missing_wheels_are_one_line_naming_the_fetch_script(tmp_path, monkeypatch):
+    monkeypatch.setattr(parts, "installed_version", lambda name: None)  # a machine without trl & co
+    options = SimpleNamespace(wheels=str(tmp_path / "none"), site=str(tmp_path / "site"), check_only=False)
+    report, code = parts.wheels_part(options)
+    assert code == 1 and len(report["notes"]) == 2
+    assert all("scripts/fetch_gpu_wheels.sh" in note for note in report["notes"])
+    assert report["notes"][0].startswith("trl, datasets, math-verify not installed")
+
+
+def test_environment_names_pin_mismatches_no_gpu_and_an_old_torch(monkeypatch):
+    lines = parts.pin_lines({"torch": "2.11.0", "trl": "1.16.0", "datasets": None},
+                            {"torch": ">=2.13.0,<2.14", "trl": ">=1.16.0,<1.17", "datasets": ">=5.2.0,<6"})  # fmt: skip
+    assert len(lines) == 2 and lines[0].startswith("torch 2.11.0 is outside the pinned")
+    assert lines[1].startswith("datasets is not installed") and "fetch_gpu_wheels.sh" in lines[1]
+    monkeypatch.setitem(sys.modules, "torch.nn.attention.varlen", None)  # a torch before 2.10
+    report, code = parts.environment_part(SimpleNamespace(cpu=False))
+    assert code == 0 and report["varlen_attn_parameters"] is None and report["cuda_available"] is False
+    assert any(note.startswith("no CUDA device") and "gpu_check.sh --cpu" in note for note in report["notes"])
+    assert any("no torch.nn.attention.varlen" in note and "torch>=2.10" in note for note in report["notes"])
+    assert report["versions"]["trl"] == "1.16.0"
+    assert SpecifierSet(report["pins"]["trl"]) == SpecifierSet(">=1.16.0,<1.17")
+
+
+def test_a_tests_part_where_nothing_passed_fails(tmp_path):
+    """On a machine where torch sees no GPU every GPU test skips: that part must not read as a pass."""
+    (tmp_path / "junit.xml").write_text('<testsuite><testcase name="a"><skipped message="needs a CUDA GPU"/>'
+                                        '</testcase></testsuite>')  # fmt: skip
+    entry = check.summarise(check.Part("tests", [], 1, 1), "ok", 3.0, 1.0, ["1 skipped"], tmp_path)
+    assert entry["status"].startswith("failed") and entry["result"]["tests"][0]["message"] == "needs a CUDA GPU"
+    (tmp_path / "junit.xml").write_text('<testsuite><testcase name="a"/></testsuite>')
+    assert check.summarise(check.Part("tests", [], 1, 1), "ok", 3.0, 1.0, [], tmp_path)["status"] == "ok"
+
+
+def test_junit_summary(tmp_path):
+    path = tmp_path / "junit.xml"
+    path.write_text(
+        '<testsuites><testsuite><testcase name="a" time="1.5"><properties><property name="e" value="0.1"/>'
+        '</properties></testcase><testcase name="b"><skipped message="needs CUDA"/></testcase>'
+        '<testcase name="c"><failure message="boom"/></testcase></testsuite></testsuites>'
+    )
+    summary = check.junit_summary(path)
+    assert summary["counts"] == {"passed": 1, "failure": 1, "error": 0, "skipped": 1}
+    assert summary["tests"][0]["properties"] == {"e": "0.1"} and summary["tests"][1]["message"] == "needs CUDA"
+
+
+# ------------------------------------------------------------------------------------------------- benchmark
+@pytest.fixture(scope="module")
+def bench():
+    return load("benchmarks/bench_dynamic_batching.py")
+
+
+def test_update_flops_counted_by_hand(bench):
+    """hidden 8, 2 heads of 4, 1 key/value head, MLP 16, 1 layer, vocab 10; one sequence, prompt 2, completion 3."""
+    config = SimpleNamespace(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                             head_dim=4, intermediate_size=16, vocab_size=10)  # fmt: skip
+    matrices = 5 * 2 * (8 * 8 + 8 * 4 + 8 * 4 + 8 * 8 + 3 * 8 * 16)  # q, k, v, o, MLP for 5 tokens
+    head = 3 * 2 * 8 * 10  # the completion tokens' LM head
+    attention = 15 * 2 * 2 * (4 + 4)  # 15 causal pairs, 2 heads, QK and AV of 4 multiply-adds
+    assert bench.update_flops(config, [2], [3]) == 3 * (matrices + head + attention)
+    assert bench.update_flops(config, [2, 2], [3, 3]) == 2 * bench.update_flops(config, [2], [3])
+
+
+def test_peak_tflops_by_device_name(bench):
+    assert bench.peak_tflops("NVIDIA H100 80GB HBM3") == 989.0 and bench.peak_tflops("NVIDIA H200") == 989.0
+    assert bench.peak_tflops("NVIDIA H100 PCIe") == 756.0 and bench.peak_tflops("Tesla T4") is None
+
+
+def test_an_arm_without_a_timed_run_reports_no_speed(bench):
+    """A benchmark cut short after its warm-up runs: memory and padding, but no throughput from untimed steps."""
+    probe = SimpleNamespace(real=90, forwarded=120, peaks=[5, 7], kernels={"sdpa": 3}, prompts_total=0,
+                            trained_tokens=60, step_seconds=2.0, score_seconds=0.5, config=None,
+                            prompt_lengths=[], completion_lengths=[])  # fmt: skip
+    figures = bench.arm_figures([probe], None, 2, 989.0)
+    assert figures["padding_fraction"] == 0.25 and figures["peak_step_memory_bytes"] == 7
+    assert figures["timed_runs"] == 0 and "trained_tokens_per_second" not in figures

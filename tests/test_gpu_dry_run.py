@@ -1,0 +1,113 @@
+"""`bash scripts/gpu_check.sh --cpu OUTPUT_DIR`, the CPU dry run of the GPU evidence, end to end: every part runs, the
+JSON it writes holds each part's figures, and the docs block renders from it; so the one command a lent GPU gets
+cannot rot. The script's pure pieces are tested in tests/test_gpu_check.py.
+"""
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import processes
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load(path):
+    spec = importlib.util.spec_from_file_location(Path(path).stem + "_dry_run_under_test", ROOT / path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+check = load("scripts/gpu_check.py")
+docs = load("scripts/docs_gpu_section.py")
+
+
+# ------------------------------------------------------------------------------------------------ the dry run
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    """`bash scripts/gpu_check.sh --cpu OUTPUT_DIR` as the docs print it (with this interpreter)."""
+    output = tmp_path_factory.mktemp("gpu_check")
+    result = processes.run(["bash", "scripts/gpu_check.sh", "--cpu", str(output)], cwd=ROOT, timeout=1500,
+                           env={**os.environ, "PYTHON": sys.executable})  # fmt: skip
+    assert (output / "gpu_check.json").is_file(), result.stdout + result.stderr
+    return result, json.loads((output / "gpu_check.json").read_text()), output
+
+
+def test_dry_run_runs_every_part(dry_run):
+    result, report, output = dry_run
+    assert report["mode"] == "cpu" and list(report["parts"]) == [p.name for p in check.plan(True, "python", ROOT, "")]
+    failed = {name: entry.get("error") for name, entry in report["parts"].items() if entry["status"] != "ok"}
+    assert failed == {} and result.returncode == 0, failed
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    assert report["commit"] == head
+    assert "===== bench-qwen3-1.7b" in (output / "gpu_check.log").read_text()
+
+
+def test_dry_run_gpu_tests_pass_and_the_varlen_cases_skip_on_cpu(dry_run):
+    result = dry_run[1]["parts"]["tests"]["result"]
+    assert result["counts"]["failure"] == 0 and result["counts"]["error"] == 0 and result["counts"]["passed"] >= 5
+    skipped = [t for t in result["tests"] if t["outcome"] == "skipped"]
+    assert len(skipped) == 3 and all("torch_varlen" in t["name"] and "CUDA" in t["message"] for t in skipped)
+    float32 = [t for t in result["tests"] if "float32" in t["name"] and t["outcome"] == "passed"]
+    assert len(float32) == 3
+    for test in float32:  # measured errors reach the JSON
+        assert float(test["properties"]["packed_logps_error"]) <= 1e-4
+        assert float(test["properties"]["leaking_rows_logits_error"]) > 1e-3
+
+
+def test_dry_run_trains_off_policy_with_packed_rows(dry_run):
+    train = dry_run[1]["parts"]["train"]["result"]
+    assert train["ok"] and train["off_policy_seen"] and len(train["losses"]) == train["steps"] == 2
+    assert all(math.isfinite(loss) for loss in train["losses"])
+    assert train["padding_free"] is True and train["attention_kernels"].get("sdpa", 0) > 0  # CPU: the SDPA loop
+    assert {"loss", "dhpo/token_ratio/mean", "batching/padding_fraction"} <= set(train["metrics_logged"])
+
+
+@pytest.mark.parametrize("part", ["bench-qwen3-0.6b", "bench-qwen3-1.7b"])
+def test_dry_run_benchmarks_every_arm(dry_run, part):
+    bench = dry_run[1]["parts"][part]["result"]
+    assert list(bench["arms"]) == ["trl", "dynamic", "packed", "shared"]
+    arms = bench["arms"]
+    assert arms["trl"]["padding_fraction"] > 0 and arms["packed"]["padding_fraction"] == 0
+    assert all(a["timed_runs"] == 1 and a["trained_tokens_per_second"] > 0 and a["update_flops"] > 0
+               for a in arms.values())  # fmt: skip
+    assert all(a["mfu"] is None for a in arms.values())  # no GPU peak on a CPU
+    assert arms["packed"]["attention_kernels"].get("sdpa", 0) > 0
+    assert set(bench["throughput_ratios"]) == {"packed/dynamic", "packed/trl", "dynamic/trl", "shared/packed"}
+
+
+def test_docs_block_renders_the_run_and_the_cli_refuses_a_dry_run(dry_run, tmp_path):
+    report = dry_run[1]
+    block = docs.render(report)
+    pieces = ("| trl |", "| shared |", "Training", "test_tiny_moe_trains_with_routing_and_aux_loss", "| tests | ok")
+    for piece in pieces:
+        assert piece in block
+    doc = tmp_path / "performance_gpu.md"
+    doc.write_text((ROOT / "docs/performance_gpu.md").read_text())
+    filled = docs.fill(doc.read_text(), block)
+    assert filled.startswith("# Performance on a GPU") and block in filled and "Empty: no run" not in filled
+    assert docs.fill(filled, "again").count(docs.BEGIN) == 1  # a second run replaces the first
+    path = tmp_path / "gpu_check.json"
+    path.write_text(json.dumps(report))
+    with pytest.raises(SystemExit) as exit_info:
+        docs.main([str(path), "--doc", str(doc)])
+    assert exit_info.value.code == 2
+    report = {**report, "mode": "gpu", "commit": None}  # a tree copied without .git
+    path.write_text(json.dumps(report))
+    with pytest.raises(SystemExit):
+        docs.main([str(path), "--doc", str(doc)])
+    assert docs.main([str(path), "--doc", str(doc), "--commit", "0123456789abc"]) == 0
+    assert "| packed |" in doc.read_text() and "commit `0123456789`" in doc.read_text()
+
+
+def test_the_shipped_doc_says_it_is_empty():
+    text = (ROOT / "docs/performance_gpu.md").read_text()
+    block = text.split(docs.BEGIN)[1].split(docs.END)[0]
+    assert "Empty" in block and "empty until a GPU is lent" in text
