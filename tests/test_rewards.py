@@ -910,3 +910,15 @@ def test_forgetting_slow_answers_compares_them_again():
     rewards.forget_slow_answers()
     assert rewards.score_many([(slow, "12")], timeout_s=0.5) == [0.0]
     assert rewards.pop_grading_counts()["cached"] == 0
+
+
+def test_the_first_call_of_a_fresh_worker_scores_a_quick_answer_behind_slow_ones():
+    """A worker warms math-verify up before it says it is ready: the first parse's cost does not fall on the first
+    call's answers, whose first-pass deadline can be a few tens of milliseconds."""
+    from dhpo_trl.scoring import rewards
+
+    rewards._POOL.close()  # a fresh worker, as at the start of a run
+    completions = slow_answers(7, offset=2000) + [r"\boxed{\frac{24}{2}}"]
+    scores = rewards.score_many([(c, "12") for c in completions], budget_s=1.0, timeout_s=2.0)
+    assert scores == [0.0] * 7 + [1.0]
+    rewards.pop_grading_counts()

@@ -661,3 +661,30 @@ def test_off_policy_mask_bnpo_global_scope(feature_runs):
     weights = logged(trainer, "dhpo/mixing_weight/mean")
     assert len(weights) == 4 and all(0 < w < 1 for w in weights)
     assert min(logged(trainer, "dhpo/mixing_weight/std")) > 0.05
+
+
+def test_answers_the_reward_budget_cut_are_logged_per_generation_batch(tok, tmp_path):
+    """A math reward call that runs out of its budget scores the rest 0 and the trainer logs how many; a run whose
+    rewards never call the math grader logs nothing under that key."""
+    from dhpo_trl.scoring.rewards import make_math_verify_reward, pop_grading_counts
+
+    graded = make_math_verify_reward(budget_s=1.0, timeout_s=2.0)
+    calls = []
+
+    def slow_math(completions, **kwargs):  # distinct slow integrals (no cache), one quick right answer per call
+        first = 100 * len(calls)
+        texts = [rf"\boxed{{\int_{{0}}^{{1}} x^{{{first + k}}} e^{{x}} \sin(3 x) \cos(5 x) \, dx}}"
+                 for k in range(len(completions))]  # fmt: skip
+        texts[-1] = r"\boxed{\frac{24}{2}}"
+        scores = graded(texts, answer=["12"] * len(texts))
+        calls.append(scores)
+        return scores
+
+    pop_grading_counts()
+    args = DHPOConfig(output_dir=str(tmp_path), **{**SMALL_RUN, "max_steps": 2}, **CPU)
+    trainer = run(DHPOTrainer, args, tok, reward=slow_math)
+    cut = [value for entry in trainer.state.log_history for key, value in entry.items() if key == "reward/over_budget"]
+    assert cut and all(0 < value <= len(calls[0]) - 1 for value in cut)  # slow answers past the budget, counted
+    assert all(scores[-1] == 1.0 for scores in calls)  # the quick answer after the slow ones still scored
+    plain = run(DHPOTrainer, DHPOConfig(output_dir=str(tmp_path / "plain"), **{**SMALL_RUN, "max_steps": 2}, **CPU), tok)
+    assert not logged(plain, "reward/over_budget")

@@ -761,6 +761,20 @@ def _follow_parent(parent_pid: int, death_signal: bool) -> None:
     threading.Thread(target=watch, daemon=True).start()
 
 
+# Compared once before the worker says it is ready: the first parse loads math-verify's grammar and sympy's printers
+# (about 0.15 s), a cost that would otherwise fall on the first answer of a call and, under a short first-pass
+# deadline, score a quick answer 0.
+_WARM_UP = ((r"\frac{24}{2}", "12"), ("0.5", r"\frac{1}{2}"), ("(1, 2)", r"\left(1, 2\right)"), ("x = 3", "3"))
+
+
+def _warm_up() -> None:
+    for answer, gold in _WARM_UP:
+        try:
+            _compare(answer, gold, 10.0)
+        except Exception:  # noqa: BLE001 - a warm-up that fails leaves the first answer to pay the cost
+            pass
+
+
 def _serve() -> None:
     """Worker loop. Request, one JSON line on stdin:
     `{"id": int, "timeout_s": float, "pairs": [[answer, gold], ...], "budget_s": float (optional)}`.
@@ -771,6 +785,7 @@ def _serve() -> None:
     if len(sys.argv) >= 3:
         _follow_parent(int(sys.argv[1]), sys.argv[2] == "1")
     _limit_memory()
+    _warm_up()
     print("ready", flush=True)
     for line in sys.stdin:
         arrived = time.monotonic()

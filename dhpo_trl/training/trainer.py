@@ -22,6 +22,7 @@ from ..core.objectives import get_objective
 from .moe import maybe_set_zero3_leaf_modules, zero3_leaf_modules_for_trl_prepared_models
 from .vllm_utils import check_vllm_setup
 from . import batching, collectives, resume, routing_replay, trl_mirror, update_path
+from ..scoring.rewards import pop_grading_counts
 from .reward_checks import check_reward_functions
 from .sampler import EpochRepeatSampler
 
@@ -69,9 +70,13 @@ class DHPOTrainer(GRPOTrainer):
         self._routing = routing_replay.TrainerRouting(args.routing_replay, self.model, self.ref_model)  # MoE only
 
     def _generate_and_score_completions(self, inputs):
-        """TRL's generation batch; with `routing_replay="old"`, the pi_old pass's routing added to it as rows."""
+        """TRL's generation batch; with `routing_replay="old"`, the pi_old pass's routing added to it as rows. Logs
+        `reward/over_budget`: answers the math reward scored 0 because its call ran out of time, on all processes."""
         with self._routing.generation_batch(self) as recorded:
             batch = super()._generate_and_score_completions(inputs)
+        counts, _ = self._reduce({key: float(count) for key, count in pop_grading_counts().items()}, {})
+        if counts["answers"]:  # the same on every process: the math reward was called
+            self._metrics["train" if self.model.training else "eval"]["reward/over_budget"].append(counts["over_budget"])
         return self._routing.attach(batch, recorded)
 
     # ------------------------------------------------- the update's forwards (dhpo_trl/training/update_path.py)
