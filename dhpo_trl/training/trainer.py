@@ -17,10 +17,10 @@ import torch
 import torch.distributed as dist
 from accelerate.utils import DistributedType
 from transformers.trainer_utils import rotate_checkpoints
-from trl import GRPOTrainer
+from trl import GRPOConfig, GRPOTrainer
 
 from ..core import aggregation, metrics
-from ..core.config import DHPOConfig
+from ..core.config import DHPOConfig, from_grpo_config
 from ..core.losses import masked_log_ratio
 from ..core.objectives import get_objective
 from .moe import maybe_set_zero3_leaf_modules, zero3_leaf_modules_for_trl_prepared_models
@@ -46,8 +46,8 @@ CARD_FIELDS = (
 class DHPOTrainer(GRPOTrainer):
     """GRPOTrainer whose policy loss is DHPO (Min et al., 2026) or one of the paper's baselines.
 
-    Takes the same arguments as `trl.GRPOTrainer`; `args` must be a [`DHPOConfig`] (a plain `GRPOConfig` is
-    rejected so that no DHPO default is silently missing). `args.algorithm` selects the objective.
+    Takes the same arguments as `trl.GRPOTrainer`; `args` is a [`DHPOConfig`], whose `algorithm` selects the
+    objective, or a plain `GRPOConfig`, converted (`from_grpo_config`) to run the objective TRL would run with it.
     """
 
     _tag_names = ["trl", "dhpo"]
@@ -62,10 +62,15 @@ class DHPOTrainer(GRPOTrainer):
         model_name = model if isinstance(model, str) else model.config._name_or_path
         if args is None:
             args = DHPOConfig(f"{str(model_name).rstrip('/').split('/')[-1]}-DHPO")
+        if isinstance(args, GRPOConfig) and not isinstance(args, DHPOConfig):
+            args, ignored = from_grpo_config(args)
+            if args.process_index == 0:
+                unread = f"; not read by it, as in TRL: {ignored}" if ignored else ""
+                print(f"DHPOTrainer: a GRPOConfig runs TRL's objective (algorithm={args.algorithm!r}, loss_type="
+                      f"{args.loss_type!r}{unread}); for DHPO pass a DHPOConfig (algorithm='dhpo', its default).")
         if not isinstance(args, DHPOConfig):
             raise TypeError(
-                f"DHPOTrainer needs `args` to be a DHPOConfig, got {type(args).__name__}. Build one with "
-                "DHPOConfig(**your_grpo_config.to_dict()) or use trl.GRPOTrainer."
+                f"DHPOTrainer needs `args` to be a DHPOConfig or a trl.GRPOConfig, got {type(args).__name__}."
             )
         args.validate()  # the config may have been changed since it was built: refuse what would not act
         # vllm missing or server unreachable: fail now, before any model is loaded.
