@@ -298,6 +298,24 @@ BUGS = {
         "trainer._step = global_step",
         ["tests/test_resume.py"], "an older checkpoint resumes its micro-step counter at optimizer steps",
     ),
+    "sapo-temperature-on-the-wrong-sign": (
+        "dhpo_trl/core/losses.py",
+        "temperature = torch.where(advantages > 0, temperature_pos, temperature_neg).to(ratio.dtype)",
+        "temperature = torch.where(advantages < 0, temperature_pos, temperature_neg).to(ratio.dtype)",
+        LOSSES, "SAPO's positive-advantage temperature gates the negative advantages",
+    ),
+    "luspo-mean-over-passes": (
+        "dhpo_trl/core/aggregation.py",
+        "return (per_token_loss * mask).sum() / window.sequences",
+        "return (per_token_loss * mask).sum() / window.passes",
+        LOSSES, "LUSPO's per-response sum is divided by the accumulation passes, not the responses (a wrong denominator)",
+    ),
+    "vespo-mean-log-ratio": (
+        "dhpo_trl/core/losses.py",
+        "log_w = (log_ratio * mask.to(log_ratio.dtype)).sum(-1, keepdim=True)",
+        "log_w = sequence_log_ratio(log_ratio, mask).unsqueeze(1)",
+        LOSSES, "VESPO's sequence weight from the mean log-ratio (GSPO's) instead of the sum (the product of ratios)",
+    ),
 }
 
 
