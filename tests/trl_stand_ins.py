@@ -9,7 +9,9 @@ prompts of the same kinds (standard and conversational, train and test splits). 
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import string
 import tempfile
 
@@ -29,6 +31,7 @@ ARCHITECTURES = {
     "trl-internal-testing/tiny-Qwen2ForSequenceClassification-2.5": Qwen2ForSequenceClassification,
 }
 _ROOT = tempfile.mkdtemp(prefix="trl-stand-ins-")
+atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)
 # Fewer prompts than the Hub's (17 train): TRL's tests train 3 epochs, and this machine is a shared CPU.
 PROMPTS = ["Solve 2 + 2 =", "The sky is", "Write a haiku about", "Why is the ocean", "Name a prime", "Hello",
            "Count to three:", "What color is"]  # fmt: skip
