@@ -372,6 +372,24 @@ BUGS = {
         'with contextlib.nullcontext(Stats()) as stats:',
         REPLAY_TRAINER, "the policy pass routes live: routing_replay='old' acts nowhere",
     ),
+    "sapo-temperature-on-the-wrong-sign": (
+        "dhpo_trl/core/losses.py",
+        "temperature = torch.where(advantages > 0, temperature_pos, temperature_neg).to(ratio.dtype)",
+        "temperature = torch.where(advantages < 0, temperature_pos, temperature_neg).to(ratio.dtype)",
+        LOSSES, "SAPO's positive-advantage temperature gates the negative advantages",
+    ),
+    "luspo-mean-over-passes": (
+        "dhpo_trl/core/aggregation.py",
+        "return (per_token_loss * mask).sum() / window.sequences",
+        "return (per_token_loss * mask).sum() / window.passes",
+        LOSSES, "LUSPO's per-response sum is divided by the accumulation passes, not the responses (a wrong denominator)",
+    ),
+    "vespo-mean-log-ratio": (
+        "dhpo_trl/core/losses.py",
+        "log_w = (log_ratio * mask.to(log_ratio.dtype)).sum(-1, keepdim=True)",
+        "log_w = sequence_log_ratio(log_ratio, mask).unsqueeze(1)",
+        LOSSES, "VESPO's sequence weight from the mean log-ratio (GSPO's) instead of the sum (the product of ratios)",
+    ),
 }
 
 

@@ -45,8 +45,8 @@ def test_dapo_normaliser_is_the_window_tokens_per_process():
 
 def test_unknown_aggregation_is_refused_naming_loss_type():
     window = aggregation.fixed_slice_window(2, 1, 1.0)
-    with pytest.raises(ValueError, match="loss_type='luspo'"):
-        aggregate("luspo", LOSS, MASK, window, 3)
+    with pytest.raises(ValueError, match="loss_type='sapo'"):
+        aggregate("sapo", LOSS, MASK, window, 3)
 
 
 def test_reported_policy_loss_is_undivided_except_dapo():

@@ -4,9 +4,10 @@ refused naming the setting that would make them act, on-policy DHPO warns, prese
 import warnings
 
 import pytest
-from trl import TrlParser
+from trl import GRPOConfig, TrlParser
 
 from dhpo_trl import DHPOConfig
+from dhpo_trl.core.config import from_grpo_config
 from dhpo_trl.core.objectives import OBJECTIVE_SETTINGS, OBJECTIVES, SETTING_SCOPES
 from dhpo_trl.core.presets import PAPER_ALGORITHMS, config_for
 
@@ -65,8 +66,14 @@ def test_defaults_follow_the_paper(tmp_path):
         ("delta", 1.0, dict(algorithm="grpo")),  # a dual clip at or below 1 cuts into the trust region
         ("delta", 0.5, {}),
         ("delta", "3", dict(algorithm="gspo")),
-        ("loss_type", "sapo", {}),
-        ("loss_type", "cispo", {}),  # CISPO is selected with algorithm="cispo"
+        ("loss_type", "sapo", dict(algorithm="grpo")),  # TRL's SAPO objective against an explicit other row
+        ("loss_type", "cispo", dict(algorithm="gmpo")),
+        ("loss_type", "luspo_v2", {}),
+        ("sapo_temperature_pos", 0.0, dict(algorithm="sapo")),  # the gate divides by it
+        ("sapo_temperature_neg", -1.0, dict(algorithm="sapo")),
+        ("sapo_temperature_neg", "1", dict(algorithm="sapo")),
+        ("vespo_lambda_pos", 0.0, dict(algorithm="vespo")),  # TRL floors lambda at 1e-4: a smaller one is not acted on
+        ("vespo_k_neg", float("inf"), dict(algorithm="vespo")),
     ],
 )
 def test_validation_error_names_the_field(tmp_path, field, value, extra):
@@ -76,11 +83,13 @@ def test_validation_error_names_the_field(tmp_path, field, value, extra):
 
 # (settings, refused field, where it would act)
 REFUSED = [
-    (dict(algorithm="dhpo", epsilon=0.3), "epsilon", "algorithm='grpo' or 'gspo'"),
+    (dict(algorithm="dhpo", epsilon=0.3), "epsilon", "algorithm='grpo', 'gspo' or 'luspo'"),
     (dict(algorithm="dhpo", epsilon_high=0.28), "epsilon_high", "'cispo' (the weight cap)"),
-    (dict(algorithm="gmpo", epsilon=0.1), "epsilon", "algorithm='grpo' or 'gspo'"),
-    (dict(algorithm="gmpo", epsilon_high=0.3), "epsilon_high", "algorithm='grpo' or 'gspo'"),
-    (dict(algorithm="cispo", epsilon=0.3), "epsilon", "algorithm='grpo' or 'gspo'"),
+    (dict(algorithm="gmpo", epsilon=0.1), "epsilon", "algorithm='grpo', 'gspo' or 'luspo'"),
+    (dict(algorithm="gmpo", epsilon_high=0.3), "epsilon_high", "algorithm='grpo', 'gspo' or 'luspo'"),
+    (dict(algorithm="cispo", epsilon=0.3), "epsilon", "algorithm='grpo', 'gspo' or 'luspo'"),
+    (dict(algorithm="sapo", epsilon=0.3), "epsilon", "algorithm='grpo', 'gspo' or 'luspo'"),
+    (dict(algorithm="vespo", delta=3.0), "delta", "'luspo'"),
     (dict(algorithm="grpo", epsilon_low_token=0.1), "epsilon_low_token", "algorithm='dhpo'"),
     (dict(algorithm="gspo", epsilon_high_seq=0.3), "epsilon_high_seq", "clipping='branch'"),
     (dict(algorithm="cispo", epsilon_high_token=0.3), "epsilon_high_token", "algorithm='dhpo'"),
@@ -97,8 +106,17 @@ REFUSED = [
     (dict(mixing="averaged", entropy_norm_scope="sequence"), "entropy_norm_scope", "mixing='entropy'"),
     (dict(algorithm="gmpo", delta=3.0), "delta", "'dhpo'"),
     (dict(algorithm="cispo", delta=3.0), "delta", "'dhpo'"),
-    (dict(algorithm="dhpo", importance_sampling_level="sequence"), "importance_sampling_level", "algorithm='gspo'"),
-    (dict(algorithm="cispo", importance_sampling_level="sequence"), "importance_sampling_level", "algorithm='gspo'"),
+    (dict(algorithm="gmpo", importance_sampling_level="sequence"), "importance_sampling_level", "algorithm='gspo'"),
+    # VESPO's weight is its sequence's whatever the level: the level acts on the bias-corrected KL only
+    (dict(algorithm="vespo", importance_sampling_level="sequence"), "importance_sampling_level", "bias-corrected KL"),
+    (dict(algorithm="vespo", importance_sampling_level="sequence", beta=0.1, use_bias_correction_kl=False),
+     "importance_sampling_level", "bias-corrected KL"),
+    (dict(algorithm="grpo", sapo_temperature_pos=2.0), "sapo_temperature_pos", "algorithm='sapo'"),
+    (dict(algorithm="luspo", sapo_temperature_neg=2.0), "sapo_temperature_neg", "algorithm='sapo'"),
+    (dict(algorithm="sapo", vespo_k_pos=1.0), "vespo_k_pos", "algorithm='vespo'"),
+    (dict(algorithm="dhpo", vespo_lambda_pos=1.0), "vespo_lambda_pos", "algorithm='vespo'"),
+    (dict(algorithm="cispo", vespo_k_neg=1.0), "vespo_k_neg", "algorithm='vespo'"),
+    (dict(algorithm="gspo", vespo_lambda_neg=1.0), "vespo_lambda_neg", "algorithm='vespo'"),
 ]  # fmt: skip
 
 
@@ -128,7 +146,7 @@ def test_gmpo_refuses_token_weighted_aggregations(tmp_path, loss_type):
         make_config(tmp_path, algorithm="gmpo", loss_type=loss_type)
 
 
-@pytest.mark.parametrize("algorithm", ["dhpo", "grpo", "gspo", "cispo"])
+@pytest.mark.parametrize("algorithm", ["dhpo", "grpo", "gspo", "cispo", "sapo", "vespo"])
 def test_token_aggregations_stay_selectable(tmp_path, algorithm):
     for loss_type in ("grpo", "dr_grpo", "dapo"):
         assert make_config(tmp_path, algorithm=algorithm, loss_type=loss_type).loss_type == loss_type
@@ -145,6 +163,70 @@ def test_settings_at_their_default_and_settings_that_act_are_accepted(tmp_path):
     assert make_config(tmp_path, algorithm="gspo", delta=2.5, epsilon=0.1, epsilon_high=0.2).delta == 2.5
     assert make_config(tmp_path, mixing="averaged", token_weight=1, clipping="unified").token_weight == 1
     assert make_config(tmp_path, algorithm="cispo", epsilon_high=5.0).epsilon_high == 5.0
+
+
+# TRL's spellings of its objectives -> (algorithm, loss_type, importance_sampling_level, epsilon_high) run here
+TRL_SPELLINGS = [
+    (dict(loss_type="sapo"), ("sapo", "grpo", "token", None)),
+    (dict(loss_type="sapo", importance_sampling_level="sequence"), ("sapo", "grpo", "sequence", None)),
+    (dict(algorithm="sapo", loss_type="sapo"), ("sapo", "grpo", "token", None)),
+    (dict(loss_type="vespo"), ("vespo", "dapo", "token", None)),
+    (dict(loss_type="luspo"), ("luspo", "luspo", "token", None)),
+    (dict(loss_type="luspo", importance_sampling_level="sequence"), ("luspo", "luspo", "sequence", None)),
+    (dict(algorithm="luspo"), ("luspo", "luspo", "token", None)),  # its own aggregation, not the default "grpo"
+    (dict(loss_type="cispo"), ("cispo", "dapo", "token", 0.2)),  # TRL's cap: epsilon_high, else epsilon
+    (dict(loss_type="cispo", epsilon=0.5), ("cispo", "dapo", "token", 0.5)),
+    (dict(loss_type="cispo", epsilon_high=5.0), ("cispo", "dapo", "token", 5.0)),
+    (dict(importance_sampling_level="sequence"), ("gspo", "grpo", "sequence", None)),
+    (dict(importance_sampling_level="sequence", loss_type="dapo"), ("gspo", "dapo", "sequence", None)),
+    (dict(algorithm="grpo", importance_sampling_level="sequence"), ("gspo", "grpo", "sequence", None)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("settings", "expected"), TRL_SPELLINGS)
+def test_trls_spellings_select_the_row_trl_runs(tmp_path, settings, expected):
+    config = make_config(tmp_path, **settings)
+    ran = (config.algorithm, config.loss_type, config.importance_sampling_level, config.epsilon_high)
+    assert ran == expected
+    config.validate()  # idempotent: the trainer validates again
+    assert (config.algorithm, config.loss_type, config.importance_sampling_level, config.epsilon_high) == expected
+
+
+def test_an_explicit_other_algorithm_with_trls_objective_spelling_is_refused_naming_both(tmp_path):
+    with pytest.raises(ValueError, match=r"DHPOConfig\.loss_type='vespo' is TRL's VESPO objective, but "
+                                         r"algorithm='cispo': set algorithm='vespo'"):
+        make_config(tmp_path, algorithm="cispo", loss_type="vespo")
+    # a row's own setting left behind by the selection names what selected the row
+    with pytest.raises(ValueError, match=r"DHPOConfig\.mixing='averaged' has no effect with algorithm='gspo' "
+                                         r"\(selected by importance_sampling_level='sequence'"):
+        make_config(tmp_path, importance_sampling_level="sequence", mixing="averaged")
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo", "vespo"])
+def test_a_grpo_config_converts_to_the_row_trl_runs_with_every_field_kept(tmp_path, loss_type, level):
+    grpo = GRPOConfig(str(tmp_path), loss_type=loss_type, importance_sampling_level=level, epsilon=0.25,
+                      learning_rate=3e-4, gradient_accumulation_steps=2, steps_per_generation=4, seed=7,
+                      **dict(CPU, bf16=False))  # fmt: skip
+    config, ignored = from_grpo_config(grpo)
+    rows = {"cispo": ("cispo", "dapo"), "sapo": ("sapo", "grpo"), "luspo": ("luspo", "luspo"), "vespo": ("vespo", "dapo")}
+    clipped_surrogate = ("gspo" if level == "sequence" else "grpo", loss_type)
+    assert (config.algorithm, config.loss_type) == rows.get(loss_type, clipped_surrogate)
+    for name in ("learning_rate", "gradient_accumulation_steps", "steps_per_generation", "seed", "num_generations",
+                 "beta", "scale_rewards", "max_completion_length", "temperature"):
+        assert getattr(config, name) == getattr(grpo, name), name
+    assert config.generation_batch_size == grpo.generation_batch_size
+    # TRL's epsilon_high None: epsilon for the upper clip and for CISPO's cap; SAPO and VESPO ignore epsilon (and VESPO
+    # the level without a KL), as TRL does: set back to the default and named
+    unread = {"epsilon": 0.25} if loss_type in ("sapo", "vespo") else {}
+    if (loss_type, level) == ("vespo", "sequence"):
+        unread["importance_sampling_level"] = "sequence"
+    assert ignored == unread
+    if loss_type == "cispo":
+        assert (config.epsilon, config.epsilon_high) == (0.2, 0.25)
+    else:
+        assert (config.epsilon, config.epsilon_high) == (0.2 if unread else 0.25, None)
+    assert config.importance_sampling_level == ("token" if "importance_sampling_level" in unread else level)
 
 
 def test_bare_cispo_caps_the_weight_at_the_papers_1_2(tmp_path):
@@ -167,12 +249,16 @@ def test_cli_parser_passes_every_field_and_only_changed_ones_are_refused(tmp_pat
 
 def test_validate_catches_a_config_mutated_after_construction(tmp_path):
     config = make_config(tmp_path, algorithm="gspo")
-    config.algorithm = "grpo"  # importance_sampling_level="sequence" stays behind from gspo
+    config.algorithm = "grpo"  # the "sequence" level was the gspo row's, not the user's: GRPO runs token-level
+    config.validate()
+    assert (config.algorithm, config.importance_sampling_level) == ("grpo", "token")
+    config = make_config(tmp_path, algorithm="gspo", importance_sampling_level="sequence")
+    config.algorithm = "gmpo"  # ... a level the user set stays, and is refused where it would not act
     with pytest.raises(ValueError, match=r"DHPOConfig\.importance_sampling_level='sequence' has no effect"):
         config.validate()
-    config = make_config(tmp_path)
+    config = make_config(tmp_path, algorithm="grpo")
     config.loss_type = "luspo"
-    with pytest.raises(ValueError, match=r"DHPOConfig\.loss_type='luspo'"):
+    with pytest.raises(ValueError, match=r"DHPOConfig\.loss_type='luspo' is TRL's LUSPO objective"):
         config.validate()
     config = make_config(tmp_path)
     config.algorithm = "cispo"  # the cap is filled in again

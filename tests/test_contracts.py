@@ -54,7 +54,8 @@ CONTRACTS = {
     ],
     "importance_sampling_level": [
         (("config", dict(importance_sampling_level="tokens")), ["tokens"]),
-        (("config", dict(algorithm="dhpo", importance_sampling_level="sequence")), ["algorithm='gspo'"]),
+        (("config", dict(algorithm="gmpo", importance_sampling_level="sequence")), ["algorithm='gspo'"]),
+        (("config", dict(algorithm="vespo", importance_sampling_level="sequence")), ["beta"]),
     ],
     "token_weight": [
         (("config", dict(token_weight="0.5")), ["'0.5'"]),
@@ -95,10 +96,16 @@ CONTRACTS = {
               (("config", dict(algorithm="cispo", delta=3.0)), ["'dhpo'"]),
               (("call", lambda: losses.dhpo_per_token_loss(ones(), ones(), ones(2, 1), ones(), mixing="averaged",
                                                            delta=1.0)), [])],
-    "loss_type": [(("config", dict(loss_type="sapo")), ["sapo"]),
-                  (("config", dict(loss_type="cispo")), ["algorithm"]),
+    "loss_type": [(("config", dict(algorithm="grpo", loss_type="sapo")), ["sapo", "algorithm='sapo'"]),
+                  (("config", dict(algorithm="gmpo", loss_type="cispo")), ["algorithm='cispo'"]),
+                  (("config", dict(loss_type="sapo2")), ["sapo2"]),
                   (("config", dict(algorithm="gmpo", loss_type="dapo")), ["gmpo"]),
-                  (("validate", dict(loss_type="luspo")), ["luspo"])],
+                  (("validate", dict(loss_type="luspo", algorithm="gspo")), ["luspo", "algorithm='luspo'"])],
+    "sapo_temperature_pos": [(("config", dict(algorithm="sapo", sapo_temperature_pos=0)), ["0"]),
+                             (("config", dict(sapo_temperature_pos=2.0)), ["algorithm='sapo'"])],
+    "vespo_lambda_neg": [(("config", dict(algorithm="vespo", vespo_lambda_neg=1e-5)), ["1e-05", "0.0001"])],
+    "vllm_importance_sampling_correction": [
+        (("config", dict(algorithm="vespo", use_vllm=True)), ["vllm_importance_sampling_correction=False"])],
     "dynamic_batching": [(("config", dict(dynamic_batching=1)), ["1"]),
                          (("config", dict(dynamic_batching="yes")), ["yes"]),
                          # an explicit request that the TRL settings rule out (automatic falls back instead)
@@ -134,12 +141,12 @@ CONTRACTS = {
 
 
 def _grpo_config_trainer():
-    from trl import GRPOConfig
+    from transformers import TrainingArguments
 
     tokenizer = build_char_tokenizer()
     DHPOTrainer(build_tiny_qwen3(tokenizer, hidden_size=16, num_layers=1),
                 lambda completions, **kw: [0.0] * len(completions),
-                args=GRPOConfig("/tmp/unused", **CPU), processing_class=tokenizer)  # fmt: skip
+                args=TrainingArguments("/tmp/unused", **CPU), processing_class=tokenizer)  # fmt: skip
 
 
 CASES = [(setting, trigger, names) for setting, cases in CONTRACTS.items() for trigger, names in cases]

@@ -21,6 +21,7 @@ from reference_losses import (
     verl_vanilla_terms,
 )
 
+from dhpo_trl.core import aggregation
 from dhpo_trl.core.losses import (
     cispo_per_token_loss,
     dhpo_per_token_loss,
@@ -28,6 +29,8 @@ from dhpo_trl.core.losses import (
     gmpo_per_token_loss,
     grpo_per_token_loss,
     gspo_per_token_loss,
+    sapo_per_token_loss,
+    vespo_per_token_loss,
 )
 
 B, T = 5, 7
@@ -611,3 +614,83 @@ def test_baselines_bad_input_names_the_argument(fn, kwargs, argument):
     call.update(kwargs)
     with pytest.raises(ValueError, match=argument):
         fn(**call)
+
+
+# --------------------------------------------------------------------------- TRL 1.16's SAPO, VESPO, LUSPO, CISPO
+def loop_ratio(logps, old, mask, i, t, level):
+    """r_{i,t}, or s_i = exp(mean over the sequence's valid tokens of log r) at the sequence level, by hand."""
+    if level == "token":
+        return math.exp(logps[i, t].item() - old[i, t].item())
+    valid = valid_positions(mask, i)
+    return math.exp(sum(logps[i, u].item() - old[i, u].item() for u in valid) / len(valid))
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_sapo_is_trls_soft_gate_per_token_with_its_gradient(level):
+    """SAPO as TRL's `loss_type="sapo"` reads: -(4 / tau) sigmoid(tau (r - 1)) A, tau = 2 for A > 0 and 5 else;
+    its gradient wrt log pi is -4 sigmoid'(tau (r - 1)) r A (summed over the sequence at the sequence level / |o|)."""
+    logps, old, advantages, mask, _ = make_batch(dtype=torch.float64)
+    loss, info = sapo_per_token_loss(logps, old, advantages, mask, temperature_pos=2.0, temperature_neg=5.0,
+                                     level=level)  # fmt: skip
+    grad = grad_of((loss * mask).sum(), logps)
+    for i in range(B):
+        a = advantages[i].item()
+        tau = 2.0 if a > 0 else 5.0
+        valid = valid_positions(mask, i)
+        for t in valid:
+            r = loop_ratio(logps, old, mask, i, t, level)
+            sig = 1 / (1 + math.exp(-tau * (r - 1)))
+            assert loss[i, t].item() == pytest.approx(-(4 / tau) * sig * a, abs=1e-12)
+            slope = -4 * sig * (1 - sig) * r * a  # d loss_t / d log r (token) or d loss / d log s (sequence)
+            # sequence level: the |o| tokens' losses each move with log s = mean log r, so d/d log pi_t = |o| x slope / |o|
+            assert grad[i, t].item() == pytest.approx(slope, abs=1e-10)
+    assert info["soft_gate"].shape == ((B, T) if level == "token" else (B, 1))
+
+
+def test_sapo_at_ratio_one_gives_grpos_gradient_and_refuses_zero_temperature():
+    logps, _, advantages, mask, _ = make_batch(dtype=torch.float64)
+    loss, _ = sapo_per_token_loss(logps, logps.detach(), advantages, mask)
+    expected = -advantages.unsqueeze(1) * mask  # on-policy: A grad log pi, as GRPO's
+    torch.testing.assert_close(grad_of((loss * mask).sum(), logps), expected.to(logps.dtype))
+    with pytest.raises(ValueError, match="`temperature_neg` must be a positive number"):
+        sapo_per_token_loss(logps, logps.detach(), advantages, mask, temperature_neg=0.0)
+
+
+def test_vespo_weights_each_sequence_by_trls_gamma_of_its_summed_log_ratio():
+    logps, old, advantages, mask, _ = make_batch(dtype=torch.float64, log_ratio_scale=0.2)
+    pairs = dict(k_pos=2.0, lambda_pos=3.0, k_neg=3.0, lambda_neg=2.0)
+    loss, info = vespo_per_token_loss(logps, old, advantages, mask, **pairs)
+    grad = grad_of((loss * mask).sum(), logps)
+    for i in range(B):
+        a = advantages[i].item()
+        k, lam = (2.0, 3.0) if a >= 0 else (3.0, 2.0)
+        valid = valid_positions(mask, i)
+        log_w = sum(logps[i, t].item() - old[i, t].item() for t in valid)  # a sum: w is the sequence's product
+        phi = math.exp(lam + k * log_w - lam * math.exp(log_w))
+        assert info["phi"][i, 0].item() == pytest.approx(phi, rel=1e-12)
+        for t in valid:
+            assert loss[i, t].item() == pytest.approx(-phi * a * logps[i, t].item(), rel=1e-12)
+            assert grad[i, t].item() == pytest.approx(-phi * a, rel=1e-12)  # phi detached: phi A grad log pi
+    on_policy, _ = vespo_per_token_loss(logps, logps.detach(), advantages, mask, **pairs)
+    torch.testing.assert_close(grad_of((on_policy * mask).sum(), logps), (-advantages.unsqueeze(1) * mask))
+
+
+def test_cispo_at_the_sequence_level_caps_the_sequence_ratio_for_every_token():
+    logps, old, advantages, mask, _ = make_batch(dtype=torch.float64)
+    cap = 1.05
+    loss, info = cispo_per_token_loss(logps, old, advantages, mask, cap=cap, level="sequence")
+    for i in range(B):
+        s = loop_ratio(logps, old, mask, i, 0, "sequence")
+        assert info["weight_capped"][i, 0].item() == (s > cap)
+        for t in valid_positions(mask, i):
+            assert loss[i, t].item() == pytest.approx(-min(s, cap) * advantages[i].item() * logps[i, t].item(), rel=1e-12)
+    assert info["clipped_high"].shape == (B, 1) and 0 < info["weight_capped"].sum() < B
+
+
+def test_luspo_aggregation_is_the_per_response_token_sum_averaged_over_responses():
+    """TRL's `loss_type="luspo"`: `(per_token_loss * mask).sum(-1).mean()`, divided for accumulation."""
+    per_token = torch.randn(B, T, dtype=torch.float64)
+    _, _, _, mask, _ = make_batch(dtype=torch.float64)
+    by_hand = sum(sum(per_token[i, t].item() for t in valid_positions(mask, i)) for i in range(B)) / B
+    window = aggregation.fixed_slice_window(B, 2, None)  # two accumulated micro-batches of B rows
+    assert aggregation.aggregate("luspo", per_token, mask, window, T).item() == pytest.approx(by_hand / 2, rel=1e-12)

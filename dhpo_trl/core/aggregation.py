@@ -14,11 +14,14 @@ from dataclasses import dataclass
 
 import torch
 
-# TRL's aggregations of a per-token loss. "grpo" is the per-response token mean of eqs. 3, 6 and 7.
-AGGREGATIONS = ("grpo", "bnpo", "dr_grpo", "dapo")
+# TRL's aggregations of a per-token loss. "grpo" is the per-response token mean of eqs. 3, 6 and 7. "luspo" (the
+# per-response token sum, averaged over responses) is LUSPO's own: the LUSPO row accepts only it, the others only
+# the base four.
+BASE_AGGREGATIONS = ("grpo", "bnpo", "dr_grpo", "dapo")
+AGGREGATIONS = (*BASE_AGGREGATIONS, "luspo")
 # Aggregations that TRL divides by the accumulation steps (and reports undivided as `policy_loss`); "dapo"
 # normalises by the window's tokens instead.
-PER_PASS_AGGREGATIONS = ("grpo", "bnpo", "dr_grpo")
+PER_PASS_AGGREGATIONS = ("grpo", "bnpo", "dr_grpo", "luspo")
 
 
 @dataclass(frozen=True)
@@ -79,11 +82,14 @@ def aggregate(loss_type: str, per_token_loss: torch.Tensor, mask: torch.Tensor, 
     "grpo" (eq. 7): per-response token mean, summed, over the window's rows. "bnpo": token mean of the micro-batch
     over the passes (TRL's per-micro-batch meaning; dynamic batching refuses it). "dr_grpo": token sum over the
     window's rows x `max_completion_length`. "dapo": token sum over the window's tokens averaged over processes.
-    With TRL's fixed slices each is exactly TRL's value divided for accumulation.
+    "luspo": per-response token sum, summed, over the window's rows (each response weighs by its length). With TRL's
+    fixed slices each is exactly TRL's value divided for accumulation.
     """
     mask = mask.to(per_token_loss.dtype)
     if loss_type == "grpo":
         return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).sum() / window.sequences
+    if loss_type == "luspo":
+        return (per_token_loss * mask).sum() / window.sequences
     if loss_type == "bnpo":
         return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0) / window.passes
     if loss_type == "dr_grpo":

@@ -6,11 +6,13 @@ import math
 import os
 import warnings
 from dataclasses import dataclass, field, fields
+from types import SimpleNamespace
 
 from trl import GRPOConfig
 
-from .losses import CLIPPINGS, ENTROPY_NORM_SCOPES, MIXINGS
-from .objectives import AGGREGATIONS, OBJECTIVE_SETTINGS, OBJECTIVES, SETTING_SCOPES
+from .aggregation import BASE_AGGREGATIONS
+from .losses import CLIPPINGS, ENTROPY_NORM_SCOPES, IMPORTANCE_SAMPLING_LEVELS, MIXINGS, VESPO_LAMBDA_MIN
+from .objectives import AGGREGATIONS, OBJECTIVE_SETTINGS, OBJECTIVES, SETTING_SCOPES, TRL_LOSS_TYPES
 from .paper import AVERAGED_TOKEN_WEIGHT, CISPO_CAP, EPSILON_HIGH, EPSILON_LOW, GMPO_EPSILON, GRPO_EPSILON
 
 ALGORITHMS = tuple(OBJECTIVES)
@@ -18,7 +20,9 @@ ALGORITHMS = tuple(OBJECTIVES)
 CISPO_DEFAULT_CAP = CISPO_CAP
 EPSILON_FIELDS = ("epsilon_low_token", "epsilon_high_token", "epsilon_low_seq", "epsilon_high_seq",
                   "gmpo_epsilon_low", "gmpo_epsilon_high", "epsilon", "epsilon_high")  # fmt: skip
-NUMBER_FIELDS = ("token_weight", *EPSILON_FIELDS, "delta")
+TRL_ROW_FIELDS = ("sapo_temperature_pos", "sapo_temperature_neg", "vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg",
+                  "vespo_lambda_neg")  # fmt: skip
+NUMBER_FIELDS = ("token_weight", *EPSILON_FIELDS, "delta", *TRL_ROW_FIELDS)
 OPTIONAL_NUMBER_FIELDS = ("epsilon_high", "delta")
 ROUTING_REPLAY_MODES = ("none", "old", "rollout")  # MoE routing replay: live, pi_old (R2), rollout (R3)
 
@@ -51,7 +55,19 @@ class DHPOConfig(GRPOConfig):
             token-level clipped surrogate; reads `epsilon`, `epsilon_high`, `delta`), `"gspo"` (TRL's
             sequence-level ratio, sets `importance_sampling_level="sequence"`; reads `epsilon`, `epsilon_high`,
             `delta`), `"cispo"` (-sg[min(r, cap)] A log pi with cap `epsilon_high`), `"gmpo"` (geometric mean of
-            the clipped token ratios; reads `gmpo_epsilon_low/high`, aggregation `loss_type="grpo"` only).
+            the clipped token ratios; reads `gmpo_epsilon_low/high`, aggregation `loss_type="grpo"` only). TRL
+            1.16's own objectives, each as TRL's `GRPOTrainer` computes it: `"sapo"` (a soft gate
+            -(4 / tau) sigmoid(tau (r - 1)) A instead of a clip; reads `sapo_temperature_pos/neg` and
+            `importance_sampling_level`), `"luspo"` (TRL's clipped surrogate at `importance_sampling_level`, each
+            response weighted by its length through the aggregation `loss_type="luspo"`, its only one; reads
+            `epsilon`, `epsilon_high`, `delta`; the LUSPO paper uses the sequence level), `"vespo"`
+            (-sg[phi(w)] A log pi with the gamma weight phi of the sequence weight w; reads `vespo_k_pos/neg`,
+            `vespo_lambda_pos/neg`, and `importance_sampling_level` for the bias-corrected KL only). `"cispo"` also
+            reads `importance_sampling_level`.
+            TRL's spellings select the same rows when `algorithm` is left at its default: `loss_type="sapo"` runs
+            `algorithm="sapo"` aggregated by `"grpo"`, `"vespo"` and `"cispo"` their rows by `"dapo"`, `"luspo"` its
+            row; `importance_sampling_level="sequence"` runs `"gspo"` (also with `algorithm="grpo"`). A different
+            explicit `algorithm` is refused.
         mixing (`str`, *optional*, defaults to `"entropy"`):
             How the mixing weight w of m = w r + (1 - w) s is chosen (eq. 8). `"entropy"` (DHPO-E): w is the
             min-max normalised, stop-gradient token entropy of the current policy (eqs. 9-10). `"averaged"`
@@ -155,15 +171,28 @@ class DHPOConfig(GRPOConfig):
             `eager` attention (a flash implementation is refused when the trainer is built). The MoE aux loss
             counts a shared prompt's tokens once. What it saves is measured by `benchmarks/bench_dynamic_batching.py`'s
             `shared` arm (docs/performance.md).
+        sapo_temperature_pos, sapo_temperature_neg (`float`, *optional*, defaults to `1.0`, `1.05`):
+            SAPO only: the gate's temperature where A > 0 and elsewhere; > 0.
+        vespo_k_pos, vespo_lambda_pos, vespo_k_neg, vespo_lambda_neg (`float`, *optional*, defaults to `2.0`,
+            `3.0`, `3.0`, `2.0`):
+            VESPO only: phi(w) = exp(lambda + k log w - lambda w) with the pair of A >= 0 or of A < 0; lambda >= 1e-4.
+            VESPO folds TRL's vLLM importance-sampling correction into w inside TRL's loss, which `DHPOTrainer` does
+            not: with `use_vllm=True` it needs `vllm_importance_sampling_correction=False`.
+        importance_sampling_level (`str`, *optional*, defaults to `"token"`):
+            TRL's ratio level for `"sapo"`, `"luspo"`, `"cispo"` (and the KL weight of `"vespo"`); `"gspo"` sets
+            `"sequence"`, which with the default `algorithm` or `"grpo"` selects `"gspo"`. Refused elsewhere.
         loss_type (`str`, *optional*, defaults to `"grpo"`):
             TRL's aggregation of the per-token loss, the same for every objective. `"grpo"` is eq. 7 (mean over
             responses of the per-response token mean); `"bnpo"`, `"dr_grpo"` and `"dapo"` (token-weighted) work for
-            every objective but GMPO. TRL's `"cispo"` loss is `algorithm="cispo"` with `loss_type="dapo"`.
+            every objective but GMPO and LUSPO; `"luspo"` (per-response token sum, mean over responses) is LUSPO's,
+            set for `algorithm="luspo"`. TRL's objective names `"cispo"`, `"sapo"`, `"luspo"` and `"vespo"` select
+            their rows (see `algorithm`).
     """
 
     algorithm: str = field(
         default="dhpo",
-        metadata={"help": "Policy objective: 'dhpo', or a baseline 'grpo', 'gspo', 'gmpo', 'cispo'."},
+        metadata={"help": "Policy objective: 'dhpo', a baseline 'grpo', 'gspo', 'gmpo', 'cispo', or TRL's 'sapo', "
+                          "'luspo', 'vespo'."},
     )
     mixing: str = field(
         default="entropy",
@@ -221,7 +250,8 @@ class DHPOConfig(GRPOConfig):
     )  # fmt: skip
     loss_type: str = field(
         default="grpo",
-        metadata={"help": "Aggregation for every objective: 'grpo' (eq. 7, default), 'bnpo', 'dr_grpo', 'dapo'."},
+        metadata={"help": "Aggregation for every objective: 'grpo' (eq. 7, default), 'bnpo', 'dr_grpo', 'dapo' "
+                          "('luspo': LUSPO's). TRL's 'cispo', 'sapo', 'luspo', 'vespo' select those objectives."},
     )
     # ---- mixture-of-experts routing replay (dhpo_trl/training/routing_replay.py)
     routing_replay: str = field(
@@ -233,6 +263,7 @@ class DHPOConfig(GRPOConfig):
     )  # fmt: skip
 
     def __post_init__(self):
+        self._apply_trl_spelling()
         self._validate_dhpo_fields()
         self._apply_algorithm()
         refuse_deepspeed_dropped_by_accelerate(self.deepspeed, os.environ)  # before transformers builds its DeepSpeed config
@@ -244,6 +275,7 @@ class DHPOConfig(GRPOConfig):
     def validate(self) -> None:
         """Check the objective's settings again (`DHPOTrainer.__init__` calls this: the config may have been
         mutated after construction) and re-apply what `algorithm` implies."""
+        self._apply_trl_spelling()
         self._validate_dhpo_fields()
         self._apply_algorithm()
         refuse_deepspeed_dropped_by_accelerate(self.deepspeed, os.environ)
@@ -251,8 +283,38 @@ class DHPOConfig(GRPOConfig):
         self._validate_routing_replay()
         self._warn_if_on_policy()
 
+    def _apply_trl_spelling(self) -> None:
+        """TRL's ways of naming an objective select its row when `algorithm` is at its default (or names that row);
+        a row whose aggregations exclude the default `loss_type` gets its own. Idempotent."""
+        default = _FIELD_DEFAULTS["algorithm"]
+        if self.algorithm != "gspo" and getattr(self, "_level_set_for_gspo", False):
+            self.importance_sampling_level = "token"  # set by the gspo row, which is no longer chosen
+            self._level_set_for_gspo = False
+        if self.loss_type in TRL_LOSS_TYPES:
+            row, aggregation = TRL_LOSS_TYPES[self.loss_type]
+            if self.algorithm not in (default, row):
+                raise ValueError(
+                    f"DHPOConfig.loss_type={self.loss_type!r} is TRL's {row.upper()} objective, but algorithm="
+                    f"{self.algorithm!r}: set algorithm={row!r} (aggregated as TRL does, loss_type={aggregation!r}), "
+                    f"or keep algorithm={self.algorithm!r} with a loss_type in {list(BASE_AGGREGATIONS)}."
+                )
+            if self.algorithm != row:
+                self._selected_by = f"loss_type={self.loss_type!r}"
+            if self.loss_type == "cispo" and self.epsilon_high is None:  # TRL's cap: epsilon_high, else epsilon
+                self.epsilon_high, self.epsilon = self.epsilon, _FIELD_DEFAULTS["epsilon"]
+            self.algorithm, self.loss_type = row, aggregation
+        if self.importance_sampling_level == "sequence" and self.algorithm in (default, "grpo"):
+            self._selected_by = f"importance_sampling_level='sequence' with algorithm={self.algorithm!r}"
+            self.algorithm = "gspo"  # TRL's clipped surrogate on the sequence ratio is GSPO
+        objective = OBJECTIVES.get(self.algorithm)
+        if objective is not None and self.loss_type == _FIELD_DEFAULTS["loss_type"]:
+            if self.loss_type not in objective.loss_types:
+                self.loss_type = objective.loss_types[0]
+
     def _apply_algorithm(self) -> None:
         if self.algorithm == "gspo":  # keeps TRL's sequence-level metrics and warnings in their GSPO meaning
+            if self.importance_sampling_level != "sequence":
+                self._level_set_for_gspo = True
             self.importance_sampling_level = "sequence"
         if self.algorithm == "cispo" and self.epsilon_high is None:
             self.epsilon_high = CISPO_DEFAULT_CAP
@@ -267,7 +329,7 @@ class DHPOConfig(GRPOConfig):
         one_of("mixing", MIXINGS)
         one_of("clipping", CLIPPINGS)
         one_of("entropy_norm_scope", ENTROPY_NORM_SCOPES)
-        one_of("importance_sampling_level", ("token", "sequence"))
+        one_of("importance_sampling_level", IMPORTANCE_SAMPLING_LEVELS)
         for name in NUMBER_FIELDS:
             value = getattr(self, name)
             if (value is not None or name not in OPTIONAL_NUMBER_FIELDS) and not _is_number(value):
@@ -278,15 +340,20 @@ class DHPOConfig(GRPOConfig):
         if self.loss_type not in AGGREGATIONS:
             raise ValueError(
                 f"DHPOConfig.loss_type={self.loss_type!r} is not an aggregation DHPOTrainer applies: use one of "
-                f"{list(AGGREGATIONS)} ('grpo' is the paper's per-response mean, eq. 7). The objective is chosen by "
-                "`algorithm` (CISPO: algorithm='cispo')."
+                f"{list(AGGREGATIONS)} ('grpo' is the paper's per-response mean, eq. 7), or one of TRL's objectives "
+                f"{list(TRL_LOSS_TYPES)}. The objective is chosen by `algorithm`."
             )
         objective = OBJECTIVES[self.algorithm]
         if self.loss_type not in objective.loss_types:
+            why = {
+                "gmpo": "GMPO's objective is a mean over sequences (VERL's geo_mean, whatever its aggregation mode); "
+                        "a token-weighted aggregation would weight each sequence by its length",
+                "luspo": "LUSPO's length weighting is its aggregation",
+            }.get(self.algorithm, "'luspo' is LUSPO's aggregation (algorithm='luspo')")  # fmt: skip
             raise ValueError(
-                f"DHPOConfig.loss_type={self.loss_type!r} with algorithm={self.algorithm!r}: GMPO's objective is a "
-                "mean over sequences (VERL's geo_mean, whatever its aggregation mode); a token-weighted aggregation "
-                "would weight each sequence by its length. Use loss_type='grpo'."
+                f"DHPOConfig.loss_type={self.loss_type!r} with algorithm={self.algorithm!r}: {why}. Use loss_type="
+                f"{objective.loss_types[0]!r}" + (f" or one of {list(objective.loss_types[1:])}." if
+                                                   len(objective.loss_types) > 1 else ".")
             )
         self._refuse_settings_without_effect(objective)
         for name in EPSILON_FIELDS:
@@ -309,6 +376,21 @@ class DHPOConfig(GRPOConfig):
                 f"DHPOConfig.delta={self.delta} must be > 1: it caps the ratio of A < 0 tokens (the dual clip; "
                 "VERL's clip_ratio_c, default 3)."
             )
+        for name in ("sapo_temperature_pos", "sapo_temperature_neg"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"DHPOConfig.{name}={getattr(self, name)} must be > 0: SAPO's gate divides by it.")
+        for name in ("vespo_lambda_pos", "vespo_lambda_neg"):
+            if getattr(self, name) < VESPO_LAMBDA_MIN:
+                raise ValueError(
+                    f"DHPOConfig.{name}={getattr(self, name)} is below {VESPO_LAMBDA_MIN}, where TRL's VESPO floors it "
+                    f"(a smaller value would not act): use a value >= {VESPO_LAMBDA_MIN}."
+                )
+        if self.algorithm == "vespo" and self.use_vllm and self.vllm_importance_sampling_correction:
+            raise ValueError(
+                "DHPOConfig.vllm_importance_sampling_correction=True with algorithm='vespo' and use_vllm=True: TRL's "
+                "VESPO folds the vLLM correction into its sequence weight, which DHPOTrainer does not do. Set "
+                "vllm_importance_sampling_correction=False, or use trl.GRPOTrainer for VESPO with vLLM."
+            )
         if self.algorithm == "cispo" and self.epsilon_high is not None and self.epsilon_high <= 0:
             raise ValueError(
                 f"DHPOConfig.epsilon_high={self.epsilon_high} with algorithm='cispo' is the cap of the importance "
@@ -323,6 +405,8 @@ class DHPOConfig(GRPOConfig):
         """
         reads = set(objective.settings(self))
         context = f"algorithm={self.algorithm!r}"
+        if getattr(self, "_selected_by", None):
+            context += f" (selected by {self._selected_by})"
         if self.algorithm == "dhpo":
             context += f", mixing={self.mixing!r}, clipping={self.clipping!r}"
         for name in OBJECTIVE_SETTINGS:
@@ -434,6 +518,37 @@ def uses_dynamic_batching(config) -> bool:
 
 
 _FIELD_DEFAULTS = {f.name: f.default for f in fields(DHPOConfig)}
+
+
+def trl_objective(loss_type: str, importance_sampling_level: str) -> tuple[str, str]:
+    """(algorithm, loss_type) of the row TRL's `GRPOTrainer` runs for its `loss_type` and `importance_sampling_level`."""
+    if loss_type in TRL_LOSS_TYPES:
+        return TRL_LOSS_TYPES[loss_type]
+    return ("gspo" if importance_sampling_level == "sequence" else "grpo"), loss_type
+
+
+def from_grpo_config(args: GRPOConfig) -> tuple[DHPOConfig, dict]:
+    """A plain `GRPOConfig` as the `DHPOConfig` that runs the objective TRL's `GRPOTrainer` runs with it: every field
+    copied, `algorithm` and the aggregation from its `loss_type` and `importance_sampling_level` (`trl_objective`).
+    The DHPO fields keep their defaults (dynamic batching: the same update as TRL's batching).
+
+    Returns the config and the objective settings TRL ignores for that loss type too (e.g. `epsilon` with SAPO),
+    set back to their defaults here so that the config is accepted: the caller names them."""
+    values = {f.name: getattr(args, f.name) for f in fields(GRPOConfig) if f.init}
+    # GRPOConfig resolved both from one of them; passing both again is refused by its own check.
+    values["generation_batch_size"] = None
+    algorithm, loss_type = trl_objective(args.loss_type, args.importance_sampling_level)
+    values["algorithm"], values["loss_type"] = algorithm, loss_type
+    if args.loss_type == "cispo" and args.epsilon_high is None:  # TRL's cap: epsilon_high, else epsilon
+        values["epsilon_high"], values["epsilon"] = args.epsilon, _FIELD_DEFAULTS["epsilon"]
+    reads = set(OBJECTIVES[algorithm].settings(SimpleNamespace(**values)))
+    ignored = {}
+    for name in OBJECTIVE_SETTINGS:
+        if name in values and name not in reads and values[name] != _FIELD_DEFAULTS[name]:
+            ignored[name], values[name] = values[name], _FIELD_DEFAULTS[name]
+    return DHPOConfig(**values), ignored
+
+
 _TRUE = ("y", "yes", "t", "true", "on", "1")  # what accelerate's parse_flag_from_env counts as set
 
 
@@ -466,3 +581,19 @@ def refuse_deepspeed_dropped_by_accelerate(deepspeed, environ) -> None:
 
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def as_dhpo_config(args, model_name) -> tuple[DHPOConfig, str | None]:
+    """The trainer's `args` as a `DHPOConfig`, and a line to print or None: None gives the defaults, named after the
+    model; a plain `GRPOConfig` the objective TRL's `GRPOTrainer` runs with it (`from_grpo_config`); anything else is
+    refused."""
+    if args is None:
+        return DHPOConfig(f"{str(model_name).rstrip('/').split('/')[-1]}-DHPO"), None
+    if isinstance(args, GRPOConfig) and not isinstance(args, DHPOConfig):
+        args, ignored = from_grpo_config(args)
+        unread = f"; not read by it, as in TRL: {ignored}" if ignored else ""
+        return args, (f"DHPOTrainer: a GRPOConfig runs TRL's objective (algorithm={args.algorithm!r}, loss_type="
+                      f"{args.loss_type!r}{unread}); for DHPO pass a DHPOConfig (algorithm='dhpo', its default).")
+    if not isinstance(args, DHPOConfig):
+        raise TypeError(f"DHPOTrainer needs `args` to be a DHPOConfig or a trl.GRPOConfig, got {type(args).__name__}.")
+    return args, None

@@ -1,4 +1,4 @@
-"""Policy losses of DHPO and of the paper's four baselines as pure tensor functions.
+"""Policy losses of DHPO, of the paper's four baselines and of TRL's SAPO, LUSPO and VESPO as pure tensor functions.
 
 Every function here is side-effect free: it takes per-token log-probabilities, advantages and masks and
 returns per-token losses (plus detached diagnostics), so it can be checked against the paper's equations
@@ -34,6 +34,12 @@ CLIPPINGS = ("branch", "unified")
 # Where the min and max of the entropy normalisation are taken (`DHPOConfig.entropy_norm_scope`): the valid tokens of
 # the micro-batch, of each response, or of the micro-batch on every process (the caller passes that range).
 ENTROPY_NORM_SCOPES = ("batch", "sequence", "global")
+# TRL's `importance_sampling_level`: one ratio per token, or the sequence's geometric mean for all its tokens.
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+# VESPO clamps the sequence log-weight below at log(1e-8), as TRL's `get_gamma_weights` does.
+VESPO_LOG_WEIGHT_MIN = math.log(1e-8)
+# TRL clamps VESPO's lambda below at 1e-4.
+VESPO_LAMBDA_MIN = 1e-4
 
 # exp(20) ~ 4.9e8: far outside any trust region, yet keeps exp() finite in fp32/bf16 (as VERL does).
 LOG_RATIO_CLAMP = 20.0
@@ -401,6 +407,18 @@ def gspo_per_token_loss(
     return per_sequence_loss.expand(batch_size, seq_len), info
 
 
+def importance_weight(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, mask: torch.Tensor,
+                      level: str = "token") -> torch.Tensor:  # fmt: skip
+    """TRL's `coef_1` with its full gradient: r_{i,t} (B, T) at `level="token"`, s_i = exp(mean_t log r_{i,t}) (B, 1)
+    at `level="sequence"`."""
+    if level not in IMPORTANCE_SAMPLING_LEVELS:
+        raise ValueError(f"`importance_sampling_level` must be one of {IMPORTANCE_SAMPLING_LEVELS}, got {level!r}.")
+    log_ratio = masked_log_ratio(per_token_logps, old_per_token_logps, mask)
+    if level == "token":
+        return torch.exp(log_ratio)
+    return torch.exp(sequence_log_ratio(log_ratio, mask)).unsqueeze(1)
+
+
 def cispo_per_token_loss(
     per_token_logps: torch.Tensor,
     old_per_token_logps: torch.Tensor,
@@ -408,23 +426,120 @@ def cispo_per_token_loss(
     mask: torch.Tensor,
     *,
     cap: float = 1.2,
+    level: str = "token",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """CISPO (Chen et al., 2025): -sg[min(r, cap)] A log pi_theta. The importance weight is clipped and detached, so
     every token keeps its gradient sg[min(r, cap)] A grad log pi. No lower bound: the paper's eps_low = 10 puts
-    VERL's lower clip 1 - 10 below 0. The caller aggregates it by `loss_type` like every other row.
+    VERL's lower clip 1 - 10 below 0. The caller aggregates it by `loss_type` like every other row. `level="sequence"`
+    weighs every token of a sequence by its capped sequence ratio instead, as TRL does with
+    `importance_sampling_level="sequence"`.
 
     Returns `per_token_loss` (B, T) (zero on padding, whatever log pi holds there) and `info` with `token_ratio`
-    (B, T), `weight_capped` (B, T) (r > cap) and `clipped_high` (r > cap and A > 0: TRL's `cispo_clip_ratio`).
+    (B, T), `weight_capped` (r > cap) and `clipped_high` (r > cap and A > 0: TRL's `cispo_clip_ratio`), (B, T) at the
+    token level and one per sequence (B, 1) at the sequence level, as TRL logs them.
     """
     if not _is_number(cap) or cap <= 0:
         raise ValueError(f"`cap` must be a positive number (the largest importance weight), got {cap!r}.")
     _check_shapes("per_token_logps", per_token_logps, old_per_token_logps=old_per_token_logps, mask=mask)
     batch_size, seq_len = per_token_logps.shape
     advantages = _as_column(advantages, batch_size, seq_len).to(per_token_logps.dtype)
-    token_ratio = torch.exp(masked_log_ratio(per_token_logps, old_per_token_logps, mask)).detach()
+    if level == "sequence" and advantages.size(1) != 1:
+        raise ValueError("`advantages` must be one value per sequence at the sequence level, got a (B, T) tensor.")
+    weight = importance_weight(per_token_logps, old_per_token_logps, mask, level).detach()
     logps_valid = torch.where(mask.bool(), per_token_logps, torch.zeros_like(per_token_logps))
-    per_token_loss = -token_ratio.clamp(max=cap) * advantages * logps_valid
+    per_token_loss = -weight.clamp(max=cap) * advantages * logps_valid
     with torch.no_grad():
-        capped = (token_ratio > cap) & mask.bool()
-        info = {"token_ratio": token_ratio, "weight_capped": capped, "clipped_high": capped & (advantages > 0)}
+        capped = weight > cap
+        if level == "token":
+            capped = capped & mask.bool()
+        info = {
+            "token_ratio": torch.exp(masked_log_ratio(per_token_logps, old_per_token_logps, mask)).detach(),
+            "weight_capped": capped,
+            "clipped_high": capped & (advantages > 0),
+        }
     return per_token_loss, info
+
+
+def sapo_per_token_loss(
+    per_token_logps: torch.Tensor,
+    old_per_token_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    temperature_pos: float = 1.0,
+    temperature_neg: float = 1.05,
+    level: str = "token",
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """SAPO (Gao et al., 2025, "Soft Adaptive Policy Optimization"), as TRL's `loss_type="sapo"`: the hard clip is
+    replaced by a soft gate, -(4 / tau) sigmoid(tau (r - 1)) A, with tau = `temperature_pos` where A > 0 and
+    `temperature_neg` elsewhere. Its gradient is sigmoid'(tau (r - 1)) 4 r A grad log pi: 1 x A grad log pi at r = 1,
+    fading smoothly as r leaves 1, faster for the larger temperature (negative advantages by default). `level`:
+    r per token (TRL's default) or the sequence ratio s_i for all of a sequence's tokens.
+
+    Returns `per_token_loss` (B, T) and `info` with `token_ratio` (B, T) and `soft_gate` (the gate's value
+    (4 / tau) sigmoid(tau (r - 1)), (B, T) or (B, 1), 1 at r = 1).
+    """
+    for name, value in (("temperature_pos", temperature_pos), ("temperature_neg", temperature_neg)):
+        if not _is_number(value) or value <= 0:
+            raise ValueError(f"`{name}` must be a positive number (SAPO divides by it), got {value!r}.")
+    _check_shapes("per_token_logps", per_token_logps, old_per_token_logps=old_per_token_logps, mask=mask)
+    batch_size, seq_len = per_token_logps.shape
+    advantages = _as_column(advantages, batch_size, seq_len).to(per_token_logps.dtype)
+    ratio = importance_weight(per_token_logps, old_per_token_logps, mask, level)
+    temperature = torch.where(advantages > 0, temperature_pos, temperature_neg).to(ratio.dtype)
+    gate = torch.sigmoid(temperature * (ratio - 1)) * 4 / temperature
+    per_token_loss = (-gate * advantages).expand(batch_size, seq_len)
+    info = {
+        "token_ratio": torch.exp(masked_log_ratio(per_token_logps, old_per_token_logps, mask)).detach(),
+        "soft_gate": gate.detach(),
+    }
+    return per_token_loss, info
+
+
+def vespo_weight(log_ratio: torch.Tensor, mask: torch.Tensor, advantages: torch.Tensor, *, k_pos: float,
+                 lambda_pos: float, k_neg: float, lambda_neg: float) -> torch.Tensor:  # fmt: skip
+    """VESPO's gamma weight phi(w) = exp(lambda + k log w - lambda w) of the sequence weight w = prod_t r_{i,t}
+    (a sum of log-ratios, not a mean), detached, (B, 1); phi(1) = 1. (k, lambda) are the positive pair where A >= 0,
+    the negative pair elsewhere; lambda is floored at 1e-4 and log w clamped to [log 1e-8, 20], as TRL does."""
+    with torch.no_grad():
+        log_w = (log_ratio * mask.to(log_ratio.dtype)).sum(-1, keepdim=True)
+        log_w = log_w.clamp(VESPO_LOG_WEIGHT_MIN, LOG_RATIO_CLAMP)
+        nonnegative = advantages >= 0
+        k = torch.where(nonnegative, k_pos, k_neg).to(log_w.dtype)
+        lam = torch.where(nonnegative, lambda_pos, lambda_neg).to(log_w.dtype).clamp(min=VESPO_LAMBDA_MIN)
+        phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w))
+        return phi.nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def vespo_per_token_loss(
+    per_token_logps: torch.Tensor,
+    old_per_token_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    k_pos: float = 2.0,
+    lambda_pos: float = 3.0,
+    k_neg: float = 3.0,
+    lambda_neg: float = 2.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """VESPO (TRL's `loss_type="vespo"`): -sg[phi(w_i)] A log pi_theta, every token of sequence i weighted by the
+    gamma weight of its sequence importance weight w_i (`vespo_weight`): a smooth, asymmetric down-weighting of
+    sequences far from the sampling policy instead of a hard clip.
+
+    Returns `per_token_loss` (B, T) (zero on padding) and `info` with `token_ratio` (B, T) and `phi` (B, 1), TRL's
+    `vespo/phi_seq_mean`.
+    """
+    for name, value in (("k_pos", k_pos), ("lambda_pos", lambda_pos), ("k_neg", k_neg), ("lambda_neg", lambda_neg)):
+        if not _is_number(value) or math.isinf(value):
+            raise ValueError(f"`{name}` must be a finite number, got {value!r}.")
+    _check_shapes("per_token_logps", per_token_logps, old_per_token_logps=old_per_token_logps, mask=mask)
+    batch_size, seq_len = per_token_logps.shape
+    advantages = _as_column(advantages, batch_size, seq_len).to(per_token_logps.dtype)
+    if advantages.size(1) != 1:
+        raise ValueError("`advantages` must be one value per sequence for VESPO, got a (B, T) tensor.")
+    log_ratio = masked_log_ratio(per_token_logps, old_per_token_logps, mask)
+    phi = vespo_weight(log_ratio, mask, advantages, k_pos=k_pos, lambda_pos=lambda_pos, k_neg=k_neg,
+                       lambda_neg=lambda_neg)  # fmt: skip
+    logps_valid = torch.where(mask.bool(), per_token_logps, torch.zeros_like(per_token_logps))
+    per_token_loss = -phi * advantages * logps_valid
+    return per_token_loss, {"token_ratio": torch.exp(log_ratio).detach(), "phi": phi}

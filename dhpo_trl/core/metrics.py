@@ -138,14 +138,20 @@ def _row_shares(indicator: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tens
     return (indicator * mask).sum(-1) / counts.clamp(min=1.0), counts > 0
 
 
-def clip_sums(kind: str, info: dict, mask: torch.Tensor) -> tuple[dict, dict]:
+def clip_sums(kind: str | None, info: dict, mask: torch.Tensor) -> tuple[dict, dict]:
     """Local sums for TRL's clip metrics from the objective's clip indicators.
 
     `kind` "clip_ratio" (clip surrogates): the share of tokens (of sequences for (B, 1) indicators) clipped below
     for A < 0 (`clipped_low`), above for A > 0 (`clipped_high`) or either, and the lowest / highest per-sequence
     share. "cispo_clip_ratio": the share of A > 0 tokens whose weight is capped (`clipped_high`).
+    "vespo/phi_seq_mean": the mean over sequences of VESPO's weight (`phi`, (B, 1)). None (SAPO): no metric.
     """
     mask = mask.float()
+    if kind is None:
+        return {}, {}
+    if kind == "vespo/phi_seq_mean":
+        total, count = _share_sums(info["phi"], mask)
+        return {"vespo_phi": total, "vespo_count": count}, {}
     if kind == "cispo_clip_ratio":
         total, count = _share_sums(info["clipped_high"], mask)
         return {"cispo_clipped": total, "cispo_count": count}, {}
@@ -161,8 +167,12 @@ def clip_sums(kind: str, info: dict, mask: torch.Tensor) -> tuple[dict, dict]:
     return sums, maxima
 
 
-def clip_metrics(kind: str, sums: dict, maxima: dict) -> dict[str, float]:
+def clip_metrics(kind: str | None, sums: dict, maxima: dict) -> dict[str, float]:
     """The logged values from the reduced `clip_sums` (a share over no token is 0, as TRL's clamp gives)."""
+    if kind is None:
+        return {}
+    if kind == "vespo/phi_seq_mean":
+        return {kind: sums["vespo_phi"] / max(sums["vespo_count"], 1.0)}
     if kind == "cispo_clip_ratio":
         return {"cispo_clip_ratio": sums["cispo_clipped"] / max(sums["cispo_count"], 1.0)}
     out = {f"clip_ratio/{name}_mean": sums[f"clip_{name}"] / max(sums[f"clip_{name}_count"], 1.0)

@@ -1,5 +1,9 @@
 """The policy objectives by name, as VERL's `core_algos` registry: `algorithm` -> loss, settings, metrics.
 
+The rows are DHPO, the paper's baselines (GRPO, GSPO, GMPO, CISPO) and TRL 1.16's other objectives (SAPO, LUSPO,
+VESPO). `TRL_LOSS_TYPES` says which row and aggregation TRL's `GRPOTrainer` runs for each of its `loss_type`
+values, so a TRL configuration selects the same objective here.
+
 Each `Objective` names the pure loss of `dhpo_trl.core.losses` it computes, the `DHPOConfig` fields that loss reads
 (the config refuses the others when set, the model card lists only these) and how its metrics are logged. The
 trainer looks the objective up and never branches on the algorithm itself.
@@ -12,17 +16,26 @@ from dataclasses import dataclass
 
 import torch
 
-from .aggregation import AGGREGATIONS
+from .aggregation import AGGREGATIONS, BASE_AGGREGATIONS
 from .losses import (
     cispo_per_token_loss,
     dhpo_per_token_loss,
     gmpo_per_token_loss,
     grpo_per_token_loss,
     gspo_per_token_loss,
+    importance_weight,
     masked_log_ratio,
+    sapo_per_token_loss,
     sequence_log_ratio,
     unit_ratio,
+    vespo_per_token_loss,
 )
+
+# TRL's loss_type values that name an objective as well as an aggregation: the row and the aggregation TRL runs.
+# (TRL's other loss types, "grpo", "bnpo", "dr_grpo" and "dapo", are aggregations of its clipped surrogate: the "grpo"
+# row, or "gspo" with importance_sampling_level="sequence".)
+TRL_LOSS_TYPES = {"cispo": ("cispo", "dapo"), "sapo": ("sapo", "grpo"), "luspo": ("luspo", "luspo"),
+                  "vespo": ("vespo", "dapo")}  # fmt: skip
 
 # Where each objective-specific setting acts, for the message that refuses it elsewhere.
 SETTING_SCOPES = {
@@ -36,10 +49,19 @@ SETTING_SCOPES = {
     "entropy_norm_scope": "algorithm='dhpo' with mixing='entropy'",
     "gmpo_epsilon_low": "algorithm='gmpo'",
     "gmpo_epsilon_high": "algorithm='gmpo'",
-    "epsilon": "algorithm='grpo' or 'gspo' (DHPO's epsilons are epsilon_low/high_token/seq, GMPO's gmpo_epsilon_*)",
-    "epsilon_high": "algorithm='grpo' or 'gspo' (upper clip) and 'cispo' (the weight cap)",
-    "delta": "algorithm='grpo', 'gspo' or 'dhpo'",
-    "importance_sampling_level": "algorithm='gspo', which sets it to 'sequence' (DHPO mixes both levels itself)",
+    "epsilon": "algorithm='grpo', 'gspo' or 'luspo' (DHPO's epsilons are epsilon_low/high_token/seq, GMPO's "
+               "gmpo_epsilon_*)",
+    "epsilon_high": "algorithm='grpo', 'gspo' or 'luspo' (upper clip) and 'cispo' (the weight cap)",
+    "delta": "algorithm='grpo', 'gspo', 'luspo' or 'dhpo'",
+    "importance_sampling_level": "algorithm='gspo' (which sets 'sequence'; with algorithm='grpo' or the default "
+                                 "'sequence' selects it), 'sapo', 'luspo', 'cispo', and 'vespo' with a bias-corrected "
+                                 "KL (beta != 0); DHPO mixes both levels itself",
+    "sapo_temperature_pos": "algorithm='sapo'",
+    "sapo_temperature_neg": "algorithm='sapo'",
+    "vespo_k_pos": "algorithm='vespo'",
+    "vespo_lambda_pos": "algorithm='vespo'",
+    "vespo_k_neg": "algorithm='vespo'",
+    "vespo_lambda_neg": "algorithm='vespo'",
 }
 
 
@@ -52,15 +74,16 @@ class Objective:
     the gradient TRL's weight has) and the loss's detached diagnostics. `settings(args)` lists the config fields the
     loss reads for this config. `metric_prefix` names the `<prefix>/` metrics (None: TRL's keys only), `fractions`
     the (metric suffix, info key) pairs logged as token fractions under it, `clip_metrics` TRL's key family for the
-    clip indicators ("clip_ratio" or "cispo_clip_ratio"), `loss_types` the aggregations it accepts.
+    clip indicators ("clip_ratio", "cispo_clip_ratio", "vespo/phi_seq_mean" or None for none), `loss_types` the
+    aggregations it accepts (the first is its own where DHPO's default, "grpo", is not among them).
     """
 
     compute: Callable
     settings: Callable
     metric_prefix: str | None = None
     fractions: tuple[tuple[str, str], ...] = ()
-    clip_metrics: str = "clip_ratio"
-    loss_types: tuple[str, ...] = AGGREGATIONS
+    clip_metrics: str | None = "clip_ratio"
+    loss_types: tuple[str, ...] = BASE_AGGREGATIONS
 
 
 def _token_kl_weight(per_token_logps, token_ratio, mask):
@@ -118,10 +141,42 @@ def _gspo(per_token_logps, old_per_token_logps, advantages, mask, entropies, arg
 
 
 def _cispo(per_token_logps, old_per_token_logps, advantages, mask, entropies, args, entropy_range):
+    level = args.importance_sampling_level
     per_token_loss, info = cispo_per_token_loss(
-        per_token_logps, old_per_token_logps, advantages, mask, cap=args.epsilon_high
+        per_token_logps, old_per_token_logps, advantages, mask, cap=args.epsilon_high, level=level
     )
-    return per_token_loss, _token_kl_weight(per_token_logps, info["token_ratio"], mask), info
+    return per_token_loss, importance_weight(per_token_logps, old_per_token_logps, mask, level), info
+
+
+def _sapo(per_token_logps, old_per_token_logps, advantages, mask, entropies, args, entropy_range):
+    level = args.importance_sampling_level
+    per_token_loss, info = sapo_per_token_loss(
+        per_token_logps, old_per_token_logps, advantages, mask, temperature_pos=args.sapo_temperature_pos,
+        temperature_neg=args.sapo_temperature_neg, level=level,
+    )  # fmt: skip
+    return per_token_loss, importance_weight(per_token_logps, old_per_token_logps, mask, level), info
+
+
+def _luspo(per_token_logps, old_per_token_logps, advantages, mask, entropies, args, entropy_range):
+    # TRL's clipped surrogate at the chosen level; the length weighting is the "luspo" aggregation's.
+    surrogate = _gspo if args.importance_sampling_level == "sequence" else _grpo
+    return surrogate(per_token_logps, old_per_token_logps, advantages, mask, entropies, args, entropy_range)
+
+
+def _vespo(per_token_logps, old_per_token_logps, advantages, mask, entropies, args, entropy_range):
+    per_token_loss, info = vespo_per_token_loss(
+        per_token_logps, old_per_token_logps, advantages, mask, k_pos=args.vespo_k_pos,
+        lambda_pos=args.vespo_lambda_pos, k_neg=args.vespo_k_neg, lambda_neg=args.vespo_lambda_neg,
+    )  # fmt: skip
+    # The level acts on the KL's importance weight only (TRL's coef_1); VESPO's own weight is the sequence's.
+    kl_weight = importance_weight(per_token_logps, old_per_token_logps, mask, args.importance_sampling_level)
+    return per_token_loss, kl_weight, info
+
+
+def _vespo_settings(args) -> tuple[str, ...]:
+    kl_weighted = args.beta != 0.0 and args.use_bias_correction_kl
+    level = ("importance_sampling_level",) if kl_weighted else ()
+    return ("vespo_k_pos", "vespo_lambda_pos", "vespo_k_neg", "vespo_lambda_neg", *level)
 
 
 DHPO_FRACTIONS = (
@@ -142,7 +197,20 @@ OBJECTIVES: dict[str, Objective] = {
     ),
     "grpo": Objective(_grpo, lambda args: ("epsilon", "epsilon_high", "delta")),
     "gspo": Objective(_gspo, lambda args: ("importance_sampling_level", "epsilon", "epsilon_high", "delta")),
-    "cispo": Objective(_cispo, lambda args: ("epsilon_high",), clip_metrics="cispo_clip_ratio"),
+    "cispo": Objective(
+        _cispo, lambda args: ("epsilon_high", "importance_sampling_level"), clip_metrics="cispo_clip_ratio"
+    ),
+    # TRL 1.16's own objectives (its loss_type="sapo", "luspo", "vespo"), TRL's metrics only.
+    "sapo": Objective(
+        _sapo,
+        lambda args: ("sapo_temperature_pos", "sapo_temperature_neg", "importance_sampling_level"),
+        clip_metrics=None,
+    ),
+    # LUSPO's length weighting is its aggregation: each sequence's token sum, averaged over sequences.
+    "luspo": Objective(
+        _luspo, lambda args: ("importance_sampling_level", "epsilon", "epsilon_high", "delta"), loss_types=("luspo",)
+    ),
+    "vespo": Objective(_vespo, _vespo_settings, clip_metrics="vespo/phi_seq_mean"),
 }
 OBJECTIVE_SETTINGS = tuple(SETTING_SCOPES)
 

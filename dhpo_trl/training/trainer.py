@@ -16,7 +16,7 @@ from accelerate.utils import DistributedType
 from trl import GRPOTrainer
 
 from ..core import aggregation, entropy_control, metrics, paper
-from ..core.config import DHPOConfig, trl_batching_reason
+from ..core.config import DHPOConfig, as_dhpo_config, trl_batching_reason
 from ..core.losses import masked_log_ratio
 from ..core.objectives import get_objective
 from .moe import maybe_set_zero3_leaf_modules, zero3_leaf_modules_for_trl_prepared_models
@@ -30,8 +30,8 @@ from .sampler import EpochRepeatSampler
 class DHPOTrainer(GRPOTrainer):
     """GRPOTrainer whose policy loss is DHPO (Min et al., 2026) or one of the paper's baselines.
 
-    Takes the same arguments as `trl.GRPOTrainer`; `args` must be a [`DHPOConfig`] (a plain `GRPOConfig` is
-    rejected so that no DHPO default is silently missing). `args.algorithm` selects the objective.
+    Takes the same arguments as `trl.GRPOTrainer`; `args` is a [`DHPOConfig`], whose `algorithm` selects the
+    objective, or a plain `GRPOConfig`, converted (`from_grpo_config`) to run the objective TRL would run with it.
     """
 
     _tag_names = ["trl", "dhpo"]
@@ -44,13 +44,9 @@ class DHPOTrainer(GRPOTrainer):
 
     def __init__(self, model, reward_funcs=None, args: DHPOConfig | None = None, *pos, **kwargs):
         model_name = model if isinstance(model, str) else model.config._name_or_path
-        if args is None:
-            args = DHPOConfig(f"{str(model_name).rstrip('/').split('/')[-1]}-DHPO")
-        if not isinstance(args, DHPOConfig):
-            raise TypeError(
-                f"DHPOTrainer needs `args` to be a DHPOConfig, got {type(args).__name__}. Build one with "
-                "DHPOConfig(**your_grpo_config.to_dict()) or use trl.GRPOTrainer."
-            )
+        args, note = as_dhpo_config(args, model_name)  # None: defaults; a GRPOConfig: TRL's objective, with a note
+        if note and args.process_index == 0:
+            print(note)
         args.validate()  # the config may have been changed since it was built: refuse what would not act
         # vllm missing or server unreachable: fail now, before any model is loaded.
         check_vllm_setup(args, model_name, is_main_process=args.process_index == 0)

@@ -37,6 +37,20 @@ MIRRORED: tuple[Mirror, ...] = (
            "per_token_loss = per_token_loss + self.beta * per_token_kl",
            "the order of the masks and corrections on the per-token loss: off-policy mask, top-entropy mask, vLLM "
            "importance-sampling ratio, then + beta x KL"),
+    Mirror("losses.importance_weight", "_compute_loss", (3083, 3095),
+           "log_ratio = per_token_logps - old_per_token_logps", "coef_1 = torch.exp(log_importance_weights)",
+           "TRL's ratio at importance_sampling_level (token, or the sequence's geometric mean), with its gradient; "
+           "ours masks and clamps the log-ratio"),
+    Mirror("losses.cispo_per_token_loss, sapo_per_token_loss, vespo_per_token_loss", "_compute_loss", (3109, 3136),
+           'if self.loss_type == "cispo":', "per_token_loss = -phi_seq * advantages * per_token_logps",
+           "the per-token losses of TRL's cispo, clipped surrogate, sapo and vespo; ours zero log pi on padding"),
+    Mirror("losses.vespo_weight", "get_gamma_weights", (2972, 3018),
+           "def get_gamma_weights(", "return phi_seq  # (B, 1)",
+           "VESPO's gamma weight of the summed sequence log-ratio, detached; ours leaves out the vLLM ratio, which "
+           "the config refuses with VESPO"),
+    Mirror("aggregation.aggregate (luspo)", "_compute_loss", (3175, 3181),
+           'elif self.loss_type == "luspo":', "policy_loss = loss.detach()",
+           "LUSPO's per-response token sum averaged over responses, divided for accumulation (the Window's rows)"),
     Mirror("trl_mirror.per_token_kl", "_compute_loss", (3098, 3105),
            "if self.beta != 0.0:", "per_token_kl = per_token_kl * coef_1",
            "k3 KL to the reference, optionally weighted by the ratio; ours masks the log-ratio before exp() and "
