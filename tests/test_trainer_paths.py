@@ -305,7 +305,9 @@ def test_without_args_the_run_is_named_after_the_model(name, run, tmp_path, monk
         def __init__(self, output_dir, **kwargs):
             super().__init__(output_dir, use_cpu=True, bf16=False, report_to="none", **kwargs)
 
-    monkeypatch.setattr(trainer_module, "DHPOConfig", CpuConfig)
+    import dhpo_trl.core.config as config_module
+
+    monkeypatch.setattr(config_module, "DHPOConfig", CpuConfig)  # the default config is built there
     monkeypatch.chdir(tmp_path)
     tokenizer = build_char_tokenizer()
     model = build_tiny_qwen3(tokenizer)
