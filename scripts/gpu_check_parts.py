@@ -223,7 +223,7 @@ def train_part(options) -> tuple[dict, int]:
         "shape": options.shape, "device": options.device, "parameters": sum(p.numel() for p in model.parameters()),
         "steps": options.steps, "seconds": seconds, "losses": losses,
         "metrics_logged": sorted({key for entry in logs for key in entry}),
-        "last_log": logs[-1] if logs else None, "padding_free": trainer._padding_free,
+        "last_log": logs[-1] if logs else None, "padding_free": trainer._update.padding_free,
         "attention_kernels": dict(attention_kernels.CALLS - calls),
         "peak_memory_bytes": torch.cuda.max_memory_allocated() if cuda else None,
     }  # fmt: skip

@@ -180,4 +180,4 @@ def test_tiny_moe_trains_with_routing_and_aux_loss(tok, tmp_path):
     after = [p.detach() for n, p in trainer.model.named_parameters() if "gate.weight" in n and "mlp.gate." in n]
     assert any(float((a.float() - b.float()).abs().max()) > 0 for a, b in zip(after, router, strict=True))
     if cuda and attention_kernels.available():  # fp32 weights under bf16 autocast still get the varlen kernel
-        assert trainer._padding_free and (attention_kernels.CALLS - before)[attention_kernels.available()[0]] > 0
+        assert trainer._update.padding_free and (attention_kernels.CALLS - before)[attention_kernels.available()[0]] > 0

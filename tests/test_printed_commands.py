@@ -47,7 +47,8 @@ COMMAND_START = re.compile(  # a program, after any VAR=value settings (which ma
 )
 INLINE_WHOLE = re.compile(r"^(?:pip install|hf download|curl |nvidia-smi|python3? -c)")
 VLLM_FLAGS = {"--enable-expert-parallel"}  # forwarded by `trl vllm-serve` to `vllm serve`
-SYS_ARGV_SCRIPTS = ("bench_speed.py", "bench_dynamic_batching.py", "bench_packed_attention.py")  # main() takes no argv
+SYS_ARGV_SCRIPTS = ("bench_speed.py", "bench_dynamic_batching.py", "bench_packed_attention.py",
+                    "bench_reward_budget.py")  # main() takes no argv
 CPU = ["--use_cpu", "true", "--bf16", "false"]  # parse on a machine without GPU; appended last, so they win
 SCRIPT_RECIPES = {  # the launch scripts' default recipes
     "examples/vllm_server/serve_and_train_single_node.sh": "examples/recipes/dhpo_e_qwen3_1.7b_base.yaml",
