@@ -13,6 +13,9 @@ sees other data from then on. Here:
   between logging steps and the final `train_loss` are the uninterrupted run's.
 * **reference model**: with `sync_ref_model`, the reference model TRL mixes with the policy is saved whole
   (`dhpo_reference_model.safetensors`, gathered under ZeRO-3) and loaded back.
+* **policy weights**: `save_pretrained` writes an MoE model's fused experts one by one; `load_policy_weights`
+  converts a checkpoint's weights back to the model's layout with transformers' own conversion (the Trainer's load
+  would leave the experts unloaded), on resume and for `load_best_model_at_end`.
 * **completeness**: the main process writes `dhpo_checkpoint_complete.json` last, after every process wrote its
   files; it records the run's settings and the size of every file. A folder holding our files but not the marker
   was left half-written, and one whose files differ from the recorded sizes was damaged since: neither is loaded.
