@@ -89,7 +89,8 @@ def test_the_checkpoint_keeps_the_hub_layout_of_the_experts(uninterrupted):
     path = os.path.join(uninterrupted.args.output_dir, "checkpoint-3", resume.SAFE_WEIGHTS)
     with safe_open(path, "pt") as handle:
         names = set(handle.keys())
-    assert {f"model.layers.0.mlp.experts.{e}.{p}_proj.weight" for e in range(4) for p in ("gate", "up", "down")} <= names
+    per_expert = {f"model.layers.0.mlp.experts.{e}.{p}_proj.weight" for e in range(4) for p in ("gate", "up", "down")}
+    assert per_expert <= names
     assert not any(name.endswith(("experts.gate_up_proj", "experts.down_proj")) for name in names)
 
 
@@ -156,14 +157,19 @@ def test_load_policy_weights_leaves_what_transformers_loads_right_to_it(tok, tmp
     assert loaded == []
 
 
-def test_a_lora_moe_run_resumes_exactly(tok, tmp_path):
-    """LoRA on the attention of a Qwen3-MoE: the adapters are PEFT's to save and load (the experts are frozen);
-    resumed mid generation batch, the run ends with the uninterrupted run's parameters."""
+@pytest.mark.parametrize("targets", [
+    dict(target_modules=["q_proj", "v_proj"]),
+    dict(target_modules=["q_proj"], target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]),
+], ids=["attention", "fused-experts"])  # fmt: skip
+def test_a_lora_moe_run_resumes_exactly(targets, tok, tmp_path):
+    """LoRA on a Qwen3-MoE, on the attention or on the fused experts too (PEFT's `target_parameters`): the adapters
+    are PEFT's to save and load, in its own layout; resumed mid generation batch, the run ends with the
+    uninterrupted run's parameters."""
     from peft import LoraConfig
 
     def lora_run(output_dir, resume_from=None):
         args = config_for("DHPO-E", output_dir=str(output_dir), **{**BASE, **K2}, **CPU)
-        lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+        lora = LoraConfig(r=4, lora_alpha=8, task_type="CAUSAL_LM", **targets)
         trainer = RecordingTrainer(model=moe(tok), reward_funcs=digit_share, args=args, train_dataset=prompts(),
                                    processing_class=tok, peft_config=lora)  # fmt: skip
         trainer.seen = {}
@@ -172,6 +178,8 @@ def test_a_lora_moe_run_resumes_exactly(tok, tmp_path):
 
     full = lora_run(tmp_path / "full")
     resumed = lora_run(tmp_path / "resumed", resume_from=str(tmp_path / "full" / "checkpoint-3"))
-    assert max(p.abs().max().item() for n, p in full.model.named_parameters() if "lora_B" in n) > 0  # trained
+    trained = {name: p for name, p in full.model.named_parameters() if "lora_B" in name}
+    assert max(p.abs().max().item() for p in trained.values()) > 0
+    assert any(".experts." in name for name in trained) == ("target_parameters" in targets)
     assert relative_gap(resumed.model, full.model) <= 1e-6
     assert resumed.seen[4] == full.seen[4]

@@ -123,8 +123,8 @@ def test_zero3_resumes_a_moe_policy_mid_generation_batch_to_the_uninterrupted_ru
     """The tiny Qwen3-MoE under ZeRO-3 (2 ranks), resumed from checkpoint-1 (mid generation batch): DeepSpeed's own
     states hold the fused experts, so both ranks end with the uninterrupted run's gathered parameters (the experts
     moved meanwhile), its logged metrics and its data."""
-    start = {name: p.detach().flatten().tolist() for name, p in
-             build_tiny_qwen3(build_char_tokenizer(), hidden_size=32, seed=0, moe=True).named_parameters()}  # fmt: skip
+    model = build_tiny_qwen3(build_char_tokenizer(), hidden_size=32, seed=0, moe=True)
+    start = {name: p.detach().flatten().tolist() for name, p in model.named_parameters()}
     experts = [name for name in start if name.endswith(("experts.gate_up_proj", "experts.down_proj"))]
     assert experts
     for rank in (0, 1):
