@@ -444,10 +444,10 @@ def saved_weights(checkpoint: str) -> dict | None:
 def load_policy_weights(trainer, model, checkpoint: str) -> bool:
     """Load the weights of `checkpoint` into `model` converted back to the model's layout, as `from_pretrained`
     converts them; transformers' Trainer loads the file's state dict as written, so experts written one by one
-    would miss their fused parameters and keep their current values. True when loaded (transformers' warnings about
-    missing or unexpected keys issued); False, having loaded nothing, where transformers' own load is right: a model
-    written in its own layout, a PEFT model (its adapters), DeepSpeed or FSDP (their own states, in the model's
-    layout), a checkpoint without safetensors weights."""
+    would miss their fused parameters and keep their current values. True when loaded (transformers' warning about
+    missing keys issued; the conversion drops keys the model lacks); False, having loaded nothing, where
+    transformers' own load is right: a model written in its own layout, a PEFT model (its adapters), DeepSpeed or
+    FSDP (their own states, in the model's layout), a checkpoint without safetensors weights."""
     from transformers import PreTrainedModel
     from transformers.integrations.deepspeed import _apply_weight_conversions_to_state_dict
 
