@@ -105,3 +105,33 @@ def test_zero3_sigterm_to_one_rank_stops_both_with_a_checkpoint(zero3_ranks):
     assert stop0["checkpoints"] == ["checkpoint-1"]  # save_steps=10: the stop wrote it
     assert resume.incomplete_reason(stop0["graceful_stop"]["checkpoint"]) is None
     assert all(zero3_ranks[run, rank]["handlers_restored"] for run in ("z3_full", "z3_stopped") for rank in (0, 1))
+
+
+@pytest.fixture(scope="module")
+def zero3_moe_ranks(tmp_path_factory):
+    pytest.importorskip("deepspeed")
+    out = tmp_path_factory.mktemp("resume_zero3_moe")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               str(TESTS / "dist_scripts" / "resume_distributed.py"), str(out), "--zero3", "--moe"]  # fmt: skip
+    result = processes.run_ranks(command, timeout=300, env=ENV, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return {(run, rank): json.loads((out / f"{run}_rank{rank}.json").read_text())
+            for run in ("z3_moe_full", "z3_moe_resumed") for rank in (0, 1)}  # fmt: skip
+
+
+def test_zero3_resumes_a_moe_policy_mid_generation_batch_to_the_uninterrupted_run(zero3_moe_ranks):
+    """The tiny Qwen3-MoE under ZeRO-3 (2 ranks), resumed from checkpoint-1 (mid generation batch): DeepSpeed's own
+    states hold the fused experts, so both ranks end with the uninterrupted run's gathered parameters (the experts
+    moved meanwhile), its logged metrics and its data."""
+    model = build_tiny_qwen3(build_char_tokenizer(), hidden_size=32, seed=0, moe=True)
+    start = {name: p.detach().flatten().tolist() for name, p in model.named_parameters()}
+    experts = [name for name in start if name.endswith(("experts.gate_up_proj", "experts.down_proj"))]
+    assert experts
+    for rank in (0, 1):
+        full, resumed = zero3_moe_ranks["z3_moe_full", rank], zero3_moe_ranks["z3_moe_resumed", rank]
+        assert resumed["global_step"] == 4 and sorted(resumed["seen"], key=int) == ["2", "3", "4"]
+        assert _max_gap({name: full["params"][name] for name in experts}, start) > 1e-3  # the experts trained
+        assert _relative_gap(resumed["params"], full["params"]) <= 1e-6
+        assert all(resumed["seen"][step] == full["seen"][step] for step in resumed["seen"])
+        assert all(resumed["logs"][step] == pytest.approx(full["logs"][step], rel=1e-6, abs=1e-9)
+                   for step in resumed["seen"])  # fmt: skip

@@ -13,6 +13,9 @@ sees other data from then on. Here:
   between logging steps and the final `train_loss` are the uninterrupted run's.
 * **reference model**: with `sync_ref_model`, the reference model TRL mixes with the policy is saved whole
   (`dhpo_reference_model.safetensors`, gathered under ZeRO-3) and loaded back.
+* **policy weights**: `save_pretrained` writes an MoE model's fused experts one by one; `load_policy_weights`
+  converts a checkpoint's weights back to the model's layout with transformers' own conversion (the Trainer's load
+  would leave the experts unloaded), on resume and for `load_best_model_at_end`.
 * **completeness**: the main process writes `dhpo_checkpoint_complete.json` last, after every process wrote its
   files; it records the run's settings and the size of every file. A folder holding our files but not the marker
   was left half-written, and one whose files differ from the recorded sizes was damaged since: neither is loaded.
@@ -402,6 +405,62 @@ class RestoreAtTrainBegin(TrainerCallback):
                 value = value.to(current.device)
             setattr(self.target, name, value)
         self.values = {}
+
+
+# ------------------------------------------------------------------------------------------- policy weights
+SAFE_WEIGHTS, SAFE_WEIGHTS_INDEX = "model.safetensors", "model.safetensors.index.json"  # transformers' names
+
+
+def weight_conversions(model) -> list:
+    """The weight conversions `save_pretrained` reverses when it writes `model`, chosen as transformers'
+    `revert_weight_conversion` chooses them: those `from_pretrained` used, else the ones registered for the model's
+    type, without prefix changes. Qwen3-MoE: the experts, fused in the model, are written one by one. Empty when the
+    model is written in its own layout (a dense model)."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import PrefixChange
+
+    conversions = getattr(model, "_weight_conversions", None)
+    if conversions is None:
+        conversions = [conversion for conversion in get_model_conversion_mapping(model, add_legacy=False)
+                       if not isinstance(conversion, PrefixChange)]  # fmt: skip
+    return list(conversions)
+
+
+def saved_weights(checkpoint: str) -> dict | None:
+    """The state dict `save_pretrained` wrote into `checkpoint` (one safetensors file or its shards), on the CPU;
+    None when the folder holds neither."""
+    from safetensors.torch import load_file
+
+    single, index = os.path.join(checkpoint, SAFE_WEIGHTS), os.path.join(checkpoint, SAFE_WEIGHTS_INDEX)
+    if os.path.isfile(single):
+        return load_file(single, device="cpu")
+    if not os.path.isfile(index):
+        return None
+    with open(index, encoding="utf-8") as handle:
+        shards = sorted(set(json.load(handle)["weight_map"].values()))
+    return {name: tensor for shard in shards for name, tensor in load_file(os.path.join(checkpoint, shard)).items()}
+
+
+def load_policy_weights(trainer, model, checkpoint: str) -> bool:
+    """Load the weights of `checkpoint` into `model` converted back to the model's layout, as `from_pretrained`
+    converts them; transformers' Trainer loads the file's state dict as written, so experts written one by one
+    would miss their fused parameters and keep their current values. True when loaded (transformers' warning about
+    missing keys issued; the conversion drops keys the model lacks); False, having loaded nothing, where
+    transformers' own load is right: a model written in its own layout, a PEFT model (its adapters), DeepSpeed or
+    FSDP (their own states, in the model's layout), a checkpoint without safetensors weights."""
+    from transformers import PreTrainedModel
+    from transformers.integrations.deepspeed import _apply_weight_conversions_to_state_dict
+
+    if trainer.is_deepspeed_enabled or trainer.is_fsdp_enabled or not isinstance(model, PreTrainedModel):
+        return False
+    conversions = weight_conversions(model)
+    state = saved_weights(checkpoint) if conversions else None
+    if state is None:
+        return False
+    # transformers' own conversion of a checkpoint's state dict, the one `from_pretrained` applies under ZeRO-3
+    state = _apply_weight_conversions_to_state_dict(model, state, conversions)
+    trainer._issue_warnings_after_load(model.load_state_dict(state, strict=False))
+    return True
 
 
 # ------------------------------------------------------------------------------------------ reference model

@@ -9,7 +9,6 @@ and the `dhpo/` / `gmpo/` metrics are ours too; TRL's metric keys keep their mea
 from __future__ import annotations
 
 import os
-import warnings
 
 import torch
 from accelerate.utils import DistributedType
@@ -265,11 +264,18 @@ class DHPOTrainer(GRPOTrainer):
     def _save_checkpoint(self, model, trial):
         """TRL's model card, then the checkpoint with our states (`resume.write_checkpoint`); TRL's own copy of the
         adaptive entropy state is not written (ours, in the generation state, is the one restored)."""
-        name = self.args.hub_model_id.split("/")[-1] if self.args.hub_model_id else os.path.basename(
-            os.path.normpath(self.args.output_dir))  # fmt: skip
+        name = os.path.basename(os.path.normpath(self.args.hub_model_id or self.args.output_dir))  # "org/name": name
         self.create_model_card(model_name=name)
         stop = getattr(self, "_stop_callback", None)
         resume.write_checkpoint(self, model, trial, full=stop is not None and stop.stopped_at == self.state.global_step)
+
+    def _load_from_checkpoint(self, resume_from_checkpoint, model=None):  # the weights in the model's layout
+        if not resume.load_policy_weights(self, self.model if model is None else model, resume_from_checkpoint):
+            super()._load_from_checkpoint(resume_from_checkpoint, model)
+
+    def _load_best_model(self):  # `load_best_model_at_end`: the same conversion (dhpo_trl/training/resume.py)
+        if not resume.load_policy_weights(self, self.model, self.state.best_model_checkpoint):
+            super()._load_best_model()
 
     def _get_train_sampler(self, dataset=None):
         """TRL's sampler, with a shuffle that follows the epoch (`dhpo_trl/training/sampler.py`)."""
@@ -277,8 +283,7 @@ class DHPOTrainer(GRPOTrainer):
         return self._epoch_sampler
 
     def _run_epoch(self, *args, **kwargs):
-        """transformers' epoch loop, with the sampler told its epoch first: after `skip_first_batches` on several
-        processes, accelerate's `set_epoch` no longer reaches it."""
+        """transformers' epoch loop, the sampler told its epoch first (a batch skip hides it from accelerate)."""
         sampler = getattr(self, "_epoch_sampler", None)
         if sampler is not None and "epoch" in kwargs:
             sampler.set_epoch(kwargs["epoch"])
@@ -290,7 +295,6 @@ class DHPOTrainer(GRPOTrainer):
         super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
         if not self.is_world_process_zero():
             return
-        path = os.path.join(self.args.output_dir, "README.md")
         section = paper.card_section(self.args, get_objective(self.args.algorithm).settings(self.args))
-        with open(path, "a", encoding="utf-8") as handle:
+        with open(os.path.join(self.args.output_dir, "README.md"), "a", encoding="utf-8") as handle:
             handle.write(section)
