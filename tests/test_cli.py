@@ -367,7 +367,8 @@ def test_batch_plan_follows_the_launched_process_count(local_model, local_jsonl,
         local_model, local_jsonl, tmp_path / "two", "--save_strategy", "no", "--per_device_train_batch_size", "2"
     )
     flags += ["--prompts_per_generation", "2", "--prompts_per_optimizer_step", "1"]
-    _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "examples/train_dhpo.py", *flags])
+    result = processes.torchrun("examples/train_dhpo.py", *flags, timeout=300, accelerate_cpu=False, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
     card = (tmp_path / "two" / "README.md").read_text()
     # 8 completions / (2 per device x 2 processes) = 2 micro-steps per generation; 4 / 4 = 1 per optimizer step
     assert "| `steps_per_generation` | `2` |" in card and "| `gradient_accumulation_steps` | `1` |" in card

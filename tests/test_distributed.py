@@ -13,8 +13,6 @@ and each process generates its own completions, so the sampled data differ from 
 
 import importlib.util
 import json
-import os
-import sys
 from pathlib import Path
 
 import processes
@@ -26,10 +24,7 @@ B = 3  # sequences per process in the fixed batch
 
 
 def _torchrun(out_dir, *flags):
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               str(SCRIPT), str(out_dir), *flags]  # fmt: skip
-    result = processes.run(command, env=env, timeout=240)
+    result = processes.torchrun(SCRIPT, out_dir, *flags, timeout=240)
     assert result.returncode == 0, result.stderr[-4000:]
     return result
 

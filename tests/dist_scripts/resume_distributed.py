@@ -39,10 +39,10 @@ if "--zero3" in sys.argv:
     use_deepspeed_on_cpu()  # before deepspeed is first imported
 
 import torch  # noqa: E402
-from _teardown import destroy_process_group  # noqa: E402 - this folder is sys.path[0] under torchrun
 from datasets import Dataset  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
+from dhpo_trl.training.teardown import release_process_groups  # noqa: E402
 from dhpo_trl import DHPOTrainer  # noqa: E402
 from dhpo_trl.core.presets import config_for  # noqa: E402
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
@@ -145,7 +145,7 @@ def main() -> None:
         run(out_dir, "z3_stopped", out_dir / "z3_stopped", tok, callbacks=[SignalRankZeroAt(1)],
             **{**ZERO3, "save_steps": 10})  # its only checkpoint is the one the stop writes
         run(out_dir, "z3_after", out_dir / "z3_stopped", tok, resume="latest", **ZERO3)
-        destroy_process_group()
+        release_process_groups()
         return
     run(out_dir, "full", out_dir / "full", tok)
     run(out_dir, "resumed", out_dir / "resumed", tok, resume=str(out_dir / "full" / "checkpoint-3"))
@@ -154,7 +154,7 @@ def main() -> None:
     run(out_dir, "budget_full", out_dir / "budget_full", tok, **BUDGET)
     run(out_dir, "budget_resumed", out_dir / "budget_resumed", tok, resume=str(out_dir / "budget_full" / "checkpoint-1"),
         **BUDGET)
-    destroy_process_group()
+    release_process_groups()
 
 
 if __name__ == "__main__":
