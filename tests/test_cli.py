@@ -447,7 +447,7 @@ def test_the_paper_subset_is_the_default_only_for_the_paper_dataset(monkeypatch,
 
 
 def test_the_command_destroys_the_process_group_it_trained_in(local_model, local_jsonl, tmp_path):
-    """Left to interpreter finalisation, gloo's threads can abort a finished run (pytorch/pytorch#179291)."""
+    """Left to interpreter finalisation, gloo's threads can hang or abort a finished run (see training.teardown)."""
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)

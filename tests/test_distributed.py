@@ -33,7 +33,7 @@ def _one_process_fixed_batch(out_dir):
     """The 1-process side in this process: the same function the script runs, on the same 2B sequences. A 1-process
     torchrun would run it undistributed too, after 10-15 s of launcher and imports."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(SCRIPT.parent))  # the script imports its folder's _teardown
+        patch.syspath_prepend(str(SCRIPT.parent))  # the script imports from its folder
         spec = importlib.util.spec_from_file_location("dhpo_distributed_in_process", SCRIPT)
         script = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(script)

@@ -437,8 +437,8 @@ def main(argv=None) -> int:
     # after an input error: it may be this process's alone, and its peers would never arrive.
     left = release_process_groups(barrier=status == 0)
     if left:
-        print(f"dhpo-train: warning: {len(left)} gloo threads still run after the process groups were released "
-              "(a group is still referenced); the exit may hang.", file=sys.stderr, flush=True)  # fmt: skip
+        print(f"dhpo-train: warning: a process group is still referenced after its release ({len(left)} gloo threads, "
+              "idle past the exit barrier); the interpreter destroys it at exit.", file=sys.stderr, flush=True)  # fmt: skip
     return status
 
 
