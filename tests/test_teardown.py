@@ -10,7 +10,7 @@ import sys
 import processes
 import pytest
 
-# A DDP-wrapped model, and a function whose default argument reads the default group when it is defined, after
+# A DDP-wrapped model held in a reference cycle, and a function whose default argument reads the default group when it is defined, after
 # init_process_group, as `deepspeed.comm.torch.TorchBackend.barrier` does when DeepSpeed is imported lazily.
 CHILD = """
 import json, sys, tempfile
@@ -24,7 +24,9 @@ if "capture" in sys.argv:
     def barrier(group=dist.group.WORLD):
         return group
 before = teardown.gloo_threads()
-del model
+trainer = {"model": model}
+trainer["self"] = trainer  # held in a cycle, as a trainer holds its model: only a collection frees it
+del model, trainer
 if "torch-only" in sys.argv:
     dist.destroy_process_group()
     import gc
