@@ -26,6 +26,7 @@ from datasets import Dataset  # noqa: E402
 
 from dhpo_trl import DHPOConfig, DHPOTrainer  # noqa: E402
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3, use_deepspeed_on_cpu  # noqa: E402
+from dhpo_trl.training.teardown import release_process_groups  # noqa: E402
 
 # DeepSpeed config for the CPU check (on GPU, accelerate_configs/zero3_moe.yaml supplies the plugin instead).
 CPU_ZERO3 = {
@@ -101,7 +102,6 @@ def main(argv=None) -> dict:
     if trainer.accelerator.is_main_process:
         with open(os.path.join(args.output_dir, "summary.json"), "w") as handle:
             json.dump(summary, handle, indent=2)
-    trainer.accelerator.end_training()  # destroys the process group; gloo's threads can abort at finalisation
 
     problems = []
     if deepspeed_on and summary["zero_stage"] == 3:
@@ -126,3 +126,4 @@ def main(argv=None) -> dict:
 
 if __name__ == "__main__":
     main()
+    release_process_groups()  # the trainer is out of reach: its process groups go before the interpreter finalises

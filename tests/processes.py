@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -150,16 +151,19 @@ def run(command, *, timeout: float, check: bool = False, capture_output: bool = 
     return result
 
 
-GLOO_ABORT = "terminate called without an active exception"  # pytorch/pytorch#179291, see dist_scripts/_teardown.py
-
-
-def run_ranks(command, *, timeout: float, **kwargs) -> subprocess.CompletedProcess:
-    """`run` for a torchrun command, rerun once when a rank died of gloo's thread abort alone (SIGABRT, exit code
-    -6, with that message: seen under the suite's load, never alone); any other failure is returned at once."""
-    result = run(command, timeout=timeout, **kwargs)
-    if result.returncode != 0 and GLOO_ABORT in (result.stderr or "") and "exitcode: -6" in (result.stderr or ""):
-        result = run(command, timeout=timeout, **kwargs)
-    return result
+def torchrun(script, *args, timeout: float, accelerate_cpu: bool = True, nproc: int = 2, env: dict | None = None,
+             cwd=None) -> subprocess.CompletedProcess:  # fmt: skip
+    """`script args` on `nproc` CPU processes (`torchrun --standalone`, gloo), through `run`: the whole tree is stopped
+    on the way out. No GPU, offline, one torch thread per rank. `accelerate_cpu` sets ACCELERATE_USE_CPU=1 (accelerate's
+    DDP over gloo); False removes it, which runs using accelerate's DeepSpeed plugin need. `env` adds variables."""
+    variables = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    variables.pop("ACCELERATE_USE_CPU", None)
+    if accelerate_cpu:
+        variables["ACCELERATE_USE_CPU"] = "1"
+    variables.update(env or {})
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(script),
+               *map(str, args)]  # fmt: skip
+    return run(command, timeout=timeout, env=variables, cwd=cwd)
 
 
 def _read(handle, text: bool):

@@ -13,8 +13,6 @@ and each process generates its own completions, so the sampled data differ from 
 
 import importlib.util
 import json
-import os
-import sys
 from pathlib import Path
 
 import processes
@@ -26,10 +24,7 @@ B = 3  # sequences per process in the fixed batch
 
 
 def _torchrun(out_dir, *flags):
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               str(SCRIPT), str(out_dir), *flags]  # fmt: skip
-    result = processes.run(command, env=env, timeout=240)
+    result = processes.torchrun(SCRIPT, out_dir, *flags, timeout=240)
     assert result.returncode == 0, result.stderr[-4000:]
     return result
 
@@ -38,7 +33,7 @@ def _one_process_fixed_batch(out_dir):
     """The 1-process side in this process: the same function the script runs, on the same 2B sequences. A 1-process
     torchrun would run it undistributed too, after 10-15 s of launcher and imports."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.syspath_prepend(str(SCRIPT.parent))  # the script imports its folder's _teardown
+        patch.syspath_prepend(str(SCRIPT.parent))  # the script imports from its folder
         spec = importlib.util.spec_from_file_location("dhpo_distributed_in_process", SCRIPT)
         script = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(script)

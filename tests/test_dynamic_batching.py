@@ -9,8 +9,6 @@ so a wrong normalisation of an unevenly filled micro-batch shows up at 1e-2 or m
 
 import json
 import math
-import os
-import sys
 from pathlib import Path
 
 import processes
@@ -343,13 +341,8 @@ def test_two_processes_agree_on_passes_and_update_as_trl(tmp_path, engine):
     if engine == "zero3":
         pytest.importorskip("deepspeed")
     script = Path(__file__).parent / "dist_scripts" / "dynamic_batching_distributed.py"
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    env.pop("ACCELERATE_USE_CPU", None)  # set, it would keep accelerate from using the DeepSpeed plugin
-    if engine == "ddp":
-        env["ACCELERATE_USE_CPU"] = "1"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
-               str(tmp_path), *(["--zero3"] if engine == "zero3" else [])]  # fmt: skip
-    result = processes.run_ranks(command, env=env, timeout=300)
+    result = processes.torchrun(script, tmp_path, *(["--zero3"] if engine == "zero3" else []), timeout=300,
+                                accelerate_cpu=engine == "ddp")  # set, ACCELERATE_USE_CPU keeps accelerate from DeepSpeed
     assert result.returncode == 0, result.stderr[-4000:]
     trl = torch.load(tmp_path / "trl" / "params.pt")
     dynamic = torch.load(tmp_path / "budget" / "params.pt")

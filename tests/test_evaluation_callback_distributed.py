@@ -6,9 +6,7 @@ scores depend on every sample drawn (a random model scores 0 everywhere and any 
 """
 
 import json
-import os
 import random
-import sys
 from pathlib import Path
 
 import processes
@@ -64,10 +62,8 @@ def policy(tmp_path_factory):
 
 
 def _torchrun(policy, out_dir, *flags):
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPT),
-               str(out_dir), str(policy / "model"), str(policy / "eval.json"), *flags]  # fmt: skip
-    result = processes.run(command, env=env, timeout=300)
+    result = processes.torchrun(SCRIPT, out_dir, policy / "model", policy / "eval.json", *flags, timeout=300,
+                                accelerate_cpu=False)  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     dumps = [json.loads((out_dir / f"eval_rank{rank}.json").read_text()) for rank in (0, 1)]
     assert [dump["world_size"] for dump in dumps] == [2, 2]

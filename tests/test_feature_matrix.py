@@ -25,7 +25,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import sys
 import warnings
 from pathlib import Path
 
@@ -265,11 +264,9 @@ BUDGET_CELLS = [name for name, (cell, _) in TWO_PROCESS_CELLS.items() if cell[0]
 def two_processes(tmp_path_factory):
     """{cell name: [rank 0's dump, rank 1's dump]}, every cell from one torchrun launch."""
     out = tmp_path_factory.mktemp("feature_matrix_two")
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1",
-               PYTHONPATH=os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1])]))  # fmt: skip
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPT),
-               str(out), json.dumps(list(TWO_PROCESS_CELLS.values()))]  # fmt: skip
-    result = processes.run_ranks(command, env=env, timeout=420)
+    path = os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1])])
+    result = processes.torchrun(SCRIPT, out, json.dumps(list(TWO_PROCESS_CELLS.values())), timeout=420,
+                                env={"PYTHONPATH": path})  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     return {name: [torch.load(out / f"cell{index}_rank{rank}.pt", weights_only=False) for rank in (0, 1)]
             for index, name in enumerate(TWO_PROCESS_CELLS)}  # fmt: skip

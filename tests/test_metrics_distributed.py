@@ -5,8 +5,6 @@ tests/dist_scripts/metrics_distributed.py gives each rank a slice of tests/metri
 """
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import processes
@@ -22,9 +20,7 @@ EXPECTATIONS = {"dhpo_split": {}, "dhpo_padding_rank": {}, "gmpo_split": {"algor
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory):
     out = tmp_path_factory.mktemp("metrics_two_ranks")
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1", ACCELERATE_USE_CPU="1")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(SCRIPT)]
-    result = processes.run([*command, str(out)], env=env, timeout=240)
+    result = processes.torchrun(SCRIPT, out, timeout=240)
     assert result.returncode == 0, result.stderr[-4000:]
     return [json.loads((out / f"metrics_rank{rank}.json").read_text()) for rank in (0, 1)]
 

@@ -8,8 +8,6 @@ log-probs against the unpacked padded forward TRL runs, parameter changes agains
 
 import json
 import math
-import os
-import sys
 import warnings
 from pathlib import Path
 
@@ -381,13 +379,8 @@ def test_two_processes_agree_on_rows_and_update_as_trl(tmp_path, engine):
     if engine == "zero3":
         pytest.importorskip("deepspeed")
     script = Path(__file__).parent / "dist_scripts" / "padding_free_distributed.py"
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    env.pop("ACCELERATE_USE_CPU", None)  # set, it would keep accelerate from using the DeepSpeed plugin
-    if engine == "ddp":
-        env["ACCELERATE_USE_CPU"] = "1"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
-               str(tmp_path), *(["--zero3"] if engine == "zero3" else [])]  # fmt: skip
-    result = processes.run_ranks(command, env=env, timeout=240)  # its process group stopped on the way out
+    result = processes.torchrun(script, tmp_path, *(["--zero3"] if engine == "zero3" else []), timeout=240,
+                                accelerate_cpu=engine == "ddp")  # set, ACCELERATE_USE_CPU keeps accelerate from DeepSpeed
     assert result.returncode == 0, result.stderr[-4000:]
     trl = torch.load(tmp_path / "trl" / "params.pt")
     packed = torch.load(tmp_path / "packed" / "params.pt")

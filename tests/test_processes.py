@@ -1,5 +1,7 @@
-"""tests/processes.py: a child that spawned a grandchild and hangs leaves nothing alive after the timeout."""
+"""tests/processes.py: a child that spawned a grandchild and hangs leaves nothing alive after the timeout; torchrun's
+helper starts CPU ranks with the shared environment."""
 
+import json
 import subprocess
 import sys
 import time
@@ -74,24 +76,26 @@ def test_an_interrupt_while_waiting_kills_the_group(monkeypatch, tmp_path):
     assert wait_gone([started[0], grandchild]) == []
 
 
-FLAKY_RANK = r"""
-import pathlib, sys
-marker = pathlib.Path(sys.argv[1])
-if not marker.exists():
-    marker.write_text("1")
-    sys.stderr.write(sys.argv[2])
-    sys.exit(1)
+# Each rank writes what torchrun and the helper gave it.
+RANK_REPORT = """
+import json, os, sys
+keys = ("RANK", "WORLD_SIZE", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "ACCELERATE_USE_CPU", "EXTRA")
+print(json.dumps({key: os.environ.get(key) for key in keys}), flush=True)
 """
 
 
-@pytest.mark.parametrize(("stderr", "runs"), [
-    (processes.GLOO_ABORT + "\nfailed (exitcode: -6) local_rank: 1", 2),  # the gloo abort alone: one rerun
-    ("AssertionError: the update differs\nfailed (exitcode: 1) local_rank: 1", 1),  # any other failure: none
-])  # fmt: skip
-def test_run_ranks_reruns_only_the_gloo_abort(tmp_path, stderr, runs):
-    marker = tmp_path / "ran"
-    result = processes.run_ranks([sys.executable, "-c", FLAKY_RANK, str(marker), stderr], timeout=30)
-    assert result.returncode == (0 if runs == 2 else 1)
+@pytest.mark.parametrize("accelerate_cpu", [True, False])
+def test_torchrun_starts_two_cpu_ranks(tmp_path, monkeypatch, accelerate_cpu):
+    script = tmp_path / "report.py"
+    script.write_text(RANK_REPORT)
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "1")  # an outer value must not leak into a DeepSpeed run
+    result = processes.torchrun(script, timeout=120, accelerate_cpu=accelerate_cpu, env={"EXTRA": "x"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = sorted((json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")),
+                   key=lambda seen: seen["RANK"])  # fmt: skip
+    assert [(seen["RANK"], seen["WORLD_SIZE"]) for seen in ranks] == [("0", "2"), ("1", "2")]
+    assert {(seen["CUDA_VISIBLE_DEVICES"], seen["OMP_NUM_THREADS"], seen["EXTRA"]) for seen in ranks} == {("", "1", "x")}
+    assert {seen["ACCELERATE_USE_CPU"] for seen in ranks} == {"1" if accelerate_cpu else None}
 
 
 # A launcher like planted_bugs' pytest: it starts, in a session of its own (as `run` and torchrun do), a child that

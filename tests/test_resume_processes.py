@@ -34,10 +34,8 @@ def run_own_group(command, timeout=240):
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("resume_two_ranks")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               str(TESTS / "dist_scripts" / "resume_distributed.py"), str(out)]  # fmt: skip
-    code, _, err = run_own_group(command)
-    assert code == 0, err[-4000:]
+    result = processes.torchrun(TESTS / "dist_scripts" / "resume_distributed.py", out, timeout=240, env=ENV, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-4000:]
     runs = ("full", "resumed", "stopped", "after", "budget_full", "budget_resumed", "epoch_full", "epoch_resumed")
     dumps = {(run, rank): json.loads((out / f"{run}_rank{rank}.json").read_text()) for run in runs for rank in (0, 1)}
     return {**dumps, "out": out}

@@ -8,7 +8,6 @@ Every process is started in its own session and its whole group is killed if the
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import processes
@@ -34,9 +33,8 @@ def _max_gap(a: dict, b: dict) -> float:
 def zero3_ranks(tmp_path_factory):
     pytest.importorskip("deepspeed")
     out = tmp_path_factory.mktemp("resume_zero3")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               str(TESTS / "dist_scripts" / "resume_distributed.py"), str(out), "--zero3"]  # fmt: skip
-    result = processes.run_ranks(command, timeout=300, env=ENV, cwd=REPO)  # its process group stopped on the way out
+    result = processes.torchrun(TESTS / "dist_scripts" / "resume_distributed.py", out, "--zero3", timeout=300, env=ENV,
+                                cwd=REPO)  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     runs = ("z3_full", "z3_resumed", "z3_stopped", "z3_after", "z3_sync_full", "z3_sync_resumed")
     dumps = {(run, rank): json.loads((out / f"{run}_rank{rank}.json").read_text()) for run in runs for rank in (0, 1)}
@@ -111,9 +109,8 @@ def test_zero3_sigterm_to_one_rank_stops_both_with_a_checkpoint(zero3_ranks):
 def zero3_moe_ranks(tmp_path_factory):
     pytest.importorskip("deepspeed")
     out = tmp_path_factory.mktemp("resume_zero3_moe")
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-               str(TESTS / "dist_scripts" / "resume_distributed.py"), str(out), "--zero3", "--moe"]  # fmt: skip
-    result = processes.run_ranks(command, timeout=300, env=ENV, cwd=REPO)
+    result = processes.torchrun(TESTS / "dist_scripts" / "resume_distributed.py", out, "--zero3", "--moe", timeout=300,
+                                accelerate_cpu=False, env=ENV, cwd=REPO)
     assert result.returncode == 0, result.stderr[-4000:]
     return {(run, rank): json.loads((out / f"{run}_rank{rank}.json").read_text())
             for run in ("z3_moe_full", "z3_moe_resumed") for rank in (0, 1)}  # fmt: skip

@@ -4,8 +4,6 @@ padded, dynamic, packed and shared-prompt paths, with gradient checkpointing; re
 
 import json
 import math
-import os
-import sys
 from pathlib import Path
 
 import processes
@@ -220,13 +218,9 @@ def test_two_processes_replay_the_recorded_experts(tmp_path, engine):
     if engine == "zero3":
         pytest.importorskip("deepspeed")
     script = Path(__file__).parent / "dist_scripts" / "routing_replay_distributed.py"
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
-    env.pop("ACCELERATE_USE_CPU", None)  # set, it would keep accelerate from using the DeepSpeed plugin
-    if engine == "ddp":
-        env["ACCELERATE_USE_CPU"] = "1"
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script),
-               str(tmp_path), *(["--zero3"] if engine == "zero3" else [])]  # fmt: skip
-    result = processes.run_ranks(command, env=env, timeout=300)  # its process group stopped on the way out
+    # without ACCELERATE_USE_CPU under ZeRO-3: set, it would keep accelerate from using the DeepSpeed plugin
+    result = processes.torchrun(script, tmp_path, *(["--zero3"] if engine == "zero3" else []), timeout=300,
+                                accelerate_cpu=engine == "ddp")
     assert result.returncode == 0, result.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     for rank in ranks:

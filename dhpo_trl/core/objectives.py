@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .aggregation import AGGREGATIONS, BASE_AGGREGATIONS
+from .aggregation import BASE_AGGREGATIONS
 from .losses import (
     cispo_per_token_loss,
     dhpo_per_token_loss,

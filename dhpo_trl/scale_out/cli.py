@@ -27,6 +27,7 @@ from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_qu
 from ..core.config import DHPOConfig
 from ..scoring.data import load_math_dataset
 from ..scoring.rewards import math_verify_reward
+from ..training.teardown import release_process_groups
 from ..user_errors import check_model_path, make_folder, pop_debug_flag, run_command
 
 # The paper's training data and its subset (a folder of the repository); the subset is the default only for it.
@@ -420,14 +421,15 @@ def main(argv=None) -> int:
         script_args, training_args, model_args = parse_args(argv)
         return build_trainer(script_args, training_args, model_args), script_args
 
-    def train_and_finish(built):
-        trained = run_training(*built)
-        # Destroy the process group before the interpreter does: left to finalisation, gloo's threads can abort a
-        # finished run ("terminate called without an active exception", pytorch/pytorch#179291) and NCCL warns.
-        trained.accelerator.end_training()
-        return trained
-
-    return run_command("dhpo-train", setup, train_and_finish, debug=debug)
+    status = run_command("dhpo-train", setup, lambda built: run_training(*built), debug=debug)
+    # The trainer is out of reach now: every process group and what holds it go before the interpreter finalises
+    # (see dhpo_trl.training.teardown); a group left to finalisation can hang or abort a finished run. No barrier
+    # after an input error: it may be this process's alone, and its peers would never arrive.
+    left = release_process_groups(barrier=status == 0)
+    if left:
+        print(f"dhpo-train: warning: a process group is still referenced after its release ({len(left)} gloo threads, "
+              "idle past the exit barrier); the interpreter destroys it at exit.", file=sys.stderr, flush=True)  # fmt: skip
+    return status
 
 
 if __name__ == "__main__":

@@ -13,12 +13,12 @@ import os
 import sys
 
 import torch
-from _teardown import destroy_process_group  # noqa: E402 - this folder is sys.path[0] under torchrun
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
 from accelerate.utils import FullyShardedDataParallelPlugin
 from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
 
+from dhpo_trl.training.teardown import release_process_groups  # noqa: E402
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3, use_deepspeed_on_cpu
 
 
@@ -82,4 +82,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    destroy_process_group()
+    release_process_groups()

@@ -18,9 +18,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
-from _teardown import destroy_process_group  # noqa: E402 - this folder is sys.path[0] under torchrun
 from datasets import Dataset  # noqa: E402
 
+from dhpo_trl.training.teardown import release_process_groups  # noqa: E402
 from dhpo_trl import DHPOConfig, DHPOTrainer  # noqa: E402
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
 
@@ -141,4 +141,4 @@ if __name__ == "__main__":
         run_training(output_dir)
     if "--fixed-batch" in sys.argv:
         run_fixed_batch(output_dir, int(sys.argv[sys.argv.index("--fixed-batch") + 1]))
-    destroy_process_group()
+    release_process_groups()

@@ -26,10 +26,10 @@ if "--zero3" in sys.argv:
     use_deepspeed_on_cpu()  # before deepspeed is first imported
 
 import torch  # noqa: E402
-from _teardown import destroy_process_group  # noqa: E402 - this folder is sys.path[0] under torchrun
 from datasets import Dataset  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationMixin  # noqa: E402
 
+from dhpo_trl.training.teardown import release_process_groups  # noqa: E402
 from dhpo_trl import DHPOConfig, DHPOTrainer  # noqa: E402
 from dhpo_trl.evaluation import BenchmarkEvalCallback  # noqa: E402
 from dhpo_trl.evaluation.backends import TransformersBackend  # noqa: E402
@@ -139,4 +139,4 @@ def main():
 
 if __name__ == "__main__":
     main()
-    destroy_process_group()
+    release_process_groups()

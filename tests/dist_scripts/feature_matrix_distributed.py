@@ -24,8 +24,8 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 import test_feature_matrix as matrix  # noqa: E402
-from _teardown import destroy_process_group  # noqa: E402 - this folder is sys.path[0] under torchrun
 
+from dhpo_trl.training.teardown import release_process_groups  # noqa: E402
 from dhpo_trl.demo.tiny import build_char_tokenizer  # noqa: E402
 
 
@@ -42,7 +42,5 @@ def main():
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    finally:
-        destroy_process_group()
+    main()
+    release_process_groups()

@@ -18,11 +18,11 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for metric_batch
 
 import torch  # noqa: E402
-from _teardown import destroy_process_group  # noqa: E402 - this folder is sys.path[0] under torchrun
 from datasets import Dataset  # noqa: E402
 from metric_batch import GMPO_EPSILONS, WIDTH, build_policy, clip_info, epsilons_for, inputs_for  # noqa: E402
 from transformers import Qwen3ForCausalLM  # noqa: E402
 
+from dhpo_trl.training.teardown import release_process_groups  # noqa: E402
 from dhpo_trl import DHPOConfig, DHPOTrainer  # noqa: E402
 from dhpo_trl.core import metrics  # noqa: E402
 from dhpo_trl.demo.tiny import build_char_tokenizer  # noqa: E402
@@ -67,4 +67,4 @@ def main(out_dir):
 
 if __name__ == "__main__":
     main(sys.argv[1])
-    destroy_process_group()
+    release_process_groups()

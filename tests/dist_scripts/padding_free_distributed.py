@@ -29,9 +29,9 @@ import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared long-tailed rollout
 
-from _teardown import destroy_process_group  # noqa: E402 - this folder is sys.path[0] under torchrun
 from long_tail import dataset, length_reward, long_tailed_rollout  # noqa: E402
 
+from dhpo_trl.training.teardown import release_process_groups  # noqa: E402
 from dhpo_trl import DHPOTrainer  # noqa: E402
 from dhpo_trl.core.presets import config_for  # noqa: E402
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
@@ -100,4 +100,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    destroy_process_group()
+    release_process_groups()

@@ -47,10 +47,10 @@ if "--zero3" in sys.argv:
     use_deepspeed_on_cpu()  # before deepspeed is first imported
 
 import torch  # noqa: E402
-from _teardown import destroy_process_group  # noqa: E402 - this folder is sys.path[0] under torchrun
 from datasets import Dataset  # noqa: E402
 from transformers import TrainerCallback  # noqa: E402
 
+from dhpo_trl.training.teardown import release_process_groups  # noqa: E402
 from dhpo_trl import DHPOTrainer  # noqa: E402
 from dhpo_trl.core.presets import config_for  # noqa: E402
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
@@ -159,7 +159,7 @@ def main() -> None:
             for name, resume in (("z3_moe_full", None), ("z3_moe_resumed", checkpoint)):
                 model = build_tiny_qwen3(tok, hidden_size=32, seed=0, moe=True)
                 run(out_dir, name, out_dir / name, tok, model=model, resume=resume, **ZERO3)
-            destroy_process_group()
+            release_process_groups()
             return
         folder = out_dir / f"tiny_rank{os.environ.get('RANK', '0')}"
         build_tiny_qwen3(tok, hidden_size=32, seed=0).save_pretrained(folder)
@@ -173,7 +173,7 @@ def main() -> None:
         run(out_dir, "z3_sync_full", out_dir / "z3_sync_full", tok, model=str(folder), **sync)
         run(out_dir, "z3_sync_resumed", out_dir / "z3_sync_resumed", tok, model=str(folder),
             resume=str(out_dir / "z3_sync_full" / "checkpoint-1"), **sync)
-        destroy_process_group()
+        release_process_groups()
         return
     run(out_dir, "full", out_dir / "full", tok)
     run(out_dir, "resumed", out_dir / "resumed", tok, resume=str(out_dir / "full" / "checkpoint-3"))
@@ -185,7 +185,7 @@ def main() -> None:
     run(out_dir, "epoch_full", out_dir / "epoch_full", tok, **EPOCH)
     run(out_dir, "epoch_resumed", out_dir / "epoch_resumed", tok, resume=str(out_dir / "epoch_full" / "checkpoint-5"),
         **EPOCH)
-    destroy_process_group()
+    release_process_groups()
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ if "--zero3" in sys.argv:
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 
-from _teardown import destroy_process_group  # noqa: E402 - this folder is sys.path[0] under torchrun
+from dhpo_trl.training.teardown import release_process_groups  # noqa: E402
 
 from dhpo_trl import DHPOTrainer  # noqa: E402
 from dhpo_trl.core.presets import config_for  # noqa: E402
@@ -92,4 +92,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    destroy_process_group()
+    release_process_groups()
