@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .aggregation import BASE_AGGREGATIONS
+from .aggregation import AGGREGATIONS, BASE_AGGREGATIONS  # noqa: F401 - re-exported for core.config
 from .losses import (
     cispo_per_token_loss,
     dhpo_per_token_loss,
