@@ -18,6 +18,7 @@ from datasets import Dataset
 from test_resume import CPU, BASE, RecordingTrainer, digit_share, max_parameter_gap
 from trl.trainer.utils import RepeatSampler
 
+from dhpo_trl import DHPOConfig
 from dhpo_trl.core.presets import config_for
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
 from dhpo_trl.training import resume, trl_mirror
@@ -311,3 +312,20 @@ def test_the_resume_surface_of_transformers_and_trl_is_in_the_mirror():
                         ("Trainer", "_run_epoch"), ("GRPOTrainer", "_get_train_sampler"),
                         ("Trainer", "_save_checkpoint"), ("GRPOTrainer", "_save_checkpoint")]:  # fmt: skip
         assert (owner, name) in listed
+
+def test_a_setting_the_checkpoint_did_not_record_compares_as_its_default(tmp_path):
+    """A marker written before an objective read a setting (CISPO and `importance_sampling_level`) resumes where this
+    run keeps the default, and is refused naming the setting where it does not."""
+    checkpoint = tmp_path / "checkpoint-2"
+    checkpoint.mkdir()
+    args = DHPOConfig(str(tmp_path), algorithm="cispo", use_cpu=True, bf16=False, report_to="none",
+                      steps_per_generation=2)  # fmt: skip
+    current = resume.run_settings(args, world_size=1)
+    assert current["importance_sampling_level"] == "token"
+    old = {name: value for name, value in current.items() if name != "importance_sampling_level"}
+    resume.mark_complete(str(checkpoint), old, global_step=2)
+    resume.check_resumable(str(checkpoint), current)  # the default: resumable
+    sequence = resume.run_settings(DHPOConfig(str(tmp_path), algorithm="cispo", importance_sampling_level="sequence",
+                                              use_cpu=True, bf16=False, report_to="none", steps_per_generation=2), 1)
+    with pytest.raises(ValueError, match="importance_sampling_level='token' in the checkpoint but 'sequence' now"):
+        resume.check_resumable(str(checkpoint), sequence)

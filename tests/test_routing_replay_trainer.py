@@ -227,3 +227,19 @@ def test_two_processes_replay_the_recorded_experts(tmp_path, engine):
         assert rank["checked"] == 4 and rank["differing"] == 0
         assert rank["replayed"] == [1.0] * 4 and rank["flip"][0] == 0.0 and max(rank["flip"]) > 0.0
     assert ranks[0]["flip"] == ranks[1]["flip"]  # reduced over both ranks before logging
+
+
+def test_replay_resumed_from_a_batch_saved_without_routing_is_refused_at_train(tmp_path, tokenizer):
+    """A mid-generation-batch checkpoint of a routing_replay='none' run holds no routing: resuming it with 'old' is
+    refused by train(), naming the setting, before any optimizer step."""
+    args = _config(tmp_path / "none", routing_replay="none", beta=0.0, max_steps=2, save_strategy="steps",
+                   save_steps=2)  # fmt: skip
+    model = build_tiny_qwen3(tokenizer, moe=True, hidden_size=32, seed=0)
+    DHPOTrainer(model, _reward, args=args, train_dataset=_dataset(), processing_class=tokenizer).train()
+    args = _config(tmp_path / "old", beta=0.0, max_steps=4)
+    trainer = DHPOTrainer(build_tiny_qwen3(tokenizer, moe=True, hidden_size=32, seed=0), _reward, args=args,
+                          train_dataset=_dataset(), processing_class=tokenizer)  # fmt: skip
+    with pytest.raises(ValueError, match="routing_replay='old'"):
+        trainer.train(resume_from_checkpoint=str(tmp_path / "none" / "checkpoint-2"))
+    fresh = dict(build_tiny_qwen3(tokenizer, moe=True, hidden_size=32, seed=0).named_parameters())
+    assert all(torch.equal(p, fresh[n]) for n, p in trainer.model.named_parameters())  # no checkpoint weight loaded

@@ -99,6 +99,13 @@ def run_settings(args, world_size: int) -> dict:
     return settings
 
 
+def _defaults() -> dict:
+    from ..core.config import DHPOConfig
+
+    fields = dataclasses.fields(DHPOConfig)
+    return {field.name: field.default for field in fields if field.init and field.default is not dataclasses.MISSING}
+
+
 def _plain(value):
     """A setting as JSON writes and reads it back (a tuple of reward weights compares as the list it becomes)."""
     return list(value) if isinstance(value, tuple) else value
@@ -225,14 +232,19 @@ def resolve_checkpoint(value, output_dir: str, warn: Callable[[str], None] | Non
     return wanted
 
 
+DEFAULTS = _defaults()
+
+
 def check_resumable(path: str, current: dict) -> None:
     """Refuse to resume `path` under other settings (`current`: `run_settings` of this run), naming them."""
     marker = read_marker(path)
     if marker is None:  # older checkpoint: no settings recorded (restore_generation_state warns once)
         return
-    saved = marker.get("settings", {})
     if marker.get("format", 1) < 2:  # recorded before BUFFER_SETTINGS were: those are not compared
         current = {name: value for name, value in current.items() if name not in BUFFER_SETTINGS}
+    # A setting the checkpoint did not record (an objective setting added in a later version, e.g. CISPO's
+    # importance_sampling_level) ran at its default: compared as that.
+    saved = {**{name: _plain(DEFAULTS[name]) for name in current if name in DEFAULTS}, **marker.get("settings", {})}
     differ = settings_difference(saved, current)
     if differ:
         listed = ", ".join(f"{name}={saved.get(name)!r} in the checkpoint but {current.get(name)!r} now" for name in differ)
@@ -638,6 +650,7 @@ def restore(trainer, checkpoint: str) -> list:
                                             warn=main)  # fmt: skip
     if trainer.args.sync_ref_model and trainer.ref_model is not None:
         restore_reference_model(accelerator.unwrap_model(trainer.ref_model), checkpoint, main, main)
+    trainer._routing.check_resumed(trainer._buffered_inputs)  # MoE routing replay needs the batch's routing
     return [RestoreAtTrainBegin(trainer, accumulators or {})]
 
 

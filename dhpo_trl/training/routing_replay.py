@@ -470,6 +470,14 @@ class TrainerRouting:
                                "to record routing from (TRL skips pi_old on-policy)")  # fmt: skip
         return {**batch, ROUTED_EXPERTS: to_rows(held["routing"], *sequence_inputs(batch))}
 
+    def check_resumed(self, buffered: list | None) -> None:
+        """A resumed generation batch carries its routing when replay is on: refused at `train()`, before any step."""
+        parts = [part for step in buffered or [] for part in (step if isinstance(step, list) else [step])]
+        if self.hooks is not None and any(part.get(ROUTED_EXPERTS) is None for part in parts):
+            raise ValueError(f"DHPOConfig.routing_replay={self.mode!r}: the checkpoint's generation batch carries no "
+                             f"recorded routing ({ROUTED_EXPERTS}): it was saved with routing_replay='none'; resume "
+                             "with that setting, or from a checkpoint at a generation-batch boundary.")  # fmt: skip
+
     @contextlib.contextmanager
     def policy_pass(self, batch: dict) -> Iterator[Stats | None]:
         """Around a policy forward over `batch`: replay its recorded routing; yields the decision counts."""
