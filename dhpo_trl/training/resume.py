@@ -49,6 +49,7 @@ import torch
 from transformers import TrainerCallback
 
 from ..core import aggregation
+from ..core.objectives import OBJECTIVE_SETTINGS
 from . import batching
 
 GENERATION_STATE = "dhpo_generation_state_rank{rank}.pt"
@@ -242,9 +243,12 @@ def check_resumable(path: str, current: dict) -> None:
         return
     if marker.get("format", 1) < 2:  # recorded before BUFFER_SETTINGS were: those are not compared
         current = {name: value for name, value in current.items() if name not in BUFFER_SETTINGS}
-    # A setting the checkpoint did not record (an objective setting added in a later version, e.g. CISPO's
-    # importance_sampling_level) ran at its default: compared as that.
-    saved = {**{name: _plain(DEFAULTS[name]) for name in current if name in DEFAULTS}, **marker.get("settings", {})}
+    saved = marker.get("settings", {})
+    # An objective setting the checkpoint's settings did not record (read by that objective in a later version, e.g.
+    # CISPO's importance_sampling_level) ran at its default: compared as that. A marker with no settings refuses all.
+    if saved:
+        saved = {**{name: _plain(DEFAULTS[name]) for name in current
+                 if name in OBJECTIVE_SETTINGS and name in DEFAULTS}, **saved}
     differ = settings_difference(saved, current)
     if differ:
         listed = ", ".join(f"{name}={saved.get(name)!r} in the checkpoint but {current.get(name)!r} now" for name in differ)
