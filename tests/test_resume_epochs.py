@@ -32,14 +32,6 @@ TIMINGS = {"step_time", "train_runtime", "train_samples_per_second", "train_step
 QUIET = ".*(on-policy|num_iterations|mask_truncated).*"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.fixture(scope="module")
 def tok():
     return build_char_tokenizer()

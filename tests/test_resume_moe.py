@@ -11,7 +11,6 @@ import types
 import warnings
 
 import pytest
-import torch
 from safetensors import safe_open
 from test_resume import BASE, CPU, RecordingTrainer, digit_share, prompts, step_logs
 from transformers import Qwen3MoeForCausalLM, TrainerCallback
@@ -22,14 +21,6 @@ from dhpo_trl.training import resume
 
 K2 = dict(steps_per_generation=2, max_steps=4)  # checkpoint-3 is mid generation batch
 QUIET = ".*(on-policy|num_iterations|mask_truncated).*"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="module")

@@ -36,14 +36,6 @@ ROW_METRICS = {"sapo": (), "luspo": ("clip_ratio/region_mean",), "vespo": ("vesp
                "cispo": ("cispo_clip_ratio",)}  # fmt: skip
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
 @pytest.fixture(scope="module")
 def tok():
     return build_char_tokenizer()
