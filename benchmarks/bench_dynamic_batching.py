@@ -181,7 +181,10 @@ class Probe:
             self.real, self.forwarded = self.real + real, self.forwarded + forwarded
             if getattr(self.trainer.args, "share_prompts", False):
                 self._count_old_prompts(self.scored)
-                prompts, total = shared_prompts.prompt_tokens(parts)
+                counts = [shared_prompts.prompt_tokens(shared_prompts.window_sequences(part),
+                                                       [list(range(part["prompt_ids"].size(0)))])
+                          for part in parts]  # each pass is one shared row  # fmt: skip
+                prompts, total = sum(c[0] for c in counts), sum(c[1] for c in counts)
                 self.prompts_forwarded, self.prompts_total = self.prompts_forwarded + prompts, self.prompts_total + total
             self.scored = False
         return output

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import processes
 import pytest
+import shared_rows
 import torch
 from long_tail import dataset, length_reward
 from test_padding_free import CPU, RUN, parameter_change, passes_of, relative_gap, sliding_qwen3, unpacked
@@ -129,15 +130,20 @@ def test_rows_never_mix_optimizer_steps():
         micro.append({"prompt_ids": ids[:, :4], "prompt_mask": mask[:, :4], "completion_ids": ids[:, 4:],
                       "completion_mask": mask[:, 4:], "advantages": torch.full((4,), float(tag))})  # fmt: skip
     for budget in (None, 6):  # 6: no two sequences of a group fit one row together
-        planned = sp.plan_generation_batch(micro, 2, budget)
+        planned, sums = sp.plan_generation_batch(micro, 2, budget)
         assert len(planned) == 4
         for step, passes in enumerate(planned):
             parts = passes if isinstance(passes, list) else [passes]
             tags = {float(t) for part in parts for t in part["advantages"]}
             assert tags <= ({0.0, 1.0} if step < 2 else {2.0, 3.0})
             assert all(part[batching.WINDOW].sequences == 8 for part in parts)
-        saved, total = sp.prompt_tokens([p for m in planned for p in (m if isinstance(m, list) else [m])])
-        assert total == 4 * (4 + 3 + 4 + 3) and (saved < total) == (budget is None)
+        passes = [p for m in planned for p in (m if isinstance(m, list) else [m])]
+        forwarded, total = shared_rows.prompt_tokens(passes)
+        assert total == 4 * (4 + 3 + 4 + 3) and (forwarded < total) == (budget is None)
+        # the plan's own sums: its prompt tokens, and packed rows' real = forwarded tokens
+        real = sum(int(p["prompt_mask"].sum() + p["completion_mask"].sum()) for p in passes)
+        assert (sums["shared_prompt_forwarded"], sums["shared_prompt_total"]) == (forwarded, total)
+        assert sums["padding_real"] == sums["padding_forwarded"] == real
 
 
 # ----------------------------------------------------------------------------------------------- attention
@@ -248,7 +254,7 @@ def test_trainer_update_equals_the_unshared_update(tok, tmp_path, budget):
     assert base.norm() > 1e-3 and relative_gap(shared, base) < 1e-4
     passes = passes_of(trainer)
     assert sum(part["completion_mask"].size(0) for part in passes) == 16  # every sequence once
-    forwarded, total = sp.prompt_tokens(passes)
+    forwarded, total = shared_rows.prompt_tokens(passes)
     assert forwarded < total
     # the logged share of prompt tokens not forwarded, once per generation batch: the last one counted here
     saved = [entry["batching/prompt_tokens_saved"] for entry in trainer.state.log_history
@@ -270,7 +276,7 @@ def test_gradient_checkpointing_lora_and_moe_update_as_unshared(tok, tmp_path):
         shared, trainer = parameter_change(tok, config_for("DHPO-A", share_prompts=True, **common), model=build(),
                                            **kwargs)  # fmt: skip
         base, _ = parameter_change(tok, config_for("DHPO-A", **common), model=build(), **kwargs)
-        forwarded, total = sp.prompt_tokens(passes_of(trainer))
+        forwarded, total = shared_rows.prompt_tokens(passes_of(trainer))
         assert forwarded < total and base.norm() > 0
         return relative_gap(shared, base)
 

@@ -352,8 +352,8 @@ class Padded:
     name = "padded"
     fallback = "dynamic_batching keeps"  # said when a batch cannot be planned
 
-    def plan(self, buffered: list[dict], run) -> list:
-        return buffered
+    def plan(self, buffered: list[dict], run) -> tuple[list, dict]:
+        return buffered, self.unplanned(buffered)
 
     def forward(self, model, trl, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
                 compute_aux_loss, run):  # fmt: skip
@@ -361,6 +361,9 @@ class Padded:
 
     def sums(self, passes: list[dict]) -> dict:
         return metrics.padding_sums(*padded_fraction(passes))
+
+    def unplanned(self, buffered: list[dict]) -> dict:
+        return metrics.padding_sums(*padded_fraction(forward_passes(buffered)))
 
     def logged(self, sums: dict) -> dict:
         return {"batching/padding_fraction": metrics.padding_fraction(sums)}
@@ -372,9 +375,10 @@ class Dynamic(Padded):
 
     name = "dynamic"
 
-    def plan(self, buffered: list[dict], run) -> list:
-        return plan_generation_batch(buffered, run.micro_steps, run.budget, run.pad_to_multiple_of, run.agree,
-                                     run.window_of)  # fmt: skip
+    def plan(self, buffered: list[dict], run) -> tuple[list, dict]:
+        planned = plan_generation_batch(buffered, run.micro_steps, run.budget, run.pad_to_multiple_of, run.agree,
+                                        run.window_of)  # fmt: skip
+        return planned, self.sums(forward_passes(planned))
 
     def forward(self, model, trl, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
                 compute_aux_loss, run):  # fmt: skip

@@ -71,8 +71,10 @@ class Packed(batching.Padded):
     name = "packed"
     fallback = "padding_free and dynamic_batching keep"
 
-    def plan(self, buffered: list[dict], run) -> list:
-        return batching.plan_packed_generation_batch(buffered, run.micro_steps, run.budget, run.agree, run.window_of)
+    def plan(self, buffered: list[dict], run) -> tuple[list, dict]:
+        planned = batching.plan_packed_generation_batch(buffered, run.micro_steps, run.budget, run.agree,
+                                                        run.window_of)  # fmt: skip
+        return planned, self.sums(batching.forward_passes(planned))
 
     def forward(self, model, trl, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
                 compute_aux_loss, run):  # fmt: skip

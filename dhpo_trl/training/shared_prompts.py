@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from ..core import metrics
 from . import batching, packing
 
 
@@ -138,32 +139,34 @@ def window_sequences(window: dict) -> Sequences:
 
 def plan_generation_batch(buffered: list[dict], micro_steps: int, budget: int | None = None,
                           max_over_processes: Callable = lambda counts: counts, window_of: Callable | None = None,
-                          ) -> list[dict | batching.Passes]:  # fmt: skip
-    """`batching.plan_packed_generation_batch` with shared rows: each row one pass (`batching.split_window_into_rows`)."""
+                          ) -> tuple[list[dict | batching.Passes], dict]:  # fmt: skip
+    """`batching.plan_packed_generation_batch` with shared rows: each row one pass (`batching.split_window_into_rows`),
+    and this process's metric sums of those rows, counted on the plan: the packed rows' padding
+    (`metrics.padding_sums`) and their prompt tokens (`prompt_sums`)."""
     windows = batching.windows(buffered, micro_steps)
     seqs = [window_sequences(window) for window in windows]
     passes = batching.passes_per_step([rows_needed(s, budget) for s in seqs], micro_steps, budget, max_over_processes)
-    plans = [batching.steps_of(plan_rows(s, micro_steps * per_step, budget), micro_steps)
-             for s, per_step in zip(seqs, passes, strict=True)]  # over prompt groups  # fmt: skip
-    return [micro for window, plan in zip(windows, plans, strict=True)
-            for micro in batching.split_window_into_rows(window, plan, window_of)]  # fmt: skip
+    rows = [plan_rows(s, micro_steps * per_step, budget) for s, per_step in zip(seqs, passes, strict=True)]
+    prompts = [prompt_tokens(s, r) for s, r in zip(seqs, rows, strict=True)]  # over prompt groups
+    planned = [micro for window, r in zip(windows, rows, strict=True)
+               for micro in batching.split_window_into_rows(window, batching.steps_of(r, micro_steps), window_of)]
+    padding = metrics.padding_sums(*batching.packed_fraction(batching.forward_passes(planned)))
+    return planned, {**padding, **prompt_sums(sum(p[0] for p in prompts), sum(p[1] for p in prompts))}
 
 
-def prompt_tokens(passes: list[dict]) -> tuple[int, int]:
-    """(prompt tokens the shared rows forward, prompt tokens of the same sequences): each pass is one row."""
+def prompt_tokens(seqs: Sequences, rows: list[list[int]]) -> tuple[int, int]:
+    """(prompt tokens the shared `rows` of `seqs` forward, prompt tokens of the same sequences)."""
     shared = total = 0
-    for part in passes:
-        seqs = window_sequences(part)
-        total += sum(seqs.prompts)
-        for group in groups(seqs.keys):
-            prompt = seqs.prompts[group[0]]
+    for row in rows:
+        total += sum(seqs.prompts[i] for i in row)
+        for group in groups([seqs.keys[i] for i in row]):
+            prompt = seqs.prompts[row[group[0]]]
             shared += prompt - 1 + len(group) if shares(prompt, len(group)) else prompt * len(group)
     return shared, total
 
 
-def prompt_sums(passes: list[dict]) -> dict:
+def prompt_sums(forwarded: int, total: int) -> dict:
     """This process's (forwarded, total) prompt tokens of its update rows, as tensors to be summed over processes."""
-    forwarded, total = prompt_tokens(passes)
     return {"shared_prompt_forwarded": torch.tensor(float(forwarded)), "shared_prompt_total": torch.tensor(float(total))}
 
 
@@ -181,7 +184,7 @@ class Shared(packing.Packed):
     name = "shared"
     fallback = "share_prompts, padding_free and dynamic_batching keep"
 
-    def plan(self, buffered: list[dict], run) -> list:
+    def plan(self, buffered: list[dict], run) -> tuple[list, dict]:
         return plan_generation_batch(buffered, run.micro_steps, run.budget, run.agree, run.window_of)
 
     def forward(self, model, trl, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
@@ -189,8 +192,8 @@ class Shared(packing.Packed):
         return packed_forward(model, input_ids, attention_mask, logits_to_keep, batch_size, run.budget, run.agree,
                               compute_entropy, compute_aux_loss, run.autocast)  # fmt: skip
 
-    def sums(self, passes: list[dict]) -> dict:
-        return {**super().sums(passes), **prompt_sums(passes)}
+    def unplanned(self, buffered: list[dict]) -> dict:
+        return {**super().unplanned(buffered), **prompt_sums(0, 0)}
 
     def logged(self, sums: dict) -> dict:
         return {**super().logged(sums), "batching/prompt_tokens_saved": saved_fraction(sums)}

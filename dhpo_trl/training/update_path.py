@@ -40,8 +40,9 @@ class Path(Protocol):
     name: str
     fallback: str  # the settings that chose it, where a batch it cannot plan keeps TRL's micro-batches
 
-    def plan(self, buffered: list[dict], run: Run) -> list:
-        """TRL's buffered micro-batches -> planned micro-steps (a dict, or a `batching.Passes` of several)."""
+    def plan(self, buffered: list[dict], run: Run) -> tuple[list, dict]:
+        """TRL's buffered micro-batches -> planned micro-steps (a dict, or a `batching.Passes` of several) and this
+        process's metric sums over their forwards (summed over processes by the caller), counted by the plan."""
 
     def forward(self, model, trl: Callable, input_ids, attention_mask, logits_to_keep: int, batch_size: int | None,
                 compute_entropy: bool, compute_aux_loss: bool, run: Run):  # fmt: skip
@@ -49,7 +50,11 @@ class Path(Protocol):
         entropy, aux)` is TRL's own forward; `batch_size` None: a policy pass over one planned micro-batch."""
 
     def sums(self, passes: list[dict]) -> dict:
-        """This process's metric sums over its planned forwards (summed over processes by the caller)."""
+        """This process's padding sums over forward passes (`metrics.padding_sums`), as the path forwards them."""
+
+    def unplanned(self, buffered: list[dict]) -> dict:
+        """The metric sums of TRL's own micro-batches, for a batch the path cannot plan: `plan`'s keys, the path's
+        own counts (sharing) at zero."""
 
     def logged(self, sums: dict) -> dict:
         """The logged metrics from the summed `sums`."""
@@ -72,12 +77,11 @@ class UpdatePath:
         """The planned micro-steps and this process's metric sums (the same keys on every process)."""
         reason = batching.unsupported_reason(buffered[0]) if self.path is not batching.PADDED else None
         if reason is None:
-            planned = self.path.plan(buffered, run)
-            return planned, self.path.sums(batching.forward_passes(planned))
+            return self.path.plan(buffered, run)
         if not self.warned:
             warnings.warn(f"{self.path.fallback} TRL's micro-batches for this run: {reason}.", stacklevel=3)
             self.warned = True
-        return buffered, {**self.path.sums([]), **batching.PADDED.sums(batching.forward_passes(buffered))}
+        return buffered, self.path.unplanned(buffered)
 
     def forward(self, model, trl: Callable, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy,
                 compute_aux_loss, multimodal: dict, run: Run):  # fmt: skip

@@ -27,15 +27,16 @@ if "--zero3" in sys.argv:
 
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared long-tailed rollout
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shared long-tailed rollout, prompt counts
 
 from long_tail import dataset, length_reward, long_tailed_rollout  # noqa: E402
+import shared_rows  # noqa: E402
 
 from dhpo_trl.training.teardown import release_process_groups  # noqa: E402
 from dhpo_trl import DHPOTrainer  # noqa: E402
 from dhpo_trl.core.presets import config_for  # noqa: E402
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
-from dhpo_trl.training import batching, shared_prompts  # noqa: E402
+from dhpo_trl.training import batching  # noqa: E402
 
 BUDGET = 45
 ZERO3 = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto",
@@ -56,7 +57,7 @@ class RecordingTrainer(DHPOTrainer):
                    for part in (m if isinstance(m, list) else [m])] for m in planned]  # fmt: skip
         parts = [part for m in planned for part in (m if isinstance(m, list) else [m])]
         self.plans.append({"own_needed": own, "rows_per_pass": rows, "tokens_per_pass": tokens,
-                           "prompt_tokens": shared_prompts.prompt_tokens(parts)})  # fmt: skip
+                           "prompt_tokens": shared_rows.prompt_tokens(parts)})  # fmt: skip
         return planned
 
 
