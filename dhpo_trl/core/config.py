@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import warnings
 from dataclasses import dataclass, field, fields
@@ -11,7 +10,7 @@ from types import SimpleNamespace
 from trl import GRPOConfig
 
 from .aggregation import BASE_AGGREGATIONS
-from .losses import CLIPPINGS, ENTROPY_NORM_SCOPES, IMPORTANCE_SAMPLING_LEVELS, MIXINGS, VESPO_LAMBDA_MIN
+from .losses import CLIPPINGS, ENTROPY_NORM_SCOPES, IMPORTANCE_SAMPLING_LEVELS, MIXINGS, VESPO_LAMBDA_MIN, is_number
 from .objectives import AGGREGATIONS, OBJECTIVE_SETTINGS, OBJECTIVES, SETTING_SCOPES, TRL_LOSS_TYPES
 from .paper import AVERAGED_TOKEN_WEIGHT, CISPO_CAP, EPSILON_HIGH, EPSILON_LOW, GMPO_EPSILON, GRPO_EPSILON
 
@@ -332,7 +331,7 @@ class DHPOConfig(GRPOConfig):
         one_of("importance_sampling_level", IMPORTANCE_SAMPLING_LEVELS)
         for name in NUMBER_FIELDS:
             value = getattr(self, name)
-            if (value is not None or name not in OPTIONAL_NUMBER_FIELDS) and not _is_number(value):
+            if (value is not None or name not in OPTIONAL_NUMBER_FIELDS) and not is_number(value, finite=True):
                 raise ValueError(
                     f"DHPOConfig.{name}={value!r} must be a number ({type(value).__name__} given)"
                     + (" or None." if name in OPTIONAL_NUMBER_FIELDS else ".")
@@ -577,10 +576,6 @@ def refuse_deepspeed_dropped_by_accelerate(deepspeed, environ) -> None:
             "ACCELERATE_USE_CPU (and do not pass accelerate launch --cpu); DeepSpeed runs on CPU with "
             "DS_ACCELERATOR=cpu and --use_cpu true. Or drop the DeepSpeed config."
         )
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def as_dhpo_config(args, model_name) -> tuple[DHPOConfig, str | None]:

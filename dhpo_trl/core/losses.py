@@ -47,19 +47,23 @@ LOG_RATIO_CLAMP = 20.0
 ENTROPY_RANGE_EPS = 1e-8
 
 
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+def is_number(value, finite: bool = False) -> bool:
+    """A real number (int or float, not bool, not NaN); with `finite`, not infinite either (every `DHPOConfig`
+    number, VESPO's shape parameters)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    return math.isfinite(value) if finite else not math.isnan(value)
 
 
 def _check_epsilons(**epsilons: float) -> None:
     for name, value in epsilons.items():
-        if not _is_number(value) or value < 0:
+        if not is_number(value) or value < 0:
             raise ValueError(f"`{name}` must be a non-negative number, got {value!r}.")
 
 
 def _check_delta(delta: float | None) -> None:
     # As VERL's clip_ratio_c: a dual clip at or below 1 would cap the loss of A < 0 tokens inside the trust region.
-    if delta is not None and (not _is_number(delta) or delta <= 1.0):
+    if delta is not None and (not is_number(delta) or delta <= 1.0):
         raise ValueError(f"`delta` must be None or a number > 1 (the dual clip for A < 0), got {delta!r}.")
 
 
@@ -84,6 +88,14 @@ def _as_column(advantages: torch.Tensor, batch_size: int, seq_len: int) -> torch
             f"got {tuple(advantages.shape)}."
         )
     return advantages
+
+
+def _checked_advantages(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, advantages: torch.Tensor,
+                        mask: torch.Tensor, **tensors: torch.Tensor | None) -> torch.Tensor:  # fmt: skip
+    """A loss's inputs checked against the (B, T) `per_token_logps`; `advantages` as a column in its dtype."""
+    _check_shapes("per_token_logps", per_token_logps, old_per_token_logps=old_per_token_logps, mask=mask, **tensors)
+    batch_size, seq_len = per_token_logps.shape
+    return _as_column(advantages, batch_size, seq_len).to(per_token_logps.dtype)
 
 
 def masked_log_ratio(
@@ -196,7 +208,7 @@ def dhpo_per_token_loss(
         raise ValueError(f"`mixing` must be one of {MIXINGS}, got {mixing!r}.")
     if clipping not in CLIPPINGS:
         raise ValueError(f"`clipping` must be one of {CLIPPINGS}, got {clipping!r}.")
-    if not _is_number(token_weight) or not 0.0 <= token_weight <= 1.0:
+    if not is_number(token_weight) or not 0.0 <= token_weight <= 1.0:
         raise ValueError(f"`token_weight` must be in [0, 1], got {token_weight!r}.")
     _check_epsilons(
         epsilon_low_token=epsilon_low_token,
@@ -210,11 +222,7 @@ def dhpo_per_token_loss(
             "`entropies` is required for mixing='entropy' (pass the token entropies of the current policy, "
             "or use mixing='averaged')."
         )
-    _check_shapes(
-        "per_token_logps", per_token_logps, old_per_token_logps=old_per_token_logps, mask=mask, entropies=entropies
-    )
-    batch_size, seq_len = per_token_logps.shape
-    advantages = _as_column(advantages, batch_size, seq_len).to(per_token_logps.dtype)
+    advantages = _checked_advantages(per_token_logps, old_per_token_logps, advantages, mask, entropies=entropies)
 
     log_ratio = masked_log_ratio(per_token_logps, old_per_token_logps, mask)
     token_ratio = torch.exp(log_ratio)  # eq. 2
@@ -299,9 +307,7 @@ def gmpo_per_token_loss(
     geometric mean), `token_clipped` (B, T) boolean and its split by the sign of A, `clipped_low/high`.
     """
     _check_epsilons(gmpo_epsilon_low=epsilon_low, gmpo_epsilon_high=epsilon_high)
-    _check_shapes("per_token_logps", per_token_logps, old_per_token_logps=old_per_token_logps, mask=mask)
-    batch_size, seq_len = per_token_logps.shape
-    advantages = _as_column(advantages, batch_size, seq_len).to(per_token_logps.dtype)
+    advantages = _checked_advantages(per_token_logps, old_per_token_logps, advantages, mask)
     if advantages.size(1) != 1:
         raise ValueError("`advantages` must be one value per sequence for GMPO, got a (B, T) tensor.")
 
@@ -312,7 +318,7 @@ def gmpo_per_token_loss(
     pessimistic_log_ratio = sign * torch.min(sign * log_ratio, sign * clipped_log_ratio)
     geometric_ratio = torch.exp(sequence_log_ratio(pessimistic_log_ratio, mask)).unsqueeze(1)
     per_sequence_loss = -advantages * geometric_ratio  # (B, 1)
-    per_token_loss = per_sequence_loss.expand(batch_size, seq_len)
+    per_token_loss = per_sequence_loss.expand(per_token_logps.shape)
     with torch.no_grad():
         info = {
             "token_ratio": torch.exp(log_ratio),
@@ -357,9 +363,7 @@ def grpo_per_token_loss(
     """
     _check_epsilons(epsilon_low=epsilon_low, epsilon_high=epsilon_high)
     _check_delta(delta)
-    _check_shapes("per_token_logps", per_token_logps, old_per_token_logps=old_per_token_logps, mask=mask)
-    batch_size, seq_len = per_token_logps.shape
-    advantages = _as_column(advantages, batch_size, seq_len).to(per_token_logps.dtype)
+    advantages = _checked_advantages(per_token_logps, old_per_token_logps, advantages, mask)
     token_ratio = torch.exp(masked_log_ratio(per_token_logps, old_per_token_logps, mask))
     per_token_loss, clipped_low, clipped_high = _clipped_surrogate(
         token_ratio, advantages, epsilon_low, epsilon_high, delta
@@ -388,9 +392,7 @@ def gspo_per_token_loss(
     """
     _check_epsilons(epsilon_low=epsilon_low, epsilon_high=epsilon_high)
     _check_delta(delta)
-    _check_shapes("per_token_logps", per_token_logps, old_per_token_logps=old_per_token_logps, mask=mask)
-    batch_size, seq_len = per_token_logps.shape
-    advantages = _as_column(advantages, batch_size, seq_len).to(per_token_logps.dtype)
+    advantages = _checked_advantages(per_token_logps, old_per_token_logps, advantages, mask)
     if advantages.size(1) != 1:
         raise ValueError("`advantages` must be one value per sequence for GSPO, got a (B, T) tensor.")
     log_ratio = masked_log_ratio(per_token_logps, old_per_token_logps, mask)
@@ -404,7 +406,7 @@ def gspo_per_token_loss(
         "clipped_low": clipped_low,
         "clipped_high": clipped_high,
     }
-    return per_sequence_loss.expand(batch_size, seq_len), info
+    return per_sequence_loss.expand(per_token_logps.shape), info
 
 
 def importance_weight(per_token_logps: torch.Tensor, old_per_token_logps: torch.Tensor, mask: torch.Tensor,
@@ -438,11 +440,9 @@ def cispo_per_token_loss(
     (B, T), `weight_capped` (r > cap) and `clipped_high` (r > cap and A > 0: TRL's `cispo_clip_ratio`), (B, T) at the
     token level and one per sequence (B, 1) at the sequence level, as TRL logs them.
     """
-    if not _is_number(cap) or cap <= 0:
+    if not is_number(cap) or cap <= 0:
         raise ValueError(f"`cap` must be a positive number (the largest importance weight), got {cap!r}.")
-    _check_shapes("per_token_logps", per_token_logps, old_per_token_logps=old_per_token_logps, mask=mask)
-    batch_size, seq_len = per_token_logps.shape
-    advantages = _as_column(advantages, batch_size, seq_len).to(per_token_logps.dtype)
+    advantages = _checked_advantages(per_token_logps, old_per_token_logps, advantages, mask)
     if level == "sequence" and advantages.size(1) != 1:
         raise ValueError("`advantages` must be one value per sequence at the sequence level, got a (B, T) tensor.")
     weight = importance_weight(per_token_logps, old_per_token_logps, mask, level).detach()
@@ -480,15 +480,13 @@ def sapo_per_token_loss(
     (4 / tau) sigmoid(tau (r - 1)), (B, T) or (B, 1), 1 at r = 1).
     """
     for name, value in (("temperature_pos", temperature_pos), ("temperature_neg", temperature_neg)):
-        if not _is_number(value) or value <= 0:
+        if not is_number(value) or value <= 0:
             raise ValueError(f"`{name}` must be a positive number (SAPO divides by it), got {value!r}.")
-    _check_shapes("per_token_logps", per_token_logps, old_per_token_logps=old_per_token_logps, mask=mask)
-    batch_size, seq_len = per_token_logps.shape
-    advantages = _as_column(advantages, batch_size, seq_len).to(per_token_logps.dtype)
+    advantages = _checked_advantages(per_token_logps, old_per_token_logps, advantages, mask)
     ratio = importance_weight(per_token_logps, old_per_token_logps, mask, level)
     temperature = torch.where(advantages > 0, temperature_pos, temperature_neg).to(ratio.dtype)
     gate = torch.sigmoid(temperature * (ratio - 1)) * 4 / temperature
-    per_token_loss = (-gate * advantages).expand(batch_size, seq_len)
+    per_token_loss = (-gate * advantages).expand(per_token_logps.shape)
     info = {
         "token_ratio": torch.exp(masked_log_ratio(per_token_logps, old_per_token_logps, mask)).detach(),
         "soft_gate": gate.detach(),
@@ -530,11 +528,9 @@ def vespo_per_token_loss(
     `vespo/phi_seq_mean`.
     """
     for name, value in (("k_pos", k_pos), ("lambda_pos", lambda_pos), ("k_neg", k_neg), ("lambda_neg", lambda_neg)):
-        if not _is_number(value) or math.isinf(value):
+        if not is_number(value, finite=True):
             raise ValueError(f"`{name}` must be a finite number, got {value!r}.")
-    _check_shapes("per_token_logps", per_token_logps, old_per_token_logps=old_per_token_logps, mask=mask)
-    batch_size, seq_len = per_token_logps.shape
-    advantages = _as_column(advantages, batch_size, seq_len).to(per_token_logps.dtype)
+    advantages = _checked_advantages(per_token_logps, old_per_token_logps, advantages, mask)
     if advantages.size(1) != 1:
         raise ValueError("`advantages` must be one value per sequence for VESPO, got a (B, T) tensor.")
     log_ratio = masked_log_ratio(per_token_logps, old_per_token_logps, mask)
