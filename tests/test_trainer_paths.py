@@ -18,7 +18,7 @@ from datasets import Dataset
 from dhpo_trl import DHPOConfig, DHPOTrainer
 from dhpo_trl.core import metrics
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
-from dhpo_trl.training import batching, update_path
+from dhpo_trl.training import batching, shared_prompts, update_path
 from dhpo_trl.training import trainer as trainer_module
 
 
@@ -161,6 +161,19 @@ def test_an_unsupported_batch_warns_once_and_keeps_trl_batches():
     assert len(messages) == 1 and "pixel_values" in messages[0]  # the input that keeps TRL's batching
     planned, messages = plan(host, buffered)  # the next generation batch: no second warning
     assert planned is buffered and messages == []
+
+
+def test_an_unsupported_batch_under_share_prompts_logs_trl_padding_and_no_saved_prompt():
+    """The shared path keeps TRL's micro-batches for a batch it cannot plan: the padding of those micro-batches,
+    and no prompt token saved, logged as every planned batch logs them."""
+    host = planning_host()
+    host._update = update_path.UpdatePath(shared_prompts.SHARED)
+    buffered = [micro_batch(extra={"pixel_values": torch.zeros(2, 1)})]
+    planned, messages = plan(host, buffered)
+    assert planned is buffered and len(messages) == 1 and "share_prompts" in messages[0]
+    train = host._metrics["train"]
+    assert train["batching/padding_fraction"] == [pytest.approx(0.2)]  # 8 real of 10 tokens
+    assert train["batching/prompt_tokens_saved"] == [0.0]
 
 
 def test_a_single_micro_batch_window_is_planned():
