@@ -1,7 +1,9 @@
 """Shared fixtures: everything offline, tiny models built locally, CPU only."""
 
+import json
 import os
 import sys
+from pathlib import Path
 from types import ModuleType
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -11,8 +13,10 @@ os.environ.setdefault("TRL_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
+import processes  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from filelock import FileLock  # noqa: E402
 
 # Tiny models run 15-25x faster on one thread than on two on a shared 2-core machine (intra-op overhead).
 torch.set_num_threads(1)
@@ -72,3 +76,28 @@ def leaf_spy(monkeypatch):
     monkeypatch.setitem(sys.modules, "deepspeed", fake_deepspeed)
     monkeypatch.setitem(sys.modules, "deepspeed.utils", fake_utils)
     return calls
+
+
+@pytest.fixture(scope="session")
+def two_process_update_paths(tmp_path_factory):
+    """`run(engine)` -> (the launch's {"returncode", "stderr"}, its folder): one torchrun launch per engine ("ddp",
+    "zero3") of `dist_scripts/update_paths_distributed.py` for the whole test run, shared by the two-process tests
+    of dynamic batching, packing and shared prompts (under xdist, by every worker, through a lock): each launch
+    trains TRL's batching once for all three, and pays the processes' start once."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # this run's folder, shared by its workers
+
+    def run(engine: str):
+        out = root / f"update_paths_{engine}"
+        with FileLock(f"{out}.lock"):
+            done = out / "launch.json"
+            if not done.exists():
+                out.mkdir(exist_ok=True)
+                script = Path(__file__).parent / "dist_scripts" / "update_paths_distributed.py"
+                result = processes.torchrun(script, out, *(["--zero3"] if engine == "zero3" else []), timeout=600,
+                                            accelerate_cpu=engine == "ddp")  # set, ACCELERATE_USE_CPU keeps accelerate from DeepSpeed
+                done.write_text(json.dumps({"returncode": result.returncode, "stderr": result.stderr[-4000:]}))
+        return json.loads(done.read_text()), out
+
+    return run

@@ -9,9 +9,7 @@ so a wrong normalisation of an unevenly filled micro-batch shows up at 1e-2 or m
 
 import json
 import math
-from pathlib import Path
 
-import processes
 import pytest
 import torch
 from long_tail import MAX_COMPLETION, dataset, length_reward, long_tailed_rollout
@@ -334,16 +332,14 @@ def test_no_grad_passes_keep_trl_defaults_padding_and_images(tok, tmp_path, monk
 
 # ------------------------------------------------------------------------------------- two processes (gloo)
 @pytest.mark.parametrize("engine", ["ddp", "zero3"])
-def test_two_processes_agree_on_passes_and_update_as_trl(tmp_path, engine):
+def test_two_processes_agree_on_passes_and_update_as_trl(two_process_update_paths, engine):
     """2 ranks with a token budget: each micro-step runs the same number of passes on both ranks (the larger of
     what each rank's rows need), and the update equals TRL's batching on the same 2 ranks, under DDP and under
     DeepSpeed ZeRO-3 (whose engine must not step on the extra passes)."""
     if engine == "zero3":
         pytest.importorskip("deepspeed")
-    script = Path(__file__).parent / "dist_scripts" / "dynamic_batching_distributed.py"
-    result = processes.torchrun(script, tmp_path, *(["--zero3"] if engine == "zero3" else []), timeout=300,
-                                accelerate_cpu=engine == "ddp")  # set, ACCELERATE_USE_CPU keeps accelerate from DeepSpeed
-    assert result.returncode == 0, result.stderr[-4000:]
+    result, tmp_path = two_process_update_paths(engine)  # the launch every update path's test shares
+    assert result["returncode"] == 0, result["stderr"]
     trl = torch.load(tmp_path / "trl" / "params.pt")
     dynamic = torch.load(tmp_path / "budget" / "params.pt")
     start = dict(build_tiny_qwen3(build_char_tokenizer(), seed=0).named_parameters())

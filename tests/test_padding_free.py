@@ -9,9 +9,7 @@ log-probs against the unpacked padded forward TRL runs, parameter changes agains
 import json
 import math
 import warnings
-from pathlib import Path
 
-import processes
 import pytest
 import torch
 from long_tail import MAX_COMPLETION, dataset, length_reward, long_tailed_rollout
@@ -373,15 +371,13 @@ def test_multimodal_batches_fall_back_with_one_warning(tok, tmp_path):
 
 # ------------------------------------------------------------------------------------- two processes (gloo)
 @pytest.mark.parametrize("engine", ["ddp", "zero3"])
-def test_two_processes_agree_on_rows_and_update_as_trl(tmp_path, engine):
+def test_two_processes_agree_on_rows_and_update_as_trl(two_process_update_paths, engine):
     """2 ranks with a budget of real tokens: each micro-step runs the same number of packed rows on both ranks (the
     larger of what each rank's windows need), and the update equals TRL's batching on the same 2 ranks."""
     if engine == "zero3":
         pytest.importorskip("deepspeed")
-    script = Path(__file__).parent / "dist_scripts" / "padding_free_distributed.py"
-    result = processes.torchrun(script, tmp_path, *(["--zero3"] if engine == "zero3" else []), timeout=240,
-                                accelerate_cpu=engine == "ddp")  # set, ACCELERATE_USE_CPU keeps accelerate from DeepSpeed
-    assert result.returncode == 0, result.stderr[-4000:]
+    result, tmp_path = two_process_update_paths(engine)  # the launch every update path's test shares
+    assert result["returncode"] == 0, result["stderr"]
     trl = torch.load(tmp_path / "trl" / "params.pt")
     packed = torch.load(tmp_path / "packed" / "params.pt")
     start = dict(build_tiny_qwen3(build_char_tokenizer(), seed=0).named_parameters())

@@ -5,9 +5,7 @@ update through the real trainer against `share_prompts=False`."""
 import json
 import math
 import random
-from pathlib import Path
 
-import processes
 import pytest
 import shared_rows
 import torch
@@ -293,22 +291,20 @@ def test_gradient_checkpointing_lora_and_moe_update_as_unshared(tok, tmp_path):
 
 
 @pytest.mark.parametrize("engine", ["ddp", "zero3"])
-def test_two_processes_agree_on_shared_rows_and_update_as_trl(tmp_path, engine):
+def test_two_processes_agree_on_shared_rows_and_update_as_trl(two_process_update_paths, engine):
     """2 ranks, a budget of real tokens (45), shared prompts: every micro-step runs the same number of rows on both
     ranks (the shared plan's counts agreed by the all-reduce), and the update equals TRL's batching on 2 ranks."""
     if engine == "zero3":
         pytest.importorskip("deepspeed")
-    script = Path(__file__).parent / "dist_scripts" / "padding_free_distributed.py"
-    result = processes.torchrun(script, tmp_path, "--share-prompts", *(["--zero3"] if engine == "zero3" else []), timeout=240,
-                                accelerate_cpu=engine == "ddp")  # set, ACCELERATE_USE_CPU keeps accelerate from DeepSpeed
-    assert result.returncode == 0, result.stderr[-4000:]
+    result, tmp_path = two_process_update_paths(engine)  # the launch every update path's test shares
+    assert result["returncode"] == 0, result["stderr"]
     trl = torch.load(tmp_path / "trl" / "params.pt")
-    shared = torch.load(tmp_path / "packed" / "params.pt")
+    shared = torch.load(tmp_path / "shared" / "params.pt")
     start = dict(build_tiny_qwen3(build_char_tokenizer(), seed=0).named_parameters())
     change_trl = torch.cat([(trl[n] - start[n]).flatten() for n in trl])
     change_shared = torch.cat([(shared[n] - start[n]).flatten() for n in trl])
     assert change_trl.norm() > 1e-3 and relative_gap(change_shared, change_trl) < 1e-3
-    plans = [json.loads((tmp_path / "packed" / f"plan_rank{rank}.json").read_text()) for rank in (0, 1)]
+    plans = [json.loads((tmp_path / "shared" / f"plan_rank{rank}.json").read_text()) for rank in (0, 1)]
     for plan0, plan1 in zip(*plans, strict=True):  # one entry per generation batch
         assert [len(step) for step in plan0["rows_per_pass"]] == [len(step) for step in plan1["rows_per_pass"]]
         assert sum(map(sum, plan0["rows_per_pass"])) == sum(map(sum, plan1["rows_per_pass"])) == 16
