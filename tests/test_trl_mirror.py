@@ -1,6 +1,7 @@
 """`dhpo_trl.training.trl_mirror`: the installed TRL still holds every mirrored block at the listed lines, and TRL's tail
 corrections apply in TRL's order."""
 
+import functools
 import importlib
 import importlib.util
 import inspect
@@ -37,19 +38,29 @@ def resolve(owner: str):
     return obj
 
 
+@functools.cache
+def file_lines(path: Path) -> list[str]:  # many names per file: each file read once
+    return path.read_text().splitlines()
+
+
+@functools.cache
+def source_lines(owner) -> tuple[list[str], int]:  # inspect parses the whole module for a class: once per owner
+    return inspect.getsourcelines(owner)
+
+
 @pytest.mark.parametrize("private", trl_mirror.PRIVATE, ids=lambda p: f"{p.owner.split(':')[-1]}.{p.name}")
 def test_every_private_name_still_exists_where_the_list_says(private):
     """A TRL / transformers upgrade that renames, moves or drops a private name dhpo-trl uses fails here."""
     owner = resolve(private.owner)
     site = Path(importlib.util.find_spec(private.owner.split(".")[0]).origin).parent.parent
-    lines = (site / private.file).read_text().splitlines()
+    lines = file_lines(site / private.file)
     first, last = private.lines
     assert 1 <= first <= last <= len(lines)
     assert re.search(rf"\b{private.name}\b", "\n".join(lines[first - 1 : last])), (private.file, private.lines)
     if inspect.ismodule(owner):
         assert hasattr(owner, private.name)
         return
-    source, start = inspect.getsourcelines(owner)
+    source, start = source_lines(owner)
     assert Path(inspect.getsourcefile(owner)).resolve() == (site / private.file).resolve()
     inside = start <= first <= last < start + len(source)  # defined (or assigned) within the owner's source
     assert inside or (inspect.isclass(owner) and hasattr(owner, private.name))
