@@ -146,8 +146,9 @@ def plan_generation_batch(buffered: list[dict], micro_steps: int, budget: int | 
     windows = batching.windows(buffered, micro_steps)
     seqs = [window_sequences(window) for window in windows]
     passes = batching.passes_per_step([rows_needed(s, budget) for s in seqs], micro_steps, budget, max_over_processes)
-    rows = [plan_rows(s, micro_steps * per_step, budget) for s, per_step in zip(seqs, passes, strict=True)]
-    prompts = [prompt_tokens(s, r) for s, r in zip(seqs, rows, strict=True)]  # over prompt groups
+    rows = [plan_rows(s, micro_steps * per_step, budget)
+            for s, per_step in zip(seqs, passes, strict=True)]  # over prompt groups  # fmt: skip
+    prompts = [prompt_tokens(s, r) for s, r in zip(seqs, rows, strict=True)]
     planned = [micro for window, r in zip(windows, rows, strict=True)
                for micro in batching.split_window_into_rows(window, batching.steps_of(r, micro_steps), window_of)]
     padding = metrics.padding_sums(*batching.packed_fraction(batching.forward_passes(planned)))
