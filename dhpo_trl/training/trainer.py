@@ -63,9 +63,11 @@ class DHPOTrainer(GRPOTrainer):
         if self._update.note and self.accelerator.is_main_process:
             print(self._update.note)
         self._routing = routing_replay.TrainerRouting(args.routing_replay, self.model, self.ref_model)  # MoE only
+        if args.routing_replay == "rollout":  # R3: keep the routing the vLLM server returns with the completions
+            self._routing.read_rollout(getattr(self, "vllm_generation", None), self.accelerator)
 
     def _generate_and_score_completions(self, inputs):
-        """TRL's generation batch; with `routing_replay="old"`, the pi_old pass's routing added to it as rows. Logs
+        """TRL's generation batch; with `routing_replay` on, the routing to replay added to it as rows. Logs
         `reward/over_budget`: answers the math reward scored 0 because its call ran out of time, on all processes."""
         with self._routing.generation_batch(self) as recorded:
             batch = super()._generate_and_score_completions(inputs)
@@ -168,7 +170,7 @@ class DHPOTrainer(GRPOTrainer):
         # Entropies come out of TRL's fused LM head with the log-probs: no (B, T, V) tensor is kept.
         ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
         attended = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-        with self._routing.policy_pass(inputs) as routing_stats:  # replays the recorded routing ("old")
+        with self._routing.policy_pass(inputs) as routing_stats:  # replays the batch's routing ("old", "rollout")
             per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
                 model, ids, attended, completion_ids.size(1), compute_entropy=True,
                 compute_aux_loss=self.aux_loss_enabled, **multimodal)
