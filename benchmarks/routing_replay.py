@@ -23,7 +23,8 @@ stream, so which expert runs barely moves a log-prob; scaled up, the experts dif
 package's objectives, `dhpo_trl.core.objectives`, with the paper's settings), each with live routing and with R2;
 `--train-batches` generation batches of 16 prompts x 8 samples, k Adam steps each. Reported per arm, mean and std over
 seeds: the reward (share of even digits in the sampled completions: the task the advantages push towards) of the
-first and of the last two generation batches, mean and p99 |log r| and the flip fraction over all steps.
+first, the middle and the last two generation batches, mean and p99 |log r| and the flip fraction over all steps
+(`--summarise out.json` prints the table again from the file).
 
 Overhead: one policy update (forward + backward) and one no-grad pi_old pass, with and without the hooks, on the same
 batch, interleaved and alternating order, CPU time of this process on one thread; reported as % of the plain one.
@@ -200,11 +201,13 @@ def train_comparison(options, tokenizer) -> list[dict]:
 
 def summary_rows(runs: list[dict]) -> list[str]:
     """Mean ± std over seeds per (k, objective, routing_replay), as a markdown table."""
-    keys = ("reward_first", "reward_last2", "abs_log_r_mean", "abs_log_r_p99", "flip_fraction")
-    lines = ["| k | objective | routing_replay | seeds | reward, first batch | reward, last 2 batches | "
-             "mean abs log r | p99 abs log r | flip fraction |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    keys = ("reward_first", "reward_mid", "reward_last2", "abs_log_r_mean", "abs_log_r_p99", "flip_fraction")
+    lines = ["| k | objective | routing_replay | seeds | reward, first batch | reward, middle batch | reward, last 2 "
+             "batches | mean abs log r | p99 abs log r | flip fraction |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     groups: dict = {}
-    for run in runs:
+    for run in runs:  # the middle batch: before the reward saturates
+        run = {**run, "reward_mid": run["curve"][len(run["curve"]) // 2 - 1]}
         groups.setdefault((run["k"], run["objective"], run["routing_replay"]), []).append(run)
     for (k, objective, mode), group in groups.items():
         cells = []
@@ -269,7 +272,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train", action="store_true", help="the training comparison (GRPO / DHPO-E x none / old)")
     parser.add_argument("--train-batches", type=int, default=6, help="generation batches per training run")
     parser.add_argument("--json", help="--train: write every run's results here")
+    parser.add_argument("--summarise", metavar="JSON", help="print the --train table of a --json file, and stop")
     options = parser.parse_args(argv)
+    if options.summarise:
+        with open(options.summarise) as handle:
+            print("\n".join(summary_rows(json.load(handle)["runs"])))
+        return
     torch.set_num_threads(1)
     tokenizer = build_char_tokenizer()
     if options.train:
