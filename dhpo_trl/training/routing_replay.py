@@ -438,11 +438,12 @@ class TrainerRouting:
 
     "old" (R2): in a generation batch, the first log-prob pass (TRL's pi_old pass) records; the later ones (the
     reference) replay; the routing goes into the batch as `ROUTED_EXPERTS` rows and every policy pass replays it.
-    "rollout" (R3): the vLLM server's routing of the batch (`read_rollout`) is replayed by every log-prob pass and
+    "rollout" (R3): the vLLM server's routing of the batch (`rollout_routing.py`) is replayed by every log-prob pass and
     goes into the batch the same way.
     """
 
-    def __init__(self, mode: str, model: torch.nn.Module, ref_model: torch.nn.Module | None = None):
+    def __init__(self, mode: str, model: torch.nn.Module, ref_model: torch.nn.Module | None = None, generation=None,
+                 accelerator=None):  # fmt: skip
         self.mode = mode
         self.hooks = None
         self.rollout = None  # "rollout": the RolloutRouting that holds the server's routing of the batch
@@ -454,9 +455,17 @@ class TrainerRouting:
             raise ValueError(f"DHPOConfig.routing_replay={mode!r} replays mixture-of-experts routing, but {reason}: "
                              "set routing_replay='none'.")  # fmt: skip
         self.hooks = RoutingReplay(model, *([ref_model] if ref_model is not None else []))
+        if mode == "rollout":
+            self._read_rollout(generation, accelerator)
 
-    def read_rollout(self, generation, accelerator) -> None:
-        """"rollout": keep the routing TRL's vLLM backend (`generation`) receives with each generation batch."""
+    @classmethod
+    def of(cls, trainer) -> TrainerRouting:
+        """`trainer.args.routing_replay` on its policy and reference (and, "rollout", its vLLM backend)."""
+        return cls(trainer.args.routing_replay, trainer.model, trainer.ref_model,
+                   getattr(trainer, "vllm_generation", None), trainer.accelerator)  # fmt: skip
+
+    def _read_rollout(self, generation, accelerator) -> None:
+        """Keep the routing TRL's vLLM backend (`generation`, server mode) receives with each generation batch."""
         from .rollout_routing import RolloutRouting
 
         if generation is None:

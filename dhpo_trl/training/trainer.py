@@ -62,9 +62,7 @@ class DHPOTrainer(GRPOTrainer):
                                           self.accelerator.device.type, trl_batching_reason(args))  # fmt: skip
         if self._update.note and self.accelerator.is_main_process:
             print(self._update.note)
-        self._routing = routing_replay.TrainerRouting(args.routing_replay, self.model, self.ref_model)  # MoE only
-        if args.routing_replay == "rollout":  # R3: keep the routing the vLLM server returns with the completions
-            self._routing.read_rollout(getattr(self, "vllm_generation", None), self.accelerator)
+        self._routing = routing_replay.TrainerRouting.of(self)  # `routing_replay`: MoE only
 
     def _generate_and_score_completions(self, inputs):
         """TRL's generation batch; with `routing_replay` on, the routing to replay added to it as rows. Logs
