@@ -157,3 +157,16 @@ def test_routing_from_another_model_names_the_layer(tiny_moe_model, experts, mes
     with pytest.raises(ValueError, match=message):
         rr.check_fits(routing, rr.routers(tiny_moe_model))
     rr.check_fits(rr.Routing(torch.arange(5), torch.arange(5), experts[:2, :, :2] % 4), rr.routers(tiny_moe_model))
+
+
+def test_an_engine_output_without_routing_names_the_engine_setting():
+    from types import SimpleNamespace
+
+    from dhpo_trl.training.rollout_routing import output_samples
+
+    request = SimpleNamespace(prompt_token_ids=[1, 2], prompt_routed_experts=np.array(_experts(2), np.int16),
+                              outputs=[SimpleNamespace(token_ids=[3], routed_experts=torch.tensor(_experts(1)))])
+    assert output_samples([request])[0][1].tolist() == _experts(2) + _experts(1)  # numpy and torch alike
+    request.outputs[0].routed_experts = None
+    with pytest.raises(ValueError, match="request 0 .*enable_return_routed_experts=True"):
+        output_samples([request])

@@ -3,7 +3,8 @@ routing (tests/fake_cluster/fake_vllm_server.py, `planted_experts`): every log-p
 runs the planted experts for every token and layer, read by a spy on the experts modules and the decoder's inputs,
 on the padded, dynamic, packed and shared-prompt paths; a server without routing is refused before any model loads;
 routing that does not cover the tokens is an error before the update; a resume mid-generation-batch equals the
-uninterrupted run. TRL's weight sync (NCCL) is replaced by no-ops: it is not what these tests are about."""
+uninterrupted run; colocated, TRL's engine is built to return routing and its routing is what every pass runs. TRL's
+weight sync (NCCL) is replaced by no-ops: it is not what these tests are about."""
 
 import importlib.util
 import os
@@ -12,7 +13,9 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import processes
 import pytest
 import torch
@@ -210,10 +213,8 @@ def test_routing_that_does_not_cover_the_tokens_fails_before_the_update(tmp_path
     assert all(torch.equal(p, before[name]) for name, p in trainer.model.named_parameters())
 
 
-def test_colocate_and_no_vllm_are_refused_by_name(tmp_path):
-    with pytest.raises(ValueError, match=r"routing_replay='rollout'.*vllm_mode='server'"):
-        _config(tmp_path, 8000, vllm_mode="colocate")
-    with pytest.raises(ValueError, match=r"routing_replay='rollout'.*use_vllm=True"):
+def test_without_vllm_rollout_is_refused_by_name(tmp_path):
+    with pytest.raises(ValueError, match=r"routing_replay='rollout'.*use_vllm=False.*set use_vllm=True"):
         _config(tmp_path, 8000, use_vllm=False)
 
 
@@ -250,3 +251,61 @@ def test_a_mid_generation_batch_resume_replays_the_saved_rollout_routing(tmp_pat
     for step in again:
         for key in ("loss", "moe/routing_flip_fraction", "moe/replayed_fraction"):
             assert again[step][key] == pytest.approx(logs[step][key], abs=1e-6), (step, key)
+
+
+class _Engine:
+    """vLLM's offline `LLM` as TRL's colocate mode uses it, generating like the fake server; it returns the planted
+    routing only when built with enable_return_routed_experts=True, as vLLM does."""
+
+    built: list = []
+
+    def __init__(self, model, **kwargs):
+        _Engine.built.append(kwargs)
+        self.routing = kwargs.get("enable_return_routed_experts", False)
+        runner = SimpleNamespace(model=SimpleNamespace(load_weights=lambda weights: None))
+        self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(driver_worker=SimpleNamespace(
+            model_runner=runner)))  # fmt: skip
+
+    def reset_prefix_cache(self):
+        pass
+
+    def generate(self, prompts, sampling_params=None, use_tqdm=False):
+        reply = fake.completions({"prompt": [p["prompt_token_ids"] for p in prompts], "n": 1, "max_tokens": 8},
+                                 {"model": "tiny-moe", "moe": [LAYERS, TOP_K, EXPERTS],
+                                  "routing": "full" if self.routing else None})  # fmt: skip
+        shared = reply.get("prompt_routed_experts")
+        return [SimpleNamespace(prompt_token_ids=choice["prompt_token_ids"],
+                                prompt_routed_experts=np.array(shared[i], dtype=np.int16) if shared else None,
+                                outputs=[SimpleNamespace(token_ids=choice["token_ids"], logprobs=[
+                                    {t: SimpleNamespace(logprob=-1.0, rank=1)} for t in choice["token_ids"]],
+                                                         routed_experts=np.array(choice["routed_experts"], np.int16)
+                                                         if self.routing else None)])
+                for i, choice in enumerate(reply["choices"])]  # fmt: skip
+
+
+def test_colocated_engine_is_built_to_return_routing_and_every_pass_runs_it(tmp_path, monkeypatch, tokenizer,
+                                                                            moe_path):  # fmt: skip
+    from trl.generation import vllm_generation
+
+    monkeypatch.setattr(vllm_generation, "is_vllm_available", lambda *a, **k: True)
+    monkeypatch.setattr(vllm_utils, "is_vllm_available", lambda *a, **k: True)
+    monkeypatch.setattr(vllm_generation, "LLM", _Engine, raising=False)
+    monkeypatch.setattr(vllm_generation, "SamplingParams", lambda **kwargs: kwargs, raising=False)
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):  # TRL sets them for vLLM:
+        monkeypatch.setenv(name, "")  # restored to what they were after the test
+        monkeypatch.delenv(name)
+    args = _config(tmp_path, 0, vllm_mode="colocate", vllm_importance_sampling_correction=False, max_steps=5)
+    trainer = DHPOTrainer(str(moe_path), _reward, args=args, train_dataset=_dataset(), processing_class=tokenizer)
+    assert _Engine.built[-1]["enable_return_routed_experts"] is True and vllm_generation.LLM is _Engine
+    spy = Spy(trainer.model, trainer.ref_model)
+    try:
+        trainer.train()
+    finally:
+        spy.remove()
+    assert len(spy.forwards) >= 2 * 2 + 5
+    for forward in spy.forwards:
+        planted = _planted(forward["ids"], forward["positions"]).sort(-1).values
+        for layer, used in forward["used"]:
+            assert torch.equal(used[forward["where"]].sort(-1).values, planted[:, layer])
+    logs = [e for e in trainer.state.log_history if "moe/routing_flip_fraction" in e]
+    assert len(logs) == 5 and all(e["moe/replayed_fraction"] == 1.0 for e in logs)

@@ -258,8 +258,8 @@ class DHPOConfig(GRPOConfig):
         default="none",
         metadata={"help": "MoE models: 'old' (R2) records each token's top-k experts in the pi_old pass and every "
                           "policy and reference pass of that generation batch routes it through them (gate weights "
-                          "from the live router); 'rollout' (R3) replays the routing the vLLM server (started with "
-                          "--enable-return-routed-experts) returns with each completion in every pass; "
+                          "from the live router); 'rollout' (R3) replays the routing vLLM returns with each completion (a "
+                          "server started with --enable-return-routed-experts, or colocated) in every pass; "
                           "'none' (default): live routing."},
     )  # fmt: skip
 
@@ -478,12 +478,12 @@ class DHPOConfig(GRPOConfig):
             raise ValueError(
                 f"DHPOConfig.routing_replay={mode!r} is not supported: use one of {list(ROUTING_REPLAY_MODES)}."
             )
-        if mode == "rollout" and not (self.use_vllm and self.vllm_mode == "server"):
+        if mode == "rollout" and not self.use_vllm:
             raise ValueError(
-                f"DHPOConfig.routing_replay='rollout' replays the routing the vLLM server returns with each completion "
-                f"(use_vllm={self.use_vllm}, vllm_mode={self.vllm_mode!r}): set use_vllm=True, vllm_mode='server' and "
-                "start the server with --enable-return-routed-experts (TRL builds its colocated engine without it), "
-                "or use routing_replay='old' (the pi_old pass's routing)."
+                "DHPOConfig.routing_replay='rollout' replays the routing vLLM returns with each completion, but "
+                "use_vllm=False (transformers' generate returns none): set use_vllm=True (a server started with "
+                "--enable-return-routed-experts, or vllm_mode='colocate'), or use routing_replay='old' (the pi_old "
+                "pass's routing)."
             )
         # TRL's own test (GRPOTrainer._generate_and_score_completions) for computing pi_old, whose routing R2 replays.
         generate_every = self.steps_per_generation * self.num_iterations

@@ -1,5 +1,5 @@
-"""R3 (`routing_replay="rollout"`): the experts vLLM routed each token through, carried from the server's reply to the
-trainer's batch.
+"""R3 (`routing_replay="rollout"`): the experts vLLM routed each token through, carried from vLLM to the trainer's
+batch, in server mode (its reply) or colocated (the offline engine's outputs).
 
 A vLLM server started with `--enable-return-routed-experts` adds to each `/v1/completions` reply the routing of every
 token: `routed_experts` on each choice (its completion tokens) and `prompt_routed_experts` for the prompt (on the
@@ -8,6 +8,10 @@ layers, top_k) int16, as nested lists or as {"data": base64, "shape": [...]}. TR
 and log-probs; `RolloutRouting.install` wraps the client's `_post` on the main process to keep the routing too (TRL
 is not changed), and TRL's `generate` to hand each process the routing of its own completions, like TRL's slice.
 
+Colocated, TRL builds `LLM(...)` itself: `colocated_engine_returns_routing` adds `enable_return_routed_experts=True`
+to that call (by the name TRL's module calls), and `install` wraps the engine's `generate` to keep the routing of
+its `RequestOutput`s (`prompt_routed_experts`, each completion's `routed_experts`).
+
 The routing of a completion's last token may be missing (vLLM never feeds the last sampled token back through the
 model): it is filled with its predecessor's; the last token's output feeds no scored log-prob.
 """
@@ -15,6 +19,8 @@ model): it is filled with its predecessor's; the last token's output feeds no sc
 from __future__ import annotations
 
 import base64
+import contextlib
+import functools
 import json
 import urllib.error
 import urllib.request
@@ -35,6 +41,8 @@ def decode_experts(value, what: str) -> np.ndarray:
         array = raw.reshape([int(n) for n in value["shape"]])
     elif isinstance(value, list):
         array = np.asarray(value) if value else np.zeros((0, 0, 0))
+    elif isinstance(value, np.ndarray) or torch.is_tensor(value):  # the offline engine's outputs
+        array = np.asarray(value.cpu() if torch.is_tensor(value) else value)
     else:
         raise ValueError(f"rollout routing: {what} is {type(value).__name__}, not a (tokens, layers, top_k) array: "
                          f"start the vLLM server with {SERVER_FLAG}")  # fmt: skip
@@ -104,6 +112,39 @@ def reply_samples(reply: dict, prompts: list, n: int) -> list:
     return samples
 
 
+def output_samples(outputs: list) -> list:
+    """(token ids, routing) of every completion of the offline engine's `generate` outputs, in TRL's order."""
+    samples = []
+    for index, request in enumerate(outputs):
+        prompt_ids, prompt_routing = list(request.prompt_token_ids), getattr(request, "prompt_routed_experts", None)
+        for output in request.outputs:
+            routing = getattr(output, "routed_experts", None)
+            if routing is None or prompt_routing is None:
+                raise ValueError(f"rollout routing: request {index} of the colocated vLLM engine carries no routing "
+                                 "(the engine was built without enable_return_routed_experts=True)")  # fmt: skip
+            completion_ids = list(output.token_ids)
+            rows = sequence_rows(prompt_ids, completion_ids, decode_experts(prompt_routing, "prompt_routed_experts"),
+                                 decode_experts(routing, "routed_experts"), f"request {index}")  # fmt: skip
+            samples.append((prompt_ids + completion_ids, rows))
+    return samples
+
+
+@contextlib.contextmanager
+def colocated_engine_returns_routing(args):
+    """While TRL builds its colocated engine: `routing_replay="rollout"` adds enable_return_routed_experts=True."""
+    from trl.generation import vllm_generation
+
+    build = getattr(vllm_generation, "LLM", None)  # absent without vllm: TRL then raises its own error
+    active = args.routing_replay == "rollout" and args.use_vllm and args.vllm_mode == "colocate" and build is not None
+    if active:
+        vllm_generation.LLM = functools.partial(build, enable_return_routed_experts=True)
+    try:
+        yield
+    finally:
+        if active:
+            vllm_generation.LLM = build
+
+
 def routing_of(samples: list) -> Routing:
     """A `Routing` keyed like the trainer's forwards over these sequences (the keys of their padded rows)."""
     if not samples:
@@ -147,11 +188,18 @@ class RolloutRouting:
         self._local: list = []  # this process's samples, in TRL's completion order
 
     def install(self, generation, accelerator) -> None:
-        if getattr(generation, "mode", "server") != "server":
-            raise ValueError("DHPOConfig.routing_replay='rollout' reads the routing from a vLLM server: set "
-                             "vllm_mode='server'")  # fmt: skip
+        colocated = generation.mode == "colocate"
+        if colocated:
+            engine_generate = generation.llm.generate
+
+            def generate_and_keep(*args, **kwargs):
+                outputs = engine_generate(*args, **kwargs)
+                self._captured += output_samples(outputs)
+                return outputs
+
+            generation.llm.generate = generate_and_keep
         client = getattr(generation, "vllm_client", None)
-        if client is not None:  # the main process talks to the server
+        if not colocated and client is not None:  # the main process talks to the server
             post = client._post
 
             def post_and_keep(url, **kwargs):
@@ -167,13 +215,18 @@ class RolloutRouting:
         def generate_and_slice(prompts, *args, **kwargs):
             self._captured = []
             result = generate(prompts, *args, **kwargs)
-            from accelerate.utils import broadcast_object_list
+            if colocated:  # this process's engine (TRL: its tensor-parallel group's prompts, this rank's share)
+                every = self._captured
+                tensor_parallel = getattr(generation, "tensor_parallel_size", 1) > 1
+                start = torch.distributed.get_rank(group=generation.tp_group) * len(prompts) if tensor_parallel else 0
+            else:  # the main process's reply, every process's completions (TRL's broadcast, then its slice)
+                from accelerate.utils import broadcast_object_list
 
-            held = [self._captured if accelerator.is_main_process else None]
-            if accelerator.num_processes > 1:
-                broadcast_object_list(held, from_process=0)
-            every, self._captured = held[0], []
-            start = accelerator.process_index * len(prompts)
+                held = [self._captured if accelerator.is_main_process else None]
+                if accelerator.num_processes > 1:
+                    broadcast_object_list(held, from_process=0)
+                every, start = held[0], accelerator.process_index * len(prompts)
+            self._captured = []
             self._local += every[start : start + len(prompts)]
             return result
 

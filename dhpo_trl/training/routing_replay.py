@@ -438,8 +438,8 @@ class TrainerRouting:
 
     "old" (R2): in a generation batch, the first log-prob pass (TRL's pi_old pass) records; the later ones (the
     reference) replay; the routing goes into the batch as `ROUTED_EXPERTS` rows and every policy pass replays it.
-    "rollout" (R3): the vLLM server's routing of the batch (`rollout_routing.py`) is replayed by every log-prob pass and
-    goes into the batch the same way.
+    "rollout" (R3): vLLM's routing of the batch (`rollout_routing.py`) is replayed by every log-prob pass and goes
+    into the batch the same way.
     """
 
     def __init__(self, mode: str, model: torch.nn.Module, ref_model: torch.nn.Module | None = None, generation=None,
@@ -469,8 +469,7 @@ class TrainerRouting:
         from .rollout_routing import RolloutRouting
 
         if generation is None:
-            raise ValueError("DHPOConfig.routing_replay='rollout' replays the vLLM server's routing: set use_vllm=True, "
-                             "vllm_mode='server'")  # fmt: skip
+            raise ValueError("DHPOConfig.routing_replay='rollout' replays vLLM's routing: set use_vllm=True")
         self.rollout = RolloutRouting()
         self.rollout.install(generation, accelerator)
 
@@ -542,6 +541,13 @@ class TrainerRouting:
                              "checkpoint?); resume with the setting it was saved with.")  # fmt: skip
         with self.hooks.replay(from_rows(batch[ROUTED_EXPERTS], *sequence_inputs(batch))) as stats:
             yield stats
+
+
+def building_engine(args):
+    """Around TRL's `__init__`: a colocated vLLM engine built to return routing where `routing_replay="rollout"`."""
+    from .rollout_routing import colocated_engine_returns_routing
+
+    return colocated_engine_returns_routing(args)
 
 
 def metric_sums(stats: Stats | None) -> dict:

@@ -50,7 +50,7 @@ class DHPOTrainer(GRPOTrainer):
         # vllm missing or server unreachable: fail now, before any model is loaded.
         check_vllm_setup(args, model_name, is_main_process=args.process_index == 0)
         reward_funcs = check_reward_functions(reward_funcs)  # garbage rewards: a named error on the first batch
-        with zero3_leaf_modules_for_trl_prepared_models():  # the reference model is wrapped inside __init__
+        with zero3_leaf_modules_for_trl_prepared_models(), routing_replay.building_engine(args):  # ref. model; R3
             super().__init__(model, reward_funcs, args, *pos, **kwargs)
         # ZeRO-3 + MoE: mark the MoE blocks as leaves (logged). DeepSpeed wraps the policy later, in train().
         self.zero3_leaf_modules = maybe_set_zero3_leaf_modules(self.model, self.accelerator)
