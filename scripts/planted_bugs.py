@@ -388,9 +388,15 @@ BUGS = {
     ),
     "rollout-slice-of-process-0": (
         "dhpo_trl/training/rollout_routing.py",
-        "start = accelerator.process_index * len(prompts)",
-        "start = 0",
+        "every, start = held[0], accelerator.process_index * len(prompts)",
+        "every, start = held[0], 0",
         ROLLOUT, "R3: every process keeps the routing of process 0's completions",
+    ),
+    "rollout-colocated-engine-without-routing": (
+        "dhpo_trl/training/rollout_routing.py",
+        "vllm_generation.LLM = functools.partial(build, enable_return_routed_experts=True)",
+        "vllm_generation.LLM = build",
+        ROLLOUT, "R3 colocated: TRL's engine is built without enable_return_routed_experts",
     ),
     "rollout-last-token-fill-shifts": (
         "dhpo_trl/training/rollout_routing.py",
