@@ -38,6 +38,7 @@ MATRIX = ["tests/test_feature_matrix.py"]
 LOSSES = ["tests/test_losses.py"]
 REPLAY = ["tests/test_routing_replay.py", "tests/test_routing_replay_trainer.py"]
 REPLAY_TRAINER = ["tests/test_routing_replay_trainer.py"]
+ROLLOUT = ["tests/test_rollout_routing.py", "tests/test_routing_replay_rollout.py"]
 
 # id: (file, anchor, replacement, test files, what the bug is)
 BUGS = {
@@ -371,6 +372,43 @@ BUGS = {
         'with self.hooks.replay(from_rows(batch[ROUTED_EXPERTS], *sequence_inputs(batch))) as stats:',
         'with contextlib.nullcontext(Stats()) as stats:',
         REPLAY_TRAINER, "the policy pass routes live: routing_replay='old' acts nowhere",
+    ),
+    "rollout-prompt-routing-of-the-first-prompt": (
+        "dhpo_trl/training/rollout_routing.py",
+        'prompt_routing = decode_experts(own if own is not None else shared[prompt], f"prompt_routed_experts[{prompt}]")',
+        'prompt_routing = decode_experts(own if own is not None else shared[0], f"prompt_routed_experts[{prompt}]")',
+        ROLLOUT, "R3: every choice gets the first prompt's routing from the reply, not its own prompt's",
+    ),
+    "rollout-experts-not-transposed": (
+        "dhpo_trl/training/rollout_routing.py",
+        "experts = torch.from_numpy(np.concatenate([rows for _, rows in samples])).permute(1, 0, 2).contiguous()",
+        "experts = torch.from_numpy(np.concatenate([rows for _, rows in samples])).reshape(-1, ids.numel(), "
+        "samples[0][1].shape[2])",
+        ROLLOUT, "R3: (tokens, layers, top_k) rows reshaped, not transposed, to (layers, tokens, top_k)",
+    ),
+    "rollout-slice-of-process-0": (
+        "dhpo_trl/training/rollout_routing.py",
+        "every, start = held[0], accelerator.process_index * len(prompts)",
+        "every, start = held[0], 0",
+        ROLLOUT, "R3: every process keeps the routing of process 0's completions",
+    ),
+    "rollout-colocated-engine-without-routing": (
+        "dhpo_trl/training/rollout_routing.py",
+        "vllm_generation.LLM = functools.partial(build, enable_return_routed_experts=True)",
+        "vllm_generation.LLM = build",
+        ROLLOUT, "R3 colocated: TRL's engine is built without enable_return_routed_experts",
+    ),
+    "rollout-last-token-fill-shifts": (
+        "dhpo_trl/training/rollout_routing.py",
+        "completion_routing = np.concatenate([completion_routing, completion_routing[-1:]])",
+        "completion_routing = np.concatenate([completion_routing[:1], completion_routing])",
+        ROLLOUT, "R3: the missing last token's routing is filled at the front, shifting the completion's by one",
+    ),
+    "rollout-log-prob-passes-record-live": (
+        "dhpo_trl/training/routing_replay.py",
+        '                held["routing"] = self._batch_routing()\n            if held["routing"] is None:',
+        '                pass\n            if held["routing"] is None:',
+        ROLLOUT, "R3: the pi_old pass records its live routing instead of replaying the server's",
     ),
     "sapo-temperature-on-the-wrong-sign": (
         "dhpo_trl/core/losses.py",

@@ -341,3 +341,21 @@ def test_smoke_script_runs_on_cpu(tmp_path):
     assert returned == summary  # returned after every check passed, and the same as the file
     assert summary["deepspeed"] is False and summary["zero3_leaf_modules"] == [] and summary["steps"] == 2
     assert all(entry["aux_loss"] > 0 for entry in summary["log"])
+
+
+@pytest.mark.parametrize(("args", "flagged"), [
+    ((), False),  # the 30B-A3B recipe: routing_replay: old
+    (("--routing_replay", "rollout"), True),
+    (("--routing_replay=rollout",), True),
+    (("--routing_replay", "rollout", "--routing_replay", "old"), False),
+])  # fmt: skip
+def test_single_node_asks_the_server_for_routing_when_the_run_replays_it(tmp_path, monkeypatch, args, flagged):
+    monkeypatch.chdir(ROOT)
+    recipe = "examples/recipes/dhpo_e_qwen3_30b_a3b_base.yaml"
+    result, _, fake_log = _run(SINGLE_NODE, tmp_path, list(args), RECIPE=recipe, FAKE_VLLM_DELAY="0")
+    assert result.returncode == 0, result.stderr
+    server = json.loads((fake_log / "server.json").read_text())
+    assert server["extra_args"] == (["--enable-return-routed-experts"] if flagged else [])
+    argv, _ = _recorded_launch(fake_log)
+    _, (_, config, _) = _parse_launch(argv)
+    assert (config.routing_replay == "rollout") == flagged

@@ -257,7 +257,8 @@ class DHPOConfig(GRPOConfig):
         default="none",
         metadata={"help": "MoE models: 'old' (R2) records each token's top-k experts in the pi_old pass and every "
                           "policy and reference pass of that generation batch routes it through them (gate weights "
-                          "from the live router); 'rollout' (R3) would replay the generation backend's routing; "
+                          "from the live router); 'rollout' (R3) replays the routing vLLM returns with each completion (a "
+                          "server started with --enable-return-routed-experts, or colocated) in every pass; "
                           "'none' (default): live routing."},
     )  # fmt: skip
 
@@ -476,13 +477,12 @@ class DHPOConfig(GRPOConfig):
             raise ValueError(
                 f"DHPOConfig.routing_replay={mode!r} is not supported: use one of {list(ROUTING_REPLAY_MODES)}."
             )
-        if mode == "rollout":
-            backend = ("vLLM server started with --enable-return-routed-experts" if self.use_vllm
-                       else "use_vllm=True and a vLLM server started with --enable-return-routed-experts")  # fmt: skip
+        if mode == "rollout" and not self.use_vllm:
             raise ValueError(
-                f"DHPOConfig.routing_replay='rollout' replays the routing the generation backend returns; it needs "
-                f"{backend}, and dhpo-trl's vLLM client does not carry that routing to the trainer: use "
-                "routing_replay='old' (the pi_old pass's routing)."
+                "DHPOConfig.routing_replay='rollout' replays the routing vLLM returns with each completion, but "
+                "use_vllm=False (transformers' generate returns none): set use_vllm=True (a server started with "
+                "--enable-return-routed-experts, or vllm_mode='colocate'), or use routing_replay='old' (the pi_old "
+                "pass's routing)."
             )
         # TRL's own test (GRPOTrainer._generate_and_score_completions) for computing pi_old, whose routing R2 replays.
         generate_every = self.steps_per_generation * self.num_iterations

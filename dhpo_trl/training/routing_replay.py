@@ -185,6 +185,25 @@ class Routing:
         return self.experts[:, index].long()
 
 
+def check_fits(routing: Routing, found: list[tuple[str, torch.nn.Module]]) -> None:
+    """ValueError naming the layer where routing from elsewhere (another model) does not fit the model's routers:
+    the number of MoE layers, a router's top-k, an expert index out of its range."""
+    layers, _, top_k = routing.experts.shape
+    if layers != len(found):
+        raise ValueError(f"routing replay: the routing holds {layers} MoE layers (experts {tuple(routing.experts.shape)}"
+                         f", layers x tokens x top_k), the model {len(found)} ({found[0][0]} ... {found[-1][0]})")
+    for layer, (name, router) in enumerate(found):
+        want = getattr(router, "top_k", top_k)
+        experts = routing.experts[layer]
+        if want != top_k:
+            raise ValueError(f"routing replay: layer {layer} ({name}) picks top-{want}, the routing holds top-{top_k} "
+                             f"(experts {tuple(routing.experts.shape)})")  # fmt: skip
+        count = getattr(router, "num_experts", None)
+        if experts.numel() and (int(experts.min()) < 0 or (count is not None and int(experts.max()) >= count)):
+            raise ValueError(f"routing replay: layer {layer} ({name}) has {count} experts, the routing names experts "
+                             f"{int(experts.min())}..{int(experts.max())}")  # fmt: skip
+
+
 def gate_weights(router_logits: torch.Tensor, experts: torch.Tensor, normalise: bool,
                  dtype: torch.dtype) -> torch.Tensor:  # fmt: skip
     """The router's top-k weights at the given experts: softmax over all experts (float32), picked, renormalised
@@ -419,11 +438,16 @@ class TrainerRouting:
 
     "old" (R2): in a generation batch, the first log-prob pass (TRL's pi_old pass) records; the later ones (the
     reference) replay; the routing goes into the batch as `ROUTED_EXPERTS` rows and every policy pass replays it.
+    "rollout" (R3): vLLM's routing of the batch (`rollout_routing.py`) is replayed by every log-prob pass and goes
+    into the batch the same way.
     """
 
-    def __init__(self, mode: str, model: torch.nn.Module, ref_model: torch.nn.Module | None = None):
+    def __init__(self, mode: str, model: torch.nn.Module, ref_model: torch.nn.Module | None = None, generation=None,
+                 accelerator=None):  # fmt: skip
         self.mode = mode
         self.hooks = None
+        self.rollout = None  # "rollout": the RolloutRouting that holds the server's routing of the batch
+        self._routers = routers(model)
         if mode == "none":
             return
         reason = unsupported_reason(model)
@@ -431,6 +455,29 @@ class TrainerRouting:
             raise ValueError(f"DHPOConfig.routing_replay={mode!r} replays mixture-of-experts routing, but {reason}: "
                              "set routing_replay='none'.")  # fmt: skip
         self.hooks = RoutingReplay(model, *([ref_model] if ref_model is not None else []))
+        if mode == "rollout":
+            self._read_rollout(generation, accelerator)
+
+    @classmethod
+    def of(cls, trainer) -> TrainerRouting:
+        """`trainer.args.routing_replay` on its policy and reference (and, "rollout", its vLLM backend)."""
+        return cls(trainer.args.routing_replay, trainer.model, trainer.ref_model,
+                   getattr(trainer, "vllm_generation", None), trainer.accelerator)  # fmt: skip
+
+    def _read_rollout(self, generation, accelerator) -> None:
+        """Keep the routing TRL's vLLM backend (`generation`, server mode) receives with each generation batch."""
+        from .rollout_routing import RolloutRouting
+
+        if generation is None:
+            raise ValueError("DHPOConfig.routing_replay='rollout' replays vLLM's routing: set use_vllm=True")
+        self.rollout = RolloutRouting()
+        self.rollout.install(generation, accelerator)
+
+    def _batch_routing(self) -> Routing:
+        """The server's routing of the batch just generated, checked against the model's routers."""
+        routing = self.rollout.take()
+        check_fits(routing, self._routers)
+        return routing
 
     @contextlib.contextmanager
     def generation_batch(self, trainer) -> Iterator[dict]:
@@ -443,6 +490,8 @@ class TrainerRouting:
         original = trainer._get_per_token_logps_and_entropies
 
         def log_probs(*args, **kwargs):
+            if held["routing"] is None and self.rollout is not None:
+                held["routing"] = self._batch_routing()
             if held["routing"] is None:
                 with self.hooks.record() as out:
                     result = original(*args, **kwargs)
@@ -465,6 +514,8 @@ class TrainerRouting:
         """The generation batch with its recorded routing as rows (`ROUTED_EXPERTS`), int16."""
         if self.hooks is None:
             return batch
+        if held["routing"] is None and self.rollout is not None:  # no log-prob pass ran (on-policy)
+            held["routing"] = self._batch_routing()
         if held["routing"] is None:
             raise RuntimeError(f"DHPOConfig.routing_replay={self.mode!r}: the generation batch ran no log-prob pass "
                                "to record routing from (TRL skips pi_old on-policy)")  # fmt: skip
@@ -490,6 +541,13 @@ class TrainerRouting:
                              "checkpoint?); resume with the setting it was saved with.")  # fmt: skip
         with self.hooks.replay(from_rows(batch[ROUTED_EXPERTS], *sequence_inputs(batch))) as stats:
             yield stats
+
+
+def building_engine(args):
+    """Around TRL's `__init__`: a colocated vLLM engine built to return routing where `routing_replay="rollout"`."""
+    from .rollout_routing import colocated_engine_returns_routing
+
+    return colocated_engine_returns_routing(args)
 
 
 def metric_sums(stats: Stats | None) -> dict:

@@ -50,7 +50,7 @@ class DHPOTrainer(GRPOTrainer):
         # vllm missing or server unreachable: fail now, before any model is loaded.
         check_vllm_setup(args, model_name, is_main_process=args.process_index == 0)
         reward_funcs = check_reward_functions(reward_funcs)  # garbage rewards: a named error on the first batch
-        with zero3_leaf_modules_for_trl_prepared_models():  # the reference model is wrapped inside __init__
+        with zero3_leaf_modules_for_trl_prepared_models(), routing_replay.building_engine(args):  # ref. model; R3
             super().__init__(model, reward_funcs, args, *pos, **kwargs)
         # ZeRO-3 + MoE: mark the MoE blocks as leaves (logged). DeepSpeed wraps the policy later, in train().
         self.zero3_leaf_modules = maybe_set_zero3_leaf_modules(self.model, self.accelerator)
@@ -62,10 +62,10 @@ class DHPOTrainer(GRPOTrainer):
                                           self.accelerator.device.type, trl_batching_reason(args))  # fmt: skip
         if self._update.note and self.accelerator.is_main_process:
             print(self._update.note)
-        self._routing = routing_replay.TrainerRouting(args.routing_replay, self.model, self.ref_model)  # MoE only
+        self._routing = routing_replay.TrainerRouting.of(self)  # `routing_replay`: MoE only
 
     def _generate_and_score_completions(self, inputs):
-        """TRL's generation batch; with `routing_replay="old"`, the pi_old pass's routing added to it as rows. Logs
+        """TRL's generation batch; with `routing_replay` on, the routing to replay added to it as rows. Logs
         `reward/over_budget`: answers the math reward scored 0 because its call ran out of time, on all processes."""
         with self._routing.generation_batch(self) as recorded:
             batch = super()._generate_and_score_completions(inputs)
@@ -168,7 +168,7 @@ class DHPOTrainer(GRPOTrainer):
         # Entropies come out of TRL's fused LM head with the log-probs: no (B, T, V) tensor is kept.
         ids = torch.cat([inputs["prompt_ids"], completion_ids], dim=1)
         attended = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-        with self._routing.policy_pass(inputs) as routing_stats:  # replays the recorded routing ("old")
+        with self._routing.policy_pass(inputs) as routing_stats:  # replays the batch's routing ("old", "rollout")
             per_token_logps, entropies, aux_loss = self._get_per_token_logps_and_entropies(
                 model, ids, attended, completion_ids.size(1), compute_entropy=True,
                 compute_aux_loss=self.aux_loss_enabled, **multimodal)

@@ -170,6 +170,8 @@ PRIVATE: tuple[Private, ...] = (
       for name in ("_tr_loss", "_total_loss_scalar", "_globalstep_last_logged")),
     Private(_GRPO, "_get_train_sampler", "overrides", TRL_FILE, (1280, 1316),
             "DHPOTrainer._get_train_sampler (the epoch-following RepeatSampler)"),
+    Private("trl.generation.vllm_client:VLLMClient", "_post", "overrides", "trl/generation/vllm_client.py", (261, 265),
+            "rollout_routing.RolloutRouting.install: wrapped on the instance to keep vLLM's routing of each reply"),
 )  # fmt: skip
 
 

@@ -76,3 +76,21 @@ def check_vllm_setup(args, model_name: str, is_main_process: bool = True) -> Non
         )
     if args.vllm_mode == "server" and is_main_process:
         wait_for_vllm_server(args, model_name)
+        if getattr(args, "routing_replay", "none") == "rollout":
+            check_server_routing(args, model_name)
+
+
+def check_server_routing(args, model_name: str) -> None:
+    """`routing_replay="rollout"` replays the routing the server returns: refuse a server started without it."""
+    from .rollout_routing import SERVER_FLAG, server_routing_reason
+
+    base_url = vllm_server_url(args)
+    reason = server_routing_reason(base_url)
+    if reason is not None:
+        port = urlparse(base_url).port or args.vllm_server_port
+        raise ValueError(
+            f"DHPOConfig.routing_replay='rollout' replays the routing the vLLM server at {base_url} returns, but "
+            f"{reason}. Restart it with {SERVER_FLAG}:\n"
+            f"    trl vllm-serve --model {model_name} --port {port} {SERVER_FLAG}\n"
+            "or set routing_replay='old' (the pi_old pass's routing)."
+        )

@@ -37,6 +37,9 @@ SERVER_ARGS=${SERVER_ARGS:-}           # e.g. "--max-model-len 5120 --enable-exp
 DDP_TIMEOUT=${DDP_TIMEOUT:-7200}       # seconds ranks wait in a collective while rank 0 talks to the server
 LOG_DIR=${LOG_DIR:-logs}
 read -ra server_args <<<"$SERVER_ARGS"
+# routing_replay: rollout (R3) replays the routing the server returns with each completion: ask the server for it.
+routed_flag=$(routed_experts_flag "$RECIPE" "$@")
+[[ -z $routed_flag ]] || server_args+=("$routed_flag")
 num_server_gpus=$(tr ',' '\n' <<<"$SERVER_GPUS" | wc -l)
 num_train_gpus=$(tr ',' '\n' <<<"$TRAIN_GPUS" | wc -l)
 (( num_server_gpus == SERVER_TP * SERVER_DP )) \

@@ -52,6 +52,9 @@ export MASTER_PORT=${MASTER_PORT:-29500}
 export DDP_TIMEOUT=${DDP_TIMEOUT:-7200}
 LOG_DIR=${LOG_DIR:-logs}
 read -ra server_args <<<"$SERVER_ARGS"
+# routing_replay: rollout (R3) replays the routing the server returns with each completion: ask the server for it.
+routed_flag=$(routed_experts_flag "$RECIPE" "$@")
+[[ -z $routed_flag ]] || server_args+=("$routed_flag")
 (( SERVER_DP >= 1 && SERVER_TP * SERVER_DP <= GPUS_PER_NODE )) \
   || die "SERVER_TP=$SERVER_TP x SERVER_DP=$SERVER_DP must use 1 to $GPUS_PER_NODE GPUs of the vLLM node."
 # Slurm >= 22.05: job steps no longer inherit --cpus-per-task; without this each srun task would get one core.

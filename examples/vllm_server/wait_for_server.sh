@@ -38,3 +38,24 @@ wait_for_vllm_server() {
 resolve() {
   getent ahostsv4 "$1" | awk 'NR == 1 { print $1 }'
 }
+
+# routed_experts_flag RECIPE ARGS...
+# Prints --enable-return-routed-experts when the run replays the server's routing (routing_replay: rollout, R3): the
+# last --routing_replay among the training ARGS, else the last overlay's or the recipe's `routing_replay:` line.
+routed_experts_flag() {
+  local mode file
+  mode=$(awk '$1 == "routing_replay:" { print $2 }' "$1")
+  shift
+  while (( $# )); do
+    case $1 in
+      --overlay)
+        file=${2:-}
+        if [[ -f $file ]]; then mode=$(awk -v m="$mode" '$1 == "routing_replay:" { m = $2 } END { print m }' "$file"); fi
+        shift ;;
+      --routing_replay) mode=${2:-}; shift ;;
+      --routing_replay=*) mode=${1#*=} ;;
+    esac
+    shift
+  done
+  if [[ $mode == rollout ]]; then echo --enable-return-routed-experts; fi
+}
