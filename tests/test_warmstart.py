@@ -99,7 +99,7 @@ def test_cache_key_covers_every_setting_and_the_problems():
     assert len(base) == 16 and int(base, 16) >= 0
     assert settings().cache_key() == base  # deterministic
     fields = dict(hidden_size=32, num_layers=2, num_heads=4, steps=4, batch_size=2, learning_rate=2e-2, seed=5,
-                  target_accuracy=0.5, check_every=3, probe_size=2)  # fmt: skip
+                  target_accuracy=0.5, check_every=3, probe_size=2, max_position_embeddings=1024)  # fmt: skip
     changed = [settings(**{field: value}) for field, value in fields.items()]
     changed += [settings(problems=PROBLEMS[:-1]), settings(problems=PROBLEMS[::-1])]
     keys = {s.cache_key() for s in changed}

@@ -48,10 +48,13 @@ class WarmStartSettings:
     target_accuracy: float | None = None
     check_every: int = 10
     probe_size: int = 100
+    max_position_embeddings: int = 512  # prompt + completion tokens the model is built for
     problems: list = field(default_factory=list, compare=False, repr=False)  # the problems taught, in the key
 
     def cache_key(self) -> str:
         described = {k: v for k, v in asdict(self).items() if k != "problems"}
+        if described["max_position_embeddings"] == 512:  # left out at its default: cached addition warm starts keep their key
+            del described["max_position_embeddings"]
         # What is taught, as text: a changed prompt template must not load weights trained on the old one.
         described["problems"] = [(p.prompt, p.target_completion()) for p in self.problems]
         return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
@@ -109,7 +112,7 @@ def warm_start(settings: WarmStartSettings):
     tokenizer = build_char_tokenizer()
     model = build_tiny_qwen3(
         tokenizer, hidden_size=settings.hidden_size, num_layers=settings.num_layers, num_heads=settings.num_heads,
-        seed=settings.seed,
+        seed=settings.seed, max_position_embeddings=settings.max_position_embeddings,
     )  # fmt: skip
     torch.manual_seed(settings.seed)
     rng = random.Random(settings.seed)
