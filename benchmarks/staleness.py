@@ -18,6 +18,7 @@ resumes; a cell saved with other settings is run again. Writes `--docs-dir/stale
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -428,7 +429,6 @@ def long_meta(args, summaries: dict[tuple, dict], missing: list[tuple]) -> dict:
     tokenizer = build_char_tokenizer()
     lengths = sorted(len(tokenizer(p.target_completion())["input_ids"]) + 1 for p in heldout)  # + end of text
     cpu = [s["cpu_seconds"] for s in summaries.values() if "cpu_seconds" in s]
-    resume = [a for a in (sys.argv[1:] if args.report_only else []) if a != "--report-only"]
     return {
         "task": args.task,
         "settings": dataclasses.asdict(settings),
@@ -439,7 +439,6 @@ def long_meta(args, summaries: dict[tuple, dict], missing: list[tuple]) -> dict:
         "reference": {"task": "addition", "seeds": args.reference_seeds, "generation_batches": args.generation_batches,
                       "learning_rate": EmbeddedSettings.learning_rate},  # fmt: skip
         "missing": [f"{task} {o} k={k} seed {seed}" for o, k, seed, *_, task in missing],
-        "resume_command": "python benchmarks/staleness.py " + " ".join(resume) if resume else None,
     }
 
 
@@ -530,9 +529,8 @@ def long_markdown(table, meta: dict, reference) -> str:
     ]
     if meta["missing"]:
         lines += [f"**Incomplete: {len(meta['missing'])} cells of the command are not run yet** "
-                  f"({', '.join(meta['missing'])}). Finished cells are kept; the command above resumes the rest"
-                  + (f", and `{meta['resume_command']} --report-only` rewrites this page from the finished ones."
-                     if meta["resume_command"] else "."), ""]  # fmt: skip
+                  f"({', '.join(meta['missing'])}). Finished cells are kept: the command above runs the missing "
+                  "ones, and the same command with `--report-only` rewrites this page from the finished ones.", ""]  # fmt: skip
     lines += ["## Do the ratios differ here?", ""]
     lines += spread_comparison(table, reference)
     lines += [f"The two-digit reference cells are the staleness study's task (completions of at most 12 tokens) "
@@ -639,8 +637,10 @@ def main(argv: list[str] | None = None) -> int:
         for task in dict.fromkeys(job[-1] for job in jobs):
             load_task(TASKS[task]())
     summaries, ran = {}, 0
-    with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
-        for done, (key, summary, reused) in enumerate(pool.imap_unordered(_run_cell, jobs), start=1):
+    # One worker runs the cells in this process, in plan order; more run them in a pool of spawned processes.
+    pool = multiprocessing.get_context("spawn").Pool(args.workers) if args.workers > 1 else None
+    with pool or contextlib.nullcontext():
+        for done, (key, summary, reused) in enumerate((pool.imap_unordered if pool else map)(_run_cell, jobs), start=1):
             summaries[key + (summary.get("task", "addition"),)] = summary
             elapsed = time.perf_counter() - started
             ran += not reused

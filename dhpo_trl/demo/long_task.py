@@ -64,6 +64,6 @@ class LongSettings:
             hidden_size=self.hidden_size, num_layers=self.num_layers, steps=self.warmup_steps,
             batch_size=self.warmup_batch_size, learning_rate=self.warmup_learning_rate,
             target_accuracy=self.warmup_target_accuracy, check_every=self.warmup_check_every,
-            max_position_embeddings=1024, problems=train,
+            max_position_embeddings=1024, group_by_length=True, problems=train,
         )  # fmt: skip
-        return train, heldout, load_or_warm_start(warm, cache_dir=cache_dir, use_cache=use_cache)
+        return train, heldout, load_or_warm_start(warm, cache_dir=cache_dir, use_cache=use_cache, log=print)
