@@ -1,6 +1,7 @@
 """Staleness study: how each objective copes as the policy drifts further from the one that sampled.
 
     python benchmarks/staleness.py --ks 2 4 8 16 --seeds 0 1 2 --generation-batches 24 --workers 2
+    python benchmarks/staleness.py --task long ...   # long completions: docs/study/long_completions.md has the command
 
 Every cell (objective, k, seed) is `dhpo_trl.demo.embedded.run_embedded` on the warm-started tiny Qwen3 and synthetic
 addition. One generation batch (32 prompts x 8 completions) is split into k optimizer steps (TRL's
@@ -13,6 +14,11 @@ cut, and so how far pi_theta drifts before the next batch is sampled. Held-out a
 Finished cells are kept in `--out-dir/k<k>/<objective>-seed<seed>/summary.json` and reused, so an interrupted sweep
 resumes; a cell saved with other settings is run again. Writes `--docs-dir/staleness.md` (tables and the verdict),
 `staleness.json` (every cell and the aggregates) and two plots.
+
+`--task long` runs the same cells on chained arithmetic with a scratchpad (`dhpo_trl.demo.long_task`, completions of
+30-400 tokens) and writes `long_completions.md` / `.json` instead; `--reference-seeds` adds two-digit-task cells at
+each k > 1 to compare the within-sequence spread of log r against. Cells run per k in `--ks` order, so a study
+stopped early has whole k's; `--report-only` writes the page from the finished cells and names the missing ones.
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ OBJECTIVES = ["GRPO", "GSPO", "GMPO", "CISPO", "DHPO-A", "DHPO-E"]
 # "DHPO-E+GSPO-seq-clip" tests why DHPO-E drifts at high k: its entropy weight puts ~90% on the sequence ratio, whose
 # 0.2/0.28 clip rarely binds; this row gives the sequence branch GSPO's trust region (3e-4 / 4e-4) instead.
 VARIANTS = {
+    # TRL 1.16's SAPO (soft gate instead of a clip, TRL's default temperatures), DHPO's nearest rival.
+    "SAPO": ("GRPO", {"algorithm": "sapo", "epsilon_high": None, "delta": None}),
     "DHPO-E+dual-clip": ("DHPO-E", {"delta": 3.0}),
     "DHPO-E+GSPO-seq-clip": ("DHPO-E", {"epsilon_low_seq": 3e-4, "epsilon_high_seq": 4e-4}),
 }
@@ -578,15 +586,18 @@ def page_from_json(results: dict) -> str:
 
 
 def plan(args) -> list[tuple]:
-    """Every cell, in the order run: per k (in `--ks` order), the seeds and objectives of the task, then the
-    reference task's cells at that k, so that a study stopped early has complete k's."""
+    """Every cell, in the order run: per k (in `--ks` order), every objective with the first seed, the reference
+    task's cells at that k, then the other seeds, so that a study stopped early has whole k's and its first
+    comparison of the spreads early."""
     jobs = []
     for k in args.ks:
-        jobs += [(o, k, s, str(args.out_dir), args.generation_batches, args.eval_every, args.learning_rate, args.task)
+        cells = [(o, k, s, str(args.out_dir), args.generation_batches, args.eval_every, args.learning_rate, args.task)
                  for s in args.seeds for o in args.objectives]  # fmt: skip
-        if k > 1:  # on-policy (k = 1) every ratio is 1 on every task: nothing to compare
-            jobs += [(o, k, s, str(args.out_dir / "reference-addition"), args.generation_batches, args.eval_every,
+        reference = [(o, k, s, str(args.out_dir / "reference-addition"), args.generation_batches, args.eval_every,
                       EmbeddedSettings.learning_rate, "addition") for s in args.reference_seeds for o in args.objectives]  # fmt: skip
+        # on-policy (k = 1) every ratio is 1 on every task: no reference to compare with
+        first = len(args.objectives)
+        jobs += cells[:first] + (reference if k > 1 else []) + cells[first:]
     return jobs
 
 
