@@ -512,8 +512,9 @@ def long_markdown(table, meta: dict, reference) -> str:
         "# Long completions: where the objectives can differ",
         "",
         "**Small-scale study on an embedded CPU task, not the paper's experiment.** The task (`python -m dhpo_trl "
-        "--task long`, dhpo_trl/demo/long_task.py): chained additions and subtractions of one-digit numbers, worked "
-        "through in a written scratchpad, one line per step with the running total, the final total boxed; reward "
+        "--task long`, dhpo_trl/demo/long_task.py): a start (0-99) and a step (1-9) added 2 to 26 times, worked "
+        "through in a written scratchpad, one fixed-width line per addition with the running total, the final total "
+        "boxed; reward "
         f"1/0 from math-verify on the boxed answer. The taught completions run from {lengths['min']} to "
         f"{lengths['max']} tokens (median {lengths['median']:g}, 90th percentile {lengths['p90']}); sampled ones are "
         f"capped at {meta['max_completion_length']}. Policy: a tiny Qwen3 ({meta['parameters']:,} parameters, "
@@ -565,9 +566,10 @@ def long_markdown(table, meta: dict, reference) -> str:
 
 LONG_AT_SCALE = """## What this scale cannot show
 
-A policy of a few hundred thousand parameters on a task it half solves after a minute of supervised training: the
+A policy of a few hundred thousand parameters on a task it partly solves after minutes of supervised training: the
 completions are long, but each token is nearly determined by the ones before it (a copy, a one-digit sum), so most
-token ratios stay close to 1 and the trust regions bind on few tokens. Reasoning traces of a 1.7B+ model, with
+token ratios stay close to 1 and the trust regions bind on few tokens. Few seeds and a 100-problem held-out set
+make the seed noise several points, more than the 3-point differences the paper reports. Reasoning traces of a 1.7B+ model, with
 real uncertainty at many positions, hard problems where most groups score 0, and thousands of tokens per answer,
 are the regime of the paper's claims; docs/study/staleness.md gives the command for that sweep on the paper's
 recipe.

@@ -21,16 +21,17 @@ TRAIN, HELDOUT = make_chain_splits(SETTINGS.num_train, SETTINGS.num_heldout, see
 
 
 def evaluate(question: str) -> int:
-    """The question's value, by Python's own parser: labels dropped, the rest an expression of + and -."""
-    expression = re.sub(r"[a-z]", "", question).replace(" ", "")
+    """The question's value, by Python's own parser: "start S, add D, steps a to X" as the sum S + D + ... + D, one D
+    per letter from a to X."""
+    match = re.fullmatch(r"start (\d+), add (\d), steps a to ([a-z])", question)
+    start, step, last = match.groups()
+    expression = start + f"+{step}" * (ord(last) - ord("a") + 1)
     tree = ast.parse(expression, mode="eval")
-    ops = {ast.Add: operator.add, ast.Sub: operator.sub}
 
     def value(node):
         if isinstance(node, ast.BinOp):
-            return ops[type(node.op)](value(node.left), value(node.right))
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.UAdd):
-            return value(node.operand)
+            assert isinstance(node.op, ast.Add)
+            return value(node.left) + value(node.right)
         assert isinstance(node, ast.Constant)
         return node.value
 
@@ -40,7 +41,7 @@ def evaluate(question: str) -> int:
 def test_completion_lengths_are_long_and_long_tailed():
     tokenizer = build_char_tokenizer()
     lengths = [len(tokenizer(p.target_completion())["input_ids"]) + 1 for p in TRAIN]  # + end of text
-    assert 25 <= min(lengths) <= 40 and 300 <= max(lengths) < SETTINGS.max_completion_length
+    assert 30 <= min(lengths) <= 45 and 300 <= max(lengths) < SETTINGS.max_completion_length
     assert statistics.median(lengths) >= 100
     assert statistics.fmean(lengths) > statistics.median(lengths)  # skewed to the right
     assert sorted(lengths)[int(0.95 * len(lengths))] > 2 * statistics.median(lengths)  # a tail
@@ -59,15 +60,15 @@ def test_gold_and_every_scratchpad_line_agree_with_an_independent_evaluation():
         assert int(problem.answer) == evaluate(problem.question)
         lines = problem.target_completion().strip().split("\n")
         assert lines[-1] == f"\\boxed{{{evaluate(problem.question)}}}"
-        prefix = ""
-        for line, term in zip(lines[:-1], problem.question.split(" "), strict=True):
-            label_step, work = line.split(": ")
-            assert label_step == term  # the line names the operand it applies
+        previous = problem.start
+        for index, line in enumerate(lines[:-1]):
+            label, work = line.split(": ")
+            assert label == "abcdefghijklmnopqrstuvwxyz"[index] and len(work) == len("017+8=025")  # fixed width
             before, after = work.split("=")
-            assert evaluate(before) == int(after) == evaluate(prefix + term)  # the sum is right and is the running total
-            assert int(re.match(r"\d+", before).group()) == (evaluate(prefix) if prefix else 0)
-            prefix += term
-            assert int(after) >= 0
+            partial = problem.question.rsplit(" ", 1)[0] + " " + label  # the same problem stopped at this step
+            assert int(before.split("+")[0]) == previous and evaluate(partial) == int(after)
+            previous = int(after)
+        assert len(lines) - 1 == problem.count
 
 
 def test_reward_scores_the_taught_scratchpad_and_refuses_a_wrong_total():
@@ -84,13 +85,13 @@ def test_bad_length_settings_are_refused():
     with pytest.raises(ValueError, match="median_steps=0"):
         LengthSettings(median_steps=0)
     with pytest.raises(ValueError, match="widen the step range"):
-        generate_chains(100, seed=0, lengths=LengthSettings(min_steps=1, max_steps=1))  # 9 distinct problems
+        generate_chains(901, seed=0, lengths=LengthSettings(min_steps=1, max_steps=1))  # 900 distinct problems
 
 
 def test_a_problem_reads_as_its_steps():
-    problem = ChainProblem(((1, 3), (-1, 1), (1, 7)))
-    assert problem.prompt == "Q: a+3 b-1 c+7\nA:"
-    assert problem.target_completion() == " a+3: 0+3=3\nb-1: 3-1=2\nc+7: 2+7=9\n\\boxed{9}"
+    problem = ChainProblem(start=95, step=3, count=3)
+    assert problem.prompt == "Q: start 95, add 3, steps a to c\nA:"
+    assert problem.target_completion() == " a: 095+3=098\nb: 098+3=101\nc: 101+3=104\n\\boxed{104}"
 
 
 TINY = LongSettings(num_train=24, num_heldout=4, hidden_size=16, warmup_steps=2, warmup_target_accuracy=None,

@@ -1,18 +1,19 @@
-"""A synthetic task with long, variable-length completions: chained additions and subtractions worked through in a
-written scratchpad, one line per step with the running total, the final total boxed.
+"""A synthetic task with long, variable-length completions: a running total worked through in a written scratchpad,
+one line per step, the final total boxed.
 
-    Q: a+3 b-1 c+7
-    A: a+3: 0+3=3
-    b-1: 3-1=2
-    c+7: 2+7=9
-    \\boxed{9}
+    Q: start 17, add 8, steps a to c
+    A: a: 017+8=025
+    b: 025+8=033
+    c: 033+8=041
+    \\boxed{41}
 
-Every operand carries a letter label, so that the step the model works on names the operand it copies from the
-prompt (a lookup a two-layer model learns, where counting positions is not). The number of steps is drawn
-long-tailed (log-normal), so completions run from about 30 to 400 tokens of the character tokenizer with a median
-above 100: the regime where one sequence ratio averages many token ratios. Problems are drawn deterministically
-from a seed; train and held-out splits never share a problem; the reward is the same math-verify check of the
-boxed answer as for the two-digit task.
+Every line has the same width (totals written with three digits), so the previous total and the step sit at fixed
+distances from the digits being written: a two-layer model learns the scratchpad from a few hundred supervised
+steps, and its errors are the sums' digits and where to stop. The number of steps is drawn long-tailed
+(log-normal), so completions run from about 40 to 360 tokens of the character tokenizer with a median above 100:
+the regime where one sequence ratio averages many token ratios. Problems are drawn deterministically from a seed;
+train and held-out splits never share a problem; the reward is the same math-verify check of the boxed answer as for
+the two-digit task.
 """
 
 from __future__ import annotations
@@ -28,29 +29,30 @@ PROMPT_TEMPLATE = "Q: {question}\nA:"
 
 @dataclass(frozen=True)
 class ChainProblem:
-    """Start from 0 and apply `steps` in order: each is (+1 or -1, a digit 1-9)."""
+    """Start from `start` (0-99) and add `step` (1-9) `count` times."""
 
-    steps: tuple[tuple[int, int], ...]
+    start: int
+    step: int
+    count: int
 
     @property
     def question(self) -> str:
-        return " ".join(f"{label}{'+' if sign > 0 else '-'}{digit}" for label, (sign, digit) in zip(LABELS, self.steps))
+        return f"start {self.start}, add {self.step}, steps a to {LABELS[self.count - 1]}"
 
     @property
     def answer(self) -> str:
-        return str(sum(sign * digit for sign, digit in self.steps))
+        return str(self.start + self.count * self.step)
 
     @property
     def prompt(self) -> str:
         return PROMPT_TEMPLATE.format(question=self.question)
 
     def target_completion(self) -> str:
-        """The scratchpad the warm start teaches: one `label±d: total±d=new total` line per step, then the box."""
-        lines, total = [], 0
-        for label, (sign, digit) in zip(LABELS, self.steps):
-            op = "+" if sign > 0 else "-"
-            lines.append(f"{label}{op}{digit}: {total}{op}{digit}={total + sign * digit}")
-            total += sign * digit
+        """The scratchpad the warm start teaches: one `label: total+step=new total` line per step, then the box."""
+        lines, total = [], self.start
+        for label in LABELS[: self.count]:
+            lines.append(f"{label}: {total:03d}+{self.step}={total + self.step:03d}")
+            total += self.step
         return " " + "\n".join(lines) + f"\n\\boxed{{{total}}}"
 
 
@@ -78,14 +80,7 @@ class LengthSettings:
 
 
 def _draw_problem(rng: random.Random, lengths: LengthSettings) -> ChainProblem:
-    """Signs drawn so that the running total never goes below 0 (a minus is drawn only where the total allows)."""
-    steps, total = [], 0
-    for _ in range(lengths.draw(rng)):
-        digit = rng.randint(1, 9)
-        sign = -1 if total >= digit and rng.random() < 0.5 else 1
-        steps.append((sign, digit))
-        total += sign * digit
-    return ChainProblem(tuple(steps))
+    return ChainProblem(start=rng.randint(0, 99), step=rng.randint(1, 9), count=lengths.draw(rng))
 
 
 def generate_chains(count: int, *, seed: int, lengths: LengthSettings = LengthSettings(),
