@@ -646,6 +646,7 @@ def main(argv: list[str] | None = None) -> int:
         missing, jobs = [job for job in jobs if job not in saved], saved
     else:
         missing = []
+    if args.workers > 1 and not args.report_only:
         # Warm start once, before the workers, so they load it from the cache instead of racing to train it.
         for task in dict.fromkeys(job[-1] for job in jobs):
             load_task(TASKS[task]())
