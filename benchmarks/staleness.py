@@ -332,7 +332,8 @@ def variant_verdict(table, variant: str = "DHPO-E+GSPO-seq-clip", reference: str
     if not {variant, "DHPO-E", reference} <= set(table):
         return ""
     sentences = []
-    for k in sorted(k for k in table["DHPO-E"] if k >= 8 and k in table[variant] and k in table[reference]):
+    rows = (table["DHPO-E"], table[variant], table[reference])
+    for k in sorted(k for k in table["DHPO-E"] if k >= 8 and all(k in r and r[k]["seeds"] >= 2 for r in rows)):
         parts = []
         for measure, name in (("final_accuracy", "final accuracy"), ("auc", "area under the curve")):
             ref = table[reference][k][measure]
