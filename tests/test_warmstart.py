@@ -122,7 +122,7 @@ def test_cache_is_written_once_reused_and_bypassed(tmp_path, monkeypatch):
     assert sorted(p.name for p in cache.iterdir()) == [entry.name]  # no partial folder left behind
     assert json.loads((entry / "config.json").read_text())["hidden_size"] == 16
 
-    def no_training(_):
+    def no_training(_, log=None):
         raise AssertionError("a cached warm start was retrained")
 
     monkeypatch.setattr(warmstart, "warm_start", no_training)
@@ -158,7 +158,7 @@ def test_an_entry_written_meanwhile_by_another_process_is_kept(tmp_path, monkeyp
     entry = tmp_path / f"warmstart-{settings().cache_key()}"
     real_warm_start = warm_start
 
-    def racing_warm_start(s):
+    def racing_warm_start(s, log=None):
         model, tokenizer = real_warm_start(s)
         model.save_pretrained(entry)  # the other process's entry lands while this one trains
         (entry / "written_first.txt").write_text("kept")

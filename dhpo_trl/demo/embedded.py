@@ -335,7 +335,6 @@ def _run(algorithm, seed, max_steps, output_dir, eval_every, num_heldout, cache_
     }  # fmt: skip
     summary = {
         "algorithm": algorithm,
-        "task": settings.task,
         "seed": seed,
         "heldout_accuracy_before": before,
         "heldout_accuracy_after": accuracies[-1][1],
@@ -358,6 +357,7 @@ def _run(algorithm, seed, max_steps, output_dir, eval_every, num_heldout, cache_
         "settings": {**asdict(settings), "max_steps": max_steps, "eval_every": eval_every},
         "config_overrides": config_overrides,
         "commit": source_commit(),
+        "task": settings.task,
     }
     Path(summary["summary_path"]).write_text(json.dumps(summary, indent=2))
     return summary
