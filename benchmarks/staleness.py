@@ -588,18 +588,19 @@ def page_from_json(results: dict) -> str:
 
 
 def plan(args) -> list[tuple]:
-    """Every cell, in the order run: per k (in `--ks` order), every objective with the first seed, the reference
-    task's cells at that k, then the other seeds, so that a study stopped early has whole k's and its first
-    comparison of the spreads early."""
+    """Every cell, in the order run: per k (in `--ks` order), each objective with the first seed followed by its
+    reference-task cells at that k, then the other seeds, so that a study stopped early has whole k's and compares
+    the spreads from its second cell on."""
     jobs = []
     for k in args.ks:
-        cells = [(o, k, s, str(args.out_dir), args.generation_batches, args.eval_every, args.learning_rate, args.task)
-                 for s in args.seeds for o in args.objectives]  # fmt: skip
-        reference = [(o, k, s, str(args.out_dir / "reference-addition"), args.generation_batches, args.eval_every,
-                      args.learning_rate, "addition") for s in args.reference_seeds for o in args.objectives]  # fmt: skip
+        cells = [[(o, k, s, str(args.out_dir), args.generation_batches, args.eval_every, args.learning_rate, args.task)
+                  for o in args.objectives] for s in args.seeds]  # fmt: skip
         # on-policy (k = 1) every ratio is 1 on every task: no reference to compare with
-        first = len(args.objectives)
-        jobs += cells[:first] + (reference if k > 1 else []) + cells[first:]
+        reference = [[(o, k, s, str(args.out_dir / "reference-addition"), args.generation_batches, args.eval_every,
+                       args.learning_rate, "addition") for s in args.reference_seeds] if k > 1 else []
+                     for o in args.objectives]  # fmt: skip
+        jobs += [job for cell, extra in zip(cells[0], reference) for job in (cell, *extra)]
+        jobs += [job for seed_cells in cells[1:] for job in seed_cells]
     return jobs
 
 

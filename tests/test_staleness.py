@@ -248,8 +248,8 @@ def test_long_study_runs_in_plan_order_compares_spreads_and_reports_missing_cell
               "--generation-batches", "2", "--eval-every", "1", "--workers", "1", "--out-dir", str(tmp_path / "out"),
               "--docs-dir", str(tmp_path / "docs")]  # fmt: skip
     assert staleness.main([*common, "--seeds", "0", "1"]) == 0
-    # k = 4 first: the first seed, the two-digit reference at k = 4, the next seed; on-policy k = 1 has no reference
-    assert calls == [("long", "GRPO", 4, 0), ("long", "DHPO-E", 4, 0), ("addition", "GRPO", 4, 0),
+    # k = 4 first: each objective's first seed then its two-digit reference, the next seed; no reference at k = 1
+    assert calls == [("long", "GRPO", 4, 0), ("addition", "GRPO", 4, 0), ("long", "DHPO-E", 4, 0),
                      ("addition", "DHPO-E", 4, 0), ("long", "GRPO", 4, 1), ("long", "DHPO-E", 4, 1),
                      ("long", "GRPO", 1, 0), ("long", "DHPO-E", 1, 0), ("long", "GRPO", 1, 1), ("long", "DHPO-E", 1, 1)]  # fmt: skip
     results = json.loads((tmp_path / "docs" / "long_completions.json").read_text())
