@@ -66,7 +66,8 @@ SPREAD_MEASURES = ("last_step_log_ratio_spread", "last_step_abs_sequence_log_rat
 COLLAPSE_FRACTION = 0.25  # entropy "collapsed": the last tenth of steps below this share of the first step's
 
 
-def cell_settings(k: int, generation_batches: int, eval_every: int, learning_rate: float, task: str = "addition") -> dict:
+def cell_settings(k: int, generation_batches: int, eval_every: int, learning_rate: float,
+                  task: str = "addition") -> dict:  # fmt: skip
     """The `run_embedded` arguments of one cell: `k` optimizer steps per generation batch."""
     settings = dataclasses.replace(TASKS[task](), steps_per_generation=k, learning_rate=learning_rate)
     settings.per_device_train_batch_size()  # early error if k does not divide the generation batch
@@ -126,7 +127,8 @@ def cell_metrics(log_history: list[dict], k: int) -> dict:
 
     def mean_of(*keys, last_steps=False):
         key = next((key for key in keys if any(key in e for e in steps)), None)
-        values = [e[key] for e in steps if key in e and math.isfinite(e[key]) and (not last_steps or e["step"] % k == 0)]
+        values = [e[key] for e in steps
+                  if key in e and math.isfinite(e[key]) and (not last_steps or e["step"] % k == 0)]  # fmt: skip
         return statistics.fmean(values) if values else None
 
     return {

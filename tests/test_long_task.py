@@ -1,5 +1,5 @@
 """The long-completion task (dhpo_trl/demo/long_arithmetic.py, long_task.py): lengths, splits, golds checked by an
-independent evaluation, the reward on the taught scratchpad, and a short run through `python -m dhpo_trl --task long`."""
+independent evaluation, the reward on the taught scratchpad, a short run through `python -m dhpo_trl --task long`."""
 
 import ast
 import dataclasses

@@ -51,7 +51,8 @@ def test_the_pages_state_the_commit_and_machine_their_json_records():
     study = json.loads((STUDY / "results.json").read_text())
     pages = [(staleness["meta"]["commits"], "staleness.md"), (study["commits"], "README.md")]
     if (STUDY / "long_completions.json").exists():
-        pages.append((json.loads((STUDY / "long_completions.json").read_text())["meta"]["commits"], "long_completions.md"))
+        long_meta = json.loads((STUDY / "long_completions.json").read_text())["meta"]
+        pages.append((long_meta["commits"], "long_completions.md"))
     for commits, page in pages:
         assert commits and all(commit not in ("None", "") for commit in commits)
         assert f"at commit {', '.join(commits)}" in (STUDY / page).read_text()

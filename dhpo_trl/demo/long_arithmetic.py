@@ -72,7 +72,9 @@ class LengthSettings:
                 f"1 <= min_steps <= max_steps <= {len(LABELS)} (one letter label per step)."
             )
         if self.median_steps <= 0 or self.sigma < 0:
-            raise ValueError(f"LengthSettings: median_steps={self.median_steps} must be > 0 and sigma={self.sigma} >= 0.")
+            raise ValueError(
+                f"LengthSettings: median_steps={self.median_steps} must be > 0 and sigma={self.sigma} >= 0."
+            )
 
     def draw(self, rng: random.Random) -> int:
         steps = round(math.exp(rng.gauss(math.log(self.median_steps), self.sigma)))
@@ -103,8 +105,11 @@ def generate_chains(count: int, *, seed: int, lengths: LengthSettings = LengthSe
     return problems
 
 
+Splits = tuple[list[ChainProblem], list[ChainProblem]]
+
+
 def make_chain_splits(num_train: int, num_heldout: int, *, seed: int,
-                      lengths: LengthSettings = LengthSettings()) -> tuple[list[ChainProblem], list[ChainProblem]]:  # fmt: skip
+                      lengths: LengthSettings = LengthSettings()) -> Splits:  # fmt: skip
     """Disjoint train and held-out problem lists, deterministic in `seed`."""
     heldout = generate_chains(num_heldout, seed=seed + 1, lengths=lengths)
     train = generate_chains(num_train, seed=seed, lengths=lengths, exclude=set(heldout))
