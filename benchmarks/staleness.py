@@ -1,6 +1,7 @@
 """Staleness study: how each objective copes as the policy drifts further from the one that sampled.
 
     python benchmarks/staleness.py --ks 2 4 8 16 --seeds 0 1 2 --generation-batches 24 --workers 2
+    python benchmarks/staleness.py --task long ...   # long completions: docs/study/long_completions.md has the command
 
 Every cell (objective, k, seed) is `dhpo_trl.demo.embedded.run_embedded` on the warm-started tiny Qwen3 and synthetic
 addition. One generation batch (32 prompts x 8 completions) is split into k optimizer steps (TRL's
@@ -13,17 +14,24 @@ cut, and so how far pi_theta drifts before the next batch is sampled. Held-out a
 Finished cells are kept in `--out-dir/k<k>/<objective>-seed<seed>/summary.json` and reused, so an interrupted sweep
 resumes; a cell saved with other settings is run again. Writes `--docs-dir/staleness.md` (tables and the verdict),
 `staleness.json` (every cell and the aggregates) and two plots.
+
+`--task long` runs the same cells on chained arithmetic with a scratchpad (`dhpo_trl.demo.long_task`, completions of
+30-400 tokens) and writes `long_completions.md` / `.json` instead; `--reference-seeds` adds two-digit-task cells at
+each k > 1 to compare the within-sequence spread of log r against. Cells run per k in `--ks` order, so a study
+stopped early has whole k's; `--report-only` writes the page from the finished cells and names the missing ones.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import itertools
 import json
 import math
 import multiprocessing
 import platform
+import resource
 import statistics
 import sys
 import time
@@ -31,6 +39,9 @@ from pathlib import Path
 
 from dhpo_trl.core.presets import PAPER_ALGORITHMS
 from dhpo_trl.demo.embedded import EmbeddedSettings, load_task, run_embedded
+from dhpo_trl.demo.long_task import LongSettings
+
+TASKS = {"addition": EmbeddedSettings, "long": LongSettings}  # --task: the settings class of each embedded task
 
 OBJECTIVES = ["GRPO", "GSPO", "GMPO", "CISPO", "DHPO-A", "DHPO-E"]
 # Rows beyond the paper's, as (preset, DHPOConfig fields on top). The DHPO presets follow the paper's equations,
@@ -38,6 +49,8 @@ OBJECTIVES = ["GRPO", "GSPO", "GMPO", "CISPO", "DHPO-A", "DHPO-E"]
 # "DHPO-E+GSPO-seq-clip" tests why DHPO-E drifts at high k: its entropy weight puts ~90% on the sequence ratio, whose
 # 0.2/0.28 clip rarely binds; this row gives the sequence branch GSPO's trust region (3e-4 / 4e-4) instead.
 VARIANTS = {
+    # TRL 1.16's SAPO (soft gate instead of a clip, TRL's default temperatures), DHPO's nearest rival.
+    "SAPO": ("GRPO", {"algorithm": "sapo", "epsilon_high": None, "delta": None}),
     "DHPO-E+dual-clip": ("DHPO-E", {"delta": 3.0}),
     "DHPO-E+GSPO-seq-clip": ("DHPO-E", {"epsilon_low_seq": 3e-4, "epsilon_high_seq": 4e-4}),
 }
@@ -49,38 +62,55 @@ CLIP_METRICS = {
     "sequence low": ("dhpo/clip_fraction/sequence_low",),
     "sequence high": ("dhpo/clip_fraction/sequence_high",),
 }
+SPREAD_MEASURES = ("last_step_log_ratio_spread", "last_step_abs_sequence_log_ratio")
 COLLAPSE_FRACTION = 0.25  # entropy "collapsed": the last tenth of steps below this share of the first step's
 
 
-def cell_settings(k: int, generation_batches: int, eval_every: int, learning_rate: float) -> dict:
+def cell_settings(k: int, generation_batches: int, eval_every: int, learning_rate: float,
+                  task: str = "addition") -> dict:  # fmt: skip
     """The `run_embedded` arguments of one cell: `k` optimizer steps per generation batch."""
-    settings = dataclasses.replace(EmbeddedSettings(), steps_per_generation=k, learning_rate=learning_rate)
+    settings = dataclasses.replace(TASKS[task](), steps_per_generation=k, learning_rate=learning_rate)
     settings.per_device_train_batch_size()  # early error if k does not divide the generation batch
     return {"settings": settings, "max_steps": generation_batches * k, "eval_every": eval_every * k}
 
 
+def _cell_dir(job: tuple) -> Path:
+    objective, k, seed, out_dir, *_ = job
+    return Path(out_dir) / f"k{k}" / f"{objective}-seed{seed}"
+
+
 def _saved(job: tuple) -> dict | None:
     """The cell's saved summary if it was run with exactly this job's settings, else None (to run)."""
-    objective, k, seed, out_dir, generation_batches, eval_every, learning_rate = job
-    summary_path = Path(out_dir) / f"k{k}" / f"{objective}-seed{seed}" / "summary.json"
+    objective, k, seed, out_dir, generation_batches, eval_every, learning_rate, task = job
+    summary_path = _cell_dir(job) / "summary.json"
     if not summary_path.exists():
         return None
-    spec = cell_settings(k, generation_batches, eval_every, learning_rate)
+    spec = cell_settings(k, generation_batches, eval_every, learning_rate, task)
     expected = {**dataclasses.asdict(spec["settings"]), "max_steps": spec["max_steps"], "eval_every": spec["eval_every"]}
     summary = json.loads(summary_path.read_text())
-    saved = {**summary["settings"], "digits": tuple(summary["settings"]["digits"])}
     overrides = VARIANTS.get(objective, (objective, {}))[1]
-    return summary if saved == expected and summary.get("config_overrides", {}) == overrides else None
+    same = summary["settings"] == json.loads(json.dumps(expected))  # as saved: tuples read back as lists
+    return summary if same and summary.get("config_overrides", {}) == overrides else None
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and its finished children (user + system)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def _run_cell(job: tuple) -> tuple[tuple, dict, bool]:
-    objective, k, seed, out_dir, generation_batches, eval_every, learning_rate = job
+    objective, k, seed, out_dir, generation_batches, eval_every, learning_rate, task = job
     if (summary := _saved(job)) is not None:
         return (objective, k, seed), summary, True
     preset, overrides = VARIANTS.get(objective, (objective, {}))
-    spec = cell_settings(k, generation_batches, eval_every, learning_rate)
-    run_dir = Path(out_dir) / f"k{k}" / f"{objective}-seed{seed}"
-    summary = run_embedded(preset, seed=seed, output_dir=run_dir, disable_tqdm=True, config_overrides=overrides, **spec)
+    spec = cell_settings(k, generation_batches, eval_every, learning_rate, task)
+    started = _cpu_seconds()
+    summary = run_embedded(preset, seed=seed, output_dir=_cell_dir(job), disable_tqdm=True, config_overrides=overrides,
+                           **spec)  # fmt: skip
+    # Saved with the cell, so that a resumed study still sums the CPU time of every cell.
+    summary["cpu_seconds"] = round(_cpu_seconds() - started, 1)
+    Path(summary["summary_path"]).write_text(json.dumps(summary, indent=2))
     return (objective, k, seed), summary, False
 
 
@@ -95,9 +125,10 @@ def cell_metrics(log_history: list[dict], k: int) -> dict:
     entropy = [e["entropy"] for e in steps]
     tail = entropy[-max(1, len(entropy) // 10) :]
 
-    def mean_of(*keys):
+    def mean_of(*keys, last_steps=False):
         key = next((key for key in keys if any(key in e for e in steps)), None)
-        values = [e[key] for e in steps if key in e and math.isfinite(e[key])]
+        values = [e[key] for e in steps
+                  if key in e and math.isfinite(e[key]) and (not last_steps or e["step"] % k == 0)]  # fmt: skip
         return statistics.fmean(values) if values else None
 
     return {
@@ -108,6 +139,11 @@ def cell_metrics(log_history: list[dict], k: int) -> dict:
         "collapsed": statistics.fmean(tail) < COLLAPSE_FRACTION * entropy[0],
         # How off-policy the updates really were: pi_theta vs pi_old on the last step of each generation batch.
         "last_step_abs_log_ratio": statistics.fmean(e["off_policy/abs_log_ratio"] for e in steps if e["step"] % k == 0),
+        # How far token ratios spread around their sequence ratio (std_t log r_t, mean over sequences) and how far
+        # the sequence ratio itself moved (|log s|), on the same last steps; None in logs written without them.
+        "last_step_log_ratio_spread": mean_of("off_policy/log_ratio_spread", last_steps=True),
+        "last_step_abs_sequence_log_ratio": mean_of("off_policy/abs_sequence_log_ratio", last_steps=True),
+        "completion_length": mean_of("completions/mean_length"),
         "clip": {branch: mean_of(*keys) for branch, keys in CLIP_METRICS.items()},
         "mixing_weight_mean": mean_of("dhpo/mixing_weight/mean"),
         "mixing_weight_std": mean_of("dhpo/mixing_weight/std"),
@@ -126,8 +162,8 @@ def aggregate(cells: dict[tuple, dict]) -> dict[str, dict[int, dict]]:
         runs = [cells[key] for key in group]
         row = {"seeds": len(runs), "collapsed": sum(r["collapsed"] for r in runs)}
         for name in ("final_accuracy", "peak_accuracy", "auc", "end_entropy", "last_step_abs_log_ratio",
-                     "mixing_weight_mean", "mixing_weight_std"):  # fmt: skip
-            values = [r[name] for r in runs if r[name] is not None]
+                     "mixing_weight_mean", "mixing_weight_std", "completion_length", *SPREAD_MEASURES):  # fmt: skip
+            values = [r[name] for r in runs if r.get(name) is not None]
             row[name] = _mean_std(values) if values else None
         row["clip"] = {b: (_mean_std(v) if (v := [r["clip"][b] for r in runs if r["clip"][b] is not None]) else None)
                        for b in CLIP_METRICS}  # fmt: skip
@@ -141,6 +177,9 @@ def separations(table: dict[str, dict[int, dict]], measure: str = "final_accurac
     for k in sorted({k for rows in table.values() for k in rows}):
         pairs = []
         for a, b in itertools.permutations(table, 2):
+            # a row needs two seeds to have a noise; a study stopped early may lack a row at this k
+            if any(k not in table[o] or table[o][k]["seeds"] < 2 for o in (a, b)):
+                continue
             (ma, sa), (mb, sb) = table[a][k][measure], table[b][k][measure]
             threshold = 2 * max(sa, sb)
             if ma - mb > threshold:
@@ -295,7 +334,8 @@ def variant_verdict(table, variant: str = "DHPO-E+GSPO-seq-clip", reference: str
     if not {variant, "DHPO-E", reference} <= set(table):
         return ""
     sentences = []
-    for k in sorted(k for k in table["DHPO-E"] if k >= 8 and k in table[variant] and k in table[reference]):
+    rows = (table["DHPO-E"], table[variant], table[reference])
+    for k in sorted(k for k in table["DHPO-E"] if k >= 8 and all(k in r and r[k]["seeds"] >= 2 for r in rows)):
         parts = []
         for measure, name in (("final_accuracy", "final accuracy"), ("auc", "area under the curve")):
             ref = table[reference][k][measure]
@@ -347,7 +387,7 @@ def verdict(table) -> str:
     return "\n\n".join(sentences)
 
 
-def plot(table, out_dir: Path) -> None:
+def plot(table, out_dir: Path, name: str = "staleness_accuracy.png") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -365,11 +405,11 @@ def plot(table, out_dir: Path) -> None:
     axis.legend()
     axis.grid(alpha=0.3)
     figure.tight_layout()
-    figure.savefig(out_dir / "staleness_accuracy.png", dpi=100)
+    figure.savefig(out_dir / name, dpi=100)
     plt.close(figure)
 
 
-def plot_curves(cells: dict[tuple, dict], k: int, out_dir: Path) -> None:
+def plot_curves(cells: dict[tuple, dict], k: int, out_dir: Path, name: str = "staleness_curves.png") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -385,63 +425,260 @@ def plot_curves(cells: dict[tuple, dict], k: int, out_dir: Path) -> None:
     axis.legend()
     axis.grid(alpha=0.3)
     figure.tight_layout()
-    figure.savefig(out_dir / "staleness_curves.png", dpi=100)
+    figure.savefig(out_dir / name, dpi=100)
     plt.close(figure)
 
 
+def long_meta(args, summaries: dict[tuple, dict], missing: list[tuple]) -> dict:
+    """What the long-completion page states beyond the staleness page: the task, the lengths it teaches, the CPU
+    time of every cell, the reference cells' settings and the cells not yet run."""
+    from dhpo_trl.demo.long_arithmetic import make_chain_splits
+    from dhpo_trl.demo.tiny import build_char_tokenizer
+
+    settings = TASKS[args.task]()
+    _, heldout = make_chain_splits(settings.num_train, settings.num_heldout, seed=0, lengths=settings.lengths())
+    tokenizer = build_char_tokenizer()
+    lengths = sorted(len(tokenizer(p.target_completion())["input_ids"]) + 1 for p in heldout)  # + end of text
+    cpu = [s["cpu_seconds"] for s in summaries.values() if "cpu_seconds" in s]
+    return {
+        "task": args.task,
+        "settings": dataclasses.asdict(settings),
+        "taught_lengths": {"min": lengths[0], "median": statistics.median(lengths),
+                           "p90": lengths[int(0.9 * (len(lengths) - 1))], "max": lengths[-1]},  # fmt: skip
+        "cpu_minutes": sum(cpu) / 60,
+        "cells_without_cpu_time": len(summaries) - len(cpu),
+        "reference": {"task": "addition", "seeds": args.reference_seeds, "generation_batches": args.generation_batches},
+        "missing": [f"{task} {o} k={k} seed {seed}" for o, k, seed, *_, task in missing],
+    }
+
+
+def spread_comparison(table, reference) -> list[str]:
+    """Per objective and k > 1: the within-sequence spread of log r on this task, on the two-digit task, and their
+    ratio; then mean |log s| the same way."""
+    ks = sorted({k for rows in table.values() for k in rows if k > 1})
+    lines = []
+    for measure, title in (("last_step_log_ratio_spread", "Within-sequence spread of the token log-ratio, mean over "
+                            "sequences of std_t log r_t"), ("last_step_abs_sequence_log_ratio", "Sequence log-ratio, "
+                            "mean over sequences of |log s|")):  # fmt: skip
+        lines += [f"**{title}, on the last step of each generation batch: this task / two-digit task (ratio)**", "",
+                  "| objective | " + " | ".join(f"k = {k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]  # fmt: skip
+        for objective, rows in table.items():
+            cells = []
+            for k in ks:
+                here = rows.get(k, {}).get(measure)
+                there = reference.get(objective, {}).get(k, {}).get(measure)
+                if here is None:
+                    cells.append("—")
+                elif there is None or there[0] == 0:
+                    cells.append(f"{here[0]:.4f} / —")
+                else:
+                    cells.append(f"{here[0]:.4f} / {there[0]:.4f} ({here[0] / there[0]:.1f}x)")
+            lines.append(f"| {objective} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
+
+
+def dhpo_answer(table, rows=("DHPO-E", "DHPO-A"), rivals=("GRPO", "GSPO", "SAPO")) -> str:
+    """Whether a DHPO row beats GRPO, GSPO or SAPO by more than twice the seed noise, per measure and k."""
+    sentences = []
+    for measure, name in (("final_accuracy", "final accuracy"), ("auc", "area under the accuracy curve")):
+        wins, losses, compared = [], [], set()
+        for k, pairs in separations(table, measure).items():
+            compared.add(k)
+            for better, worse, gap, threshold in pairs:
+                if better in rows and worse in rivals:
+                    wins.append(f"{better} > {worse} at k = {k} by {gap:.1%} (2 std = {threshold:.1%})")
+                if worse in rows and better in rivals:
+                    losses.append(f"{better} > {worse} at k = {k} by {gap:.1%} (2 std = {threshold:.1%})")
+        sentences.append(
+            f"On {name}, " + (f"DHPO beats a rival: {'; '.join(wins)}" if wins else
+                              f"no DHPO row beats {', '.join(rivals)} by more than twice the seed noise at any k")
+            + (f"; a rival beats DHPO: {'; '.join(losses)}" if losses else "; no rival beats DHPO by that margin")
+            + "."
+        )  # fmt: skip
+    return " ".join(sentences)
+
+
+def long_markdown(table, meta: dict, reference) -> str:
+    ks = sorted({k for rows in table.values() for k in rows})
+    head = "| objective | " + " | ".join(f"k = {k}" for k in ks) + " |"
+    rule = "|---|" + "---|" * len(ks)
+    settings, lengths = meta["settings"], meta["taught_lengths"]
+
+    def grid(title, render):
+        return [f"**{title}**", "", head, rule] + [
+            f"| {o} | " + " | ".join(render(table[o][k]) if k in table[o] else "—" for k in ks) + " |" for o in table
+        ] + [""]  # fmt: skip
+
+    seeds = sorted({row["seeds"] for rows in table.values() for row in rows.values()})
+    lines = [
+        "# Long completions: where the objectives can differ",
+        "",
+        "**Small-scale study on an embedded CPU task, not the paper's experiment.** The task (`python -m dhpo_trl "
+        "--task long`, dhpo_trl/demo/long_task.py): a start (0-99) and a step (1-9) added 2 to 26 times, worked "
+        "through in a written scratchpad, one fixed-width line per addition with the running total, the final total "
+        "boxed; reward "
+        f"1/0 from math-verify on the boxed answer. The taught completions run from {lengths['min']} to "
+        f"{lengths['max']} tokens (median {lengths['median']:g}, 90th percentile {lengths['p90']}); sampled ones are "
+        f"capped at {meta['max_completion_length']}. Policy: a tiny Qwen3 ({meta['parameters']:,} parameters, "
+        f"{settings['num_layers']} layers, hidden size {settings['hidden_size']}) warm-started by supervised steps "
+        "until it writes the whole scratchpad right for "
+        f"{settings['warmup_target_accuracy']:.0%} of 100 training problems. Each generation batch "
+        f"({settings['prompts_per_generation']} prompts x {settings['num_generations']} completions) is split into k "
+        "optimizer steps, every completion used once; k = 1 is on-policy, where DHPO's ratios are all 1 and it "
+        f"differs from GRPO / GSPO only in aggregation. Same prompts, learning rate ({meta['learning_rate']:g}) and "
+        f"{meta['generation_batches']} generation batches in every cell; held-out accuracy (greedy, "
+        f"{meta['num_heldout']} problems) every {meta['eval_every']} generation batches. Mean ± sample std over "
+        f"{' or '.join(map(str, seeds))} seeds per cell. Produced on {meta['machine']} "
+        f"({meta['cpu_minutes']:.0f} CPU minutes summed over the cells, two-digit reference cells included), with "
+        f"the code at commit {', '.join(meta['commits'])}, by:",
+        "",
+        "```bash",
+        meta["command"],
+        "```",
+        "",
+    ]
+    if meta["missing"]:
+        lines += [f"**Incomplete: {len(meta['missing'])} cells of the command are not run yet** "
+                  f"({', '.join(meta['missing'])}). Finished cells are kept: the command above runs the missing "
+                  "ones, and the same command with `--report-only` rewrites this page from the finished ones.", ""]  # fmt: skip
+    lines += ["## Do the ratios differ here?", ""]
+    lines += spread_comparison(table, reference)
+    lines += [f"The two-digit reference cells are the staleness study's task (completions of at most 12 tokens) "
+              f"with seeds {meta['reference']['seeds']} and this study's learning rate, generation batches, k and "
+              "objectives.", ""]  # fmt: skip
+    lines += ["## Accuracy", ""]
+    lines += grid("Final held-out accuracy", lambda c: _fmt(c["final_accuracy"]))
+    lines += grid("Area under the accuracy curve (mean accuracy over the run)", lambda c: _fmt(c["auc"]))
+    lines += grid("Mean |log π_θ/π_old| per token on the last step of each generation batch",
+                  lambda c: _fmt(c["last_step_abs_log_ratio"], percent=False))  # fmt: skip
+    lines += grid("Clip fractions per branch, token low / token high / sequence low / sequence high (CISPO: capped "
+                  "share of A > 0 tokens, as token high)",
+                  lambda c: " / ".join("—" if v is None else f"{v[0]:.3f}" for v in c["clip"].values()))  # fmt: skip
+    lines += grid("DHPO mixing weight w on the token ratio (token mean)",
+                  lambda c: _fmt(c["mixing_weight_mean"], percent=False))  # fmt: skip
+    lines += grid("Mean sampled completion length (tokens)", lambda c: _fmt(c["completion_length"], False, 0))
+    lines += ["![final accuracy against k](long_completions_accuracy.png) "
+              f"![held-out accuracy curves at k = {ks[-1]}](long_completions_curves.png)", ""]  # fmt: skip
+    lines += ["## Does DHPO beat GRPO, GSPO or SAPO?", "", dhpo_answer(table), "", verdict(table), ""]
+    if text := variant_verdict(table):
+        lines += ["## Does a tighter sequence clip change DHPO-E?", "", text, ""]
+    lines += LONG_AT_SCALE.splitlines()
+    return "\n".join(lines)
+
+
+LONG_AT_SCALE = """## What this scale cannot show
+
+A policy of a few hundred thousand parameters on a task it partly solves after minutes of supervised training: the
+completions are long, but each token is nearly determined by the ones before it (a copy, a one-digit sum), so most
+token ratios stay close to 1 and the trust regions bind on few tokens. Few seeds and a 100-problem held-out set
+make the seed noise several points, more than the 3-point differences the paper reports. Reasoning traces of a 1.7B+ model, with
+real uncertainty at many positions, hard problems where most groups score 0, and thousands of tokens per answer,
+are the regime of the paper's claims; docs/study/staleness.md gives the command for that sweep on the paper's
+recipe.
+"""
+
+
 def page_from_json(results: dict) -> str:
-    """The page `staleness.md` for the saved `staleness.json` (JSON turns the k keys into strings)."""
-    table = {o: {int(k): row for k, row in rows.items()} for o, rows in results["aggregate"].items()}
-    return markdown(table, results["meta"])
+    """The page (`staleness.md` or `long_completions.md`) for its saved JSON (JSON turns the k keys into strings)."""
+    def keyed(aggregate):
+        return {o: {int(k): row for k, row in rows.items()} for o, rows in aggregate.items()}
+
+    if results["meta"].get("task", "addition") == "addition":
+        return markdown(keyed(results["aggregate"]), results["meta"])
+    return long_markdown(keyed(results["aggregate"]), results["meta"], keyed(results["reference"]))
+
+
+def plan(args) -> list[tuple]:
+    """Every cell, in the order run: per k (in `--ks` order), each objective with the first seed followed by its
+    reference-task cells at that k, then the other seeds, so that a study stopped early has whole k's and compares
+    the spreads from its second cell on."""
+    jobs = []
+    for k in args.ks:
+        cells = [[(o, k, s, str(args.out_dir), args.generation_batches, args.eval_every, args.learning_rate, args.task)
+                  for o in args.objectives] for s in args.seeds]  # fmt: skip
+        # on-policy (k = 1) every ratio is 1 on every task: no reference to compare with
+        reference = [[(o, k, s, str(args.out_dir / "reference-addition"), args.generation_batches, args.eval_every,
+                       args.learning_rate, "addition") for s in args.reference_seeds] if k > 1 else []
+                     for o in args.objectives]  # fmt: skip
+        jobs += [job for cell, extra in zip(cells[0], reference) for job in (cell, *extra)]
+        jobs += [job for seed_cells in cells[1:] for job in seed_cells]
+    return jobs
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", default="addition", choices=list(TASKS),
+                        help="addition: two-digit sums (docs/study/staleness.md); long: chained arithmetic with a "
+                             "scratchpad, completions of 30-400 tokens (docs/study/long_completions.md)")  # fmt: skip
     parser.add_argument("--objectives", nargs="+", default=OBJECTIVES, choices=[*PAPER_ALGORITHMS, *VARIANTS])
     parser.add_argument("--ks", nargs="+", type=int, default=[2, 4, 8, 16], help="optimizer steps per generation batch")
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--reference-seeds", nargs="*", type=int, default=[],
+                        help="--task long: seeds of two-digit-task cells at each k > 1, run with the study's "
+                             "learning rate and generation batches, to compare the within-sequence spread of log r "
+                             "against")  # fmt: skip
     parser.add_argument("--generation-batches", type=int, default=24, help="generation batches per cell")
     parser.add_argument("--eval-every", type=int, default=4, help="held-out evaluation every this many generation batches")
-    parser.add_argument("--learning-rate", type=float, default=EmbeddedSettings.learning_rate)
+    parser.add_argument("--learning-rate", type=float, default=None, help="(default: the task's)")
     parser.add_argument("--workers", type=int, default=2, help="cells in parallel (one torch thread each)")
-    parser.add_argument("--out-dir", type=Path, default=Path("outputs/staleness"))
+    parser.add_argument("--out-dir", type=Path, default=None, help="(default outputs/staleness, or outputs/long_completions)")
     parser.add_argument("--docs-dir", type=Path, default=Path("docs/study"))
+    parser.add_argument("--report-only", action="store_true",
+                        help="run nothing: write the page from the cells already saved, naming the missing ones")  # fmt: skip
     args = parser.parse_args(argv)
     for name in ("generation_batches", "eval_every", "workers"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.reference_seeds and args.task == "addition":
+        parser.error("--reference-seeds compares another task with the two-digit one: use it with --task long")
+    args.learning_rate = TASKS[args.task].learning_rate if args.learning_rate is None else args.learning_rate
+    args.out_dir = args.out_dir or Path("outputs/staleness" if args.task == "addition" else "outputs/long_completions")
     for k in args.ks:  # every k must split the generation batch before anything runs
         try:
-            cell_settings(k, args.generation_batches, args.eval_every, args.learning_rate)
+            cell_settings(k, args.generation_batches, args.eval_every, args.learning_rate, args.task)
         except ValueError as error:
             parser.error(f"--ks {k}: {error}")
 
     started = time.perf_counter()
-    # Warm start once, before the workers, so they load it from the cache instead of racing to train it.
-    load_task(EmbeddedSettings())
-    jobs = [(o, k, s, str(args.out_dir), args.generation_batches, args.eval_every, args.learning_rate)
-            for s in args.seeds for k in args.ks for o in args.objectives]  # fmt: skip
-    to_run = sum(_saved(job) is None for job in jobs)
-    print(f"[staleness] {len(jobs)} cells, {len(jobs) - to_run} saved, {to_run} to run", flush=True)
+    jobs = plan(args)
+    saved = [job for job in jobs if _saved(job) is not None]
+    print(f"[staleness] {len(jobs)} cells, {len(saved)} saved, {len(jobs) - len(saved)} to run", flush=True)
+    if args.report_only:
+        if not saved:
+            parser.error(f"--report-only: no finished cell in {args.out_dir}")
+        missing, jobs = [job for job in jobs if job not in saved], saved
+    else:
+        missing = []
+    if args.workers > 1 and not args.report_only:
+        # Warm start once, before the workers, so they load it from the cache instead of racing to train it.
+        for task in dict.fromkeys(job[-1] for job in jobs):
+            load_task(TASKS[task]())
     summaries, ran = {}, 0
-    with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
-        for done, (key, summary, reused) in enumerate(pool.imap_unordered(_run_cell, jobs), start=1):
-            summaries[key] = summary
+    # One worker runs the cells in this process, in plan order; more run them in a pool of spawned processes.
+    pool = multiprocessing.get_context("spawn").Pool(args.workers) if args.workers > 1 else None
+    with pool or contextlib.nullcontext():
+        for done, (key, summary, reused) in enumerate((pool.imap_unordered if pool else map)(_run_cell, jobs), start=1):
+            summaries[key + (summary.get("task", "addition"),)] = summary
             elapsed = time.perf_counter() - started
             ran += not reused
-            eta = f"{elapsed / ran * (to_run - ran) / 60:.0f} min left" if ran else "resumed"
-            print(f"[staleness] {done}/{len(jobs)} {key[0]} k={key[1]} seed {key[2]}: "
+            eta = f"{elapsed / ran * (len(jobs) - len(saved) - ran) / 60:.0f} min left" if ran else "resumed"
+            print(f"[staleness] {done}/{len(jobs)} {summary.get('task', 'addition')} {key[0]} k={key[1]} seed {key[2]}: "
                   f"{summary['heldout_accuracy_before']:.1%} -> {summary['heldout_accuracy_after']:.1%}"
                   f"{' (saved)' if reused else ' in %.0fs' % summary['train_seconds']}; {eta}", flush=True)  # fmt: skip
     cells = {key: cell_metrics(json.loads(Path(s["log_history_path"]).read_text())["log_history"], key[1])
              for key, s in summaries.items()}  # fmt: skip
-    table = {o: rows for o, rows in aggregate(cells).items()}
+    main_cells = {key[:3]: c for key, c in cells.items() if key[3] == args.task}
+    reference_cells = {key[:3]: c for key, c in cells.items() if key[3] != args.task}
+    table = aggregate(main_cells)
     table = {o: table[o] for o in args.objectives if o in table}
-    any_summary = next(iter(summaries.values()))
+    main_summaries = [s for key, s in summaries.items() if key[3] == args.task]
+    any_summary = main_summaries[0]
+    argv_text = " ".join(argv if argv is not None else sys.argv[1:])
     meta = {
-        "command": "python benchmarks/staleness.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python benchmarks/staleness.py " + argv_text.replace(" --report-only", ""),
         "machine": f"{platform.machine()} CPU, {multiprocessing.cpu_count()} cores, {args.workers} workers",
-        "cell_minutes": sum(s["wall_seconds"] for s in summaries.values()) / 60,
+        "cell_minutes": sum(s["wall_seconds"] for s in main_summaries) / 60,
         "seeds": len(args.seeds),
         "generation_batches": args.generation_batches,
         "eval_every": args.eval_every,
@@ -449,16 +686,23 @@ def main(argv: list[str] | None = None) -> int:
         "num_heldout": any_summary["num_heldout"],
         "max_completion_length": any_summary["settings"]["max_completion_length"],
         "parameters": any_summary.get("parameters", 0),
-        "commits": sorted({str(s.get("commit")) for s in summaries.values()}),
+        "commits": sorted({str(s.get("commit")) for s in main_summaries}),
     }
+    name = "staleness"
+    if args.task != "addition":
+        name = "long_completions"
+        meta.update(long_meta(args, summaries, missing))
     args.docs_dir.mkdir(parents=True, exist_ok=True)
-    plot(table, args.docs_dir)
-    plot_curves(cells, max(args.ks), args.docs_dir)
-    cell_rows = [{"objective": o, "k": k, "seed": s, **{n: v for n, v in c.items()}} for (o, k, s), c in cells.items()]
-    (args.docs_dir / "staleness.json").write_text(json.dumps({"meta": meta, "aggregate": table, "cells": cell_rows}, indent=1))
+    plot(table, args.docs_dir, f"{name}_accuracy.png")
+    plot_curves(main_cells, max(k for _, k, _ in main_cells), args.docs_dir, f"{name}_curves.png")
+    cell_rows = [{"objective": o, "k": k, "seed": s, "task": t, **c} for (o, k, s, t), c in cells.items()]
+    results = {"meta": meta, "aggregate": table, "cells": cell_rows}
+    if args.task != "addition":
+        results["reference"] = {o: rows for o, rows in aggregate(reference_cells).items()}
+    (args.docs_dir / f"{name}.json").write_text(json.dumps(results, indent=1))
     # The page is written from the JSON just saved, so every figure on it is the JSON's (tests/test_study_pages.py).
-    (args.docs_dir / "staleness.md").write_text(page_from_json(json.loads((args.docs_dir / "staleness.json").read_text())))
-    print((args.docs_dir / "staleness.md").read_text())
+    (args.docs_dir / f"{name}.md").write_text(page_from_json(json.loads((args.docs_dir / f"{name}.json").read_text())))
+    print((args.docs_dir / f"{name}.md").read_text())
     return 0
 
 

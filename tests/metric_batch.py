@@ -12,6 +12,7 @@ Used by tests/test_metrics.py (one process) and tests/dist_scripts/metrics_distr
 from __future__ import annotations
 
 import math
+import statistics
 
 import torch
 
@@ -136,6 +137,9 @@ def expected_metrics(
     metrics = {"entropy": mean([entropies[k] for k in tokens])}
     # How far pi_theta is from pi_old, for every objective: the token mean of |log r|.
     metrics["off_policy/abs_log_ratio"] = mean([abs(LOG_RATIOS[r][t]) for r, t in tokens])
+    # ... and per sequence: the spread of its token log-ratios (population std) and |its mean|, over sequences.
+    metrics["off_policy/log_ratio_spread"] = mean([statistics.pstdev(LOG_RATIOS[r]) for r in sequences])
+    metrics["off_policy/abs_sequence_log_ratio"] = mean([abs(mean(LOG_RATIOS[r])) for r in sequences])
     if algorithm == "gmpo":
         low, high = -GMPO_EPSILONS["gmpo_epsilon_low"], GMPO_EPSILONS["gmpo_epsilon_high"]
         clipped, sequence_ratio = set(), {}

@@ -318,6 +318,7 @@ def test_run_builds_the_off_policy_config_and_writes_every_output(fake_run, tmp_
         "settings": {**json.loads(json.dumps(settings.__dict__)), "max_steps": 2, "eval_every": 7},
         "config_overrides": {"delta": 3.0},
         "commit": "abc1234567",
+        "task": "addition",
     }  # fmt: skip
     assert json.loads(json.dumps(summary)) == expected
     text = (out / "summary.json").read_text()
@@ -398,7 +399,7 @@ def test_command_line_options_reach_the_run_and_the_summary(monkeypatch, tmp_pat
     assert embedded.main(["--algorithm", "GMPO", "--seed", "3", "--max-steps", "7", "--output-dir", str(out),
                           "--eval-every", "2", "--num-heldout", "9", "--cache-dir", str(cache)]) == 0  # fmt: skip
     assert runs == [(("GMPO", 3, 7, str(out)),
-                     dict(eval_every=2, num_heldout=9, cache_dir=str(cache), use_cache=True))]  # fmt: skip
+                     dict(eval_every=2, num_heldout=9, cache_dir=str(cache), use_cache=True, settings=None))]  # fmt: skip
     assert printed == [{"s": 1}]
     assert out.is_dir() and cache.is_dir()  # made at start, so a bad path fails before the warm start
     assert os.environ["HF_HUB_OFFLINE"] == "1"
@@ -407,7 +408,7 @@ def test_command_line_options_reach_the_run_and_the_summary(monkeypatch, tmp_pat
     other = tmp_path / "unused-cache"
     assert embedded.main(["--output-dir", str(tmp_path / "q"), "--cache-dir", str(other), "--no-cache"]) == 0
     assert runs == [(("DHPO-E", 0, None, str(tmp_path / "q")),
-                     dict(eval_every=None, num_heldout=None, cache_dir=str(other), use_cache=False))]  # fmt: skip
+                     dict(eval_every=None, num_heldout=None, cache_dir=str(other), use_cache=False, settings=None))]  # fmt: skip
     assert not other.exists()  # --no-cache saves nothing, so its folder is not made
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # the user's own setting is kept
@@ -418,7 +419,7 @@ def test_command_line_options_reach_the_run_and_the_summary(monkeypatch, tmp_pat
     monkeypatch.chdir(tmp_path)
     assert embedded.main([]) == 0
     assert runs == [(("DHPO-E", 0, None, "outputs/embedded"),
-                     dict(eval_every=None, num_heldout=None, cache_dir=None, use_cache=True))]  # fmt: skip
+                     dict(eval_every=None, num_heldout=None, cache_dir=None, use_cache=True, settings=None))]  # fmt: skip
     assert (tmp_path / "outputs" / "embedded").is_dir()
 
 

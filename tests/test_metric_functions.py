@@ -116,3 +116,21 @@ def test_one_token_shares_divide_by_one():
     assert out == {"cispo_clip_ratio": 1.0}
     sums, _ = metrics.reduce_across(metrics.padding_sums(1, 1), {}, metrics.local_all_reduce)
     assert metrics.padding_fraction(sums) == 0.0
+
+
+def test_within_sequence_spread_and_sequence_log_ratio_against_statistics():
+    """std_t log r and |mean_t log r| per sequence, averaged over the sequences with a valid token; padding (9.0
+    here) and the empty row count nowhere."""
+    import statistics
+
+    rows = [[0.1, -0.3, 0.5], [0.2, -0.6], []]
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    log_ratio = torch.tensor([[0.1, -0.3, 0.5], [0.2, -0.6, 9.0], [9.0, 9.0, 9.0]])
+    info = {"abs_log_ratio": log_ratio.abs(), "log_ratio": log_ratio}
+    sums, maxima = metrics.loss_sums(info, torch.zeros(3, 3), mask, None, None)
+    out = metrics.loss_metrics(*metrics.reduce_across(sums, maxima, metrics.local_all_reduce), None)
+    present = [r for r in rows if r]
+    assert out["off_policy/log_ratio_spread"] == pytest.approx(statistics.fmean(statistics.pstdev(r) for r in present))
+    assert out["off_policy/abs_sequence_log_ratio"] == pytest.approx(
+        statistics.fmean(abs(statistics.fmean(r)) for r in present)
+    )

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from dhpo_trl.demo.embedded import EmbeddedSettings, memoized_reward
+from dhpo_trl.demo.long_task import LongSettings
 
 SPEC = importlib.util.spec_from_file_location("staleness", Path(__file__).parents[1] / "benchmarks" / "staleness.py")
 staleness = importlib.util.module_from_spec(SPEC)
@@ -163,21 +164,28 @@ def test_saved_cells_are_reused_only_when_their_settings_match(monkeypatch, tmp_
     def fake_run(objective, seed, output_dir, disable_tqdm, settings, max_steps, eval_every, config_overrides):
         calls.append((objective, seed, settings.steps_per_generation, config_overrides))
         summary = {"settings": {**dataclasses.asdict(settings), "max_steps": max_steps, "eval_every": eval_every},
-                   "config_overrides": config_overrides}  # fmt: skip
+                   "config_overrides": config_overrides, "summary_path": str(Path(output_dir) / "summary.json")}  # fmt: skip
         Path(output_dir).mkdir(parents=True, exist_ok=True)
         (Path(output_dir) / "summary.json").write_text(json.dumps(summary))
         return summary
 
     monkeypatch.setattr(staleness, "run_embedded", fake_run)
-    job = ("GRPO", 4, 1, str(tmp_path), 24, 4, 2e-4)
+    job = ("GRPO", 4, 1, str(tmp_path), 24, 4, 2e-4, "addition")
     assert staleness._run_cell(job)[2] is False and calls == [("GRPO", 1, 4, {})]
     assert staleness._run_cell(job)[2] is True and len(calls) == 1  # resumed from summary.json
-    changed = ("GRPO", 4, 1, str(tmp_path), 12, 4, 2e-4)  # other number of generation batches: stale, rerun
+    changed = ("GRPO", 4, 1, str(tmp_path), 12, 4, 2e-4, "addition")  # other number of generation batches: stale, rerun
     assert staleness._run_cell(changed)[2] is False and len(calls) == 2
-    variant = ("DHPO-E+dual-clip", 4, 1, str(tmp_path), 24, 4, 2e-4)  # the DHPO-E preset with delta = 3
+    variant = ("DHPO-E+dual-clip", 4, 1, str(tmp_path), 24, 4, 2e-4, "addition")  # the DHPO-E preset with delta = 3
     assert staleness._run_cell(variant)[0] == ("DHPO-E+dual-clip", 4, 1)
     assert calls[-1] == ("DHPO-E", 1, 4, {"delta": 3.0})
     assert (tmp_path / "k4" / "DHPO-E+dual-clip-seed1" / "summary.json").is_file()
+    saved = json.loads((tmp_path / "k4" / "GRPO-seed1" / "summary.json").read_text())
+    assert saved["cpu_seconds"] >= 0  # recorded with the cell, so that a resumed study still sums it
+    # the long task's settings (nested lengths, no digits) resume the same way; a changed task setting reruns
+    long_job = ("GRPO", 4, 1, str(tmp_path / "long"), 2, 1, 2e-4, "long")
+    assert staleness._run_cell(long_job)[2] is False and staleness._run_cell(long_job)[2] is True
+    monkeypatch.setitem(staleness.TASKS, "long", lambda: dataclasses.replace(LongSettings(), median_steps=5.0))
+    assert staleness._run_cell(long_job)[2] is False and calls[-1][2] == 4
 
 
 def test_memoized_reward_scores_like_the_reward_and_calls_it_once_per_pair():
@@ -208,3 +216,59 @@ def test_config_overrides_reach_the_config_before_the_warm_start(monkeypatch, tm
         embedded.run_embedded("DHPO-E", output_dir=tmp_path, config_overrides={"delta": 0.5})
     with pytest.raises(ValueError, match=r"config_overrides=\['learning_rate'\] are set by the embedded run"):
         embedded.run_embedded("DHPO-E", output_dir=tmp_path, config_overrides={"learning_rate": 1.0})
+
+
+def _fake_cells(monkeypatch, calls):
+    """`run_embedded` replaced by a writer of a summary and a hand-made log history (no training)."""
+
+    def fake_run(objective, seed, output_dir, disable_tqdm, settings, max_steps, eval_every, config_overrides):
+        calls.append((settings.task, objective, settings.steps_per_generation, seed))
+        out = Path(output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        spread = {"off_policy/log_ratio_spread": 0.03 if settings.task == "long" else 0.01,
+                  "off_policy/abs_sequence_log_ratio": 0.002}  # fmt: skip
+        log = [{**e, **spread} if "loss" in e else e for e in history()]
+        (out / "trainer_state.json").write_text(json.dumps({"log_history": log}))
+        summary = {"task": settings.task, "settings": {**dataclasses.asdict(settings), "max_steps": max_steps,
+                   "eval_every": eval_every}, "config_overrides": config_overrides, "heldout_accuracy_before": 0.2,
+                   "heldout_accuracy_after": 0.4, "train_seconds": 1.0, "wall_seconds": 2.0, "num_heldout": 4,
+                   "parameters": 10, "commit": "abc", "log_history_path": str(out / "trainer_state.json"),
+                   "summary_path": str(out / "summary.json")}  # fmt: skip
+        (out / "summary.json").write_text(json.dumps(summary))
+        return summary
+
+    monkeypatch.setattr(staleness, "run_embedded", fake_run)
+    monkeypatch.setattr(staleness, "load_task", lambda settings: None)
+
+
+def test_long_study_runs_in_plan_order_compares_spreads_and_reports_missing_cells(monkeypatch, tmp_path):
+    calls = []
+    _fake_cells(monkeypatch, calls)
+    common = ["--task", "long", "--objectives", "GRPO", "DHPO-E", "--ks", "4", "1", "--reference-seeds", "0",
+              "--generation-batches", "2", "--eval-every", "1", "--workers", "1", "--out-dir", str(tmp_path / "out"),
+              "--docs-dir", str(tmp_path / "docs")]  # fmt: skip
+    assert staleness.main([*common, "--seeds", "0", "1"]) == 0
+    # k = 4 first: each objective's first seed then its two-digit reference, the next seed; no reference at k = 1
+    assert calls == [("long", "GRPO", 4, 0), ("addition", "GRPO", 4, 0), ("long", "DHPO-E", 4, 0),
+                     ("addition", "DHPO-E", 4, 0), ("long", "GRPO", 4, 1), ("long", "DHPO-E", 4, 1),
+                     ("long", "GRPO", 1, 0), ("long", "DHPO-E", 1, 0), ("long", "GRPO", 1, 1), ("long", "DHPO-E", 1, 1)]  # fmt: skip
+    results = json.loads((tmp_path / "docs" / "long_completions.json").read_text())
+    assert results["meta"]["missing"] == [] and results["meta"]["task"] == "long"
+    page = (tmp_path / "docs" / "long_completions.md").read_text()
+    assert page == staleness.page_from_json(results) and "Incomplete" not in page
+    assert "| GRPO | 0.0300 / 0.0100 (3.0x) |" in page  # k = 4 only: on-policy k = 1 is no column of the comparison
+    assert (tmp_path / "docs" / "long_completions_accuracy.png").is_file()
+
+    # a third seed, reported before it runs: nothing runs, the page names the missing cells and the resume command
+    assert staleness.main([*common, "--seeds", "0", "1", "2", "--report-only"]) == 0 and len(calls) == 10
+    results = json.loads((tmp_path / "docs" / "long_completions.json").read_text())
+    assert results["meta"]["missing"] == ["long GRPO k=4 seed 2", "long DHPO-E k=4 seed 2", "long GRPO k=1 seed 2",
+                                          "long DHPO-E k=1 seed 2"]  # fmt: skip
+    page = (tmp_path / "docs" / "long_completions.md").read_text()
+    assert "Incomplete: 4 cells" in page and "--report-only" not in results["meta"]["command"]
+
+
+def test_reference_seeds_need_the_long_task(capsys):
+    with pytest.raises(SystemExit):
+        staleness.main(["--reference-seeds", "0"])
+    assert "--reference-seeds" in capsys.readouterr().err

@@ -22,6 +22,9 @@ def _load(name):
 
 
 PAGES = [("staleness", "staleness.json", "staleness.md"), ("study", "results.json", "README.md")]
+# The long-completion study's page, once written (`python benchmarks/staleness.py --task long ... [--report-only]`).
+if (STUDY / "long_completions.json").exists():
+    PAGES.append(("staleness", "long_completions.json", "long_completions.md"))
 
 
 @pytest.mark.parametrize(("script", "data", "page"), PAGES)
@@ -46,6 +49,10 @@ def test_a_number_edited_on_the_page_or_in_the_json_is_caught(script, data, page
 def test_the_pages_state_the_commit_and_machine_their_json_records():
     staleness = json.loads((STUDY / "staleness.json").read_text())
     study = json.loads((STUDY / "results.json").read_text())
-    for commits, page in ((staleness["meta"]["commits"], "staleness.md"), (study["commits"], "README.md")):
+    pages = [(staleness["meta"]["commits"], "staleness.md"), (study["commits"], "README.md")]
+    if (STUDY / "long_completions.json").exists():
+        long_meta = json.loads((STUDY / "long_completions.json").read_text())["meta"]
+        pages.append((long_meta["commits"], "long_completions.md"))
+    for commits, page in pages:
         assert commits and all(commit not in ("None", "") for commit in commits)
         assert f"at commit {', '.join(commits)}" in (STUDY / page).read_text()

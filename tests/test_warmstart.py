@@ -99,7 +99,7 @@ def test_cache_key_covers_every_setting_and_the_problems():
     assert len(base) == 16 and int(base, 16) >= 0
     assert settings().cache_key() == base  # deterministic
     fields = dict(hidden_size=32, num_layers=2, num_heads=4, steps=4, batch_size=2, learning_rate=2e-2, seed=5,
-                  target_accuracy=0.5, check_every=3, probe_size=2)  # fmt: skip
+                  target_accuracy=0.5, check_every=3, probe_size=2, max_position_embeddings=1024)  # fmt: skip
     changed = [settings(**{field: value}) for field, value in fields.items()]
     changed += [settings(problems=PROBLEMS[:-1]), settings(problems=PROBLEMS[::-1])]
     keys = {s.cache_key() for s in changed}
@@ -122,7 +122,7 @@ def test_cache_is_written_once_reused_and_bypassed(tmp_path, monkeypatch):
     assert sorted(p.name for p in cache.iterdir()) == [entry.name]  # no partial folder left behind
     assert json.loads((entry / "config.json").read_text())["hidden_size"] == 16
 
-    def no_training(_):
+    def no_training(_, log=None):
         raise AssertionError("a cached warm start was retrained")
 
     monkeypatch.setattr(warmstart, "warm_start", no_training)
@@ -158,7 +158,7 @@ def test_an_entry_written_meanwhile_by_another_process_is_kept(tmp_path, monkeyp
     entry = tmp_path / f"warmstart-{settings().cache_key()}"
     real_warm_start = warm_start
 
-    def racing_warm_start(s):
+    def racing_warm_start(s, log=None):
         model, tokenizer = real_warm_start(s)
         model.save_pretrained(entry)  # the other process's entry lands while this one trains
         (entry / "written_first.txt").write_text("kept")

@@ -75,6 +75,8 @@ def loss_sums(info: dict, entropies: torch.Tensor, mask: torch.Tensor, per_token
     }  # fmt: skip
     if per_token_kl is not None:
         sums["kl"] = (per_token_kl.detach().float() * tokens).sum()
+    if "log_ratio" in info:
+        sums.update(sequence_spread_sums(info["log_ratio"], valid))
     maxima = {}
     if prefix is None:
         return sums, maxima
@@ -95,12 +97,30 @@ def loss_sums(info: dict, entropies: torch.Tensor, mask: torch.Tensor, per_token
     return sums, maxima
 
 
+def sequence_spread_sums(log_ratio: torch.Tensor, valid: torch.Tensor) -> dict:
+    """Sums over the sequences with a valid token of std_t log r_{i,t} (the population std within the sequence: how
+    far its token ratios spread around its sequence ratio) and of |log s_i| (log s_i = mean_t log r_{i,t}, the
+    sequence ratio). Divided by the sequence count they are `off_policy/log_ratio_spread` and
+    `off_policy/abs_sequence_log_ratio`: on short completions the spread is small and every token ratio is close to
+    the sequence ratio, so the objectives that mix or choose between them can hardly differ."""
+    tokens = valid.float()
+    counts = tokens.sum(-1)
+    log_ratio = log_ratio.detach().float() * tokens
+    mean = log_ratio.sum(-1) / counts.clamp(min=1.0)
+    variance = ((log_ratio - mean.unsqueeze(-1)).square() * tokens).sum(-1) / counts.clamp(min=1.0)
+    rows = (counts > 0).float()
+    return {"log_ratio_spread": (variance.sqrt() * rows).sum(), "abs_sequence_log_ratio": (mean.abs() * rows).sum()}
+
+
 def loss_metrics(sums: dict, maxima: dict, prefix: str | None, fractions: tuple = ()) -> dict[str, float]:
     """The logged values from the reduced `loss_sums`."""
     tokens, sequences = sums["tokens"], sums["sequences"]
     out = {"entropy": _ratio(sums["entropy"], tokens), "off_policy/abs_log_ratio": _ratio(sums["abs_log_ratio"], tokens)}
     if "kl" in sums:
         out["kl"] = _ratio(sums["kl"], tokens)
+    for name in ("log_ratio_spread", "abs_sequence_log_ratio"):
+        if name in sums:
+            out[f"off_policy/{name}"] = _ratio(sums[name], sequences)
     if prefix is None:
         return out
     out[f"{prefix}/token_ratio/mean"] = _ratio(sums["token_ratio"], tokens)

@@ -21,6 +21,7 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from transformers import TrainerCallback
@@ -36,6 +37,9 @@ from .warmstart import WarmStartSettings, greedy_completions, load_or_warm_start
 @dataclass(frozen=True)
 class EmbeddedSettings:
     """Defaults of the embedded run (measured: DHPO-E 61.5% -> 91.5% held-out accuracy, RL 86 s on 2 cores)."""
+
+    task: ClassVar[str] = "addition"
+    title: ClassVar[str] = "synthetic addition"
 
     digits: tuple[int, int] = (2, 2)  # operand widths of the synthetic additions
     num_train: int = 2000
@@ -57,16 +61,20 @@ class EmbeddedSettings:
     eval_every: int = 10
 
     def per_device_train_batch_size(self) -> int:
-        """Sequences per micro-batch: the generation batch split into k optimizer steps of GA micro-batches."""
-        completions = self.prompts_per_generation * self.num_generations
-        micro_batches = self.steps_per_generation * self.gradient_accumulation_steps
-        if completions % micro_batches:
-            raise ValueError(
-                f"EmbeddedSettings: prompts_per_generation x num_generations = {completions} completions do not split "
-                f"into steps_per_generation x gradient_accumulation_steps = {micro_batches} equal micro-batches: "
-                "make the product divide the generation batch."
-            )
-        return completions // micro_batches
+        return split_generation_batch(self)
+
+
+def split_generation_batch(settings) -> int:
+    """Sequences per micro-batch: the generation batch split into k optimizer steps of GA micro-batches."""
+    completions = settings.prompts_per_generation * settings.num_generations
+    micro_batches = settings.steps_per_generation * settings.gradient_accumulation_steps
+    if completions % micro_batches:
+        raise ValueError(
+            f"{type(settings).__name__}: prompts_per_generation x num_generations = {completions} completions do not "
+            f"split into steps_per_generation x gradient_accumulation_steps = {micro_batches} equal micro-batches: "
+            "make the product divide the generation batch."
+        )
+    return completions // micro_batches
 
 
 def memoized_reward(reward):
@@ -167,8 +175,11 @@ def load_task(settings: EmbeddedSettings, num_heldout: int | None = None, *, cac
     """`(train problems, held-out problems, (model, tokenizer, from_cache))`: the task and its (cached) warm start.
 
     Both depend on the task settings and `num_heldout` only (training problems avoid the held-out ones), not on the
-    RL seed or the RL settings: every algorithm, seed and staleness of a study starts from the same policy.
+    RL seed or the RL settings: every algorithm, seed and staleness of a study starts from the same policy. A task
+    other than the two-digit one (`LongSettings`) loads through its settings' own `load_task`.
     """
+    if not isinstance(settings, EmbeddedSettings):
+        return settings.load_task(num_heldout, cache_dir=cache_dir, use_cache=use_cache)
     num_heldout = settings.num_heldout if num_heldout is None else num_heldout
     train_problems, heldout_problems = make_splits(settings.num_train, num_heldout, digits=settings.digits, seed=0)
     warm = WarmStartSettings(steps=settings.warmup_steps, target_accuracy=settings.warmup_target_accuracy,
@@ -310,12 +321,12 @@ def _run(algorithm, seed, max_steps, output_dir, eval_every, num_heldout, cache_
     checkpoint_dir = output_dir / "checkpoint-final"
     trainer.save_model(str(checkpoint_dir))
     # TRL writes the model card (with the DHPO settings) into args.output_dir; the checkpoint must carry it.
-    trainer.create_model_card(model_name=f"tiny-qwen3-addition-{algorithm}")
+    trainer.create_model_card(model_name=f"tiny-qwen3-{settings.task}-{algorithm}")
     shutil.move(output_dir / "README.md", checkpoint_dir / "README.md")
     log_history_path = output_dir / "trainer_state.json"
     trainer.state.save_to_json(str(log_history_path))
     plot_path = output_dir / "training_curves.png"
-    _plot(trainer.state.log_history, plot_path, f"{algorithm} on synthetic addition (seed {seed})")
+    _plot(trainer.state.log_history, plot_path, f"{algorithm} on {settings.title} (seed {seed})")
 
     accuracies = _series(trainer.state.log_history, "eval/heldout_accuracy")
     phases = {  # seconds per phase; "rl" includes the held-out evaluations during training ("rl_evaluation")
@@ -346,6 +357,7 @@ def _run(algorithm, seed, max_steps, output_dir, eval_every, num_heldout, cache_
         "settings": {**asdict(settings), "max_steps": max_steps, "eval_every": eval_every},
         "config_overrides": config_overrides,
         "commit": source_commit(),
+        "task": settings.task,
     }
     Path(summary["summary_path"]).write_text(json.dumps(summary, indent=2))
     return summary
@@ -378,6 +390,9 @@ def main(argv: list[str] | None = None) -> int:
         description="Train DHPO (or a paper baseline) on CPU, offline: a warm-started tiny Qwen3 on synthetic addition.",
     )
     parser.add_argument("--algorithm", default="DHPO-E", choices=list(PAPER_ALGORITHMS))
+    parser.add_argument("--task", default="addition", choices=["addition", "long"],
+                        help="addition: two-digit sums, completions <= 12 tokens (default); long: chained arithmetic "
+                             "with a scratchpad, completions of about 30-400 tokens (dhpo_trl.demo.long_task)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-steps", type=positive_int, default=None,
                         help=f"RL optimizer steps ({EmbeddedSettings.max_steps})")  # fmt: skip
@@ -396,9 +411,12 @@ def main(argv: list[str] | None = None) -> int:
             make_folder(options.cache_dir, "--cache-dir")
 
     def work(_) -> None:
+        from .long_task import LongSettings  # imports this module: loaded here, not at the top
+
         summary = run_embedded(
             options.algorithm, options.seed, options.max_steps, options.output_dir, eval_every=options.eval_every,
             num_heldout=options.num_heldout, cache_dir=options.cache_dir, use_cache=not options.no_cache,
+            settings=LongSettings() if options.task == "long" else None,
         )  # fmt: skip
         _print_summary(summary)
 

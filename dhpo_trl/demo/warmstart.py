@@ -48,10 +48,17 @@ class WarmStartSettings:
     target_accuracy: float | None = None
     check_every: int = 10
     probe_size: int = 100
+    max_position_embeddings: int = 512  # prompt + completion tokens the model is built for
+    # Each batch a run of problems of neighbouring completion lengths (a random window of the problems sorted by
+    # length), so that long-tailed lengths do not pad every batch to its longest member.
+    group_by_length: bool = False
     problems: list = field(default_factory=list, compare=False, repr=False)  # the problems taught, in the key
 
     def cache_key(self) -> str:
         described = {k: v for k, v in asdict(self).items() if k != "problems"}
+        for name, default in (("max_position_embeddings", 512), ("group_by_length", False)):
+            if described[name] == default:  # left out at its default: cached addition warm starts keep their key
+                del described[name]
         # What is taught, as text: a changed prompt template must not load weights trained on the old one.
         described["problems"] = [(p.prompt, p.target_completion()) for p in self.problems]
         return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
@@ -95,10 +102,18 @@ def exact_accuracy(model, tokenizer, problems: list[Problem]) -> float:
     return sum(text == target for text, target in zip(texts, targets, strict=True)) / len(problems)
 
 
-def warm_start(settings: WarmStartSettings):
+def _sample(problems: list, batch_size: int, rng: random.Random, group_by_length: bool) -> list:
+    if not group_by_length:
+        return rng.sample(problems, min(batch_size, len(problems)))
+    start = rng.randrange(max(1, len(problems) - batch_size + 1))
+    return problems[start : start + batch_size]
+
+
+def warm_start(settings: WarmStartSettings, log=None):
     """Build the tiny Qwen3 and teacher-force it on `settings.problems` for `settings.steps` steps, or until it
     reaches `settings.target_accuracy`. The model's config records the steps taken (`warm_start_steps`) and the
-    last probe accuracy (`warm_start_probe_accuracy`, None without a target)."""
+    last probe accuracy (`warm_start_probe_accuracy`, None without a target). `log(text)`, if given, hears every
+    probe's accuracy."""
     if not settings.problems:
         raise ValueError("WarmStartSettings.problems is empty: pass the synthetic problems to pre-train on.")
     if settings.target_accuracy is not None and not 0 < settings.target_accuracy <= 1:
@@ -109,16 +124,19 @@ def warm_start(settings: WarmStartSettings):
     tokenizer = build_char_tokenizer()
     model = build_tiny_qwen3(
         tokenizer, hidden_size=settings.hidden_size, num_layers=settings.num_layers, num_heads=settings.num_heads,
-        seed=settings.seed,
+        seed=settings.seed, max_position_embeddings=settings.max_position_embeddings,
     )  # fmt: skip
     torch.manual_seed(settings.seed)
     rng = random.Random(settings.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate, weight_decay=0.0)
     probe = settings.problems[: settings.probe_size]
+    pool = settings.problems
+    if settings.group_by_length:
+        pool = sorted(pool, key=lambda p: len(p.prompt) + len(p.target_completion()))
     probe_accuracy = None
     model.train()
     for step in range(1, settings.steps + 1):
-        batch = _batch(tokenizer, rng.sample(settings.problems, min(settings.batch_size, len(settings.problems))))
+        batch = _batch(tokenizer, _sample(pool, settings.batch_size, rng, settings.group_by_length))
         loss = model(**batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -127,6 +145,8 @@ def warm_start(settings: WarmStartSettings):
         if settings.target_accuracy is not None and step % settings.check_every == 0:
             model.eval()
             probe_accuracy = exact_accuracy(model, tokenizer, probe)
+            if log is not None:
+                log(f"[warm start] step {step}: whole completion right on {probe_accuracy:.0%} of the probe")
             if probe_accuracy >= settings.target_accuracy:
                 break
             model.train()
@@ -136,7 +156,8 @@ def warm_start(settings: WarmStartSettings):
     return model, tokenizer
 
 
-def load_or_warm_start(settings: WarmStartSettings, *, cache_dir: Path | str | None = None, use_cache: bool = True):
+def load_or_warm_start(settings: WarmStartSettings, *, cache_dir: Path | str | None = None, use_cache: bool = True,
+                       log=None):  # fmt: skip
     """`(model, tokenizer, from_cache)`: the cached warm start for `settings`, trained and saved if absent."""
     from transformers import AutoModelForCausalLM
 
@@ -145,7 +166,7 @@ def load_or_warm_start(settings: WarmStartSettings, *, cache_dir: Path | str | N
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         model.eval()
         return model, build_char_tokenizer(), True
-    model, tokenizer = warm_start(settings)
+    model, tokenizer = warm_start(settings, log)
     if use_cache:  # write then rename, so that an interrupted run never leaves a half-written cache entry
         partial = path.with_name(f"{path.name}.partial-{os.getpid()}")
         model.save_pretrained(partial)

@@ -183,8 +183,8 @@ class DHPOTrainer(GRPOTrainer):
         per_token_loss, kl_weight, info = get_objective(self.args.algorithm).compute(
             per_token_logps, old_per_token_logps, advantages, mask, entropies, self.args, entropy_range
         )
-        # How far pi_theta has drifted from pi_old on the trained tokens, for every objective (staleness).
-        info = {**info, "abs_log_ratio": masked_log_ratio(per_token_logps.detach(), old_per_token_logps, mask).abs()}
+        log_ratio = masked_log_ratio(per_token_logps.detach(), old_per_token_logps, mask)  # drift from pi_old, any row
+        info = {**info, "abs_log_ratio": log_ratio.abs(), "log_ratio": log_ratio}
         per_token_loss, entropy_mask, kl = trl_mirror.tail_corrections(
             self, inputs, per_token_loss, per_token_logps, old_per_token_logps, advantages, mask, entropies, kl_weight
         )

@@ -1,0 +1,115 @@
+"""The long-completion task (dhpo_trl/demo/long_arithmetic.py, long_task.py): lengths, splits, golds checked by an
+independent evaluation, the reward on the taught scratchpad, a short run through `python -m dhpo_trl --task long`."""
+
+import ast
+import dataclasses
+import json
+import operator
+import re
+import statistics
+
+import pytest
+
+from dhpo_trl.demo import embedded
+from dhpo_trl.demo.long_arithmetic import ChainProblem, LengthSettings, generate_chains, make_chain_splits
+from dhpo_trl.demo.long_task import LongSettings
+from dhpo_trl.demo.tiny import build_char_tokenizer
+from dhpo_trl.scoring.rewards import math_verify_reward
+
+SETTINGS = LongSettings()
+TRAIN, HELDOUT = make_chain_splits(SETTINGS.num_train, SETTINGS.num_heldout, seed=0, lengths=SETTINGS.lengths())
+
+
+def evaluate(question: str) -> int:
+    """The question's value, by Python's own parser: "start S, add D, steps a to X" as the sum S + D + ... + D, one D
+    per letter from a to X."""
+    match = re.fullmatch(r"start (\d+), add (\d), steps a to ([a-z])", question)
+    start, step, last = match.groups()
+    expression = start + f"+{step}" * (ord(last) - ord("a") + 1)
+    tree = ast.parse(expression, mode="eval")
+
+    def value(node):
+        if isinstance(node, ast.BinOp):
+            assert isinstance(node.op, ast.Add)
+            return value(node.left) + value(node.right)
+        assert isinstance(node, ast.Constant)
+        return node.value
+
+    return value(tree.body)
+
+
+def test_completion_lengths_are_long_and_long_tailed():
+    tokenizer = build_char_tokenizer()
+    lengths = [len(tokenizer(p.target_completion())["input_ids"]) + 1 for p in TRAIN]  # + end of text
+    assert 30 <= min(lengths) <= 45 and 300 <= max(lengths) < SETTINGS.max_completion_length
+    assert statistics.median(lengths) >= 100
+    assert statistics.fmean(lengths) > statistics.median(lengths)  # skewed to the right
+    assert sorted(lengths)[int(0.95 * len(lengths))] > 2 * statistics.median(lengths)  # a tail
+
+
+def test_heldout_problems_are_disjoint_from_training_and_deterministic():
+    assert not set(TRAIN) & set(HELDOUT)
+    assert len(set(TRAIN)) == len(TRAIN) and len(set(HELDOUT)) == len(HELDOUT)
+    again = make_chain_splits(SETTINGS.num_train, SETTINGS.num_heldout, seed=0, lengths=SETTINGS.lengths())
+    assert again == (TRAIN, HELDOUT)
+    assert make_chain_splits(50, 10, seed=1)[1] != HELDOUT[:10]
+
+
+def test_gold_and_every_scratchpad_line_agree_with_an_independent_evaluation():
+    for problem in TRAIN[:300] + HELDOUT:
+        assert int(problem.answer) == evaluate(problem.question)
+        lines = problem.target_completion().strip().split("\n")
+        assert lines[-1] == f"\\boxed{{{evaluate(problem.question)}}}"
+        previous = problem.start
+        for index, line in enumerate(lines[:-1]):
+            label, work = line.split(": ")
+            assert label == "abcdefghijklmnopqrstuvwxyz"[index] and len(work) == len("017+8=025")  # fixed width
+            before, after = work.split("=")
+            partial = problem.question.rsplit(" ", 1)[0] + " " + label  # the same problem stopped at this step
+            assert int(before.split("+")[0]) == previous and evaluate(partial) == int(after)
+            previous = int(after)
+        assert len(lines) - 1 == problem.count
+
+
+def test_reward_scores_the_taught_scratchpad_and_refuses_a_wrong_total():
+    problems = HELDOUT[:20]
+    right = [p.target_completion() for p in problems]
+    wrong = [re.sub(r"\\boxed\{(\d+)\}", lambda m: f"\\boxed{{{int(m.group(1)) + 1}}}", t) for t in right]
+    assert math_verify_reward(right, [p.answer for p in problems]) == [1.0] * len(problems)
+    assert math_verify_reward(wrong, [p.answer for p in problems]) == [0.0] * len(problems)
+
+
+def test_bad_length_settings_are_refused():
+    with pytest.raises(ValueError, match="max_steps=27"):
+        LengthSettings(max_steps=27)
+    with pytest.raises(ValueError, match="median_steps=0"):
+        LengthSettings(median_steps=0)
+    with pytest.raises(ValueError, match="widen the step range"):
+        generate_chains(901, seed=0, lengths=LengthSettings(min_steps=1, max_steps=1))  # 900 distinct problems
+
+
+def test_a_problem_reads_as_its_steps():
+    problem = ChainProblem(start=95, step=3, count=3)
+    assert problem.prompt == "Q: start 95, add 3, steps a to c\nA:"
+    assert problem.target_completion() == " a: 095+3=098\nb: 098+3=101\nc: 101+3=104\n\\boxed{104}"
+
+
+TINY = LongSettings(num_train=24, num_heldout=4, hidden_size=16, warmup_steps=2, warmup_target_accuracy=None,
+                    warmup_batch_size=4, max_steps=2, prompts_per_generation=2, num_generations=2,
+                    steps_per_generation=2, max_completion_length=24, eval_every=1)  # fmt: skip
+
+
+def test_the_long_task_runs_through_the_command(tmp_path, monkeypatch):
+    """`python -m dhpo_trl --task long` trains on the chain problems (tiny settings: a smoke of the run path)."""
+    import dhpo_trl.demo.long_task as long_task
+
+    monkeypatch.setattr(long_task, "LongSettings", lambda: TINY)
+    out = tmp_path / "run"
+    assert embedded.main(["--task", "long", "--output-dir", str(out), "--cache-dir", str(tmp_path / "cache")]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["task"] == "long" and summary["optimizer_steps"] == 2
+    assert summary["settings"] == json.loads(json.dumps({**dataclasses.asdict(TINY), "max_steps": 2, "eval_every": 1}))
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    steps = [e for e in history if "loss" in e]
+    assert all(e["off_policy/log_ratio_spread"] >= 0 for e in steps)
+    assert (out / "checkpoint-final" / "README.md").read_text().count("tiny-qwen3-long-DHPO-E") >= 1
