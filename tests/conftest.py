@@ -31,7 +31,7 @@ PURE = {
 PROCESSES = {
     "test_distributed", "test_metrics_distributed", "test_evaluation_callback_distributed", "test_resume_processes",
     "test_resume_zero3", "test_processes", "test_scale_out_scripts", "test_notebook", "test_accelerate_configs",
-    "test_printed_commands", "test_cli",
+    "test_printed_commands", "test_cli", "test_zero3_forwards",
 }  # fmt: skip
 
 

@@ -555,6 +555,8 @@ for line in sys.stdin:
     for index, (answer, gold) in enumerate(request["pairs"]):
         if mode == "slow-reply":
             time.sleep(request["timeout_s"] + 0.3)  # past its deadline, as a worker whose alarm fires at the end
+        if mode == "slow-on-s" and answer.startswith("s"):
+            time.sleep(0.4)  # a slow answer that still finishes within its deadline
         if mode in ("stuck-on-x", "stuck-and-slow-to-start") and answer == "x":
             time.sleep(600)  # C code that never returns to Python
         if mode == "stale":  # first a reply to an older request, and one to a wrong index
@@ -922,3 +924,61 @@ def test_the_first_call_of_a_fresh_worker_scores_a_quick_answer_behind_slow_ones
     scores = rewards.score_many([(c, "12") for c in completions], budget_s=1.0, timeout_s=2.0)
     assert scores == [0.0] * 7 + [1.0]
     rewards.pop_grading_counts()
+
+
+# ------------------------------------------------------------------ several threads at once
+def test_a_calls_budget_is_its_own_while_another_thread_scores(fake_worker, monkeypatch):
+    """TRL runs async reward functions in threads, and an evaluation callback may score beside training. A call of
+    quick answers with a short budget scores them all while another thread's call holds the grader with slow ones:
+    the calls are served one after the other, each within its own budget, not interleaved on the same workers
+    (where the quick call's budget would run out waiting behind the slow answers, and score them 0)."""
+    from dhpo_trl.scoring import rewards
+
+    make, log = fake_worker
+    make("slow-on-s")
+    monkeypatch.setattr(rewards, "_POOL", rewards._Pool())
+    slow_pairs = [(rf"\boxed{{s{i}}}", f"s{i}") for i in range(8)]  # 8 x 0.4 s on one worker
+    quick_pairs = [(rf"\boxed{{{i}}}", str(i if i != 2 else 20)) for i in range(4)]
+    results = {}
+
+    def slow_call():
+        results["slow"] = rewards.score_many(slow_pairs, budget_s=30.0, workers=1)
+
+    slow = threading.Thread(target=slow_call)
+    slow.start()
+    deadline = time.monotonic() + 20.0
+    while not any(line.startswith("{") for line in log()) and time.monotonic() < deadline:
+        time.sleep(0.02)  # the slow call's request is with the worker
+    quick_start = time.monotonic()
+    results["quick"] = rewards.score_many(quick_pairs, budget_s=1.0, workers=1)
+    quick_seconds = time.monotonic() - quick_start
+    slow.join(60)
+    assert not slow.is_alive()
+    assert results["slow"] == [1.0] * 8
+    assert results["quick"] == [1.0, 1.0, 0.0, 1.0]  # "2" against "20": a real comparison, not all ones
+    assert quick_seconds > 1.0  # it did wait for the slow call: the budget above was too short to cover that wait
+    rewards._POOL.close()
+
+
+def test_many_threads_scoring_at_once_get_their_own_results():
+    """Eight threads score different batches at once on two workers: every thread gets the scores of its own
+    answers (checked against the values, computed here), and the call counts add up."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dhpo_trl.scoring import rewards
+
+    def batch(thread):
+        pairs, expected = [], []
+        for k in range(6):
+            value = 10 * thread + k
+            right = k % 3 != 1
+            pairs.append((rf"\boxed{{\frac{{{2 * value}}}{{2}}}}", str(value if right else value + 1)))
+            expected.append(1.0 if right else 0.0)
+        return pairs, expected
+
+    rewards.pop_grading_counts()
+    batches = [batch(thread) for thread in range(8)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        scored = list(pool.map(lambda item: rewards.score_many(item[0], workers=2), batches))
+    assert scored == [expected for _, expected in batches]
+    assert rewards.pop_grading_counts()["answers"] == 8 * 6
