@@ -16,14 +16,22 @@ import processes
 import pytest
 
 SCRIPT = Path(__file__).parent / "dist_scripts" / "zero3_gathered_forwards.py"
+PATHS = ["packed", "dynamic", "shared"]
 
 
-@pytest.mark.parametrize("path", ["packed", "dynamic"])
-def test_two_processes_gather_in_every_forward_and_agree_on_every_pass(tmp_path, path):
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """One launch, one run per path (a blocked rank fails its collective after 60 s; the launch is killed at 400)."""
     pytest.importorskip("deepspeed")
-    result = processes.torchrun(SCRIPT, tmp_path, path, timeout=300, accelerate_cpu=False)
+    out = tmp_path_factory.mktemp("zero3_forwards")
+    result = processes.torchrun(SCRIPT, out, *PATHS, timeout=400, accelerate_cpu=False)
     assert result.returncode == 0, result.stderr[-4000:]
-    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    return out
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_two_processes_gather_in_every_forward_and_agree_on_every_pass(launched, path):
+    ranks = [json.loads((launched / path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     for seen in ranks:
         assert seen["path"] == path
         # nothing resident: every forward gathered its parameters, so the counts below had to match

@@ -1,10 +1,10 @@
 """Run under `torchrun --nproc_per_node 2` on CPU (gloo): off-policy DHPO-A steps under DeepSpeed ZeRO-3 with every
 parameter partitioned, so that every forward gathers each layer's parameters from both ranks.
 
-Usage: torchrun --nproc_per_node 2 tests/dist_scripts/zero3_gathered_forwards.py OUT_DIR PATH
+Usage: torchrun --nproc_per_node 2 tests/dist_scripts/zero3_gathered_forwards.py OUT_DIR PATH [PATH ...]
 
 PATH: `packed` (the default path on CPU), `dynamic` (dynamic batching, padding_free=False) or `shared` (packed rows
-with shared prompts). DeepSpeed keeps a parameter of fewer than `stage3_param_persistence_threshold` elements
+with shared prompts); one run each, in one launch. DeepSpeed keeps a parameter of fewer than `stage3_param_persistence_threshold` elements
 resident on every rank, which is every parameter of a tiny model at the default (1e5): a forward then gathers nothing,
 and a rank running more forwards than the other goes unnoticed. Here the threshold is 0 and the prefetch and bucket
 sizes small, so each forward is a sequence of all-gathers that the other rank must match: a rank that runs a
@@ -12,9 +12,10 @@ forward the other does not blocks, or pairs its collectives with the wrong ones.
 
 Rank 0's completions are long and rank 1's short: under the token budget, the no-gradient pass over the generation
 batch (pi_old's log-probs) needs more forwards on rank 0 than rank 1 by its own count, and the policy passes too.
-Each rank writes OUT_DIR/rank{r}.json: its no-gradient forwards and policy forwards, the no-gradient forwards its
-own rows needed, whether any parameter stayed resident (persistent) or is gathered outside a forward, the
-parameters' norm after training (gathered), and the gloo threads left after `release_process_groups`.
+A collective times out after 60 s (`ddp_timeout`), so a rank blocked by an unmatched forward fails
+in about a minute instead of hanging. Each rank writes OUT_DIR/<PATH>/rank{r}.json: its no-gradient forwards and policy forwards, the no-gradient forwards its
+own rows needed, whether any parameter stayed resident (persistent) or is gathered outside a forward, and the
+parameters' norm after training (gathered), once every run and the release have finished.
 """
 
 import json
@@ -95,10 +96,9 @@ class CountingTrainer(DHPOTrainer):
                                                           batch_size, *args, **kwargs)  # fmt: skip
 
 
-def main() -> None:
-    torch.set_num_threads(1)
-    out_dir, path = Path(sys.argv[1]), sys.argv[2]
-    tok = build_char_tokenizer()
+def train(out_dir: Path, path: str, tok) -> tuple[int, dict]:
+    CountingTrainer.own_needed = []
+    out_dir.mkdir(parents=True, exist_ok=True)
     model = build_tiny_qwen3(tok, seed=0)  # before the config: a ZeRO-3 config switches model construction
     forwards = {"no_grad": 0, "policy": 0}
 
@@ -112,7 +112,7 @@ def main() -> None:
         gradient_accumulation_steps=2, steps_per_generation=4, max_completion_length=40, max_steps=2,
         max_tokens_per_micro_batch=BUDGET, optim="sgd", learning_rate=0.5, use_cpu=True, bf16=False,
         report_to="none", seed=0, data_seed=0, save_strategy="no", logging_steps=1, disable_tqdm=True,
-        deepspeed=ZERO3, **extra,
+        deepspeed=ZERO3, ddp_timeout=60, **extra,
     )  # fmt: skip
     prompts = Dataset.from_dict({"prompt": [f"{'x' * (a % 5)}{a}+{3 * a + 1}=" for a in range(16)]})
     trainer = CountingTrainer(model=model, reward_funcs=reward, args=args, train_dataset=prompts,
@@ -128,10 +128,20 @@ def main() -> None:
         norm = float(torch.sqrt(sum((p.detach().double() ** 2).sum() for p in params)))
     record = {"forwards": forwards, "own_needed": CountingTrainer.own_needed, "persistent": persistent,
               "resident": resident, "parameters": len(params), "norm": norm, "path": trainer._update.path.name}
-    return out_dir / f"rank{rank}.json", record
+    return rank, record
+
+
+def main() -> tuple[Path, int, dict]:
+    torch.set_num_threads(1)
+    tok = build_char_tokenizer()
+    records = {}
+    for path in sys.argv[2:]:
+        rank, records[path] = train(Path(sys.argv[1]) / path, path, tok)
+    return Path(sys.argv[1]), rank, records
 
 
 if __name__ == "__main__":
-    path, record = main()
-    record["gloo_threads_after_release"] = release_process_groups()  # the engines and every group released
-    path.write_text(json.dumps(record))
+    out, rank, records = main()
+    release_process_groups()
+    for path, record in records.items():
+        (out / path / f"rank{rank}.json").write_text(json.dumps(record))
