@@ -927,36 +927,34 @@ def test_the_first_call_of_a_fresh_worker_scores_a_quick_answer_behind_slow_ones
 
 
 # ------------------------------------------------------------------ several threads at once
-def test_a_calls_budget_is_its_own_while_another_thread_scores(fake_worker, monkeypatch):
-    """TRL runs async reward functions in threads, and an evaluation callback may score beside training. A call of
-    quick answers with a short budget scores them all while another thread's call holds the grader with slow ones:
-    the calls are served one after the other, each within its own budget, not interleaved on the same workers
-    (where the quick call's budget would run out waiting behind the slow answers, and score them 0)."""
+def test_a_pair_another_thread_is_grading_is_compared_once(fake_worker, monkeypatch):
+    """TRL runs async reward functions in threads, and an evaluation callback may score beside training. Two calls
+    asking for the same slow answers at once: the second waits for the first's results (served from the cache)
+    instead of comparing every answer again, so a slow answer costs once however many threads ask for it."""
+    import json
+
     from dhpo_trl.scoring import rewards
 
     make, log = fake_worker
     make("slow-on-s")
     monkeypatch.setattr(rewards, "_POOL", rewards._Pool())
-    slow_pairs = [(rf"\boxed{{s{i}}}", f"s{i}") for i in range(8)]  # 8 x 0.4 s on one worker
-    quick_pairs = [(rf"\boxed{{{i}}}", str(i if i != 2 else 20)) for i in range(4)]
+    pairs = [(rf"\boxed{{s{i}}}", f"s{i}" if i % 4 else f"s{i}x") for i in range(8)]  # 8 x 0.4 s on one worker
+    expected = [0.0 if i % 4 == 0 else 1.0 for i in range(8)]
+    rewards.pop_grading_counts()
     results = {}
-
-    def slow_call():
-        results["slow"] = rewards.score_many(slow_pairs, budget_s=30.0, workers=1)
-
-    slow = threading.Thread(target=slow_call)
-    slow.start()
+    first = threading.Thread(target=lambda: results.update(first=rewards.score_many(pairs, workers=1)))
+    first.start()
     deadline = time.monotonic() + 20.0
     while not any(line.startswith("{") for line in log()) and time.monotonic() < deadline:
-        time.sleep(0.02)  # the slow call's request is with the worker
-    quick_start = time.monotonic()
-    results["quick"] = rewards.score_many(quick_pairs, budget_s=1.0, workers=1)
-    quick_seconds = time.monotonic() - quick_start
-    slow.join(60)
-    assert not slow.is_alive()
-    assert results["slow"] == [1.0] * 8
-    assert results["quick"] == [1.0, 1.0, 0.0, 1.0]  # "2" against "20": a real comparison, not all ones
-    assert quick_seconds > 1.0  # it did wait for the slow call: the budget above was too short to cover that wait
+        time.sleep(0.02)  # the first call's request is with the worker: the second asks while it is being graded
+    results["second"] = rewards.score_many(pairs, workers=1)
+    first.join(60)
+    assert not first.is_alive()
+    assert results["first"] == results["second"] == expected
+    compared = [pair for line in log() if line.startswith("{") for pair in json.loads(line)["pairs"]]
+    assert len(compared) == len(pairs)  # each pair once, for both calls
+    counts = rewards.pop_grading_counts()
+    assert (counts["answers"], counts["cached"]) == (16, 8)
     rewards._POOL.close()
 
 
