@@ -460,8 +460,8 @@ BUGS = {
         GUARDS, "a sum of 10000 terms reaches sympy",
     ),
     "nesting-limit-halved": (
-        "dhpo_trl/scoring/_math_verify_core.py", "MAX_NESTING = 32 ", "MAX_NESTING = 16 ",
-        GUARDS, "an answer nested 20 deep is refused",
+        "dhpo_trl/scoring/_math_verify_core.py", "MAX_NESTING = 10 ", "MAX_NESTING = 5 ",
+        GUARDS, "an answer nested 8 deep is refused",
     ),
     "matrix-separators-limit-doubled": (
         "dhpo_trl/scoring/_math_verify_core.py", "MAX_MATRIX_SEPARATORS = 64 ", "MAX_MATRIX_SEPARATORS = 128 ",
