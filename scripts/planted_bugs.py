@@ -476,13 +476,15 @@ BUGS = {
         "dhpo_trl/training/teardown.py",
         "            dist.barrier()",
         "            pass",
-        ["tests/test_teardown.py"], "a rank destroys its groups while its peer may still be in a collective with it",
+        ["tests/test_teardown.py::test_two_processes_release_no_rank_before_every_rank_has_entered"],
+        "a rank destroys its groups while its peer may still be in a collective with it",
     ),
     "deepspeed-engines-not-destroyed": (
         "dhpo_trl/training/teardown.py",
         "        engine.destroy()",
         "        pass",
-        ["tests/test_teardown.py"], "a ZeRO-3 engine's hooks stay: the engine, its optimizer and groups live on",
+        ["tests/test_teardown.py::test_release_destroys_every_deepspeed_engine"],
+        "a ZeRO-3 engine's hooks stay: the engine, its optimizer and groups live on",
     ),
 }
 
@@ -582,10 +584,10 @@ def main(argv: list[str] | None = None) -> int:
         r = results[-1]
         print(f"{r['result']:>21}  {bug_id:40s} {r.get('seconds', '')} s  {r.get('pytest', '')}  "
               f"{r.get('caught_by') or ''}", flush=True)
+        if args.json:  # after every bug: a run stopped early keeps what it measured
+            Path(args.json).write_text(json.dumps(results, indent=2))
     caught = sum(r["result"].startswith("caught") for r in results)
     print(f"\n{caught}/{len(results)} planted bugs caught")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
     return 0
 
 
