@@ -39,6 +39,8 @@ LOSSES = ["tests/test_losses.py"]
 REPLAY = ["tests/test_routing_replay.py", "tests/test_routing_replay_trainer.py"]
 REPLAY_TRAINER = ["tests/test_routing_replay_trainer.py"]
 ROLLOUT = ["tests/test_rollout_routing.py", "tests/test_routing_replay_rollout.py"]
+ZERO3_FORWARDS = ["tests/test_zero3_forwards.py"]
+GUARDS = ["tests/test_guard_limits.py", "tests/test_hostile_completions.py"]
 
 # id: (file, anchor, replacement, test files, what the bug is)
 BUGS = {
@@ -428,6 +430,100 @@ BUGS = {
         "log_w = sequence_log_ratio(log_ratio, mask).unsqueeze(1)",
         LOSSES, "VESPO's sequence weight from the mean log-ratio (GSPO's) instead of the sum (the product of ratios)",
     ),
+    # A no-gradient pass whose count is not agreed: caught only where every forward gathers parameters (ZeRO-3 with
+    # stage3_param_persistence_threshold 0; the tiny models' parameters stay resident at DeepSpeed's default).
+    "no-grad-forwards-not-agreed": (
+        "dhpo_trl/training/batching.py",
+        "return count if budget is None else agree([max(count, needed())])[0]",
+        "return count if budget is None else max(count, needed())",
+        ZERO3_FORWARDS, "the no-gradient passes over the generation batch run each process's own number of forwards",
+    ),
+    "packed-no-grad-rows-not-agreed": (
+        "dhpo_trl/training/packing.py",
+        "lambda: batching.rows_needed(lengths, budget),\n                                       budget, max_over_processes)",
+        "lambda: batching.rows_needed(lengths, budget),\n                                       budget)",
+        ZERO3_FORWARDS, "the packed path's no-gradient rows are this process's own count (the agreement not passed)",
+    ),
+    "dynamic-no-grad-chunks-not-agreed": (
+        "dhpo_trl/training/batching.py",
+        "lambda: plan.groups_needed(budget), budget,\n                          max_over_processes)",
+        "lambda: plan.groups_needed(budget), budget)",
+        ZERO3_FORWARDS, "dynamic batching's no-gradient chunks are this process's own count (the agreement not passed)",
+    ),
+    "shared-no-grad-rows-not-agreed": (
+        "dhpo_trl/training/shared_prompts.py",
+        "lambda: rows_needed(seqs, budget), budget,\n                                       max_over_processes)",
+        "lambda: rows_needed(seqs, budget), budget)",
+        ZERO3_FORWARDS, "shared rows' no-gradient passes are this process's own count (the agreement not passed)",
+    ),
+    # The update path decided on a model whose attention a packed forward already switched.
+    "packed-model-decides-on-its-dispatching-name": (
+        "dhpo_trl/training/packing.py",
+        "return implementation.removeprefix(DISPATCHING_PREFIX)",
+        "return implementation",
+        ["tests/test_update_path.py"],
+        "a model that already ran packed reads as 'dhpo_packed_sdpa': a second trainer refuses or stops packing it",
+    ),
+    # Scoring from several threads at once.
+    "grader-calls-interleaved": (
+        "dhpo_trl/scoring/rewards.py",
+        "        with self._lock:\n            results: dict[tuple[str, str], bool] = {}",
+        "        if True:\n            results: dict[tuple[str, str], bool] = {}",
+        ["tests/test_rewards.py"],
+        "two threads' calls share the workers at once: a quick call's budget runs out behind another's slow answers",
+    ),
+    # Guard limits off by a factor, either way (each is approached from below and above).
+    "integer-digits-limit-tenfold": (
+        "dhpo_trl/scoring/_math_verify_core.py", "MAX_INTEGER_DIGITS = 100 ", "MAX_INTEGER_DIGITS = 1000 ",
+        GUARDS, "a 1000-digit integer reaches the parser",
+    ),
+    "exponent-limit-a-tenth": (
+        "dhpo_trl/scoring/_math_verify_core.py", "MAX_EXPONENT = 10_000 ", "MAX_EXPONENT = 1_000 ",
+        GUARDS, "2^{1009} (an answer of the benchmarks) is refused",
+    ),
+    "power-digits-limit-doubled": (
+        "dhpo_trl/scoring/_math_verify_core.py", "MAX_POWER_DIGITS = 20_000 ", "MAX_POWER_DIGITS = 40_000 ",
+        GUARDS, "twice the digits of powers reach sympy",
+    ),
+    "factorial-limit-tenfold": (
+        "dhpo_trl/scoring/_math_verify_core.py", "MAX_FACTORIAL = 1_000 ", "MAX_FACTORIAL = 10_000 ",
+        GUARDS, "10000! reaches sympy",
+    ),
+    "binomial-limit-a-tenth": (
+        "dhpo_trl/scoring/_math_verify_core.py", "MAX_BINOMIAL = 10_000 ", "MAX_BINOMIAL = 1_000 ",
+        GUARDS, "binom{5000}{2} is refused",
+    ),
+    "sum-terms-limit-tenfold": (
+        "dhpo_trl/scoring/_math_verify_core.py", "MAX_SUM_TERMS = 1_000 ", "MAX_SUM_TERMS = 10_000 ",
+        GUARDS, "a sum of 10000 terms reaches sympy",
+    ),
+    "nesting-limit-halved": (
+        "dhpo_trl/scoring/_math_verify_core.py", "MAX_NESTING = 10 ", "MAX_NESTING = 5 ",
+        GUARDS, "an answer nested 8 deep is refused",
+    ),
+    "matrix-separators-limit-doubled": (
+        "dhpo_trl/scoring/_math_verify_core.py", "MAX_MATRIX_SEPARATORS = 64 ", "MAX_MATRIX_SEPARATORS = 128 ",
+        GUARDS, "a 16x8 matrix reaches latex2sympy",
+    ),
+    "answer-length-limit-halved": (
+        "dhpo_trl/scoring/rewards.py", "MAX_ANSWER_CHARS = 1_000 ", "MAX_ANSWER_CHARS = 500 ",
+        GUARDS, "a boxed answer of 600 characters is not read",
+    ),
+    # The release at the end of a run.
+    "release-without-barrier": (
+        "dhpo_trl/training/teardown.py",
+        "            dist.barrier()",
+        "            pass",
+        ["tests/test_teardown.py::test_two_processes_release_no_rank_before_every_rank_has_entered"],
+        "a rank destroys its groups while its peer may still be in a collective with it",
+    ),
+    "deepspeed-engines-not-destroyed": (
+        "dhpo_trl/training/teardown.py",
+        "        engine.destroy()",
+        "        pass",
+        ["tests/test_teardown.py::test_release_destroys_every_deepspeed_engine"],
+        "a ZeRO-3 engine's hooks stay: the engine, its optimizer and groups live on",
+    ),
 }
 
 
@@ -526,10 +622,10 @@ def main(argv: list[str] | None = None) -> int:
         r = results[-1]
         print(f"{r['result']:>21}  {bug_id:40s} {r.get('seconds', '')} s  {r.get('pytest', '')}  "
               f"{r.get('caught_by') or ''}", flush=True)
+        if args.json:  # after every bug: a run stopped early keeps what it measured
+            Path(args.json).write_text(json.dumps(results, indent=2))
     caught = sum(r["result"].startswith("caught") for r in results)
     print(f"\n{caught}/{len(results)} planted bugs caught")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
     return 0
 
 

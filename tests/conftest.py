@@ -30,12 +30,12 @@ PURE = {
     "test_aggregation", "test_entropy_control", "test_batching", "test_plan_optimum", "test_update_path",
     "test_trl_mirror", "test_metric_functions", "test_staleness", "test_boundaries", "test_user_errors",
     "test_memory_estimate", "test_golds", "test_data", "test_vllm_utils", "test_evaluation_metrics", "test_tiny",
-    "test_moe_edges", "test_row_contracts", "test_plotting", "test_study_pages", "test_recipes",
+    "test_moe_edges", "test_row_contracts", "test_plotting", "test_study_pages", "test_recipes", "test_collectives",
 }  # fmt: skip
 PROCESSES = {
     "test_distributed", "test_metrics_distributed", "test_evaluation_callback_distributed", "test_resume_processes",
     "test_resume_zero3", "test_processes", "test_scale_out_scripts", "test_notebook", "test_accelerate_configs",
-    "test_printed_commands", "test_cli",
+    "test_printed_commands", "test_cli", "test_zero3_forwards",
 }  # fmt: skip
 
 

@@ -60,3 +60,18 @@ def test_an_empty_window_counts_at_least_one_token():
 
 def test_static_control_applies_the_coefficient_always():
     assert entropy_control.applied(State(0.3), CONTROL._replace(adaptive=False)) == 0.3
+
+
+def test_a_window_of_one_token_is_its_entropy():
+    state = entropy_control.accumulate(State(0.1), torch.tensor([3.0, 1.0]))
+    assert entropy_control.close_window(state, 3.0, 1.0, CONTROL).last_world_entropy == 3.0
+
+
+def test_control_of_reads_each_setting_into_its_field():
+    from types import SimpleNamespace
+
+    args = SimpleNamespace(use_adaptive_entropy=1, entropy_target=2.5, entropy_coef_delta=0.05, entropy_coef_min=0.01,
+                           entropy_coef_max=0.2)  # fmt: skip
+    control = entropy_control.control_of(args)
+    assert control == Control(adaptive=True, target=2.5, delta=0.05, low=0.01, high=0.2)
+    assert control.adaptive is True  # a bool, whatever the config holds

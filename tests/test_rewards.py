@@ -555,6 +555,8 @@ for line in sys.stdin:
     for index, (answer, gold) in enumerate(request["pairs"]):
         if mode == "slow-reply":
             time.sleep(request["timeout_s"] + 0.3)  # past its deadline, as a worker whose alarm fires at the end
+        if mode == "slow-on-s" and answer.startswith("s"):
+            time.sleep(0.4)  # a slow answer that still finishes within its deadline
         if mode in ("stuck-on-x", "stuck-and-slow-to-start") and answer == "x":
             time.sleep(600)  # C code that never returns to Python
         if mode == "stale":  # first a reply to an older request, and one to a wrong index
@@ -922,3 +924,59 @@ def test_the_first_call_of_a_fresh_worker_scores_a_quick_answer_behind_slow_ones
     scores = rewards.score_many([(c, "12") for c in completions], budget_s=1.0, timeout_s=2.0)
     assert scores == [0.0] * 7 + [1.0]
     rewards.pop_grading_counts()
+
+
+# ------------------------------------------------------------------ several threads at once
+def test_a_pair_another_thread_is_grading_is_compared_once(fake_worker, monkeypatch):
+    """TRL runs async reward functions in threads, and an evaluation callback may score beside training. Two calls
+    asking for the same slow answers at once: the second waits for the first's results (served from the cache)
+    instead of comparing every answer again, so a slow answer costs once however many threads ask for it."""
+    import json
+
+    from dhpo_trl.scoring import rewards
+
+    make, log = fake_worker
+    make("slow-on-s")
+    monkeypatch.setattr(rewards, "_POOL", rewards._Pool())
+    pairs = [(rf"\boxed{{s{i}}}", f"s{i}" if i % 4 else f"s{i}x") for i in range(8)]  # 8 x 0.4 s on one worker
+    expected = [0.0 if i % 4 == 0 else 1.0 for i in range(8)]
+    rewards.pop_grading_counts()
+    results = {}
+    first = threading.Thread(target=lambda: results.update(first=rewards.score_many(pairs, workers=1)))
+    first.start()
+    deadline = time.monotonic() + 20.0
+    while not any(line.startswith("{") for line in log()) and time.monotonic() < deadline:
+        time.sleep(0.02)  # the first call's request is with the worker: the second asks while it is being graded
+    results["second"] = rewards.score_many(pairs, workers=1)
+    first.join(60)
+    assert not first.is_alive()
+    assert results["first"] == results["second"] == expected
+    compared = [pair for line in log() if line.startswith("{") for pair in json.loads(line)["pairs"]]
+    assert len(compared) == len(pairs)  # each pair once, for both calls
+    counts = rewards.pop_grading_counts()
+    assert (counts["answers"], counts["cached"]) == (16, 8)
+    rewards._POOL.close()
+
+
+def test_many_threads_scoring_at_once_get_their_own_results():
+    """Eight threads score different batches at once on two workers: every thread gets the scores of its own
+    answers (checked against the values, computed here), and the call counts add up."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dhpo_trl.scoring import rewards
+
+    def batch(thread):
+        pairs, expected = [], []
+        for k in range(6):
+            value = 10 * thread + k
+            right = k % 3 != 1
+            pairs.append((rf"\boxed{{\frac{{{2 * value}}}{{2}}}}", str(value if right else value + 1)))
+            expected.append(1.0 if right else 0.0)
+        return pairs, expected
+
+    rewards.pop_grading_counts()
+    batches = [batch(thread) for thread in range(8)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        scored = list(pool.map(lambda item: rewards.score_many(item[0], workers=2), batches))
+    assert scored == [expected for _, expected in batches]
+    assert rewards.pop_grading_counts()["answers"] == 8 * 6

@@ -6,6 +6,7 @@ groups and imports of its own. The child prints the gloo threads before and afte
 
 import json
 import sys
+from pathlib import Path
 
 import processes
 import pytest
@@ -59,3 +60,58 @@ def test_destroy_alone_leaves_the_captured_group_running():
     and its threads, alive for interpreter finalisation."""
     seen = _child("capture", "torch-only")
     assert "pt_gloo_runloop" in seen["after"]
+
+
+# A ZeRO-3 engine after one step (world size 1): its hooks on the module and the parameters' gradient accumulators.
+DEEPSPEED_CHILD = """
+import gc, json, os, tempfile
+import torch, torch.distributed as dist
+from dhpo_trl.demo.tiny import use_deepspeed_on_cpu
+from dhpo_trl.training import teardown
+
+dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
+use_deepspeed_on_cpu()
+os.environ.update(LOCAL_RANK="0", RANK="0", WORLD_SIZE="1")
+import deepspeed
+
+def hooks(module):  # ZeRO-3's (gathering and releasing parameters); the engine's own two stay with the module
+    found = [h for m in module.modules() for h in [*m._forward_pre_hooks.values(), *m._forward_hooks.values()]]
+    return sum(not getattr(h, "__qualname__", "").startswith("DeepSpeedEngine.") for h in found)
+
+layer = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))
+config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3},
+          "zero_allow_untested_optimizer": True}  # a torch optimizer, as the trainer's optim="sgd"
+engine = deepspeed.initialize(model=layer, optimizer=torch.optim.SGD(layer.parameters(), lr=0.1), config=config)[0]
+engine.backward(engine(torch.ones(1, 2)).sum())
+engine.step()
+before = hooks(layer)
+del engine
+gc.collect()
+teardown.release_process_groups()
+print(json.dumps({"before": before, "after": hooks(layer), "initialized": dist.is_initialized()}))
+"""
+
+
+def test_release_destroys_every_deepspeed_engine():
+    """An engine still alive at the release (a trainer in a reference cycle) is destroyed: ZeRO-3's hooks on the
+    module go, and with them the cycle through autograd that keeps the engine, its optimizer and their groups."""
+    pytest.importorskip("deepspeed")
+    result = processes.run([sys.executable, "-c", DEEPSPEED_CHILD], timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    seen = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen["before"] > 0  # ZeRO-3 hooked the module, so the check below can fail
+    assert seen["after"] == 0 and seen["initialized"] is False
+
+
+def test_two_processes_release_no_rank_before_every_rank_has_entered(tmp_path):
+    """The barrier: a rank that finished first waits in the release for the slower one (rank 1 enters 2 s late), so
+    no rank destroys its groups while a peer may still be in a collective with it."""
+    script = Path(__file__).parent / "dist_scripts" / "teardown_barrier.py"
+    result = processes.torchrun(script, tmp_path, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert ranks[0]["sum"] == ranks[1]["sum"] == 3.0  # the group worked before the release
+    assert ranks[1]["entered"] - ranks[0]["entered"] > 1.0  # rank 1 did enter late, so the check below can fail
+    for seen in ranks:
+        assert len(seen["destroyed"]) == 1 and seen["destroyed"][0] >= max(r["entered"] for r in ranks)
+        assert seen["threads"] == [] and seen["initialized"] is False

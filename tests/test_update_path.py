@@ -1,7 +1,9 @@
 """The update's forwards, decided once from the settings, the models and the device (`update_path.choose`)."""
 
 import pytest
+import torch
 from test_padding_free import sliding_qwen3
+from trl.trainer.utils import add_fused_lm_head
 
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
 from dhpo_trl.training import batching, packing, shared_prompts, update_path
@@ -81,3 +83,33 @@ def test_every_path_implements_the_interface():
             assert callable(getattr(path, method)), (path.name, method)
     names = [path.name for path in (batching.PADDED, batching.DYNAMIC, packing.PACKED, shared_prompts.SHARED)]
     assert len(set(names)) == 4
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_a_model_that_already_ran_packed_decides_as_a_fresh_one(tok, implementation):
+    """A packed forward switches the model to its dispatching attention (`dhpo_packed_<original>`); a second trainer
+    on that model (an evaluation run, a resumed run in the same process) must decide as on the model it was given."""
+    fresh = build_tiny_qwen3(tok, hidden_size=16)
+    fresh.config._attn_implementation = implementation
+    used = build_tiny_qwen3(tok, hidden_size=16)
+    used.config._attn_implementation = implementation
+    add_fused_lm_head(used, outputs=("log_probs",))
+    ids = torch.tensor([[5, 6, 7, 8], [0, 5, 9, 3]])
+    mask = torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]])
+    packing.forward_packed(used, packing.pack(ids, mask, 2, [[0, 1]]), (2, 2), False, False, torch.no_grad)
+    assert used.config._attn_implementation == f"dhpo_packed_{implementation}"  # the switch happened
+    for device in ("cpu", "cuda"):
+        for padding_free in (None, True, False):
+            for share_prompts in (False, True) if padding_free is not False else (False,):
+                decide = dict(padding_free=padding_free, share_prompts=share_prompts, device=device)
+                try:
+                    expected = choose(model=fresh, ref_model=fresh, **decide)
+                except ValueError as error:
+                    with pytest.raises(ValueError) as raised:
+                        choose(model=used, ref_model=used, **decide)
+                    assert str(raised.value) == str(error)
+                    continue
+                decided = choose(model=used, ref_model=used, **decide)
+                assert (decided.path, decided.note) == (expected.path, expected.note), decide
+    assert packing.attention_implementation(used) == implementation
+    assert packing.unsupported_model_reason(used) is None and shared_prompts.unsupported_model_reason(used) is None

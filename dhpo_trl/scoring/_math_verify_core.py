@@ -146,7 +146,7 @@ MAX_POWER_DIGITS = 20_000  # digits of all the powers of integers together (2^{1
 MAX_FACTORIAL = 1_000  # n in n!; a factorial of a power or factorial of numbers (`(10^{5})!`) is refused
 MAX_BINOMIAL = 10_000  # n in \binom{n}{k}
 MAX_SUM_TERMS = 1_000  # the bounds of \sum and \prod
-MAX_NESTING = 32  # brackets inside brackets
+MAX_NESTING = 10  # brackets inside brackets: braces 10 deep parse in 0.9 s of CPU, 12 in 2.5 s, 16 in 13 s
 MAX_MATRIX_SEPARATORS = 64  # `&` and `\\` in the text: a 9x8 matrix at most
 # latex2sympy's `\operatorname{eye}(n)`, `zeros(n, m)`, ... build or decompose matrices of a size the text chooses
 MATRIX_OPERATORS = frozenset(

@@ -12,10 +12,14 @@ import torch
 import torch.distributed as dist
 
 AllReduce = Callable[[torch.Tensor, str], torch.Tensor]
+OPS = ("sum", "max")
 
 
 def all_reduce(tensor: torch.Tensor, op: str, device, num_processes: int) -> torch.Tensor:
-    """The element-wise "sum" or "max" of `tensor` over processes, on `device` (one collective)."""
+    """The element-wise "sum" or "max" of `tensor` over processes, on `device` (one collective). Another `op` is
+    refused on one process too, so a caller's typo fails in the first test rather than on a cluster."""
+    if op not in OPS:
+        raise ValueError(f"collectives.all_reduce: op must be one of {OPS}, got {op!r}")
     if num_processes == 1 or not (dist.is_available() and dist.is_initialized()):
         return tensor
     tensor = tensor.to(device)
