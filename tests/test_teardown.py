@@ -18,8 +18,23 @@ import torch, torch.distributed as dist
 from dhpo_trl.training import teardown
 
 dist.init_process_group("gloo", init_method="file://" + tempfile.mktemp(), rank=0, world_size=1)
-model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
-model(torch.ones(1, 2)).sum().backward()
+if "zero3" in sys.argv:  # a ZeRO-3 engine after a step, as the trainer leaves it (a torch optimizer: optim="sgd")
+    from dhpo_trl.demo.tiny import use_deepspeed_on_cpu
+    use_deepspeed_on_cpu()
+    import os
+    os.environ.update(LOCAL_RANK="0", RANK="0", WORLD_SIZE="1")
+    import deepspeed
+    layer = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+    model = deepspeed.initialize(model=layer, optimizer=torch.optim.SGD(layer.parameters(), lr=0.1), config={
+        "train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}, "zero_allow_untested_optimizer": True})[0]
+    del layer
+    model.backward(model(torch.ones(1, 2)).sum())
+    model.step()
+    if "keep-deepspeed-references" in sys.argv:  # what the release does without dropping DeepSpeed's references
+        teardown.drop_deepspeed_group_references = lambda: 0
+else:
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+    model(torch.ones(1, 2)).sum().backward()
 if "capture" in sys.argv:
     def barrier(group=dist.group.WORLD):
         return group
@@ -45,7 +60,7 @@ def _child(*flags):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("flags", [(), ("capture",)], ids=["ddp", "ddp-and-a-captured-default"])
+@pytest.mark.parametrize("flags", [(), ("capture",), ("zero3",)], ids=["ddp", "ddp-and-a-captured-default", "zero3"])
 def test_release_leaves_no_gloo_thread(flags):
     seen = _child(*flags)
     assert "pt_gloo_runloop" in seen["before"]  # the group ran threads, so the check below can fail
@@ -59,3 +74,11 @@ def test_destroy_alone_leaves_the_captured_group_running():
     and its threads, alive for interpreter finalisation."""
     seen = _child("capture", "torch-only")
     assert "pt_gloo_runloop" in seen["after"]
+
+
+def test_a_zero3_engine_keeps_its_groups_without_dropping_deepspeeds_references():
+    """What dropping DeepSpeed's references adds under ZeRO-3: destroyed engine and all, its optimizer and partitioned
+    parameters still hold the groups, whose threads then run into interpreter finalisation."""
+    pytest.importorskip("deepspeed")
+    seen = _child("zero3", "keep-deepspeed-references")
+    assert "pt_gloo_runloop" in seen["after"] and seen["initialized"] is False
