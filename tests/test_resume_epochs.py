@@ -84,8 +84,8 @@ def assert_resumed_exactly(full, resumed, start):
     assert sorted(resumed.seen) == steps and all(resumed.seen[step] == full.seen[step] for step in steps)
 
 
-def resumed_run(tok, tmp_path, full, start, **settings):
-    checkpoint = os.path.join(full.args.output_dir, f"checkpoint-{start}")
+def resumed_run(tok, tmp_path, full, start, checkpoint=None, **settings):
+    checkpoint = checkpoint or os.path.join(full.args.output_dir, f"checkpoint-{start}")
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # nothing to warn about: the state is all there
         warnings.filterwarnings("ignore", message=QUIET)
@@ -200,8 +200,8 @@ def _rewrite_marker(folder, change):
 @pytest.mark.parametrize(("changed", "setting"), [
     (dict(beta=0.1), "beta"), (dict(scale_rewards="none"), "scale_rewards"), (dict(seed=1), "seed"),
     (dict(temperature=0.7), "temperature"),
-    (dict(padding_free=True), "padding_free"), (dict(vllm_importance_sampling_correction=False),
-                                                "vllm_importance_sampling_correction"),
+    (dict(padding_free=False), "padding_free"), (dict(dynamic_batching=False), "dynamic_batching"),
+    (dict(vllm_importance_sampling_correction=False), "vllm_importance_sampling_correction"),
 ])  # fmt: skip
 def test_a_setting_that_changes_the_buffer_is_refused_before_any_model_loads(changed, setting, epochs_full, tmp_path):
     """`resolve_for_run` is what the command calls before loading anything (and `train()` before restoring)."""
@@ -239,6 +239,89 @@ def test_an_older_marker_stays_resumable_without_the_buffer_settings(epochs_full
     changed = config(tmp_path, **{**EPOCHS, "steps_per_generation": 4})
     with pytest.raises(ValueError, match="steps_per_generation=2 in the checkpoint"):
         resume.resolve_for_run(str(old), changed, world_size=1)
+
+
+# ------------------------------------------------------------------------------------- the update path that ran
+def test_the_marker_records_the_update_path_that_ran(epochs_full):
+    """The epoch runs leave padding_free automatic (None), which packs on the CPU: the marker records True."""
+    assert epochs_full.args.padding_free is None and epochs_full._update.padding_free is True
+    settings = resume.read_marker(os.path.join(epochs_full.args.output_dir, "checkpoint-5"))["settings"]
+    assert settings["padding_free"] is True and settings["dynamic_batching"] is True
+
+
+def test_an_explicit_padding_free_resumes_a_checkpoint_the_automatic_choice_packed(epochs_full, tok, tmp_path):
+    resumed = resumed_run(tok, tmp_path, epochs_full, 5, **{**EPOCHS, "padding_free": True})
+    assert_resumed_exactly(epochs_full, resumed, 5)
+
+
+def test_an_automatic_choice_that_no_longer_packs_is_refused_before_the_checkpoint_loads(epochs_full, tok, tmp_path,
+                                                                                          monkeypatch):  # fmt: skip
+    """A CPU checkpoint resumed where the automatic choice keeps dynamic batching (a device without the packed
+    kernel, stood in for by `automatic_reason`): undecided before the models load, refused by train() naming
+    padding_free before the checkpoint's weights load."""
+    from dhpo_trl.training import packing
+
+    monkeypatch.setattr(packing, "automatic_reason", lambda models, device_type: "no varlen kernel here")
+    checkpoint = os.path.join(epochs_full.args.output_dir, "checkpoint-5")
+    assert resume.resolve_for_run(checkpoint, config(tmp_path, **EPOCHS), world_size=1) == checkpoint
+    model = build_tiny_qwen3(tok, hidden_size=32, seed=0)
+    trainer = RecordingTrainer(model=model, reward_funcs=digit_share, args=config(tmp_path, **EPOCHS),
+                               train_dataset=Dataset.from_dict({"prompt": ["1+1="] * 4}), processing_class=tok)
+    assert trainer._update.padding_free is False
+    with pytest.raises(ValueError, match="padding_free=True in the checkpoint but False now"):
+        trainer.train(resume_from_checkpoint=checkpoint)
+    assert max_parameter_gap(trainer.model, build_tiny_qwen3(tok, hidden_size=32, seed=0)) == 0.0
+
+
+def test_a_marker_recording_padding_free_as_passed_stays_resumable(epochs_full, tok, tmp_path):
+    """A marker of format 2 recorded padding_free as passed (None: automatic, its choice unrecorded): it resumes
+    exactly under None again; an explicit value cannot be checked against it and is refused."""
+    old = tmp_path / "checkpoint-5"
+    shutil.copytree(os.path.join(epochs_full.args.output_dir, "checkpoint-5"), old)
+    _rewrite_marker(old, lambda record: {**record, "format": 2,
+                                         "settings": {**record["settings"], "padding_free": None}})  # fmt: skip
+    with pytest.raises(ValueError, match="padding_free=None in the checkpoint but True now"):
+        resume.resolve_for_run(str(old), config(tmp_path, **{**EPOCHS, "padding_free": True}), world_size=1)
+    resumed = resumed_run(tok, tmp_path / "out", epochs_full, 5, checkpoint=str(old), **EPOCHS)
+    assert_resumed_exactly(epochs_full, resumed, 5)
+
+
+@pytest.mark.parametrize(("marker_format", "saved", "requested", "resolved", "refused"), [
+    (3, dict(padding_free=True, dynamic_batching=True), None, None, False),  # before the models load: undecided
+    (3, dict(padding_free=True, dynamic_batching=True), True, True, False),
+    (3, dict(padding_free=True, dynamic_batching=True), None, False, True),  # the automatic choice changed
+    (3, dict(padding_free=False, dynamic_batching=True), True, True, True),
+    (2, dict(padding_free=None, dynamic_batching=True), None, None, False),
+    (2, dict(padding_free=None, dynamic_batching=True), None, True, False),
+    (2, dict(padding_free=None, dynamic_batching=True), False, False, True),
+    (2, dict(padding_free=None, dynamic_batching=False), False, False, False),  # TRL's batching never packs
+    (2, dict(padding_free=True, dynamic_batching=True), None, True, False),
+    (2, dict(padding_free=True, dynamic_batching=True), None, False, True),
+])  # fmt: skip
+def test_padding_free_compares_as_resolved(marker_format, saved, requested, resolved, refused, tmp_path):
+    """`check_resumable` on the update-path settings alone: `resolved` is what `run_settings` records for this run
+    (None: automatic, before the models load)."""
+    (tmp_path / "checkpoint-1").mkdir()
+    path = str(tmp_path / "checkpoint-1")
+    (tmp_path / "checkpoint-1" / resume.COMPLETE_MARKER).write_text(json.dumps(
+        {"format": marker_format, "global_step": 1, "settings": {**saved, "world_size": 1}}))  # fmt: skip
+    current = {"padding_free": resolved, "dynamic_batching": saved["dynamic_batching"], "world_size": 1}
+    if not refused:
+        resume.check_resumable(path, current, requested)
+        return
+    with pytest.raises(ValueError, match="padding_free="):
+        resume.check_resumable(path, current, requested)
+
+
+def test_run_settings_resolve_the_update_path(tmp_path):
+    def settings(packed=None, **values):
+        args = DHPOConfig(str(tmp_path), use_cpu=True, bf16=False, report_to="none", **values)
+        chosen = resume.run_settings(args, world_size=1, packed=packed)
+        return chosen["dynamic_batching"], chosen["padding_free"]
+
+    assert settings() == (True, None) and settings(packed=True) == (True, True) and settings(packed=False) == (True, False)
+    assert settings(padding_free=True) == (True, True) and settings(padding_free=False, packed=False) == (True, False)
+    assert settings(dynamic_batching=False) == (False, False) and settings(loss_type="bnpo") == (False, False)
 
 
 # ------------------------------------------------------------------------------------------- damaged files

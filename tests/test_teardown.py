@@ -5,11 +5,15 @@ groups and imports of its own. The child prints the gloo threads before and afte
 """
 
 import json
+import os
 import sys
 from pathlib import Path
 
 import processes
 import pytest
+
+REPO = Path(__file__).parent.parent
+ENV = {"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
 
 # A DDP-wrapped model held in a reference cycle, and a function whose default argument reads the default group when it is defined, after
 # init_process_group, as `deepspeed.comm.torch.TorchBackend.barrier` does when DeepSpeed is imported lazily.
@@ -115,3 +119,17 @@ def test_two_processes_release_no_rank_before_every_rank_has_entered(tmp_path):
     for seen in ranks:
         assert len(seen["destroyed"]) == 1 and seen["destroyed"][0] >= max(r["entered"] for r in ranks)
         assert seen["threads"] == [] and seen["initialized"] is False
+
+
+@pytest.mark.parametrize("keep", [False, True], ids=["release", "without-dropping-deepspeeds-references"])
+def test_a_zero3_run_leaves_no_gloo_thread(keep, tmp_path):
+    """A DHPO run under ZeRO-3 (one process, DeepSpeed's CPU accelerator): after the release no gloo thread is left.
+    Without dropping DeepSpeed's references, the destroyed engine's optimizer, its partitioned parameters and the
+    forward module stack keep the groups, and their threads, for interpreter finalisation: the check can fail."""
+    pytest.importorskip("deepspeed")
+    script = Path(__file__).parent / "dist_scripts" / "teardown_zero3.py"
+    flags = ["--keep-deepspeed-references"] if keep else []
+    result = processes.torchrun(script, tmp_path, *flags, timeout=300, accelerate_cpu=False, nproc=1, env=ENV)
+    assert result.returncode == 0, result.stderr[-3000:]
+    threads = json.loads((tmp_path / "rank0.json").read_text())["threads"]
+    assert ("pt_gloo_runloop" in threads) is keep, threads

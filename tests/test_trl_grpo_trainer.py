@@ -46,6 +46,13 @@ require_liger_kernel = pytest.mark.skipif(not is_liger_kernel_available(), reaso
 CI_TESTS = {"test_init_minimal", "test_train_loss_types[sapo-False]",
             *(f"test_warning_raised_sequence_level_with_token_summed_loss[{t}]" for t in ("grpo", "dapo", "cispo"))}
 FULL = os.environ.get("DHPO_TRL_TESTS") == "full"
+# Tests that fail on both trainers here, left out by name: behaviour added to TRL after 1.16, or the Hub's data.
+VERSION_SKIPS = {
+    "test_entropy_bonus_flows_gradients": "trl 1.16's fused LM head returns entropies with their graph whatever the "
+                                          "entropy bonus; detaching them when it is off came after 1.16",
+    "test_prepare_input_called_with_correct_data": "expects the Hub's zen prompts by text and their number (the "
+                                                   "stand-in has 6, so training runs half the steps it counts)",
+}  # fmt: skip
 
 
 def on_cpu(init):
@@ -68,6 +75,8 @@ def trainer_under_test(request, monkeypatch):
     name = request.node.name.replace(f"[{request.param}-", "[").replace(f"[{request.param}]", "")
     if not FULL and name not in CI_TESTS:
         pytest.skip("TRL's full GRPO test file: DHPO_TRL_TESTS=full")
+    if name.split("[")[0] in VERSION_SKIPS:
+        pytest.skip(VERSION_SKIPS[name.split("[")[0]])
     monkeypatch.setitem(globals(), "GRPOTrainer", TRAINERS[request.param])
     for config_class in (GRPOConfig, DHPOConfig):  # the configs the trainers build when given none, too
         monkeypatch.setattr(config_class, "__init__", on_cpu(config_class.__init__))

@@ -57,7 +57,7 @@ COMPLETE_MARKER = "dhpo_checkpoint_complete.json"
 REFERENCE_MODEL = "dhpo_reference_model.safetensors"
 TRAINER_STATE = "trainer_state.json"  # transformers' TRAINER_STATE_NAME, written after weights, optimizer and RNG
 FORMAT = 1  # of the generation-state files (keys added later are optional)
-MARKER_FORMAT = 2  # 2: the marker records BUFFER_SETTINGS and the files' sizes
+MARKER_FORMAT = 3  # 2: the marker records BUFFER_SETTINGS and the files' sizes; 3: padding_free as resolved
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 _STATE_FILE = re.compile(r"^dhpo_generation_state_rank\d+\.pt$")
 
@@ -88,16 +88,29 @@ LOSS_ACCUMULATORS = ("_tr_loss", "_total_loss_scalar", "_globalstep_last_logged"
 
 
 # ----------------------------------------------------------------------------------------------- settings
-def run_settings(args, world_size: int) -> dict:
-    """The settings a resume must agree with (see `RESUME_SETTINGS`), with the objective's own settings."""
+def run_settings(args, world_size: int, packed: bool | None = None) -> dict:
+    """The settings a resume must agree with (see `RESUME_SETTINGS`), with the objective's own settings.
+
+    `dynamic_batching` and `padding_free` are the update path that runs, not the values passed: the buffered
+    micro-batches are laid out for it. `packed`: whether the trainer's chosen path packs; None before the models
+    load, when an automatic `padding_free=None` is still undecided (recorded as None, compared once decided)."""
     from ..core.config import uses_dynamic_batching
     from ..core.objectives import get_objective
 
     names = (*RESUME_SETTINGS, *get_objective(args.algorithm).settings(args), *BUFFER_SETTINGS)
     settings = {name: _plain(getattr(args, name, None)) for name in dict.fromkeys(names)}
-    settings["dynamic_batching"] = uses_dynamic_batching(args)  # None (automatic) recorded as what it decided
+    settings["dynamic_batching"] = uses_dynamic_batching(args)
+    settings["padding_free"] = resolved_padding_free(args.padding_free, settings["dynamic_batching"], packed)
     settings[WORLD_SIZE] = int(world_size)
     return settings
+
+
+def resolved_padding_free(padding_free: bool | None, dynamic: bool, packed: bool | None) -> bool | None:
+    """Whether the forwards run on packed rows: never without dynamic batching; `packed` (the chosen path) where
+    known; else the value passed, None (automatic) staying undecided."""
+    if not dynamic:
+        return False
+    return padding_free if packed is None else bool(packed)
 
 
 def _defaults() -> dict:
@@ -236,14 +249,15 @@ def resolve_checkpoint(value, output_dir: str, warn: Callable[[str], None] | Non
 DEFAULTS = _defaults()
 
 
-def check_resumable(path: str, current: dict) -> None:
-    """Refuse to resume `path` under other settings (`current`: `run_settings` of this run), naming them."""
+def check_resumable(path: str, current: dict, requested_padding_free: bool | None = None) -> None:
+    """Refuse to resume `path` under other settings (`current`: `run_settings` of this run), naming them.
+    `requested_padding_free`: `padding_free` as this run passes it, which reads a marker of format 2."""
     marker = read_marker(path)
     if marker is None:  # older checkpoint: no settings recorded (restore_generation_state warns once)
         return
     if marker.get("format", 1) < 2:  # recorded before BUFFER_SETTINGS were: those are not compared
         current = {name: value for name, value in current.items() if name not in BUFFER_SETTINGS}
-    saved = marker.get("settings", {})
+    saved, current = update_path_settings(marker, current, requested_padding_free)
     # An objective setting the checkpoint's settings did not record (read by that objective in a later version, e.g.
     # CISPO's importance_sampling_level) ran at its default: compared as that. A marker with no settings refuses all.
     if saved:
@@ -252,16 +266,35 @@ def check_resumable(path: str, current: dict) -> None:
     differ = settings_difference(saved, current)
     if differ:
         listed = ", ".join(f"{name}={saved.get(name)!r} in the checkpoint but {current.get(name)!r} now" for name in differ)
+        resolved = {"padding_free", "dynamic_batching"} & set(differ)
+        hint = f" ({' and '.join(sorted(resolved))}: the update path that ran, as resolved)" if resolved else ""
         raise ValueError(
-            f"--resume_from_checkpoint {path}: {listed}. Resume with the checkpoint's settings, or train into a new "
-            "output_dir."
+            f"--resume_from_checkpoint {path}: {listed}{hint}. Resume with the checkpoint's settings, or train into a "
+            "new output_dir."
         )
 
 
-def resolve_for_run(value, args, world_size: int, main: bool = True) -> str | None:
+def update_path_settings(marker: dict, current: dict, requested: bool | None) -> tuple[dict, dict]:
+    """The marker's settings and `current`, `padding_free` made comparable. A marker of format 2 recorded it as
+    passed: True or False resolve as they ran; None (automatic), whose choice it did not record, resumes under
+    `requested` None and is refused otherwise. An undecided `current` (None: `run_settings` before the models load)
+    takes the checkpoint's value here; the trainer compares the choice it makes."""
+    saved, current = dict(marker.get("settings", {})), dict(current)
+    if "padding_free" in saved and marker.get("format", 1) < 3:
+        saved["padding_free"] = resolved_padding_free(saved["padding_free"], saved.get("dynamic_batching") is not False,
+                                                      None)  # fmt: skip
+        if saved["padding_free"] is None:
+            current["padding_free"] = requested
+    if current.get("padding_free", False) is None and saved.get("padding_free") is not None:
+        current["padding_free"] = saved["padding_free"]
+    return saved, current
+
+
+def resolve_for_run(value, args, world_size: int, main: bool = True, packed: bool | None = None) -> str | None:
     """The one place `resume_from_checkpoint` is resolved (the command, before any model loads, and `train()`):
     the checkpoint `value` names (see `resolve_checkpoint`), refused when saved under other settings than `args`
-    with `world_size` processes. Skipped folders are warned about and the outcome printed on the main process."""
+    with `world_size` processes (`packed`: see `run_settings`). Skipped folders are warned about and the outcome
+    printed on the main process."""
     fsdp = bool(args.fsdp) or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true")
     if args.sync_ref_model and fsdp and (args.save_strategy != "no" or value not in (None, False)):
         raise ValueError("sync_ref_model under FSDP: the synced reference model cannot be saved in or restored from a "
@@ -272,7 +305,7 @@ def resolve_for_run(value, args, world_size: int, main: bool = True) -> str | No
         if main and str(value).strip().lower() == "latest":
             print(f"resume_from_checkpoint=latest: no checkpoint in {args.output_dir} yet, training from step 0.")
         return None
-    check_resumable(checkpoint, run_settings(args, world_size))
+    check_resumable(checkpoint, run_settings(args, world_size, packed), args.padding_free)
     return checkpoint
 
 
@@ -574,8 +607,8 @@ def write_checkpoint(trainer, model, trial, full: bool = False) -> str:
             shutil.copyfile(card, os.path.join(checkpoint, "README.md"))
     trainer.accelerator.wait_for_everyone()  # every process's files are written
     if main:
-        mark_complete(checkpoint, run_settings(args, trainer.accelerator.num_processes), state.global_step,
-                      weights_only)  # fmt: skip
+        mark_complete(checkpoint, run_settings(args, trainer.accelerator.num_processes, trainer._update.padding_free),
+                      state.global_step, weights_only)  # fmt: skip
     if args.push_to_hub:
         trainer._push_from_checkpoint(checkpoint)
     if main:

@@ -15,6 +15,11 @@ pytorch/pytorch#179291). What outlives `destroy_process_group` after a DHPO run:
     reads as the default group;
   - a DeepSpeed engine, whose ZeRO-3 optimizer hooks every parameter through autograd's C++ nodes (a cycle that a
     collection cannot break): `destroy()`ed first;
+  - under ZeRO-3, the engine, its optimizer and the partitioned parameters even so: the model stays on DeepSpeed's
+    module-level forward stack (`parameter_offload.FWD_MODULE_STACK`) and each partitioned parameter's attributes are
+    invisible to the collector while autograd still holds the tensor, so the engine, the optimizer (its data-parallel
+    and sub-group lists) and every parameter's `ds_process_group` outlive the release: once the groups are destroyed,
+    their references in DeepSpeed's objects are dropped (`drop_deepspeed_group_references`) and the stack emptied;
   - the trainer, its DDP or DeepSpeed engine and their optimizer, in reference cycles: freed by a collection.
 """
 
@@ -64,7 +69,8 @@ def release_process_groups(*, barrier: bool = True) -> list[str]:
             deepspeed_comm.destroy_process_group()
         else:
             dist.destroy_process_group()
-    forget_group_defaults()  # every group is destroyed by now
+    drop_deepspeed_group_references()  # every group is destroyed by now: nothing may use them again
+    forget_group_defaults()
     gc.collect()
     return gloo_threads()
 
@@ -82,6 +88,40 @@ def destroy_deepspeed_engines() -> int:
     for engine in engines:
         engine.destroy()
     return len(engines)
+
+
+def drop_deepspeed_group_references() -> int:
+    """Drop every process group (and list of groups) that a DeepSpeed runtime object or a ZeRO-partitioned parameter
+    holds as an attribute, and empty DeepSpeed's forward module stack; return how many references were dropped. Only
+    after the groups are destroyed: DeepSpeed's objects cannot run a collective afterwards."""
+    if "deepspeed.runtime.engine" not in sys.modules:
+        return 0
+    import torch
+    from torch.distributed import ProcessGroup
+
+    def holds_groups(value) -> bool:
+        if isinstance(value, ProcessGroup):
+            return True
+        return isinstance(value, (list, tuple)) and any(isinstance(item, ProcessGroup) for item in value)
+
+    dropped = 0
+    for owner in gc.get_objects():
+        if isinstance(owner, torch.Tensor):
+            if "ds_id" not in getattr(owner, "__dict__", {}):
+                continue
+        elif isinstance(owner, type) or not str(type(owner).__module__).startswith("deepspeed.runtime."):
+            continue
+        attributes = getattr(owner, "__dict__", None)
+        for name, value in list(attributes.items()) if isinstance(attributes, dict) else ():
+            if holds_groups(value):
+                if isinstance(value, list):  # a closure may share the list: emptied in place
+                    value.clear()
+                del attributes[name]
+                dropped += 1
+    offload = sys.modules.get("deepspeed.runtime.zero.parameter_offload")
+    if offload is not None:  # the model of every ZeRO-3 engine, and submodules a forward left on it
+        offload.FWD_MODULE_STACK.clear()
+    return dropped
 
 
 def forget_group_defaults() -> int:
