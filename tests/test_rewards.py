@@ -912,13 +912,49 @@ def test_forgetting_slow_answers_compares_them_again():
     assert rewards.pop_grading_counts()["cached"] == 0
 
 
+COLD_AND_WARM = r"""
+import json, sys, time
+from dhpo_trl.scoring import _math_verify_core as core
+seconds = []
+for _ in range(6):
+    start = time.perf_counter()
+    core._compare(r"\frac{24}{2}", "12", 60.0)
+    seconds.append(time.perf_counter() - start)
+print(json.dumps(seconds))
+"""
+
+
+def cold_and_warm_parse_s() -> tuple[float, float]:
+    """The wall time of the first comparison of a fresh interpreter (no warm-up) and the median of the next five,
+    measured now: both grow with the machine's load, and the first-pass deadline of a test set between them
+    separates a warmed worker from a cold one on a quiet machine and on a loaded one alike."""
+    import json
+    import statistics
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", COLD_AND_WARM], capture_output=True, text=True, timeout=300, check=True)
+    seconds = json.loads(out.stdout)
+    return seconds[0], statistics.median(seconds[1:])
+
+
 def test_the_first_call_of_a_fresh_worker_scores_a_quick_answer_behind_slow_ones():
     """A worker warms math-verify up before it says it is ready: the first parse's cost does not fall on the first
-    call's answers, whose first-pass deadline can be a few tens of milliseconds."""
+    call's answers, whose first-pass deadline can be a few tens of milliseconds. The quick answer comes after seven
+    slow ones that use up the first pass and the budget: it scores only if its first-pass comparison, in a fresh
+    worker, takes a warm parse's time rather than a cold one's. The deadline is set between the two, as measured."""
+    import math
+
     from dhpo_trl.scoring import rewards
 
-    rewards._POOL.close()  # a fresh worker, as at the start of a run
+    cold, warm = cold_and_warm_parse_s()
+    assert cold > 4 * warm  # the first parse's cost this test guards against is there to be seen
     completions = slow_answers(7, offset=2000) + [r"\boxed{\frac{24}{2}}"]
-    scores = rewards.score_many([(c, "12") for c in completions], budget_s=1.0, timeout_s=2.0)
-    assert scores == [0.0] * 7 + [1.0]
+    first = max(math.sqrt(cold * warm), 1.0 / (2 * len(completions)))  # 62.5 ms for a 1 s budget on a quiet machine
+    budget = 2 * len(completions) * first  # one worker: the first pass's deadline is FIRST_PASS_SHARE * budget / 8
+    assert rewards.FIRST_PASS_SHARE * budget / len(completions) == pytest.approx(first)
+    rewards._POOL.close()  # a fresh worker, as at the start of a run
+    # a full deadline as long as the budget: the first slow answer of the second pass takes all the time left
+    scores = rewards.score_many([(c, "12") for c in completions], budget_s=budget, timeout_s=max(2.0, budget), workers=1)
+    assert scores == [0.0] * 7 + [1.0], (cold, warm, first)
     rewards.pop_grading_counts()
