@@ -925,11 +925,16 @@ def test_the_worker_ends_when_its_parent_dies(tmp_path):
         time.sleep(1.0)  # the comparison has started
         parent.send_signal(signal.SIGKILL)
         parent.wait(10)
-        deadline = time.monotonic() + 60.0  # a spare still importing on a loaded machine ends once it is up
-        while time.monotonic() < deadline and any(psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie" for pid in pids):
-            time.sleep(0.05)
-        alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
-        assert alive == []  # not 600 s later, at the deadline
+        def alive(pid: int) -> bool:
+            return psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"
+
+        # the comparing worker within 5 s, not at its deadline; the spare may still be importing on a loaded
+        # machine (it ends once it is up and finds its parent gone)
+        for pid, wait_s in zip(pids, (5.0, 60.0)):
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline and alive(pid):
+                time.sleep(0.05)
+            assert not alive(pid), pid
     finally:
         if parent.poll() is None:
             os.killpg(parent.pid, signal.SIGKILL)
