@@ -80,6 +80,14 @@ def graders() -> list[psutil.Process]:
             if any("_math_verify_core" in part for part in p.cmdline())]  # fmt: skip
 
 
+def grader_ready() -> None:
+    """Every worker of the pool started and ready (one killed before is replaced): the time of a call that follows
+    is its answers' alone, not a start's, which takes tens of seconds on a loaded machine."""
+    assert rewards.score_answer(r"\boxed{1}", "1") == 1.0
+    for worker in rewards._POOL._workers:
+        worker.ensure_ready()
+
+
 @pytest.fixture(autouse=True)
 def no_marker():
     if os.path.exists(MARKER):
@@ -91,6 +99,7 @@ def no_marker():
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_hostile_completion_scores_0_in_time_from_the_main_thread(name):
     assert threading.current_thread() is threading.main_thread()
+    grader_ready()
     start = time.perf_counter()
     assert rewards.score_answer(HOSTILE[name], "12", timeout_s=TIMEOUT_S) == 0.0
     assert time.perf_counter() - start < TIMEOUT_S + MARGIN_S
@@ -101,6 +110,7 @@ def test_hostile_completions_from_a_thread_in_time_and_memory_and_correct_answer
     names = list(HOSTILE)
 
     def timed(name):
+        grader_ready()
         start = time.perf_counter()
         value = rewards.score_answer(HOSTILE[name], "12", timeout_s=TIMEOUT_S)
         return value, time.perf_counter() - start
@@ -118,6 +128,7 @@ def test_hostile_completions_from_a_thread_in_time_and_memory_and_correct_answer
 def test_a_batch_with_hostile_completions_scores_the_rest_as_usual():
     completions = [HOSTILE["fraction-of-huge-powers"], r"\boxed{12}", HOSTILE["identity-matrix"], r"\boxed{13}",
                    HOSTILE["dunder-walk"], r"The answer is \boxed{\frac{24}{2}}."]  # fmt: skip
+    grader_ready()
     start = time.perf_counter()
     assert rewards.math_verify_reward(completions, answer=["12"] * len(completions)) == [0, 1, 0, 0, 0, 1]
     assert time.perf_counter() - start < len(completions) * (rewards.DEFAULT_TIMEOUT_S + MARGIN_S)
