@@ -2,9 +2,11 @@
 independent evaluation, the reward on the taught scratchpad, a short run through `python -m dhpo_trl --task long`."""
 
 import ast
+import collections
 import dataclasses
+import itertools
 import json
-import operator
+import random
 import re
 import statistics
 
@@ -55,28 +57,70 @@ def test_heldout_problems_are_disjoint_from_training_and_deterministic():
     assert make_chain_splits(50, 10, seed=1)[1] != HELDOUT[:10]
 
 
+LINE = re.compile(r"([a-z])(.) (\d+)\+(\d+)=(\d+)")  # label, mark, two summands, total
+
+
 def test_gold_and_every_scratchpad_line_agree_with_an_independent_evaluation():
+    """Every taught scratchpad, whatever its free choices: the labels in order, one summand the previous total and
+    the other the step, each total the value of the problem stopped at that step, the gold boxed at the end."""
+    rng = random.Random(7)
     for problem in TRAIN[:300] + HELDOUT:
         assert int(problem.answer) == evaluate(problem.question)
-        lines = problem.target_completion().strip().split("\n")
-        assert lines[-1] == f"\\boxed{{{evaluate(problem.question)}}}"
-        previous = problem.start
-        for index, line in enumerate(lines[:-1]):
-            label, work = line.split(": ")
-            assert label == "abcdefghijklmnopqrstuvwxyz"[index] and len(work) == len("017+8=025")  # fixed width
-            before, after = work.split("=")
-            partial = problem.question.rsplit(" ", 1)[0] + " " + label  # the same problem stopped at this step
-            assert int(before.split("+")[0]) == previous and evaluate(partial) == int(after)
-            previous = int(after)
-        assert len(lines) - 1 == problem.count
+        for completion in (problem.target_completion(), problem.sample_completion(rng)):
+            lines = completion.strip().split("\n")
+            assert lines[-1] == f"\\boxed{{{evaluate(problem.question)}}}"
+            previous = problem.start
+            for index, line in enumerate(lines[:-1]):
+                label, mark, first, second, after = LINE.fullmatch(line).groups()
+                assert label == "abcdefghijklmnopqrstuvwxyz"[index] and mark in ":)."
+                assert len(line) == len("a: 017+8=025")  # every choice has the same width
+                assert sorted([int(first), int(second)]) == sorted([previous, problem.step])
+                partial = problem.question.rsplit(" ", 1)[0] + " " + label  # the same problem stopped at this step
+                assert evaluate(partial) == int(after)
+                previous = int(after)
+            assert len(lines) - 1 == problem.count
+            assert problem.accepts(completion)
 
 
-def test_reward_scores_the_taught_scratchpad_and_refuses_a_wrong_total():
-    problems = HELDOUT[:20]
-    right = [p.target_completion() for p in problems]
-    wrong = [re.sub(r"\\boxed\{(\d+)\}", lambda m: f"\\boxed{{{int(m.group(1)) + 1}}}", t) for t in right]
-    assert math_verify_reward(right, [p.answer for p in problems]) == [1.0] * len(problems)
-    assert math_verify_reward(wrong, [p.answer for p in problems]) == [0.0] * len(problems)
+def test_the_free_choices_are_taught_uniformly_and_independently():
+    """Over many teaching draws each mark is a third of the lines and each order a half, whatever the line's
+    neighbour chose: the warm start leaves the policy uncertain at those tokens."""
+    rng = random.Random(3)
+    lines = [LINE.fullmatch(line).groups() for problem in TRAIN[:400]
+             for line in problem.sample_completion(rng).strip().split("\n")[:-1]]  # fmt: skip
+    marks = collections.Counter(mark for _, mark, *_ in lines)
+    step_first = [int(first) == problem_step for (_, _, first, _, _), problem_step in
+                  zip(lines, [p.step for p in TRAIN[:400] for _ in range(p.count)], strict=True)]  # fmt: skip
+    assert set(marks) == {":", ")", "."} and all(abs(n / len(lines) - 1 / 3) < 0.02 for n in marks.values())
+    # a summand equal to the step on both sides (total 001-009 with the same step) counts as step first: rare
+    assert abs(statistics.fmean(step_first) - 0.5) < 0.03
+    pairs = collections.Counter((a[1], b[1]) for a, b in itertools.pairwise(lines))
+    assert all(abs(n / sum(pairs.values()) - 1 / 9) < 0.02 for n in pairs.values())
+
+
+def test_accepts_only_right_scratchpads_and_bounds_its_work():
+    problem = ChainProblem(start=95, step=3, count=3)
+    right = problem.write([(")", True), (".", False), (":", True)])
+    assert right == " a) 3+095=098\nb. 098+3=101\nc: 3+101=104\n\\boxed{104}"
+    assert problem.accepts(right)
+    for wrong in (right.replace("101", "102"),  # a wrong total (and the next line's summand)
+                  right.replace("b.", "b;"),  # a mark that is not taught
+                  right.replace("b.", "c."),  # a wrong label
+                  right.replace("\nb. 098+3=101", ""),  # a missing line
+                  right.replace("104}", "105}"),  # the wrong answer boxed
+                  right[1:],  # no leading space
+                  right + " " * 10**6):  # hostile length: refused by its length
+        assert not problem.accepts(wrong)
+
+
+def test_a_changed_set_of_free_choices_changes_the_warm_start_cache_key(monkeypatch):
+    from dhpo_trl.demo import long_arithmetic
+    from dhpo_trl.demo.warmstart import WarmStartSettings
+
+    key = WarmStartSettings(problems=TRAIN[:30]).cache_key()
+    assert WarmStartSettings(problems=TRAIN[:30]).cache_key() == key
+    monkeypatch.setattr(long_arithmetic, "MARKS", (":", ")"))
+    assert WarmStartSettings(problems=TRAIN[:30]).cache_key() != key
 
 
 def test_bad_length_settings_are_refused():
@@ -92,6 +136,7 @@ def test_a_problem_reads_as_its_steps():
     problem = ChainProblem(start=95, step=3, count=3)
     assert problem.prompt == "Q: start 95, add 3, steps a to c\nA:"
     assert problem.target_completion() == " a: 095+3=098\nb: 098+3=101\nc: 101+3=104\n\\boxed{104}"
+    assert len({problem.sample_completion(random.Random(seed)) for seed in range(50)}) > 30  # of 6**3 = 216 variants
 
 
 TINY = LongSettings(num_train=24, num_heldout=4, hidden_size=16, warmup_steps=2, warmup_target_accuracy=None,

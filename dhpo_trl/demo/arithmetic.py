@@ -38,6 +38,14 @@ class Problem:
         """The answer the warm start teaches: just the boxed sum, so that sampling errors sit in the digits."""
         return f" \\boxed{{{self.answer}}}"
 
+    def sample_completion(self, rng: random.Random) -> str:
+        """What the warm start teaches on one draw: always the target (this task has no free choices)."""
+        return self.target_completion()
+
+    def accepts(self, text: str) -> bool:
+        """Whether `text` is the taught completion."""
+        return text == self.target_completion()
+
 
 def generate_problems(count: int, *, digits: tuple[int, int], seed: int, exclude: set | None = None) -> list[Problem]:
     """`count` distinct addition problems whose operands have between `digits[0]` and `digits[1]` digits."""

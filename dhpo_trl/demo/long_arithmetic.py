@@ -3,17 +3,24 @@ one line per step, the final total boxed.
 
     Q: start 17, add 8, steps a to c
     A: a: 017+8=025
-    b: 025+8=033
-    c: 033+8=041
+    b) 8+025=033
+    c. 033+8=041
     \\boxed{41}
 
-Every line has the same width (totals written with three digits), so the previous total and the step sit at fixed
-distances from the digits being written: a two-layer model learns the scratchpad from a few hundred supervised
-steps, and its errors are the sums' digits and where to stop. The number of steps is drawn long-tailed
-(log-normal), so completions run from about 40 to 360 tokens of the character tokenizer with a median above 100:
-the regime where one sequence ratio averages many token ratios. Problems are drawn deterministically from a seed;
-train and held-out splits never share a problem; the reward is the same math-verify check of the boxed answer as for
-the two-digit task.
+Every line carries two free choices that the reward never checks: how the label is marked (`:`, `)` or `.`) and
+which summand is written first. The warm start teaches every choice uniformly (each teaching draw picks them
+afresh), so the policy starts with about log 3 + log 2 nats of entropy per line at two tokens whose choice is its
+own, as a language model's reasoning has many tokens (phrasing, order) where several continuations are equally
+right. Those forking tokens are where RL moves a long completion's token probabilities apart from one another:
+nothing pins them, and the tokens after them (the summands, the sum's digits) are conditioned on what was chosen.
+The rest of the line is determined by what came before it. Both orders and all marks have the same width, so the
+previous total and the step sit at fixed distances from the digits being written and a two-layer model learns
+the arithmetic from a few thousand supervised steps; its errors are the sums' digits and where to stop.
+
+The number of steps is drawn long-tailed (log-normal), so completions run from about 40 to 360 tokens of the
+character tokenizer with a median above 100: the regime where one sequence ratio averages many token ratios.
+Problems are drawn deterministically from a seed; train and held-out splits never share a problem; the reward is the
+same math-verify check of the boxed answer as for the two-digit task.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ import string
 from dataclasses import dataclass
 
 LABELS = string.ascii_lowercase  # one label per step: at most 26 steps
+# Free choices of every line, unchecked by the reward: how the label is marked, and which summand comes first.
+MARKS = (":", ")", ".")
 PROMPT_TEMPLATE = "Q: {question}\nA:"
 
 
@@ -48,12 +57,39 @@ class ChainProblem:
         return PROMPT_TEMPLATE.format(question=self.question)
 
     def target_completion(self) -> str:
-        """The scratchpad the warm start teaches: one `label: total+step=new total` line per step, then the box."""
+        """One scratchpad of the many the warm start teaches: every free choice at its first option."""
+        return self.write(choices=[(MARKS[0], False)] * self.count)
+
+    def sample_completion(self, rng: random.Random) -> str:
+        """A taught scratchpad with each line's free choices (label mark, operand order) drawn uniformly."""
+        return self.write(choices=[(rng.choice(MARKS), rng.random() < 0.5) for _ in range(self.count)])
+
+    def write(self, choices: list[tuple[str, bool]]) -> str:
+        """The scratchpad with line i's label mark `choices[i][0]` and, if `choices[i][1]`, the step written first."""
         lines, total = [], self.start
-        for label in LABELS[: self.count]:
-            lines.append(f"{label}: {total:03d}+{self.step}={total + self.step:03d}")
+        for label, (mark, step_first) in zip(LABELS[: self.count], choices, strict=True):
+            summands = f"{self.step}+{total:03d}" if step_first else f"{total:03d}+{self.step}"
+            lines.append(f"{label}{mark} {summands}={total + self.step:03d}")
             total += self.step
         return " " + "\n".join(lines) + f"\n\\boxed{{{total}}}"
+
+    def accepts(self, text: str) -> bool:
+        """Whether `text` is a taught scratchpad of this problem (any free choices): every line's labels, summands
+        and totals right, then the right total boxed. Bounded: a text longer than the longest taught one is refused
+        before any parsing."""
+        if len(text) > len(self.target_completion()) or text[:1] != " ":
+            return False
+        lines = text[1:].split("\n")
+        if len(lines) != self.count + 1 or lines[-1] != f"\\boxed{{{self.answer}}}":
+            return False
+        total = self.start
+        for label, line in zip(LABELS, lines[:-1]):
+            new = f"{total + self.step:03d}"
+            if line not in {f"{label}{mark} {summands}={new}" for mark in MARKS
+                            for summands in (f"{total:03d}+{self.step}", f"{self.step}+{total:03d}")}:  # fmt: skip
+                return False
+            total += self.step
+        return True
 
 
 @dataclass(frozen=True)

@@ -33,10 +33,10 @@ class LongSettings:
     num_heldout: int = 100
     hidden_size: int = 128
     num_layers: int = 2
-    # Warm start stopped at the first check where greedy decoding writes the whole taught scratchpad for
-    # `warmup_target_accuracy` of 100 training problems: one wrong digit anywhere fails, so RL has room.
-    warmup_steps: int = 1500
-    warmup_target_accuracy: float | None = 0.3
+    # Warm start stopped at the first check where greedy decoding writes a whole taught scratchpad (any free
+    # choices) for `warmup_target_accuracy` of 100 training problems: one wrong digit anywhere fails, so RL has room.
+    warmup_steps: int = 3000
+    warmup_target_accuracy: float | None = 0.4
     warmup_check_every: int = 50
     warmup_learning_rate: float = 3e-3
     warmup_batch_size: int = 32

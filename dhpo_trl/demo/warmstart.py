@@ -61,15 +61,21 @@ class WarmStartSettings:
                 del described[name]
         # What is taught, as text: a changed prompt template must not load weights trained on the old one.
         described["problems"] = [(p.prompt, p.target_completion()) for p in self.problems]
+        # Tasks with free choices teach other completions than the targets: a changed set of choices changes the key.
+        sampled = [p.sample_completion(random.Random(0)) for p in self.problems[:20]]
+        if sampled != [p.target_completion() for p in self.problems[:20]]:
+            described["sampled_completions"] = sampled
         return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _batch(tokenizer, problems: list[Problem]) -> dict[str, torch.Tensor]:
-    """Right-padded prompt + target completion + EOS; labels only on the answer (the prompt is not taught)."""
+def _batch(tokenizer, problems: list[Problem], rng: random.Random | None = None) -> dict[str, torch.Tensor]:
+    """Right-padded prompt + taught completion (its free choices drawn from `rng`) + EOS; labels only on the answer
+    (the prompt is not taught)."""
+    rng = rng or random.Random(0)
     rows, labels = [], []
     for problem in problems:
         prompt_ids = tokenizer(problem.prompt, add_special_tokens=False)["input_ids"]
-        answer_ids = tokenizer(problem.target_completion(), add_special_tokens=False)["input_ids"]
+        answer_ids = tokenizer(problem.sample_completion(rng), add_special_tokens=False)["input_ids"]
         ids = prompt_ids + answer_ids + [tokenizer.eos_token_id]
         rows.append(ids)
         labels.append([-100] * len(prompt_ids) + answer_ids + [tokenizer.eos_token_id])
@@ -95,11 +101,11 @@ def greedy_completions(model, tokenizer, prompts: list[str], *, max_new_tokens: 
 
 
 def exact_accuracy(model, tokenizer, problems: list[Problem]) -> float:
-    """Share of `problems` whose greedy completion is exactly the taught one (`Problem.target_completion`)."""
-    targets = [p.target_completion() for p in problems]
+    """Share of `problems` whose greedy completion is exactly a taught one (`Problem.accepts`: the target, or on a
+    task with free choices any of its taught variants)."""
     texts = greedy_completions(model, tokenizer, [p.prompt for p in problems],
-                               max_new_tokens=max(len(t) for t in targets) + 1)  # fmt: skip
-    return sum(text == target for text, target in zip(texts, targets, strict=True)) / len(problems)
+                               max_new_tokens=max(len(p.target_completion()) for p in problems) + 1)  # fmt: skip
+    return sum(p.accepts(text) for p, text in zip(problems, texts, strict=True)) / len(problems)
 
 
 def _sample(problems: list, batch_size: int, rng: random.Random, group_by_length: bool) -> list:
@@ -136,7 +142,7 @@ def warm_start(settings: WarmStartSettings, log=None):
     probe_accuracy = None
     model.train()
     for step in range(1, settings.steps + 1):
-        batch = _batch(tokenizer, _sample(pool, settings.batch_size, rng, settings.group_by_length))
+        batch = _batch(tokenizer, _sample(pool, settings.batch_size, rng, settings.group_by_length), rng)
         loss = model(**batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
