@@ -595,12 +595,13 @@ def plan(args) -> list[tuple]:
     the spreads from its second cell on."""
     jobs = []
     for k in args.ks:
+        objectives = args.on_policy_objectives if k == 1 and args.on_policy_objectives else args.objectives
         cells = [[(o, k, s, str(args.out_dir), args.generation_batches, args.eval_every, args.learning_rate, args.task)
-                  for o in args.objectives] for s in args.seeds]  # fmt: skip
+                  for o in objectives] for s in args.seeds]  # fmt: skip
         # on-policy (k = 1) every ratio is 1 on every task: no reference to compare with
         reference = [[(o, k, s, str(args.out_dir / "reference-addition"), args.generation_batches, args.eval_every,
                        args.learning_rate, "addition") for s in args.reference_seeds] if k > 1 else []
-                     for o in args.objectives]  # fmt: skip
+                     for o in objectives]  # fmt: skip
         jobs += [job for cell, extra in zip(cells[0], reference) for job in (cell, *extra)]
         jobs += [job for seed_cells in cells[1:] for job in seed_cells]
     return jobs
@@ -613,6 +614,9 @@ def main(argv: list[str] | None = None) -> int:
                              "scratchpad, completions of 30-400 tokens (docs/study/long_completions.md)")  # fmt: skip
     parser.add_argument("--objectives", nargs="+", default=OBJECTIVES, choices=[*PAPER_ALGORITHMS, *VARIANTS])
     parser.add_argument("--ks", nargs="+", type=int, default=[2, 4, 8, 16], help="optimizer steps per generation batch")
+    parser.add_argument("--on-policy-objectives", nargs="+", default=None, choices=[*PAPER_ALGORITHMS, *VARIANTS],
+                        help="at k = 1 run only these of --objectives (default: all): on-policy every ratio is 1, no "
+                             "clip or gate acts, and the rows differ only in how they weight token gradients")  # fmt: skip
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--reference-seeds", nargs="*", type=int, default=[],
                         help="--task long: seeds of two-digit-task cells at each k > 1, run with the study's "
@@ -630,6 +634,10 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("generation_batches", "eval_every", "workers"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.on_policy_objectives and not set(args.on_policy_objectives) <= set(args.objectives):
+        parser.error("--on-policy-objectives must be among --objectives")
+    if args.on_policy_objectives and 1 not in args.ks:
+        parser.error("--on-policy-objectives chooses the rows run at k = 1: add 1 to --ks")
     if args.reference_seeds and args.task == "addition":
         parser.error("--reference-seeds compares another task with the two-digit one: use it with --task long")
     args.learning_rate = TASKS[args.task].learning_rate if args.learning_rate is None else args.learning_rate

@@ -268,6 +268,23 @@ def test_long_study_runs_in_plan_order_compares_spreads_and_reports_missing_cell
     assert "Incomplete: 4 cells" in page and "--report-only" not in results["meta"]["command"]
 
 
+def test_on_policy_objectives_choose_the_rows_run_at_k_1(monkeypatch, tmp_path):
+    calls = []
+    _fake_cells(monkeypatch, calls)
+    common = ["--task", "long", "--objectives", "GRPO", "GSPO", "DHPO-E", "--seeds", "0", "--generation-batches", "2",
+              "--eval-every", "1", "--workers", "1", "--out-dir", str(tmp_path / "out"), "--docs-dir",
+              str(tmp_path / "docs")]  # fmt: skip
+    assert staleness.main([*common, "--ks", "4", "1", "--on-policy-objectives", "DHPO-E", "GRPO"]) == 0
+    assert calls == [("long", "GRPO", 4, 0), ("long", "GSPO", 4, 0), ("long", "DHPO-E", 4, 0), ("long", "DHPO-E", 1, 0),
+                     ("long", "GRPO", 1, 0)]  # fmt: skip
+    results = json.loads((tmp_path / "docs" / "long_completions.json").read_text())
+    assert sorted(results["aggregate"]["GSPO"]) == ["4"] and sorted(results["aggregate"]["GRPO"]) == ["1", "4"]
+    for bad in (["--ks", "4", "1", "--on-policy-objectives", "SAPO"], ["--ks", "4", "--on-policy-objectives", "GRPO"]):
+        with pytest.raises(SystemExit):
+            staleness.main([*common, *bad])
+    assert len(calls) == 5
+
+
 def test_reference_seeds_need_the_long_task(capsys):
     with pytest.raises(SystemExit):
         staleness.main(["--reference-seeds", "0"])
