@@ -448,6 +448,7 @@ def long_meta(args, summaries: dict[tuple, dict], missing: list[tuple]) -> dict:
         "cpu_minutes": sum(cpu) / 60,
         "cells_without_cpu_time": len(summaries) - len(cpu),
         "reference": {"task": "addition", "seeds": args.reference_seeds, "generation_batches": args.generation_batches},
+        "on_policy_objectives": args.on_policy_objectives if 1 in args.ks else None,
         "missing": [f"{task} {o} k={k} seed {seed}" for o, k, seed, *_, task in missing],
     }
 
@@ -516,8 +517,10 @@ def long_markdown(table, meta: dict, reference) -> str:
         "",
         "**Small-scale study on an embedded CPU task, not the paper's experiment.** The task (`python -m dhpo_trl "
         "--task long`, dhpo_trl/demo/long_task.py): a start (0-99) and a step (1-9) added 2 to 26 times, worked "
-        "through in a written scratchpad, one fixed-width line per addition with the running total, the final total "
-        "boxed; reward "
+        "through in a written scratchpad, one line per addition with the running total, the final total boxed; each "
+        "line has two free choices the reward does not check (how its label is marked, which summand comes first), "
+        "taught uniformly, so that a long completion has forking tokens where the policy is genuinely uncertain; "
+        "reward "
         f"1/0 from math-verify on the boxed answer. The taught completions run from {lengths['min']} to "
         f"{lengths['max']} tokens (median {lengths['median']:g}, 90th percentile {lengths['p90']}); sampled ones are "
         f"capped at {meta['max_completion_length']}. Policy: a tiny Qwen3 ({meta['parameters']:,} parameters, "
@@ -525,8 +528,10 @@ def long_markdown(table, meta: dict, reference) -> str:
         "until it writes the whole scratchpad right for "
         f"{settings['warmup_target_accuracy']:.0%} of 100 training problems. Each generation batch "
         f"({settings['prompts_per_generation']} prompts x {settings['num_generations']} completions) is split into k "
-        "optimizer steps, every completion used once; k = 1 is on-policy, where DHPO's ratios are all 1 and it "
-        f"differs from GRPO / GSPO only in aggregation. Same prompts, learning rate ({meta['learning_rate']:g}) and "
+        "optimizer steps, every completion used once; k = 1 is on-policy, where every ratio is 1, no clip or gate "
+        "acts and the rows differ only in how they weight token gradients"
+        + (f" (so only {', '.join(meta['on_policy_objectives'])} run there)" if meta.get("on_policy_objectives") else "")
+        + f". Same prompts, learning rate ({meta['learning_rate']:g}) and "
         f"{meta['generation_batches']} generation batches in every cell; held-out accuracy (greedy, "
         f"{meta['num_heldout']} problems) every {meta['eval_every']} generation batches. Mean ± sample std over "
         f"{' or '.join(map(str, seeds))} seeds per cell. Produced on {meta['machine']} "
