@@ -113,6 +113,23 @@ def test_accepts_only_right_scratchpads_and_bounds_its_work():
         assert not problem.accepts(wrong)
 
 
+def test_the_warm_start_teaches_drawn_choices_on_the_completion_only():
+    from dhpo_trl.demo import warmstart
+
+    tokenizer = build_char_tokenizer()
+    problems = TRAIN[:40]
+    batch = warmstart._batch(tokenizer, problems, random.Random(0))
+    taught = []
+    for problem, labels in zip(problems, batch["labels"].tolist(), strict=True):
+        ids = [i for i in labels if i != -100]
+        assert ids[-1] == tokenizer.eos_token_id
+        taught.append(tokenizer.decode(ids[:-1]))
+        assert problem.accepts(taught[-1])  # the prompt is not taught, the completion is a right scratchpad
+    marks = collections.Counter(LINE.fullmatch(line).group(2) for text in taught for line in text.strip().split("\n")[:-1])
+    assert set(marks) == {":", ")", "."}
+    assert sum(text != p.target_completion() for p, text in zip(problems, taught, strict=True)) >= 35
+
+
 def test_a_changed_set_of_free_choices_changes_the_warm_start_cache_key(monkeypatch):
     from dhpo_trl.demo import long_arithmetic
     from dhpo_trl.demo.warmstart import WarmStartSettings
