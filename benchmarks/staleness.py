@@ -575,8 +575,12 @@ def long_markdown(table, meta: dict, reference) -> str:
 LONG_AT_SCALE = """## What this scale cannot show
 
 A policy of a few hundred thousand parameters on a task it partly solves after minutes of supervised training: the
-completions are long, but each token is nearly determined by the ones before it (a copy, a one-digit sum), so most
-token ratios stay close to 1 and the trust regions bind on few tokens. Few seeds and a 100-problem held-out set
+completions are long, but apart from the two free choices per line and the sums' digits each token is nearly
+determined by the ones before it (a copy, a label), so most token ratios stay close to 1 and the trust regions bind
+on few tokens. The within-sequence spread of log r is a standard deviation, not a sum: it does not grow with length,
+and a two-digit completion, a dozen tokens of which a few are uncertain digits, already has as dense a share of
+uncertain tokens as a scratchpad. What length changes is the sequence ratio, the mean of many token log-ratios,
+which stays far closer to 1 (the |log s| table) than the token ratios around it. Few seeds and a 100-problem held-out set
 make the seed noise several points, more than the 3-point differences the paper reports. Reasoning traces of a 1.7B+ model, with
 real uncertainty at many positions, hard problems where most groups score 0, and thousands of tokens per answer,
 are the regime of the paper's claims; docs/study/staleness.md gives the command for that sweep on the paper's

@@ -13,9 +13,9 @@ afresh), so the policy starts with about log 3 + log 2 nats of entropy per line 
 own, as a language model's reasoning has many tokens (phrasing, order) where several continuations are equally
 right. Those forking tokens are where RL moves a long completion's token probabilities apart from one another:
 nothing pins them, and the tokens after them (the summands, the sum's digits) are conditioned on what was chosen.
-The rest of the line is determined by what came before it. Both orders and all marks have the same width, so the
-previous total and the step sit at fixed distances from the digits being written and a two-layer model learns
-the arithmetic from a few thousand supervised steps; its errors are the sums' digits and where to stop.
+The rest of the line is determined by what came before it. Both orders and all marks have the same width, so every
+line starts a fixed distance after the previous one and a two-layer model learns the scratchpad in under a
+thousand supervised steps; its errors are the sums' digits and where to stop.
 
 The number of steps is drawn long-tailed (log-normal), so completions run from about 40 to 360 tokens of the
 character tokenizer with a median above 100: the regime where one sequence ratio averages many token ratios.

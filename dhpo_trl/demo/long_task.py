@@ -41,9 +41,9 @@ class LongSettings:
     warmup_learning_rate: float = 3e-3
     warmup_batch_size: int = 32
     max_steps: int = 32  # RL optimizer steps
-    # Above the two-digit task's 2e-4: a token's gradient is divided by its completion's length (the per-response
-    # mean), so long completions move each token less per step.
-    learning_rate: float = 5e-4
+    # The two-digit task's rate. Measured (GRPO, k = 4, seed 0, 4 generation batches): 2e-4 keeps the held-out
+    # accuracy (35% -> 34%), 5e-4 loses 11 points (35% -> 24%), as it loses 5 on the two-digit task.
+    learning_rate: float = 2e-4
     prompts_per_generation: int = 16
     num_generations: int = 8
     steps_per_generation: int = 2  # k: optimizer steps per generation batch
