@@ -453,27 +453,38 @@ def long_meta(args, summaries: dict[tuple, dict], missing: list[tuple]) -> dict:
     }
 
 
+def _relative_spread(row: dict) -> list[float] | None:
+    """Mean within-sequence spread over mean |log s| (means over seeds): how far the token ratios stray from a
+    sequence ratio, in units of how far the sequence ratio itself moved."""
+    spread, sequence = row.get("last_step_log_ratio_spread"), row.get("last_step_abs_sequence_log_ratio")
+    return None if spread is None or not sequence or sequence[0] == 0 else [spread[0] / sequence[0], 0.0]
+
+
 def spread_comparison(table, reference) -> list[str]:
     """Per objective and k > 1: the within-sequence spread of log r on this task, on the two-digit task, and their
-    ratio; then mean |log s| the same way."""
+    ratio; then mean |log s| the same way, and the spread in units of |log s|."""
     ks = sorted({k for rows in table.values() for k in rows if k > 1})
     lines = []
-    for measure, title in (("last_step_log_ratio_spread", "Within-sequence spread of the token log-ratio, mean over "
-                            "sequences of std_t log r_t"), ("last_step_abs_sequence_log_ratio", "Sequence log-ratio, "
-                            "mean over sequences of |log s|")):  # fmt: skip
+    measures = (
+        (lambda row: row.get("last_step_log_ratio_spread"), 4,
+         "Within-sequence spread of the token log-ratio, mean over sequences of std_t log r_t"),
+        (lambda row: row.get("last_step_abs_sequence_log_ratio"), 4, "Sequence log-ratio, mean over sequences of |log s|"),
+        (_relative_spread, 1, "Spread relative to the sequence log-ratio, the first table over the second"),
+    )  # fmt: skip
+    for value, digits, title in measures:
         lines += [f"**{title}, on the last step of each generation batch: this task / two-digit task (ratio)**", "",
                   "| objective | " + " | ".join(f"k = {k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]  # fmt: skip
         for objective, rows in table.items():
             cells = []
             for k in ks:
-                here = rows.get(k, {}).get(measure)
-                there = reference.get(objective, {}).get(k, {}).get(measure)
+                here = value(rows[k]) if k in rows else None
+                there = value(reference[objective][k]) if k in reference.get(objective, {}) else None
                 if here is None:
                     cells.append("—")
                 elif there is None or there[0] == 0:
-                    cells.append(f"{here[0]:.4f} / —")
+                    cells.append(f"{here[0]:.{digits}f} / —")
                 else:
-                    cells.append(f"{here[0]:.4f} / {there[0]:.4f} ({here[0] / there[0]:.1f}x)")
+                    cells.append(f"{here[0]:.{digits}f} / {there[0]:.{digits}f} ({here[0] / there[0]:.1f}x)")
             lines.append(f"| {objective} | " + " | ".join(cells) + " |")
         lines.append("")
     return lines

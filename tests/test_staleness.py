@@ -226,7 +226,7 @@ def _fake_cells(monkeypatch, calls):
         out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)
         spread = {"off_policy/log_ratio_spread": 0.03 if settings.task == "long" else 0.01,
-                  "off_policy/abs_sequence_log_ratio": 0.002}  # fmt: skip
+                  "off_policy/abs_sequence_log_ratio": 0.001 if settings.task == "long" else 0.004}  # fmt: skip
         log = [{**e, **spread} if "loss" in e else e for e in history()]
         (out / "trainer_state.json").write_text(json.dumps({"log_history": log}))
         summary = {"task": settings.task, "settings": {**dataclasses.asdict(settings), "max_steps": max_steps,
@@ -257,6 +257,8 @@ def test_long_study_runs_in_plan_order_compares_spreads_and_reports_missing_cell
     page = (tmp_path / "docs" / "long_completions.md").read_text()
     assert page == staleness.page_from_json(results) and "Incomplete" not in page
     assert "| GRPO | 0.0300 / 0.0100 (3.0x) |" in page  # k = 4 only: on-policy k = 1 is no column of the comparison
+    assert "| GRPO | 0.0010 / 0.0040 (0.2x) |" in page  # mean |log s|
+    assert "| GRPO | 30.0 / 2.5 (12.0x) |" in page  # the spread in units of |log s|: 0.03 / 0.001 against 0.01 / 0.004
     assert (tmp_path / "docs" / "long_completions_accuracy.png").is_file()
 
     # a third seed, reported before it runs: nothing runs, the page names the missing cells and the resume command
