@@ -1,7 +1,8 @@
 """Run under `torchrun --nproc_per_node N` on CPU (gloo): off-policy DHPO-A steps on the tiny Qwen3-MoE with
 `routing_replay="old"` (and "rollout", below), TRL's batching (each policy pass one padded forward of its micro-batch).
 
-Usage: torchrun --nproc_per_node N tests/dist_scripts/routing_replay_distributed.py OUT_DIR [--zero3] [--rollout-port P]
+Usage: torchrun --nproc_per_node N tests/dist_scripts/routing_replay_distributed.py OUT_DIR [--zero3]
+           [--rollout-port P]
 
 Every rank compares, in every policy pass, the experts each expert block received (a spy on the `experts` modules)
 with the micro-batch's recorded routing, token by token, and writes OUT_DIR/rank{r}.json: the passes checked, the
@@ -128,7 +129,7 @@ def trl_server_mode_on_cpu() -> None:
 
 
 def planted(ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """(tokens, layers, top_k) experts the fake server routed these tokens (ids, positions in their sequence) through."""
+    """(tokens, layers, top_k) experts the fake server routed these tokens (ids, positions in a sequence) through."""
     return torch.tensor([[fake.planted_experts(t, p, layer, TOP_K, EXPERTS) for layer in range(LAYERS)]
                          for t, p in zip(ids.tolist(), positions.tolist())]).view(-1, LAYERS, TOP_K)  # fmt: skip
 
@@ -186,8 +187,8 @@ def rollout_run(out_dir: Path, tok, zero3: bool, port: int) -> None:
     logs = [e for e in trainer.state.log_history if "moe/routing_flip_fraction" in e]
     rank = trainer.accelerator.process_index
     (out_dir / f"rollout_rank{rank}.json").write_text(json.dumps({
-        **spy.summary(), "flip": [e["moe/routing_flip_fraction"] for e in logs], "train_s": time.perf_counter() - start,
-        "replayed": [e["moe/replayed_fraction"] for e in logs],
+        **spy.summary(), "flip": [e["moe/routing_flip_fraction"] for e in logs],
+        "replayed": [e["moe/replayed_fraction"] for e in logs], "train_s": time.perf_counter() - start,
     }))  # fmt: skip
 
 
