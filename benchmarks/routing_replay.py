@@ -32,7 +32,7 @@ On a GPU (`scripts/gpu_check.sh` runs it), Qwen3-30B-A3B's MoE layers cut to 4, 
 synchronisations:
 
     python benchmarks/routing_replay.py --overhead-only --device cuda --dtype bfloat16 \
-        --overhead-shape qwen3-30b-a3b-4-layers --overhead-rows 8 --overhead-length 1024 --repeats 10 --json out.json
+        --overhead-shape qwen3-30b-a3b-4-layers --overhead-rows 4 --overhead-length 1024 --repeats 8 --json out.json
 """
 
 from __future__ import annotations

@@ -70,9 +70,9 @@ def routing_commands(python: str, cpu: bool, work: Path) -> tuple[list[str], lis
                  "--overhead-length", "16"],
                 [*rollout, "--device", "cpu", "--engine", "stand-in", "--shape", "tiny", "--prompts", "4",
                  "--max-tokens", "12"])  # fmt: skip
-    # Qwen3-30B-A3B's MoE layers (128 experts, top-8) cut to 4, bf16, 8 x 1,024 tokens
+    # Qwen3-30B-A3B's MoE layers (128 experts, top-8) cut to 4, bf16, 4 x 1,024 tokens
     return ([*overhead, "--device", "cuda", "--dtype", "bfloat16", "--overhead-shape", "qwen3-30b-a3b-4-layers",
-             "--repeats", "10", "--overhead-rows", "8", "--overhead-length", "1024"],
+             "--repeats", "8", "--overhead-rows", "4", "--overhead-length", "1024"],
             [*rollout, "--device", "cuda", "--engine", "vllm", "--shape", "small", "--prompts", "16",
              "--max-tokens", "48"])  # fmt: skip
 

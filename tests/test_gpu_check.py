@@ -59,6 +59,21 @@ def test_gpu_parts_ask_for_the_gpu_workload():
     assert rollout[rollout.index("--engine") + 1] == "vllm" and rollout[rollout.index("--device") + 1] == "cuda"
 
 
+def test_the_gpu_overhead_shape_is_qwen3_30b_a3b_layers():
+    """The shape `routing-overhead` times on a GPU, built on the meta device: Qwen3-30B-A3B's layer, counted by hand."""
+    import torch
+
+    from dhpo_trl.demo.tiny import build_char_tokenizer
+
+    bench = load("benchmarks/routing_replay.py")
+    model = bench.build_shape(build_char_tokenizer(), "qwen3-30b-a3b-4-layers", 0, "meta", torch.bfloat16)
+    hidden, vocab, heads, kv_heads, head_dim, experts, width = 2048, 151936, 32, 4, 128, 128, 768
+    attention = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2 + 2 * head_dim  # q, o, k, v; q/k norms
+    layer = attention + experts * hidden + experts * 3 * hidden * width + 2 * hidden  # router, experts, two norms
+    assert sum(p.numel() for p in model.parameters()) == 2 * vocab * hidden + 4 * layer + hidden  # untied; final norm
+    assert model.config.num_experts_per_tok == 8 and next(model.parameters()).dtype == torch.bfloat16
+
+
 def test_rollout_check_without_vllm_says_so_and_renders(tmp_path):
     """`routing-rollout` on a machine without vllm: one line naming the install, in the JSON and the docs block."""
     rollout = load("benchmarks/routing_replay_rollout.py")
