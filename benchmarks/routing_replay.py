@@ -260,6 +260,30 @@ def timer(device: str):
     return lambda: (torch.cuda.synchronize(), time.perf_counter())[1]
 
 
+def replay_check(model, hooks, routing, ids, mask, width) -> dict:
+    """Once the routers have moved (noise on their weights, as optimizer steps move them), the replayed forward's
+    expert blocks (read by a spy, not by the hooks) run the recorded experts on every token and layer; the decisions
+    the live routers would have flipped are counted. Run last: it changes the routers."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                param.add_(0.5 * param.abs().mean() * torch.randn_like(param))
+    used = []
+    spies = [block.register_forward_pre_hook(lambda m, args: used.append(args[1].detach()))
+             for name, block in model.named_modules() if name.endswith("mlp.experts")]  # fmt: skip
+    try:
+        with torch.no_grad(), hooks.replay(routing) as stats:
+            token_logps(model, ids, mask, width)
+    finally:
+        for spy in spies:
+            spy.remove()
+    attended = mask.flatten().bool()
+    ran = torch.stack([calls.view(-1, calls.size(-1))[attended] for calls in used]).long().cpu()
+    differing = rr.decisions_differ(ran, routing.experts.long().cpu())  # both (layers, tokens, top_k), row-major
+    return {"decisions": differing.numel(), "differing": int(differing.sum()),
+            "flipped_fraction": stats.flipped / stats.decisions, "replayed_fraction": stats.replayed / stats.decisions}
+
+
 def overhead(tokenizer, repeats: int, hidden: int, device: str = "cpu", dtype: torch.dtype = torch.float32,
              shape: str = "tiny", rows: int = 32, length: int = 32) -> dict:  # fmt: skip
     """The update (forward + backward with replay) and the pi_old pass (no-grad forward with recording), plain and
@@ -299,10 +323,12 @@ def overhead(tokenizer, repeats: int, hidden: int, device: str = "cpu", dtype: t
                 run()
                 if repeat >= 2:  # two warm-up rounds
                     times[name][index].append(clock() - start)
+    exactness = replay_check(model, hooks, routing, ids, mask, width)
     hooks.remove()
     result = {"shape": shape, "device": device, "dtype": str(dtype).removeprefix("torch."), "rows": rows,
               "length": length, "parameters": sum(p.numel() for p in model.parameters()), "repeats": repeats,
-              "layers": routing.experts.size(0), "top_k": routing.experts.size(2), "arms": {}}  # fmt: skip
+              "layers": routing.experts.size(0), "top_k": routing.experts.size(2), "replay_check": exactness,
+              "arms": {}}  # fmt: skip
     for name, (plain, hooked) in times.items():
         plain_s, hooked_s = statistics.median(plain), statistics.median(hooked)
         result["arms"][name] = {"plain_s": plain_s, "hooked_s": hooked_s, "timed": len(plain),

@@ -94,11 +94,15 @@ def routing_lines(parts: dict) -> list[str]:
     """The routing-replay parts: the overhead of recording and replaying, and R3 against vLLM's engine."""
     lines = []
     for result in (parts.get("routing-overhead", {}).get("result") or {}).get("overhead", []):
+        check = result["replay_check"]
         lines += ["", f"**Routing replay overhead** ({result['shape']}, {result['parameters'] / 1e9:.2f}B parameters, "
                   f"{result['layers']} MoE layers, top-{result['top_k']}, {result['dtype']}, {result['rows']} x "
-                  f"{result['length']} tokens; median of {result['repeats']} interleaved runs, wall time between "
-                  "synchronisations)", "", "| pass | plain | with the hooks | overhead |",
-                  "|---|---|---|---|"]  # fmt: skip
+                  f"{result['length']} tokens; median of {result['repeats']} interleaved runs, "
+                  f"{'CPU time' if result['device'] == 'cpu' else 'wall time between synchronisations'}). After noise "
+                  f"on the routers, {100 * check['flipped_fraction']:.1f}% of the live "
+                  f"decisions flip; the replayed pass ran {check['decisions'] - check['differing']} of "
+                  f"{check['decisions']} token-layer decisions as recorded.", "",
+                  "| pass | plain | with the hooks | overhead |", "|---|---|---|---|"]  # fmt: skip
         for name, arm in result["arms"].items():
             hooks = "replay" if name == "update" else "record"
             lines.append(f"| {name} ({hooks}) | {_number(arm['plain_s'], 1, 1e3, ' ms')} | "

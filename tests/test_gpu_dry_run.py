@@ -95,6 +95,9 @@ def test_dry_run_times_routing_replay(dry_run):
     (figures,) = dry_run[1]["parts"]["routing-overhead"]["result"]["overhead"]
     assert (figures["shape"], figures["device"], figures["layers"], figures["top_k"]) == ("mini", "cpu", 2, 2)
     assert set(figures["arms"]) == {"update", "pi_old pass"}
+    check = figures["replay_check"]  # the routers moved: the live ones flip, the replayed pass runs the recorded
+    assert check["decisions"] == figures["rows"] * figures["length"] * figures["layers"] and check["differing"] == 0
+    assert check["flipped_fraction"] > 0 and check["replayed_fraction"] == 1.0
     for arm in figures["arms"].values():
         assert arm["timed"] == 2 and arm["plain_s"] > 0 and arm["hooked_s"] > 0
         assert arm["overhead_percent"] == pytest.approx(100 * (arm["hooked_s"] - arm["plain_s"]) / arm["plain_s"])
