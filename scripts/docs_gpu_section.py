@@ -111,8 +111,9 @@ def routing_lines(parts: dict) -> list[str]:
     if rollout and "skipped" in rollout:
         lines += ["", f"**R3 against vLLM's engine**: not run: {rollout['skipped']}."]
     elif rollout and "flip_fraction_before_replay" in rollout:
-        lines += ["", f"**R3 against vLLM's engine** ({rollout['engine']} {rollout.get('vllm', '')}, Qwen3-MoE "
-                  f"{rollout['shape']}, {rollout['sequences']} completions, {rollout['tokens']} tokens, "
+        engine = rollout["engine"] + (f" {rollout['vllm']}" if "vllm" in rollout else "")
+        lines += ["", f"**R3 against vLLM's engine** ({engine}, Qwen3-MoE {rollout['shape']}, "
+                  f"{rollout['sequences']} completions, {rollout['tokens']} tokens, "
                   f"{rollout['layers']} layers, top-{rollout['top_k']}, policy in {rollout['dtype']}): routing "
                   f"returned as {rollout['routing_dtype']}; flip fraction before replay "
                   f"{rollout['flip_fraction_before_replay']:.4f} ({rollout['flipped_decisions']} of "
