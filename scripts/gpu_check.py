@@ -66,8 +66,8 @@ def routing_commands(python: str, cpu: bool, work: Path) -> tuple[list[str], lis
                 str(work / "routing-overhead.json")]
     rollout = [python, "benchmarks/routing_replay_rollout.py", "--json", str(work / "routing-rollout.json")]
     if cpu:
-        return ([*overhead, "--device", "cpu", "--overhead-shape", "mini", "--repeats", "2", "--overhead-rows", "4",
-                 "--overhead-length", "16"],
+        return ([*overhead, "--device", "cpu", "--dtype", "bfloat16", "--overhead-shape", "mini", "--repeats", "2",
+                 "--overhead-rows", "4", "--overhead-length", "16"],
                 [*rollout, "--device", "cpu", "--engine", "stand-in", "--shape", "tiny", "--prompts", "4",
                  "--max-tokens", "12"])  # fmt: skip
     # Qwen3-30B-A3B's MoE layers (128 experts, top-8) cut to 4, bf16, 4 x 1,024 tokens

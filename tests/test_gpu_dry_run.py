@@ -93,7 +93,8 @@ def test_dry_run_benchmarks_every_arm(dry_run, part):
 
 def test_dry_run_times_routing_replay(dry_run):
     (figures,) = dry_run[1]["parts"]["routing-overhead"]["result"]["overhead"]
-    assert (figures["shape"], figures["device"], figures["layers"], figures["top_k"]) == ("mini", "cpu", 2, 2)
+    assert (figures["shape"], figures["device"], figures["dtype"]) == ("mini", "cpu", "bfloat16")  # the GPU's dtype
+    assert (figures["layers"], figures["top_k"]) == (2, 2)
     assert set(figures["arms"]) == {"update", "pi_old pass"}
     check = figures["replay_check"]  # the routers moved: the live ones flip, the replayed pass runs the recorded
     assert check["decisions"] == figures["rows"] * figures["length"] * figures["layers"] and check["differing"] == 0
