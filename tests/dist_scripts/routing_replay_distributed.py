@@ -17,9 +17,12 @@ the decoder's inputs), and writes OUT_DIR/rollout_rank{r}.json.
 """
 
 import contextlib
+import ctypes
+import functools
 import importlib.util
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -95,6 +98,14 @@ def config(out_dir: Path, zero3: bool, **overrides):
     )  # fmt: skip
 
 
+def die_with(parent: int) -> None:
+    """In the server's process, before it runs: the kernel kills it when rank 0 ends, however rank 0 ends (a crash,
+    or torchrun's SIGTERM to the other ranks, skips rank 0's `finally`)."""
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # rank 0 ended before the signal was armed
+        os._exit(1)
+
+
 @contextlib.contextmanager
 def fake_server(port: int | None):
     """Rank 0 starts the fake vLLM server with routing on (only the main process talks to it, as in TRL)."""
@@ -106,7 +117,8 @@ def fake_server(port: int | None):
            "FAKE_VLLM_MOE": f"{LAYERS},{TOP_K},{EXPERTS}"}  # fmt: skip
     command = [sys.executable, str(TESTS / "fake_cluster" / "fake_vllm_server.py"), "vllm-serve", "--model",
                "tiny-moe", "--host", "127.0.0.1", "--port", str(port), fake.ROUTING_FLAG]  # fmt: skip
-    server = processes.popen(command, env=env, stdout=processes.DEVNULL, stderr=processes.DEVNULL)
+    server = processes.popen(command, env=env, stdout=processes.DEVNULL, stderr=processes.DEVNULL,
+                             preexec_fn=functools.partial(die_with, os.getpid()))  # fmt: skip
     try:
         yield
     finally:
