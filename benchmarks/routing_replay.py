@@ -28,11 +28,17 @@ first, the middle and the last two generation batches, mean and p99 |log r| and 
 
 Overhead: one policy update (forward + backward) and one no-grad pi_old pass, with and without the hooks, on the same
 batch, interleaved and alternating order, CPU time of this process on one thread; reported as % of the plain one.
+On a GPU (`scripts/gpu_check.sh` runs it), Qwen3-30B-A3B's MoE layers cut to 4, bf16, wall time between
+synchronisations:
+
+    python benchmarks/routing_replay.py --overhead-only --device cuda --dtype bfloat16 \
+        --overhead-shape qwen3-30b-a3b-4-layers --overhead-rows 4 --overhead-length 1024 --repeats 8 --json out.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import platform
@@ -219,11 +225,79 @@ def summary_rows(runs: list[dict]) -> list[str]:
     return lines
 
 
-def overhead(tokenizer, repeats: int, hidden: int):
-    """CPU time of the update and of the pi_old pass, plain and with the hooks, interleaved."""
-    model = build_tiny_qwen3(tokenizer, moe=True, seed=0, hidden_size=hidden)
+# Qwen3-30B-A3B's MoE layer (hidden 2048, 128 experts, top-8, expert width 768, 32 query / 4 key-value heads of 128)
+# and vocabulary, cut to 4 layers: the hooks' work per token and layer is the full model's, on one GPU in seconds.
+QWEN3_30B_A3B_LAYERS = dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=4, num_attention_heads=32,
+                            num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
+                            moe_intermediate_size=768, norm_topk_prob=True, vocab_size=151936,
+                            tie_word_embeddings=False)  # fmt: skip
+# the same construction at CPU size: the CPU dry run of `scripts/gpu_check.sh` times it
+MINI_MOE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                norm_topk_prob=True, vocab_size=1024, tie_word_embeddings=False)  # fmt: skip
+OVERHEAD_SHAPES = {"tiny": None, "mini": MINI_MOE, "qwen3-30b-a3b-4-layers": QWEN3_30B_A3B_LAYERS}
+
+
+def build_shape(tokenizer, shape: str, hidden: int, device: str, dtype: torch.dtype):
+    """The tiny Qwen3-MoE at width `hidden`, or a released MoE layer's shape built on `device` (weights drawn where
+    they live: a GPU draws billions in a second)."""
+    if OVERHEAD_SHAPES[shape] is None:
+        return build_tiny_qwen3(tokenizer, moe=True, seed=0, hidden_size=hidden).to(device=device, dtype=dtype)
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(**OVERHEAD_SHAPES[shape], max_position_embeddings=4096, output_router_logits=False,
+                            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    torch.manual_seed(0)
+    with torch.device(device):
+        return Qwen3MoeForCausalLM(config).to(dtype)
+
+
+def timer(device: str):
+    """Seconds of one call: CPU time of this process on a CPU; on CUDA, wall time between two synchronisations (the
+    hooks' host work and their kernels both count)."""
+    if device == "cpu":
+        return time.process_time
+    return lambda: (torch.cuda.synchronize(), time.perf_counter())[1]
+
+
+def replay_check(model, hooks, routing, ids, mask, width) -> dict:
+    """Once the routers have moved (noise on their weights, as optimizer steps move them), the replayed forward's
+    expert blocks (read by a spy, not by the hooks) run the recorded experts on every token and layer; the decisions
+    the live routers would have flipped are counted. Run last: it changes the routers."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("mlp.gate.weight"):
+                param.add_(0.5 * param.abs().mean() * torch.randn_like(param))
+    used = []
+    spies = [block.register_forward_pre_hook(lambda m, args: used.append(args[1].detach()))
+             for name, block in model.named_modules() if name.endswith("mlp.experts")]  # fmt: skip
+    try:
+        with torch.no_grad(), hooks.replay(routing) as stats:
+            token_logps(model, ids, mask, width)
+    finally:
+        for spy in spies:
+            spy.remove()
+    attended = mask.flatten().bool()
+    ran = torch.stack([calls.view(-1, calls.size(-1))[attended] for calls in used]).long().cpu()
+    differing = rr.decisions_differ(ran, routing.experts.long().cpu())  # both (layers, tokens, top_k), row-major
+    return {"decisions": differing.numel(), "differing": int(differing.sum()),
+            "flipped_fraction": stats.flipped / stats.decisions, "replayed_fraction": stats.replayed / stats.decisions}
+
+
+def overhead(tokenizer, repeats: int, hidden: int, device: str = "cpu", dtype: torch.dtype = torch.float32,
+             shape: str = "tiny", rows: int = 32, length: int = 32) -> dict:  # fmt: skip
+    """The update (forward + backward with replay) and the pi_old pass (no-grad forward with recording), plain and
+    hooked, interleaved in alternating order after two warm-up rounds: medians in seconds."""
+    model = build_shape(tokenizer, shape, hidden, device, dtype)
     hooks = rr.RoutingReplay(model)
-    ids, mask, width = sample_batch(model, tokenizer, 32, 24, 0)
+    if shape == "tiny":  # sampled completions, as the drift cells
+        ids, mask, width = sample_batch(model.cpu(), tokenizer, rows, length - 8, 0)
+        model.to(device)
+    else:  # routing work does not depend on what the tokens say
+        generator = torch.Generator().manual_seed(0)
+        ids = torch.randint(3, model.config.vocab_size, (rows, length), generator=generator)
+        mask, width = torch.ones_like(ids), length // 4
+    ids, mask = ids.to(device), mask.to(device)
     with torch.no_grad(), hooks.record() as out:
         token_logps(model, ids, mask, width)
     routing = out[0]
@@ -232,26 +306,36 @@ def overhead(tokenizer, repeats: int, hidden: int):
         with context:
             loss = token_logps(model, ids, mask, width).mean()
         loss.backward()
-        model.zero_grad()
+        model.zero_grad(set_to_none=False)
 
     def old_pass(context):
         with torch.no_grad(), context:
             token_logps(model, ids, mask, width)
 
-    import contextlib
-
     arms = {"update": (lambda: update(contextlib.nullcontext()), lambda: update(hooks.replay(routing))),
             "pi_old pass": (lambda: old_pass(contextlib.nullcontext()), lambda: old_pass(hooks.record()))}  # fmt: skip
-    times = {name: ([], []) for name in arms}
+    clock, times = timer(device), {name: ([], []) for name in arms}
     for repeat in range(repeats + 2):
         for name, (plain, hooked) in arms.items():
             order = [(0, plain), (1, hooked)] if repeat % 2 == 0 else [(1, hooked), (0, plain)]
             for index, run in order:
-                start = time.process_time()
+                start = clock()
                 run()
                 if repeat >= 2:  # two warm-up rounds
-                    times[name][index].append(time.process_time() - start)
-    return {name: (statistics.median(p), statistics.median(h)) for name, (p, h) in times.items()}
+                    times[name][index].append(clock() - start)
+    exactness = replay_check(model, hooks, routing, ids, mask, width)
+    hooks.remove()
+    result = {"shape": shape, "device": device, "dtype": str(dtype).removeprefix("torch."), "rows": rows,
+              "length": length, "parameters": sum(p.numel() for p in model.parameters()), "repeats": repeats,
+              "layers": routing.experts.size(0), "top_k": routing.experts.size(2), "replay_check": exactness,
+              "arms": {}}  # fmt: skip
+    for name, (plain, hooked) in times.items():
+        plain_s, hooked_s = statistics.median(plain), statistics.median(hooked)
+        result["arms"][name] = {"plain_s": plain_s, "hooked_s": hooked_s, "timed": len(plain),
+                                "overhead_percent": 100 * (hooked_s - plain_s) / plain_s}  # fmt: skip
+    if device == "cuda":
+        result["peak_memory_bytes"] = torch.cuda.max_memory_allocated()
+    return result
 
 
 def row(k, seed, flip, ratios) -> str:
@@ -271,15 +355,27 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--expert-scale", type=float, default=1.0, help="multiply the experts' initial weights")
     parser.add_argument("--train", action="store_true", help="the training comparison (GRPO / DHPO-E x none / old)")
     parser.add_argument("--train-batches", type=int, default=6, help="generation batches per training run")
-    parser.add_argument("--json", help="--train: write every run's results here")
+    parser.add_argument("--json", help="write the results here (--train: every run's; else the overhead's)")
     parser.add_argument("--summarise", metavar="JSON", help="print the --train table of a --json file, and stop")
+    parser.add_argument("--overhead-only", action="store_true", help="the overhead alone (no drift cells)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the overhead is timed")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="the timed model's")
+    parser.add_argument("--overhead-shape", choices=sorted(OVERHEAD_SHAPES), default="tiny",
+                        help="tiny (at each --overhead-hidden) or Qwen3-30B-A3B's layers, 4 of them (a GPU's)")
+    parser.add_argument("--overhead-rows", type=int, default=32, help="sequences in the timed batch")
+    parser.add_argument("--overhead-length", type=int, default=32, help="tokens per timed sequence")
     options = parser.parse_args(argv)
     if options.summarise:
         with open(options.summarise) as handle:
             print("\n".join(summary_rows(json.load(handle)["runs"])))
         return
+    if options.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is visible to torch; run on a GPU machine, or --device cpu")
     torch.set_num_threads(1)
     tokenizer = build_char_tokenizer()
+    if options.overhead_only:
+        overhead_figures(options, tokenizer)
+        return
     if options.train:
         print(f"tiny Qwen3-MoE, experts x{options.expert_scale}, Adam lr {options.learning_rate}, "
               f"{options.train_batches} generation batches of 16 prompts x 8 samples x (8 + 16) tokens, 1 thread")
@@ -307,12 +403,25 @@ def main(argv: list[str] | None = None) -> None:
             pooled.setdefault("flip", []).append(r["none"]["flip"])
             print(row(k, seed, r["none"]["flip"], [r[name]["ratios"] for name in arms]))
         print(row(k, "all", statistics.mean(pooled["flip"]), [torch.cat(pooled[name]) for name in arms]))
-    for hidden in options.overhead_hidden if options.repeats else []:
-        for name, (plain, hooked) in overhead(tokenizer, options.repeats, hidden).items():
-            print(f"overhead, hidden {hidden}, {name}: {1e3 * plain:.2f} ms plain, {1e3 * hooked:.2f} ms with "
-                  f"{'replay' if name == 'update' else 'record'}: {100 * (hooked - plain) / plain:+.1f}% "
-                  "(median CPU time)")
+    overhead_figures(options, tokenizer)
 
+
+def overhead_figures(options, tokenizer) -> None:
+    """The overhead lines, one per width (tiny) or the one shape; `--json`: written there too."""
+    results = []
+    dtype = getattr(torch, options.dtype)
+    for hidden in (options.overhead_hidden if options.overhead_shape == "tiny" else [None]) if options.repeats else []:
+        result = overhead(tokenizer, options.repeats, hidden, options.device, dtype, options.overhead_shape,
+                          options.overhead_rows, options.overhead_length)  # fmt: skip
+        results.append(result)
+        for name, arm in result["arms"].items():
+            print(f"overhead, {options.overhead_shape}{f' hidden {hidden}' if hidden else ''} ({options.device}, "
+                  f"{result['dtype']}), {name}: {1e3 * arm['plain_s']:.2f} ms plain, {1e3 * arm['hooked_s']:.2f} ms "
+                  f"with {'replay' if name == 'update' else 'record'}: {arm['overhead_percent']:+.1f}% (median "
+                  f"{'CPU' if options.device == 'cpu' else 'synchronised wall'} time)")  # fmt: skip
+    if options.json:
+        with open(options.json, "w") as handle:
+            json.dump({"options": vars(options), "overhead": results}, handle, indent=1)
 
 if __name__ == "__main__":
     main()

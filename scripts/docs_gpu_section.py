@@ -17,7 +17,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "performance_gpu.md"
 BEGIN, END = "<!-- gpu_check:begin -->", "<!-- gpu_check:end -->"
-TARGETS = {"packed/dynamic": 1.3, "packed/trl": 2.5}  # issue targets at the Qwen3-1.7B shape
 
 
 def _number(value, digits=0, scale=1.0, suffix=""):
@@ -82,12 +81,49 @@ def render(report: dict) -> str:
                          f"{_number(figures.get('mfu'), 1, 100, '%')} | "
                          f"{_number(figures['peak_step_memory_bytes'], 2, 2**-30, ' GiB')} | "
                          f"{_number(figures['padding_fraction'], 1, 100, '%')} | {figures['attention_kernels']} |")  # fmt: skip
-        ratios = bench.get("throughput_ratios", {})
+        ratios, targets = bench.get("throughput_ratios", {}), entry.get("targets", {})
         if ratios:
-            lines += ["", "Throughput ratios: " + ", ".join(
-                f"{ratio} {value:.2f}x" + (f" (target >= {TARGETS[ratio]}x at qwen3-1.7b)" if ratio in TARGETS else "")
-                for ratio, value in ratios.items())]  # fmt: skip
-    return "\n".join(lines)
+            verdicts = {ratio: f" (target >= {judged['target']}x: {'met' if judged['met'] else 'NOT met'})"
+                        for ratio, judged in targets.items()}  # fmt: skip
+            lines += ["", "Throughput ratios: " + ", ".join(f"{ratio} {value:.2f}x{verdicts.get(ratio, '')}"
+                                                           for ratio, value in ratios.items())]  # fmt: skip
+    return "\n".join(lines + routing_lines(parts))
+
+
+def routing_lines(parts: dict) -> list[str]:
+    """The routing-replay parts: the overhead of recording and replaying, and R3 against vLLM's engine."""
+    lines = []
+    for result in (parts.get("routing-overhead", {}).get("result") or {}).get("overhead", []):
+        check = result["replay_check"]
+        lines += ["", f"**Routing replay overhead** ({result['shape']}, {result['parameters'] / 1e9:.2f}B parameters, "
+                  f"{result['layers']} MoE layers, top-{result['top_k']}, {result['dtype']}, {result['rows']} x "
+                  f"{result['length']} tokens; median of {result['repeats']} interleaved runs, "
+                  f"{'CPU time' if result['device'] == 'cpu' else 'wall time between synchronisations'}). After noise "
+                  f"on the routers, {100 * check['flipped_fraction']:.1f}% of the live "
+                  f"decisions flip; the replayed pass ran {check['decisions'] - check['differing']} of "
+                  f"{check['decisions']} token-layer decisions as recorded.", "",
+                  "| pass | plain | with the hooks | overhead |", "|---|---|---|---|"]  # fmt: skip
+        for name, arm in result["arms"].items():
+            hooks = "replay" if name == "update" else "record"
+            lines.append(f"| {name} ({hooks}) | {_number(arm['plain_s'], 1, 1e3, ' ms')} | "
+                         f"{_number(arm['hooked_s'], 1, 1e3, ' ms')} | {arm['overhead_percent']:+.1f}% |")  # fmt: skip
+    rollout = parts.get("routing-rollout", {}).get("result")
+    if rollout and "skipped" in rollout:
+        lines += ["", f"**R3 against vLLM's engine**: not run: {rollout['skipped']}."]
+    elif rollout and "flip_fraction_before_replay" in rollout:
+        engine = rollout["engine"] + (f" {rollout['vllm']}" if "vllm" in rollout else "")
+        lines += ["", f"**R3 against vLLM's engine** ({engine}, Qwen3-MoE {rollout['shape']}, "
+                  f"{rollout['sequences']} completions, {rollout['tokens']} tokens, "
+                  f"{rollout['layers']} layers, top-{rollout['top_k']}, policy in {rollout['dtype']}): routing "
+                  f"returned as {rollout['routing_dtype']}; flip fraction before replay "
+                  f"{rollout['flip_fraction_before_replay']:.4f} ({rollout['flipped_decisions']} of "
+                  f"{rollout['decisions']} token-layer decisions); replayed pass: "
+                  f"{rollout['replayed_decisions_differing']} of {rollout['replayed_decisions_checked']} decisions "
+                  f"differ from the engine's, replayed fraction {rollout['replayed_fraction']:.3f}; "
+                  f"|log pi_policy - log pi_engine| over the sampled tokens, mean / max: live "
+                  f"{rollout['logp_gap_live_mean']:.4f} / {rollout['logp_gap_live_max']:.4f}, replayed "
+                  f"{rollout['logp_gap_replayed_mean']:.4f} / {rollout['logp_gap_replayed_max']:.4f}."]  # fmt: skip
+    return lines
 
 
 def fill(document: str, block: str) -> str:

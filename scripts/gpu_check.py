@@ -1,14 +1,16 @@
 """Runs the GPU evidence of `scripts/gpu_check.sh` part by part, each in its own process with its own time box, and
 writes OUTPUT_DIR/gpu_check.json (every part's status, seconds, figures or error) and OUTPUT_DIR/gpu_check.log.
 
-    python scripts/gpu_check.py OUTPUT_DIR                  # on a GPU machine: about 8 minutes at most
+    python scripts/gpu_check.py OUTPUT_DIR                  # on a GPU machine: 8 minutes at most
     python scripts/gpu_check.py --cpu OUTPUT_DIR            # the CPU dry run: the same parts at tiny shapes
     python scripts/gpu_check.py --parts bench-qwen3-1.7b OUTPUT_DIR
 
 Parts, in order: `wheels` (install the carried wheels), `environment` (versions against the pins, the GPU, the
 varlen kernels), `tests` (tests/test_gpu.py, marker `gpu`), `train` (DHPO-E off-policy steps with generation on a
 random Qwen3-0.6B), `bench-qwen3-0.6b` and `bench-qwen3-1.7b` (benchmarks/bench_dynamic_batching.py, bf16, the
-long-tailed workload, TRL / dynamic batching / padding-free / shared prompts interleaved). A part that fails or runs
+long-tailed workload, TRL / dynamic batching / padding-free / shared prompts interleaved), `routing-overhead` (the
+cost of recording and replaying MoE routing, Qwen3-30B-A3B's layers) and `routing-rollout` (R3 against vLLM's
+offline engine: routing returned, flip fraction before replay, replayed exactly). A part that fails or runs
 out of time leaves its status, its error (the last lines of its output) and whatever figures it wrote, and the next
 part runs. Each part gets its box or less: the whole run keeps inside --total-seconds, with each later part's minimum
 held back for it. Standard library only: this runs before the wheels are installed.
@@ -32,6 +34,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = "trl,dynamic,packed,shared"
+GPU_SECONDS = 480  # the whole GPU run: inside a 540 s device command with the last part's grace and Python's start
+GRACE_SECONDS = 15  # a timed-out part's wait between SIGTERM and SIGKILL
+TARGETS = {"bench-qwen3-1.7b": {"packed/dynamic": 1.3, "packed/trl": 2.5}}  # padding-free update throughput ratios
 
 
 @dataclass(frozen=True)
@@ -54,6 +59,24 @@ def bench_command(python: str, cpu: bool, shape: str, batch_size: int, out: str)
             str(batch_size), "--generations", "8", "--accumulation", "8", "--max-completion", "2048"]  # fmt: skip
 
 
+def routing_commands(python: str, cpu: bool, work: Path) -> tuple[list[str], list[str]]:
+    """MoE routing replay: the R2 overhead (`benchmarks/routing_replay.py`) and R3 against vLLM's offline engine
+    (`benchmarks/routing_replay_rollout.py`; the CPU dry run's engine is its stand-in)."""
+    overhead = [python, "benchmarks/routing_replay.py", "--overhead-only", "--json",
+                str(work / "routing-overhead.json")]
+    rollout = [python, "benchmarks/routing_replay_rollout.py", "--json", str(work / "routing-rollout.json")]
+    if cpu:
+        return ([*overhead, "--device", "cpu", "--dtype", "bfloat16", "--overhead-shape", "mini", "--repeats", "2",
+                 "--overhead-rows", "4", "--overhead-length", "16"],
+                [*rollout, "--device", "cpu", "--engine", "stand-in", "--shape", "tiny", "--prompts", "4",
+                 "--max-tokens", "12"])  # fmt: skip
+    # Qwen3-30B-A3B's MoE layers (128 experts, top-8) cut to 4, bf16, 4 x 1,024 tokens
+    return ([*overhead, "--device", "cuda", "--dtype", "bfloat16", "--overhead-shape", "qwen3-30b-a3b-4-layers",
+             "--repeats", "8", "--overhead-rows", "4", "--overhead-length", "1024"],
+            [*rollout, "--device", "cuda", "--engine", "vllm", "--shape", "small", "--prompts", "16",
+             "--max-tokens", "48"])  # fmt: skip
+
+
 def plan(cpu: bool, python: str, work: Path, wheels: str) -> list[Part]:
     def out(name):
         return str(work / f"{name}.json")
@@ -64,6 +87,7 @@ def plan(cpu: bool, python: str, work: Path, wheels: str) -> list[Part]:
     train = [python, "scripts/gpu_check_parts.py", "train", "--device", device, "--json", out("train"),
              "--output-dir", str(work / "train_run")]  # fmt: skip
     train += ["--shape", "tiny", "--steps", "2", "--batch-size", "4", "--max-completion", "8"] if cpu else []
+    routing = routing_commands(python, cpu, work)
     parts = [
         Part("wheels", [python, "scripts/gpu_check_parts.py", "wheels", "--wheels", wheels, "--site",
                         str(work / "site"), "--json", out("wheels"), *(["--check-only"] if cpu else [])], 60, 20),
@@ -74,6 +98,8 @@ def plan(cpu: bool, python: str, work: Path, wheels: str) -> list[Part]:
         Part("train", train, 110, 40),
         Part("bench-qwen3-0.6b", bench_command(python, cpu, "qwen3-0.6b", 8, out("bench-qwen3-0.6b")), 120, 60),
         Part("bench-qwen3-1.7b", bench_command(python, cpu, "qwen3-1.7b", 4, out("bench-qwen3-1.7b")), 200, 90),
+        Part("routing-overhead", routing[0], 75, 25),
+        Part("routing-rollout", routing[1], 100, 20),
     ]  # fmt: skip
     if cpu:  # the dry run's few CPU seconds can take minutes of wall time on a loaded machine: wide boxes
         parts = [Part(p.name, p.command, 600, 30, p.env) for p in parts]
@@ -116,7 +142,7 @@ def run_part(part: Part, seconds: float, env: dict, log) -> tuple[str, float, fl
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGTERM)
             try:
-                process.wait(timeout=15)
+                process.wait(timeout=GRACE_SECONDS)
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
@@ -138,6 +164,11 @@ def summarise(part: Part, status: str, seconds: float, cpu: float, tail: list[st
     result = work / f"{part.name}.json"
     if result.is_file():  # written by the part, whole or (benchmarks) after every run
         entry["result"] = json.loads(result.read_text())
+    ratios = entry.get("result", {}).get("throughput_ratios", {}) if part.name in TARGETS else {}
+    if ratios:  # the issue's targets, judged where the figures are
+        entry["targets"] = {ratio: {"value": ratios.get(ratio), "target": target,
+                                    "met": ratios.get(ratio) is not None and ratios[ratio] >= target}
+                            for ratio, target in TARGETS[part.name].items()}  # fmt: skip
     if part.name == "tests" and (work / "junit.xml").is_file():
         entry["result"] = junit_summary(work / "junit.xml")
         if status == "ok" and not entry["result"]["counts"]["passed"]:  # all skipped: no GPU, or no test collected
@@ -160,7 +191,7 @@ def main(argv=None) -> int:
     parser.add_argument("output_dir")
     parser.add_argument("--cpu", action="store_true", help="the CPU dry run: tiny shapes, no GPU, nothing installed")
     parser.add_argument("--parts", default=None, help="comma-separated part names to run (default: all, in order)")
-    parser.add_argument("--total-seconds", type=float, default=None, help="the whole run's limit (GPU 450, CPU 1800)")
+    parser.add_argument("--total-seconds", type=float, default=None, help="the whole run's limit (GPU 480, CPU 1800)")
     parser.add_argument("--wheels", default=str(ROOT / ".gpu_wheels"), help="the carried wheels' folder")
     options = parser.parse_args(argv)
     output = Path(options.output_dir).resolve()
@@ -173,7 +204,7 @@ def main(argv=None) -> int:
         if unknown:
             parser.error(f"--parts: unknown {sorted(unknown)}; the parts are {[p.name for p in parts]}")
         parts = [p for p in parts if p.name in wanted or p.name == "wheels"]  # later parts import what it installs
-    deadline = time.monotonic() + (options.total_seconds or (1800 if options.cpu else 450))
+    deadline = time.monotonic() + (options.total_seconds or (1800 if options.cpu else GPU_SECONDS))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRL_DISABLE_TELEMETRY": "1",
            "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}  # fmt: skip
     report = {"mode": "cpu" if options.cpu else "gpu", "commit": git_commit(),

@@ -38,8 +38,10 @@ def test_time_boxes_hold_back_the_later_parts_minimums():
     assert check.time_box(first, later, deadline=120, now=0) == 50  # 120 - 30 - 40
     assert check.time_box(first, later, deadline=60, now=0) == 0  # nothing left: skipped
     gpu = check.plan(False, "python3", Path("/nonexistent"), ".gpu_wheels")
-    assert sum(p.minimum for p in gpu) < 450 and all(p.minimum <= p.box for p in gpu)
-    assert [p.name for p in gpu] == ["wheels", "environment", "tests", "train", "bench-qwen3-0.6b", "bench-qwen3-1.7b"]
+    assert sum(p.minimum for p in gpu) < check.GPU_SECONDS and all(p.minimum <= p.box for p in gpu)
+    assert check.GPU_SECONDS + check.GRACE_SECONDS + 30 <= 540  # the device command's timeout, Python's start within
+    assert [p.name for p in gpu] == ["wheels", "environment", "tests", "train", "bench-qwen3-0.6b", "bench-qwen3-1.7b",
+                                     "routing-overhead", "routing-rollout"]
     tests = next(p for p in gpu if p.name == "tests")
     assert tests.env["CUDA_VISIBLE_DEVICES"]  # tests/conftest.py would hide the GPU otherwise
 
@@ -51,6 +53,38 @@ def test_gpu_parts_ask_for_the_gpu_workload():
         assert command[command.index("--device") + 1] == "cuda" and command[command.index("--shape") + 1] == shape
         assert command[command.index("--dtype") + 1] == "bfloat16"
     assert gpu["train"][gpu["train"].index("--device") + 1] == "cuda" and "--shape" not in gpu["train"]  # 0.6B
+    overhead, rollout = gpu["routing-overhead"], gpu["routing-rollout"]
+    assert overhead[overhead.index("--device") + 1] == "cuda" and overhead[overhead.index("--dtype") + 1] == "bfloat16"
+    assert overhead[overhead.index("--overhead-shape") + 1] == "qwen3-30b-a3b-4-layers"
+    assert rollout[rollout.index("--engine") + 1] == "vllm" and rollout[rollout.index("--device") + 1] == "cuda"
+
+
+def test_the_gpu_overhead_shape_is_qwen3_30b_a3b_layers():
+    """The shape `routing-overhead` times on a GPU, built on the meta device: Qwen3-30B-A3B's layer, counted by hand."""
+    import torch
+
+    from dhpo_trl.demo.tiny import build_char_tokenizer
+
+    bench = load("benchmarks/routing_replay.py")
+    model = bench.build_shape(build_char_tokenizer(), "qwen3-30b-a3b-4-layers", 0, "meta", torch.bfloat16)
+    hidden, vocab, heads, kv_heads, head_dim, experts, width = 2048, 151936, 32, 4, 128, 128, 768
+    attention = hidden * heads * head_dim * 2 + hidden * kv_heads * head_dim * 2 + 2 * head_dim  # q, o, k, v; q/k norms
+    layer = attention + experts * hidden + experts * 3 * hidden * width + 2 * hidden  # router, experts, two norms
+    assert sum(p.numel() for p in model.parameters()) == 2 * vocab * hidden + 4 * layer + hidden  # untied; final norm
+    assert model.config.num_experts_per_tok == 8 and next(model.parameters()).dtype == torch.bfloat16
+
+
+def test_rollout_check_without_vllm_says_so_and_renders(tmp_path):
+    """`routing-rollout` on a machine without vllm: one line naming the install, in the JSON and the docs block."""
+    rollout = load("benchmarks/routing_replay_rollout.py")
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vllm is installed here")
+    out = tmp_path / "routing-rollout.json"
+    assert rollout.main(["--engine", "vllm", "--device", "cpu", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["engine"] == "vllm" and "pip install -e .[vllm]" in report["skipped"] and "ok" not in report
+    block = docs.routing_lines({"routing-rollout": {"status": "ok", "result": report}})
+    assert any("not run: vllm is not installed" in line for line in block)
 
 
 def test_wheel_choice():

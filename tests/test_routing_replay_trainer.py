@@ -4,6 +4,7 @@ padded, dynamic, packed and shared-prompt paths, with gradient checkpointing; re
 
 import json
 import math
+import socket
 from pathlib import Path
 
 import processes
@@ -213,20 +214,34 @@ def test_a_mid_generation_batch_resume_replays_the_saved_routing(tmp_path, token
 
 @pytest.mark.parametrize("engine", ["ddp", "zero3"])
 def test_two_processes_replay_the_recorded_experts(tmp_path, engine):
-    """2 ranks (gloo), DDP and ZeRO-3 (MoE blocks as leaf modules): every policy pass of every rank runs the
-    recorded experts for every token and layer, and the `moe/` metrics are logged from both ranks' counts."""
+    """2 ranks (gloo), DDP and ZeRO-3 (MoE blocks as leaf modules), in one launch: with "old", every policy pass of
+    every rank runs the recorded experts for every token and layer, and the `moe/` metrics are logged from both
+    ranks' counts; with "rollout" through TRL's client and the fake vLLM server, every forward of every rank
+    (pi_old, policy, recomputed) runs the server's planted experts of that rank's own completions."""
     if engine == "zero3":
         pytest.importorskip("deepspeed")
     script = Path(__file__).parent / "dist_scripts" / "routing_replay_distributed.py"
+    with socket.socket() as sock:  # the fake server's port (rank 0 starts it)
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
     # without ACCELERATE_USE_CPU under ZeRO-3: set, it would keep accelerate from using the DeepSpeed plugin
-    result = processes.torchrun(script, tmp_path, *(["--zero3"] if engine == "zero3" else []), timeout=300,
-                                accelerate_cpu=engine == "ddp")
+    result = processes.torchrun(script, tmp_path, "--rollout-port", port, *(["--zero3"] if engine == "zero3" else []),
+                                timeout=300, accelerate_cpu=engine == "ddp")  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     for rank in ranks:
         assert rank["checked"] == 4 and rank["differing"] == 0
         assert rank["replayed"] == [1.0] * 4 and rank["flip"][0] == 0.0 and max(rank["flip"]) > 0.0
     assert ranks[0]["flip"] == ranks[1]["flip"]  # reduced over both ranks before logging
+    rollout = [json.loads((tmp_path / f"rollout_rank{rank}.json").read_text()) for rank in (0, 1)]
+    for rank in rollout:
+        # one generation batch of 16 rows: TRL's pi_old pass in 4 chunks of 4, then 4 policy passes, each recomputed
+        # under gradient checkpointing
+        assert rank["forwards"] == 8 and rank["recomputed"] == 4 and rank["differing"] == 0
+        assert rank["decisions"] >= 2 * 9 * 16  # layers x passes x at least one token of each of 16 rows
+        assert rank["replayed"] == [1.0] * 4 and min(rank["flip"]) > 0.3  # the live routers disagree with the plant
+    assert not set(map(tuple, rollout[0]["sequences"])) & set(map(tuple, rollout[1]["sequences"]))  # own prompts
+    assert rollout[0]["flip"] == rollout[1]["flip"]
 
 
 def test_replay_resumed_from_a_batch_saved_without_routing_is_refused_at_train(tmp_path, tokenizer):
