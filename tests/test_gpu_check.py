@@ -87,6 +87,26 @@ def test_rollout_check_without_vllm_says_so_and_renders(tmp_path):
     assert any("not run: vllm is not installed" in line for line in block)
 
 
+def test_rollout_check_leaves_no_saved_model_behind(tmp_path, monkeypatch):
+    """`routing-rollout` saves a model for the engine to load (hundreds of MB at the GPU shape): gone once it ends,
+    passed or failed."""
+    import tempfile
+
+    rollout = load("benchmarks/routing_replay_rollout.py")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    out = tmp_path / "routing-rollout.json"
+    assert rollout.main(["--engine", "stand-in", "--device", "cpu", "--dtype", "float32", "--shape", "tiny",
+                         "--prompts", "2", "--max-tokens", "4", "--json", str(out)]) == 0  # fmt: skip
+    assert json.loads(out.read_text())["ok"] and not list(scratch.iterdir())
+    monkeypatch.setattr(rollout, "output_samples", lambda outputs: 1 / 0)  # a check that fails midway
+    with pytest.raises(ZeroDivisionError):
+        rollout.main(["--engine", "stand-in", "--device", "cpu", "--shape", "tiny", "--prompts", "1",
+                      "--max-tokens", "2", "--json", str(out)])  # fmt: skip
+    assert not list(scratch.iterdir())
+
+
 def test_wheel_choice():
     wheels = ["/w/trl-1.16.0-py3-none-any.whl", "/w/datasets-5.2.0-py3-none-any.whl",
               "/w/transformers-5.17.0-py3-none-any.whl", "/w/math_verify-0.9.0-py3-none-any.whl"]  # fmt: skip
