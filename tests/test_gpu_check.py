@@ -87,6 +87,22 @@ def test_rollout_check_without_vllm_says_so_and_renders(tmp_path):
     assert any("not run: vllm is not installed" in line for line in block)
 
 
+@pytest.mark.parametrize("argv, named", [
+    (["--overhead-only", "--repeats", "0"], "--repeats"),  # nothing timed
+    (["--summarise", "runs.json", "--overhead-only"], "--overhead-only"),
+    (["--train", "--overhead-only"], "--train"),
+    (["--train", "--dtype", "bfloat16"], "--dtype"),  # the training comparison runs no overhead
+    (["--repeats", "0", "--overhead-shape", "mini"], "--overhead-shape"),
+    (["--overhead-only", "--overhead-shape", "mini", "--overhead-hidden", "128"], "--overhead-hidden"),
+    (["--overhead-only", "--overhead-length", "8"], "--overhead-length"),
+])  # fmt: skip
+def test_routing_overhead_refuses_options_that_would_not_act(argv, named, capsys):
+    bench = load("benchmarks/routing_replay.py")
+    with pytest.raises(SystemExit) as stopped:
+        bench.main(argv)
+    assert stopped.value.code == 2 and named in capsys.readouterr().err.splitlines()[-1]
+
+
 def test_rollout_check_leaves_no_saved_model_behind(tmp_path, monkeypatch):
     """`routing-rollout` saves a model for the engine to load (hundreds of MB at the GPU shape): gone once it ends,
     passed or failed."""
