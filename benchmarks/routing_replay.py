@@ -448,6 +448,12 @@ def overhead_figures(options, tokenizer) -> None:
     if options.json:
         with open(options.json, "w") as handle:
             json.dump({"options": vars(options), "overhead": results}, handle, indent=1)
+    for result in results:  # the figures are kept above; a replay that ran other experts fails the run
+        check = result["replay_check"]
+        if check["differing"]:
+            raise SystemExit(f"routing replay, {result['shape']} ({result['device']}, {result['dtype']}): the replayed "
+                             f"pass ran other experts than recorded on {check['differing']} of {check['decisions']} "
+                             "token-layer decisions")  # fmt: skip
 
 if __name__ == "__main__":
     main()

@@ -103,6 +103,23 @@ def test_routing_overhead_refuses_options_that_would_not_act(argv, named, capsys
     assert stopped.value.code == 2 and named in capsys.readouterr().err.splitlines()[-1]
 
 
+def test_routing_overhead_fails_where_the_replayed_pass_ran_other_experts(tmp_path, monkeypatch):
+    """`routing-overhead` checks the replayed pass against the recorded experts: a mismatch fails the part (its
+    figures still written), as `routing-rollout` does."""
+    bench = load("benchmarks/routing_replay.py")
+    figures = {"shape": "mini", "device": "cpu", "dtype": "bfloat16", "arms": {},
+               "replay_check": {"decisions": 64, "differing": 0}}  # fmt: skip
+    monkeypatch.setattr(bench, "overhead", lambda *args: figures)
+    out = tmp_path / "overhead.json"
+    argv = ["--overhead-only", "--overhead-shape", "mini", "--repeats", "1", "--json", str(out)]
+    bench.main(argv)  # every decision as recorded: the run passes
+    figures["replay_check"]["differing"] = 3
+    with pytest.raises(SystemExit) as stopped:
+        bench.main(argv)
+    assert stopped.value.code not in (0, None)
+    assert json.loads(out.read_text())["overhead"][0]["replay_check"]["differing"] == 3
+
+
 def test_rollout_check_leaves_no_saved_model_behind(tmp_path, monkeypatch):
     """`routing-rollout` saves a model for the engine to load (hundreds of MB at the GPU shape): gone once it ends,
     passed or failed."""
