@@ -416,6 +416,8 @@ def unused_options(options) -> str | None:
                                    ("--overhead-only", options.overhead_only)) if on]  # fmt: skip
     if len(modes) > 1:
         return f"{' and '.join(modes)} are separate runs: give one of them"
+    if options.summarise and options.json:
+        return "--json writes a run's results; --summarise only reads a file: drop --json"
     if options.repeats < 0 or (options.overhead_only and options.repeats < 1):
         return "--repeats must be >= 1 with --overhead-only (>= 0 otherwise: 0 skips the overhead)"
     timing = {"--device": options.device != "cpu", "--dtype": options.dtype != "float32",

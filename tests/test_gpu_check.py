@@ -90,6 +90,7 @@ def test_rollout_check_without_vllm_says_so_and_renders(tmp_path):
 @pytest.mark.parametrize("argv, named", [
     (["--overhead-only", "--repeats", "0"], "--repeats"),  # nothing timed
     (["--summarise", "runs.json", "--overhead-only"], "--overhead-only"),
+    (["--summarise", "runs.json", "--json", "out.json"], "--json"),
     (["--train", "--overhead-only"], "--train"),
     (["--train", "--dtype", "bfloat16"], "--dtype"),  # the training comparison runs no overhead
     (["--repeats", "0", "--overhead-shape", "mini"], "--overhead-shape"),
