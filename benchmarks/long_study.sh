@@ -9,7 +9,8 @@
 # The run is niced, detached from the shell (setsid nohup), logs to OUT_DIR/log.txt and its pid is OUT_DIR/pid.
 # Python: $PYTHON, else this checkout's .venv. Every cell is one `run_embedded` on one torch thread; 7 objectives x
 # k = 4, 16 x 3 seeds, GRPO and DHPO-E at k = 1 x 3 seeds, and the two-digit reference cells (seed 0) for the
-# spread comparison: about 50 long cells of 3-4 minutes on a loaded 2-core machine.
+# spread comparison: 48 long cells of about 3 CPU minutes each (5-7 minutes of wall time each on a loaded 2-core
+# machine; the log gives every cell's time and what is left).
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

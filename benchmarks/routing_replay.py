@@ -351,7 +351,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--learning-rate", type=float, default=3e-3)
     parser.add_argument("--generation-batches", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=30, help="timed repeats of each overhead arm")
-    parser.add_argument("--overhead-hidden", type=int, nargs="+", default=[64, 256], help="model widths timed")
+    parser.add_argument("--overhead-hidden", type=int, nargs="+", default=None,
+                        help="model widths timed with --overhead-shape tiny (default: 64 256)")
     parser.add_argument("--expert-scale", type=float, default=1.0, help="multiply the experts' initial weights")
     parser.add_argument("--train", action="store_true", help="the training comparison (GRPO / DHPO-E x none / old)")
     parser.add_argument("--train-batches", type=int, default=6, help="generation batches per training run")
@@ -365,6 +366,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--overhead-rows", type=int, default=32, help="sequences in the timed batch")
     parser.add_argument("--overhead-length", type=int, default=32, help="tokens per timed sequence")
     options = parser.parse_args(argv)
+    if reason := unused_options(options):
+        parser.error(reason)
+    options.overhead_hidden = options.overhead_hidden or [64, 256]
     if options.summarise:
         with open(options.summarise) as handle:
             print("\n".join(summary_rows(json.load(handle)["runs"])))
@@ -406,6 +410,30 @@ def main(argv: list[str] | None = None) -> None:
     overhead_figures(options, tokenizer)
 
 
+def unused_options(options) -> str | None:
+    """Why a combination of options would leave one of them without effect (None: every option given acts)."""
+    modes = [name for name, on in (("--summarise", options.summarise), ("--train", options.train),
+                                   ("--overhead-only", options.overhead_only)) if on]  # fmt: skip
+    if len(modes) > 1:
+        return f"{' and '.join(modes)} are separate runs: give one of them"
+    if options.summarise and options.json:
+        return "--json writes a run's results; --summarise only reads a file: drop --json"
+    if options.repeats < 0 or (options.overhead_only and options.repeats < 1):
+        return "--repeats must be >= 1 with --overhead-only (>= 0 otherwise: 0 skips the overhead)"
+    timing = {"--device": options.device != "cpu", "--dtype": options.dtype != "float32",
+              "--overhead-shape": options.overhead_shape != "tiny", "--overhead-hidden": options.overhead_hidden,
+              "--overhead-rows": options.overhead_rows != 32, "--overhead-length": options.overhead_length != 32}
+    timed = not (options.train or options.summarise) and options.repeats > 0
+    if not timed and (given := [name for name, on in timing.items() if on]):
+        return (f"{', '.join(given)} set the overhead timing, which {modes[0] if modes else '--repeats 0'} does not "
+                "run: drop them")  # fmt: skip
+    if options.overhead_rows < 1 or options.overhead_length < 9:
+        return "--overhead-rows must be >= 1 and --overhead-length >= 9 (a prompt of 8 tokens and a completion)"
+    if options.overhead_hidden and options.overhead_shape != "tiny":
+        return f"--overhead-hidden sets the tiny model's width: --overhead-shape {options.overhead_shape} has its own"
+    return None
+
+
 def overhead_figures(options, tokenizer) -> None:
     """The overhead lines, one per width (tiny) or the one shape; `--json`: written there too."""
     results = []
@@ -422,6 +450,12 @@ def overhead_figures(options, tokenizer) -> None:
     if options.json:
         with open(options.json, "w") as handle:
             json.dump({"options": vars(options), "overhead": results}, handle, indent=1)
+    for result in results:  # the figures are kept above; a replay that ran other experts fails the run
+        check = result["replay_check"]
+        if check["differing"]:
+            raise SystemExit(f"routing replay, {result['shape']} ({result['device']}, {result['dtype']}): the replayed "
+                             f"pass ran other experts than recorded on {check['differing']} of {check['decisions']} "
+                             "token-layer decisions")  # fmt: skip
 
 if __name__ == "__main__":
     main()

@@ -150,9 +150,14 @@ def check(options) -> dict:
                                  "--engine stand-in")  # fmt: skip
             return report
         report["vllm"] = vllm.__version__
+    with tempfile.TemporaryDirectory(prefix="dhpo_r3_") as directory:  # the saved model, removed however this ends
+        return measure(options, report, Path(directory))
+
+
+def measure(options, report: dict, directory: Path) -> dict:
+    """The engine generates from the model saved in `directory`; the policy scores its completions live and replayed."""
     from transformers import Qwen3MoeForCausalLM
 
-    directory = Path(tempfile.mkdtemp(prefix="dhpo_r3_"))
     save_model(directory, options.shape)
     tokenizer = build_char_tokenizer()
     prompts = [{"prompt_token_ids": tokenizer(f"{a}*{a + 7}=")["input_ids"]} for a in range(options.prompts)]

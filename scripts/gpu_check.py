@@ -165,7 +165,7 @@ def summarise(part: Part, status: str, seconds: float, cpu: float, tail: list[st
     if result.is_file():  # written by the part, whole or (benchmarks) after every run
         entry["result"] = json.loads(result.read_text())
     ratios = entry.get("result", {}).get("throughput_ratios", {}) if part.name in TARGETS else {}
-    if ratios:  # the targets, judged where the figures are
+    if ratios:  # the throughput targets of docs/performance_gpu.md, judged where the figures are
         entry["targets"] = {ratio: {"value": ratios.get(ratio), "target": target,
                                     "met": ratios.get(ratio) is not None and ratios[ratio] >= target}
                             for ratio, target in TARGETS[part.name].items()}  # fmt: skip

@@ -87,6 +87,60 @@ def test_rollout_check_without_vllm_says_so_and_renders(tmp_path):
     assert any("not run: vllm is not installed" in line for line in block)
 
 
+@pytest.mark.parametrize("argv, named", [
+    (["--overhead-only", "--repeats", "0"], "--repeats"),  # nothing timed
+    (["--summarise", "runs.json", "--overhead-only"], "--overhead-only"),
+    (["--summarise", "runs.json", "--json", "out.json"], "--json"),
+    (["--train", "--overhead-only"], "--train"),
+    (["--train", "--dtype", "bfloat16"], "--dtype"),  # the training comparison runs no overhead
+    (["--repeats", "0", "--overhead-shape", "mini"], "--overhead-shape"),
+    (["--overhead-only", "--overhead-shape", "mini", "--overhead-hidden", "128"], "--overhead-hidden"),
+    (["--overhead-only", "--overhead-length", "8"], "--overhead-length"),
+])  # fmt: skip
+def test_routing_overhead_refuses_options_that_would_not_act(argv, named, capsys):
+    bench = load("benchmarks/routing_replay.py")
+    with pytest.raises(SystemExit) as stopped:
+        bench.main(argv)
+    assert stopped.value.code == 2 and named in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_routing_overhead_fails_where_the_replayed_pass_ran_other_experts(tmp_path, monkeypatch):
+    """`routing-overhead` checks the replayed pass against the recorded experts: a mismatch fails the part (its
+    figures still written), as `routing-rollout` does."""
+    bench = load("benchmarks/routing_replay.py")
+    figures = {"shape": "mini", "device": "cpu", "dtype": "bfloat16", "arms": {},
+               "replay_check": {"decisions": 64, "differing": 0}}  # fmt: skip
+    monkeypatch.setattr(bench, "overhead", lambda *args: figures)
+    out = tmp_path / "overhead.json"
+    argv = ["--overhead-only", "--overhead-shape", "mini", "--repeats", "1", "--json", str(out)]
+    bench.main(argv)  # every decision as recorded: the run passes
+    figures["replay_check"]["differing"] = 3
+    with pytest.raises(SystemExit) as stopped:
+        bench.main(argv)
+    assert stopped.value.code not in (0, None)
+    assert json.loads(out.read_text())["overhead"][0]["replay_check"]["differing"] == 3
+
+
+def test_rollout_check_leaves_no_saved_model_behind(tmp_path, monkeypatch):
+    """`routing-rollout` saves a model for the engine to load (hundreds of MB at the GPU shape): gone once it ends,
+    passed or failed."""
+    import tempfile
+
+    rollout = load("benchmarks/routing_replay_rollout.py")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    out = tmp_path / "routing-rollout.json"
+    assert rollout.main(["--engine", "stand-in", "--device", "cpu", "--dtype", "float32", "--shape", "tiny",
+                         "--prompts", "2", "--max-tokens", "4", "--json", str(out)]) == 0  # fmt: skip
+    assert json.loads(out.read_text())["ok"] and not list(scratch.iterdir())
+    monkeypatch.setattr(rollout, "output_samples", lambda outputs: 1 / 0)  # a check that fails midway
+    with pytest.raises(ZeroDivisionError):
+        rollout.main(["--engine", "stand-in", "--device", "cpu", "--shape", "tiny", "--prompts", "1",
+                      "--max-tokens", "2", "--json", str(out)])  # fmt: skip
+    assert not list(scratch.iterdir())
+
+
 def test_wheel_choice():
     wheels = ["/w/trl-1.16.0-py3-none-any.whl", "/w/datasets-5.2.0-py3-none-any.whl",
               "/w/transformers-5.17.0-py3-none-any.whl", "/w/math_verify-0.9.0-py3-none-any.whl"]  # fmt: skip

@@ -242,6 +242,7 @@ def test_two_processes_replay_the_recorded_experts(tmp_path, engine):
         assert rank["replayed"] == [1.0] * 4 and min(rank["flip"]) > 0.3  # the live routers disagree with the plant
     assert not set(map(tuple, rollout[0]["sequences"])) & set(map(tuple, rollout[1]["sequences"]))  # own prompts
     assert rollout[0]["flip"] == rollout[1]["flip"]
+    assert (tmp_path / "fake_vllm_log" / "server.pid").is_file()  # the server's log in the run's directory, not /tmp
 
 
 def test_replay_resumed_from_a_batch_saved_without_routing_is_refused_at_train(tmp_path, tokenizer):

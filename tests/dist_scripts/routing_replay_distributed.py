@@ -24,7 +24,6 @@ import json
 import os
 import signal
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -107,13 +106,14 @@ def die_with(parent: int) -> None:
 
 
 @contextlib.contextmanager
-def fake_server(port: int | None):
-    """Rank 0 starts the fake vLLM server with routing on (only the main process talks to it, as in TRL)."""
+def fake_server(port: int | None, log: Path):
+    """Rank 0 starts the fake vLLM server with routing on (only the main process talks to it, as in TRL); its log in
+    `log`, inside the run's output directory."""
     if port is None or int(os.environ.get("RANK", "0")) != 0:
         yield
         return
-    log = tempfile.mkdtemp(prefix="fake_vllm_")
-    env = {**os.environ, "FAKE_CLUSTER_LOG": log, "FAKE_VLLM_DELAY": "0", "FAKE_VLLM_ROUTING": "full",
+    log.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "FAKE_CLUSTER_LOG": str(log), "FAKE_VLLM_DELAY": "0", "FAKE_VLLM_ROUTING": "full",
            "FAKE_VLLM_MOE": f"{LAYERS},{TOP_K},{EXPERTS}"}  # fmt: skip
     command = [sys.executable, str(TESTS / "fake_cluster" / "fake_vllm_server.py"), "vllm-serve", "--model",
                "tiny-moe", "--host", "127.0.0.1", "--port", str(port), fake.ROUTING_FLAG]  # fmt: skip
@@ -227,7 +227,7 @@ def main() -> None:
     tok = build_char_tokenizer()
     zero3 = "--zero3" in sys.argv
     port = int(sys.argv[sys.argv.index("--rollout-port") + 1]) if "--rollout-port" in sys.argv else None
-    with fake_server(port):  # started first: it boots while the R2 run trains
+    with fake_server(port, out_dir / "fake_vllm_log"):  # started first: it boots while the R2 run trains
         recorded_run(out_dir, tok, zero3)
         if port is not None:
             rollout_run(out_dir, tok, zero3, port)
