@@ -89,7 +89,8 @@ def digit_share(completions, **kwargs):
 EPOCH = dict(steps_per_generation=2, max_steps=8, logging_steps=3, prompts=8)
 BUDGET = dict(gradient_accumulation_steps=2, steps_per_generation=8, max_steps=4, max_tokens_per_micro_batch=24)
 ZERO3 = dict(gradient_accumulation_steps=2, steps_per_generation=4, max_steps=4,
-             deepspeed={"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True},
+             deepspeed={"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True,
+                                              "stage3_param_persistence_threshold": 0},  # every forward gathers
                         "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
                         "gradient_clipping": "auto", "bf16": {"enabled": False}})  # fmt: skip
 
