@@ -31,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 import processes  # noqa: E402 - kills the whole tree of a run (torchrun's workers sit in sessions of their own)
+import tiny_cli  # noqa: E402 - the tiny run of tests/test_cli.py
 
 ZERO3 = {"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True},
          "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "bf16": {"enabled": False}}  # fmt: skip
@@ -50,28 +51,17 @@ def rank_entry(argv: list[str]) -> int:
 
 def build_inputs(folder: Path) -> tuple[Path, Path, Path]:
     """A tiny local model, an 8-problem jsonl and the ZeRO-3 config, written once for every run."""
-    from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
-
-    model, data, zero3 = folder / "model", folder / "train.jsonl", folder / "zero3.json"
-    tokenizer = build_char_tokenizer()
-    build_tiny_qwen3(tokenizer).save_pretrained(model)
-    tokenizer.save_pretrained(model)
-    data.write_text("\n".join(json.dumps({"problem": f"What is {a} + {a}?", "solution": str(2 * a)}) for a in range(8)))
+    folder.mkdir(parents=True, exist_ok=True)
+    model = tiny_cli.write_model(folder / "model")
+    data = tiny_cli.write_problems(folder / "train.jsonl")
+    zero3 = folder / "zero3.json"
     zero3.write_text(json.dumps(ZERO3))
     return model, data, zero3
 
 
 def train_flags(model: Path, data: Path, output_dir: Path) -> list[str]:
-    """2 optimizer steps, a checkpoint at step 2, then the final save (tests/test_cli.py's run)."""
-    return [
-        "--model_name_or_path", str(model), "--dataset_name", str(data),
-        "--question_column", "problem", "--answer_column", "solution",
-        "--output_dir", str(output_dir), "--per_device_train_batch_size", "4", "--num_generations", "4",
-        "--gradient_accumulation_steps", "1", "--steps_per_generation", "2", "--max_completion_length", "8",
-        "--max_steps", "2", "--logging_steps", "1", "--save_strategy", "steps", "--save_steps", "2",
-        "--learning_rate", "1e-3", "--use_cpu", "true", "--bf16", "false", "--report_to", "none",
-        "--dataloader_num_workers", "0", "--disable_tqdm", "true",
-    ]  # fmt: skip
+    """tests/test_cli.py's run: 2 optimizer steps, a checkpoint at step 2, then the final save."""
+    return tiny_cli.train_flags(model, data, output_dir, "--disable_tqdm", "true")
 
 
 def last_write(folder: Path) -> float | None:

@@ -45,9 +45,28 @@ def tier(module: str, test: str) -> str:
     return "pure" if module in PURE else "trainer"
 
 
+# The files that take longest (whole-suite runs with --durations=0, launches and module fixtures included), longest
+# first. A file missing here only starts later than it could.
+SLOWEST = ("test_resume_zero3", "test_gpu_dry_run", "test_teardown", "test_cli", "test_resume_processes",
+           "test_feature_matrix", "test_evaluation_callback_distributed", "test_routing_replay_trainer",
+           "test_shared_prompts", "test_trainer", "test_dynamic_batching", "test_trl_rows", "test_resume",
+           "test_padding_free", "test_scale_out_scripts", "test_rewards", "test_zero3_forwards", "test_notebook",
+           "test_distributed")  # fmt: skip
+TIERS = ("processes", "trainer", "pure")
+
+
 def pytest_collection_modifyitems(config, items):
+    """Mark each test with its tier, and order the files: the slowest first, then the rest by tier (launching
+    processes, training in this process, pure functions), each file's tests in collection order. With one file per
+    worker at a time (`--dist loadfile --no-loadscope-reorder`, scripts/test.sh) the long files start first and the
+    short ones fill in behind them, so no worker starts a minute-long launch when the other has nothing left."""
+    rank = {}
     for item in items:
-        item.add_marker(getattr(pytest.mark, tier(item.path.stem, item.name)))
+        name = tier(item.path.stem, item.name)
+        item.add_marker(getattr(pytest.mark, name))
+        own = SLOWEST.index(item.path.stem) if item.path.stem in SLOWEST else len(SLOWEST) + TIERS.index(name)
+        rank[item.path] = min(rank.get(item.path, own), own)
+    items.sort(key=lambda item: rank[item.path])  # stable: a file's tests keep their order
 
 
 @pytest.fixture(scope="session")

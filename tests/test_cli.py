@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import processes
 import pytest
+import tiny_cli
 from datasets import Dataset
 from safetensors.torch import load_file
 
@@ -23,32 +24,15 @@ CITATION_KEY = "min-etal-2026-orchestrating"
 
 @pytest.fixture(scope="module")
 def local_model(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-qwen3")
-    tokenizer = build_char_tokenizer()
-    build_tiny_qwen3(tokenizer).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return tiny_cli.write_model(tmp_path_factory.mktemp("tiny-qwen3"))
 
 
 @pytest.fixture(scope="module")
 def local_jsonl(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "train.jsonl"
-    rows = [{"problem": f"What is {a} + {a}?", "solution": str(2 * a)} for a in range(8)]
-    path.write_text("\n".join(json.dumps(row) for row in rows))
-    return path
+    return tiny_cli.write_problems(tmp_path_factory.mktemp("data") / "train.jsonl")
 
 
-def cli_args(model, data, output_dir, *extra):
-    # 2 optimizer steps; steps_per_generation 2 > gradient_accumulation_steps 1: off-policy, as in the paper.
-    return [
-        "--model_name_or_path", str(model), "--dataset_name", str(data),
-        "--question_column", "problem", "--answer_column", "solution",
-        "--output_dir", str(output_dir), "--per_device_train_batch_size", "4", "--num_generations", "4",
-        "--gradient_accumulation_steps", "1", "--steps_per_generation", "2", "--max_completion_length", "8",
-        "--max_steps", "2", "--logging_steps", "1", "--save_strategy", "steps", "--save_steps", "2",
-        "--learning_rate", "1e-3", "--weight_decay", "0.1", "--use_cpu", "true", "--bf16", "false", "--report_to", "none",
-        "--dataloader_num_workers", "0", *extra,
-    ]  # fmt: skip
+cli_args = tiny_cli.train_flags
 
 
 class FakeHubApi:

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import processes
 import pytest
+import tiny_cli
 import torch
 from safetensors.torch import load_file
 
-from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
 from dhpo_trl.scale_out.cli import main
 from dhpo_trl.training import batching, resume
 
@@ -87,18 +87,12 @@ def test_a_signal_to_one_rank_stops_both_after_the_same_step(two_ranks):
 # ----------------------------------------------------------------------------------------------- the command
 @pytest.fixture(scope="module")
 def local_model(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny-qwen3")
-    tokenizer = build_char_tokenizer()
-    build_tiny_qwen3(tokenizer).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return tiny_cli.write_model(tmp_path_factory.mktemp("tiny-qwen3"))
 
 
 @pytest.fixture(scope="module")
 def local_jsonl(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "train.jsonl"
-    path.write_text("\n".join(json.dumps({"problem": f"What is {a} + {a}?", "solution": str(2 * a)}) for a in range(8)))
-    return path
+    return tiny_cli.write_problems(tmp_path_factory.mktemp("data") / "train.jsonl")
 
 
 def cli_args(model, data, output_dir, *extra):

@@ -1,6 +1,6 @@
 """Exact resume and the graceful stop under DeepSpeed ZeRO-3: 2 ranks under torchrun on CPU (DeepSpeed's CPU
 accelerator, gloo), DHPO-E with real generation (TRL's model.generate), one launch of
-`tests/dist_scripts/resume_distributed.py --zero3` (its docstring lists the runs). A file of its own so that the
+`tests/dist_scripts/resume_distributed.py --zero3` (its docstring lists the runs, a MoE policy's included). A file of its own so that the
 suite's per-file workers run it beside the DDP twin in test_resume_processes.py.
 
 Every process is started in its own session and its whole group is killed if the test fails or times out.
@@ -33,10 +33,11 @@ def _max_gap(a: dict, b: dict) -> float:
 def zero3_ranks(tmp_path_factory):
     pytest.importorskip("deepspeed")
     out = tmp_path_factory.mktemp("resume_zero3")
-    result = processes.torchrun(TESTS / "dist_scripts" / "resume_distributed.py", out, "--zero3", timeout=300,
+    result = processes.torchrun(TESTS / "dist_scripts" / "resume_distributed.py", out, "--zero3", timeout=450,
                                 accelerate_cpu=False, env=ENV, cwd=REPO)  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
-    runs = ("z3_full", "z3_resumed", "z3_stopped", "z3_after", "z3_sync_full", "z3_sync_resumed")
+    runs = ("z3_full", "z3_resumed", "z3_stopped", "z3_after", "z3_sync_full", "z3_sync_resumed", "z3_moe_full",
+            "z3_moe_resumed")
     dumps = {(run, rank): json.loads((out / f"{run}_rank{rank}.json").read_text()) for run in runs for rank in (0, 1)}
     return {**dumps, "out": out}
 
@@ -105,18 +106,7 @@ def test_zero3_sigterm_to_one_rank_stops_both_with_a_checkpoint(zero3_ranks):
     assert all(zero3_ranks[run, rank]["handlers_restored"] for run in ("z3_full", "z3_stopped") for rank in (0, 1))
 
 
-@pytest.fixture(scope="module")
-def zero3_moe_ranks(tmp_path_factory):
-    pytest.importorskip("deepspeed")
-    out = tmp_path_factory.mktemp("resume_zero3_moe")
-    result = processes.torchrun(TESTS / "dist_scripts" / "resume_distributed.py", out, "--zero3", "--moe", timeout=300,
-                                accelerate_cpu=False, env=ENV, cwd=REPO)
-    assert result.returncode == 0, result.stderr[-4000:]
-    return {(run, rank): json.loads((out / f"{run}_rank{rank}.json").read_text())
-            for run in ("z3_moe_full", "z3_moe_resumed") for rank in (0, 1)}  # fmt: skip
-
-
-def test_zero3_resumes_a_moe_policy_mid_generation_batch_to_the_uninterrupted_run(zero3_moe_ranks):
+def test_zero3_resumes_a_moe_policy_mid_generation_batch_to_the_uninterrupted_run(zero3_ranks):
     """The tiny Qwen3-MoE under ZeRO-3 (2 ranks), resumed from checkpoint-1 (mid generation batch): DeepSpeed's own
     states hold the fused experts, so both ranks end with the uninterrupted run's gathered parameters (the experts
     moved meanwhile), its logged metrics and its data."""
@@ -125,7 +115,7 @@ def test_zero3_resumes_a_moe_policy_mid_generation_batch_to_the_uninterrupted_ru
     experts = [name for name in start if name.endswith(("experts.gate_up_proj", "experts.down_proj"))]
     assert experts
     for rank in (0, 1):
-        full, resumed = zero3_moe_ranks["z3_moe_full", rank], zero3_moe_ranks["z3_moe_resumed", rank]
+        full, resumed = zero3_ranks["z3_moe_full", rank], zero3_ranks["z3_moe_resumed", rank]
         assert resumed["global_step"] == 4 and sorted(resumed["seen"], key=int) == ["2", "3", "4"]
         assert _max_gap({name: full["params"][name] for name in experts}, start) > 1e-3  # the experts trained
         assert _relative_gap(resumed["params"], full["params"]) <= 1e-6

@@ -154,6 +154,17 @@ class Spy:
             handle.remove()
 
 
+def _train_spied(trainer) -> list[dict]:
+    """Train with a `Spy` on the policy and reference models; its forwards (the hooks go whether training ends or
+    fails)."""
+    spy = Spy(trainer.model, trainer.ref_model)
+    try:
+        trainer.train()
+    finally:
+        spy.remove()
+    return spy.forwards
+
+
 @pytest.mark.parametrize("batching", [
     dict(dynamic_batching=False, padding_free=False),
     dict(dynamic_batching=True, padding_free=False),
@@ -163,15 +174,11 @@ class Spy:
 def test_every_pass_runs_the_servers_routing(tmp_path, servers, trl_server_mode, tokenizer, moe_path, batching):
     args = _config(tmp_path, servers("routed"), max_steps=5, **batching)  # two generation batches
     trainer = DHPOTrainer(str(moe_path), _reward, args=args, train_dataset=_dataset(), processing_class=tokenizer)
-    spy = Spy(trainer.model, trainer.ref_model)
-    try:
-        trainer.train()
-    finally:
-        spy.remove()
+    forwards = _train_spied(trainer)
     # per generation batch: pi_old, reference, then one policy forward per step (more where dynamic batching splits)
-    assert len(spy.forwards) >= 2 * 2 + 5
+    assert len(forwards) >= 2 * 2 + 5
     recomputed = 0
-    for forward in spy.forwards:
+    for forward in forwards:
         assert sorted(layer for layer, _ in forward["used"][:LAYERS]) == list(range(LAYERS))
         recomputed += len(forward["used"]) > LAYERS
         planted = _planted(forward["ids"], forward["positions"]).sort(-1).values
@@ -297,13 +304,9 @@ def test_colocated_engine_is_built_to_return_routing_and_every_pass_runs_it(tmp_
     args = _config(tmp_path, 0, vllm_mode="colocate", vllm_importance_sampling_correction=False, max_steps=5)
     trainer = DHPOTrainer(str(moe_path), _reward, args=args, train_dataset=_dataset(), processing_class=tokenizer)
     assert _Engine.built[-1]["enable_return_routed_experts"] is True and vllm_generation.LLM is _Engine
-    spy = Spy(trainer.model, trainer.ref_model)
-    try:
-        trainer.train()
-    finally:
-        spy.remove()
-    assert len(spy.forwards) >= 2 * 2 + 5
-    for forward in spy.forwards:
+    forwards = _train_spied(trainer)
+    assert len(forwards) >= 2 * 2 + 5
+    for forward in forwards:
         planted = _planted(forward["ids"], forward["positions"]).sort(-1).values
         for layer, used in forward["used"]:
             assert torch.equal(used[forward["where"]].sort(-1).values, planted[:, layer])

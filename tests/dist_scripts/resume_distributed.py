@@ -16,6 +16,9 @@ stopped at and the signal handlers after train() (they must be the previous ones
 
 --zero3: instead, under DeepSpeed ZeRO-3 on CPU (gloo), with real generation (TRL's model.generate) and 2
 accumulation steps per optimizer step, k = 2 optimizer steps per generation batch (steps_per_generation=4), 4 steps:
+  z3_moe_full, z3_moe_resumed  the tiny Qwen3-MoE (its experts written one by one in model.safetensors, fused in the
+              model and in DeepSpeed's own states, which the resume loads): uninterrupted; resumed from z3_moe_full's
+              checkpoint-1 (mid generation batch). First, so that its models are built outside any ZeRO-3 context;
   z3_full     uninterrupted;
   z3_resumed  from z3_full's checkpoint-1 (mid generation batch) to step 4;
   z3_stopped  rank 0 sends itself SIGTERM at the end of step 1 (mid generation batch); no scheduled checkpoint;
@@ -24,10 +27,6 @@ accumulation steps per optimizer step, k = 2 optimizer steps per generation batc
               step, partitioned like the policy), resumed from checkpoint-1; they also dump the reference model.
 The parameters dumped are the full ones, gathered from both ranks' partitions; every checkpoint also holds them
 whole in model.safetensors (`stage3_gather_16bit_weights_on_model_save`; the model's dtype, float32 here).
-
---zero3 --moe: instead, the tiny Qwen3-MoE (its experts written one by one in model.safetensors, fused in the
-model and in DeepSpeed's own states, which the resume loads), with the settings of --zero3:
-  z3_moe_full, z3_moe_resumed  uninterrupted; resumed from z3_moe_full's checkpoint-1 (mid generation batch).
 """
 
 import contextlib
@@ -90,7 +89,8 @@ def digit_share(completions, **kwargs):
 EPOCH = dict(steps_per_generation=2, max_steps=8, logging_steps=3, prompts=8)
 BUDGET = dict(gradient_accumulation_steps=2, steps_per_generation=8, max_steps=4, max_tokens_per_micro_batch=24)
 ZERO3 = dict(gradient_accumulation_steps=2, steps_per_generation=4, max_steps=4,
-             deepspeed={"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True},
+             deepspeed={"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True,
+                                              "stage3_param_persistence_threshold": 0},  # every forward gathers
                         "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
                         "gradient_clipping": "auto", "bf16": {"enabled": False}})  # fmt: skip
 
@@ -154,15 +154,12 @@ def main() -> None:
     if "--zero3" in sys.argv:
         # TRL builds the reference model from the policy's folder: one per rank, the same weights, saved before any
         # ZeRO-3 trainer exists (after one, a model built here is partitioned and saves no loadable folder)
-        if "--moe" in sys.argv:
-            checkpoint = str(out_dir / "z3_moe_full" / "checkpoint-1")
-            for name, resume in (("z3_moe_full", None), ("z3_moe_resumed", checkpoint)):
-                model = build_tiny_qwen3(tok, hidden_size=32, seed=0, moe=True)
-                run(out_dir, name, out_dir / name, tok, model=model, resume=resume, **ZERO3)
-            release_process_groups()
-            return
         folder = out_dir / f"tiny_rank{os.environ.get('RANK', '0')}"
         build_tiny_qwen3(tok, hidden_size=32, seed=0).save_pretrained(folder)
+        checkpoint = str(out_dir / "z3_moe_full" / "checkpoint-1")
+        for name, resume in (("z3_moe_full", None), ("z3_moe_resumed", checkpoint)):
+            model = build_tiny_qwen3(tok, hidden_size=32, seed=0, moe=True)
+            run(out_dir, name, out_dir / name, tok, model=model, resume=resume, **ZERO3)
         run(out_dir, "z3_full", out_dir / "z3_full", tok, **ZERO3)
         run(out_dir, "z3_resumed", out_dir / "z3_resumed", tok, resume=str(out_dir / "z3_full" / "checkpoint-1"),
             **ZERO3)

@@ -8,6 +8,7 @@ group (recorded around `torch.distributed.destroy_process_group`) and left the r
 afterwards.
 """
 
+import importlib.util
 import json
 import sys
 import time
@@ -16,7 +17,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from dhpo_trl.training.teardown import release_process_groups
+# From its file: the package's __init__ imports TRL and transformers, which the release does not need.
+_spec = importlib.util.spec_from_file_location("teardown", Path(__file__).parents[2] / "dhpo_trl/training/teardown.py")
+_teardown = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_teardown)
+release_process_groups = _teardown.release_process_groups
 
 DELAY_S = 2.0
 

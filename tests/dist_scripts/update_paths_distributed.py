@@ -44,8 +44,10 @@ from dhpo_trl.training import batching  # noqa: E402
 
 BUDGET = 30  # padded tokens of one pass (dynamic batching)
 PACKED_BUDGET = 45  # real tokens of one packed row
-ZERO3 = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto",
-         "gradient_accumulation_steps": "auto", "bf16": {"enabled": False}}  # fmt: skip
+# threshold 0: no parameter of the tiny model stays resident, so every forward gathers from both ranks and a pass
+# count the ranks did not agree on blocks (DeepSpeed's default keeps parameters under 1e5 elements resident)
+ZERO3 = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
+         "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "bf16": {"enabled": False}}  # fmt: skip
 
 
 class RecordingTrainer(DHPOTrainer):
