@@ -1,0 +1,56 @@
+"""R3's routing read from malformed replies and engine outputs (`dhpo_trl/training/rollout_routing.py`): each is a
+ValueError that names the field, the choice or request, and the setting that fixes it."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from dhpo_trl.training.rollout_routing import SERVER_FLAG, output_samples, reply_samples
+
+
+def experts(tokens, layers=2, offset=0):
+    return [[[(i + j + offset) % 7, (i + j + offset + 1) % 7] for j in range(layers)] for i in range(tokens)]
+
+
+def request(prompt_routing, routing, prompt=(1, 2), completion=(3,)):
+    return SimpleNamespace(prompt_token_ids=list(prompt), prompt_routed_experts=prompt_routing,
+                           outputs=[SimpleNamespace(token_ids=list(completion), routed_experts=routing)])  # fmt: skip
+
+
+@pytest.mark.parametrize("missing", ["prompt_routed_experts", "routed_experts"])
+def test_an_engine_output_without_the_routing_attribute_names_the_engine_setting(missing):
+    """An engine built without the option returns outputs without the attributes at all (not set to None)."""
+    output = request(np.array(experts(2), np.int16), np.array(experts(1), np.int16))
+    if missing == "prompt_routed_experts":
+        del output.prompt_routed_experts
+    else:
+        del output.outputs[0].routed_experts
+    with pytest.raises(ValueError, match=r"request 0 .*enable_return_routed_experts=True"):
+        output_samples([output])
+
+
+def test_a_malformed_engine_routing_names_its_field_and_request():
+    good = request(np.array(experts(2), np.int16), np.array(experts(1), np.int16))
+    flat_prompt = request(np.zeros((2, 2), np.int16), np.array(experts(1), np.int16))
+    with pytest.raises(ValueError, match=r"^rollout routing: prompt_routed_experts has shape \(2, 2\)"):
+        output_samples([good, flat_prompt])
+    flat_completion = request(np.array(experts(2), np.int16), np.zeros((1, 2), np.int16))
+    with pytest.raises(ValueError, match=r"^rollout routing: routed_experts has shape \(1, 2\)"):
+        output_samples([good, flat_completion])
+    short = request(np.array(experts(2), np.int16), np.array(experts(1), np.int16), completion=(3, 4, 5))
+    with pytest.raises(ValueError, match=r"^rollout routing of request 1: routed_experts \(1, 2, 2\) for a completion "
+                                         r"of 3 tokens"):  # fmt: skip
+        output_samples([good, short])
+
+
+def test_a_reply_with_another_number_of_choices_names_both_counts():
+    choices = [{"token_ids": [6], "routed_experts": experts(1), "prompt_routed_experts": experts(2)}] * 3
+    with pytest.raises(ValueError, match=r"3 choices for 2 prompts x n=2"):
+        reply_samples({"choices": choices}, [[1, 2], [3, 4]], 2)
+
+
+def test_one_prompt_with_an_empty_prompt_routing_names_the_server_flag():
+    reply = {"choices": [{"token_ids": [6], "routed_experts": experts(1)}], "prompt_routed_experts": []}
+    with pytest.raises(ValueError, match=f"no prompt_routed_experts for prompt 0.*{SERVER_FLAG}"):
+        reply_samples(reply, [[1, 2]], 1)
