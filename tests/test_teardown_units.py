@@ -3,9 +3,11 @@ objects built here (DeepSpeed's modules stand in by their names), and the order 
 in. `tests/test_teardown.py` checks the outcome on real gloo groups and a real ZeRO-3 engine, in child processes.
 """
 
+import datetime
 import gc
 import os
 import sys
+import time
 from types import ModuleType
 
 import pytest
@@ -47,10 +49,7 @@ def fake_deepspeed(monkeypatch):
     return modules
 
 
-def test_gloo_threads_lists_this_processs_threads_named_gloo():
-    """Read independently from /proc: the names of this process's threads that contain "gloo", sorted."""
-    if not os.path.isdir("/proc/self/task"):
-        pytest.skip("no /proc/self/task on this system")
+def thread_names() -> list[str]:
     names = []
     for task in os.listdir("/proc/self/task"):
         try:
@@ -58,7 +57,24 @@ def test_gloo_threads_lists_this_processs_threads_named_gloo():
                 names.append(handle.read().strip())
         except OSError:
             continue
-    assert teardown.gloo_threads() == sorted(name for name in names if "gloo" in name)
+    return sorted(names)
+
+
+def test_gloo_threads_lists_this_processs_threads_named_gloo():
+    """Read independently from /proc: the names of this process's threads that contain "gloo", sorted, while a gloo
+    group of this process runs its threads (its threads name themselves once started: compared between two equal
+    readings)."""
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("no /proc/self/task on this system")
+    running = dist.ProcessGroupGloo(dist.HashStore(), 0, 1, datetime.timedelta(seconds=10))
+    for _ in range(100):
+        before, listed, after = thread_names(), teardown.gloo_threads(), thread_names()
+        if before == after and any("gloo" in name for name in before):
+            break
+        time.sleep(0.05)
+    assert any("gloo" in name for name in before)  # the group's threads run, so the comparison below can fail
+    assert listed == [name for name in before if "gloo" in name]
+    del running
 
 
 def test_forget_group_defaults_resets_positional_and_keyword_defaults_only_where_they_hold_a_group():
@@ -120,6 +136,16 @@ def test_drop_deepspeed_group_references_drops_groups_from_deepspeeds_objects_an
     assert isinstance(elsewhere.group, dist.ProcessGroup) and isinstance(holder_class.group, dist.ProcessGroup)
     assert vars(partitioned) == {"ds_id": 7} and isinstance(plain.ds_process_group, dist.ProcessGroup)
     assert stack == []
+
+
+def test_drop_deepspeed_group_references_passes_over_a_runtime_object_without_a_dict(fake_deepspeed):
+    slotted_class = type("Slotted", (), {"__module__": "deepspeed.runtime.comm", "__slots__": ("group",)})
+    slotted = slotted_class()
+    slotted.group = group()
+    runtime = deepspeed_class("deepspeed.runtime.zero.stage3")()
+    runtime.group = group()
+    assert teardown.drop_deepspeed_group_references() == 1  # the runtime object's; the slot is out of reach
+    assert isinstance(slotted.group, dist.ProcessGroup) and vars(runtime) == {}
 
 
 def test_drop_deepspeed_group_references_does_nothing_without_deepspeed_loaded(monkeypatch):
