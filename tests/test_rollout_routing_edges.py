@@ -54,3 +54,23 @@ def test_one_prompt_with_an_empty_prompt_routing_names_the_server_flag():
     reply = {"choices": [{"token_ids": [6], "routed_experts": experts(1)}], "prompt_routed_experts": []}
     with pytest.raises(ValueError, match=f"no prompt_routed_experts for prompt 0.*{SERVER_FLAG}"):
         reply_samples(reply, [[1, 2]], 1)
+
+
+def test_a_malformed_reply_routing_names_its_field_with_the_prompt_or_choice():
+    prompts = [[1, 2], [3, 4]]
+    choices = [{"token_ids": [6], "routed_experts": experts(1)} for _ in range(4)]
+    reply = {"choices": choices, "prompt_routed_experts": [experts(2), [[1, 2], [3, 4]]]}
+    with pytest.raises(ValueError, match=r"^rollout routing: prompt_routed_experts\[1\] has shape \(2, 2\)"):
+        reply_samples(reply, prompts, 2)
+    reply["prompt_routed_experts"][1] = experts(2)
+    choices[2]["routed_experts"] = [[1, 2]]
+    with pytest.raises(ValueError, match=r"^rollout routing: choices\[2\]\.routed_experts has shape \(1, 2\)"):
+        reply_samples(reply, prompts, 2)
+
+
+def test_the_choices_prompt_token_ids_stand_for_a_prompt_sent_as_text():
+    """A request whose prompts are text: the token ids come from the choice (the server's tokenisation)."""
+    choices = [{"prompt_token_ids": [1, 2], "token_ids": [6], "routed_experts": experts(1),
+                "prompt_routed_experts": experts(2)}]  # fmt: skip
+    samples = reply_samples({"choices": choices}, ["2+2="], 1)
+    assert samples[0][0] == [1, 2, 6] and samples[0][1].tolist() == experts(2) + experts(1)
