@@ -5,6 +5,7 @@ in. `tests/test_teardown.py` checks the outcome on real gloo groups and a real Z
 
 import datetime
 import gc
+import io
 import os
 import sys
 import time
@@ -75,6 +76,23 @@ def test_gloo_threads_lists_this_processs_threads_named_gloo():
     assert any("gloo" in name for name in before)  # the group's threads run, so the comparison below can fail
     assert listed == [name for name in before if "gloo" in name]
     del running
+
+
+def test_gloo_threads_reads_on_past_a_thread_that_ended_while_listed(monkeypatch):
+    """A thread listed under /proc/self/task may end before its name is read: the others are still read."""
+    if not os.path.isdir("/proc/self/task"):
+        pytest.skip("no /proc/self/task on this system")
+    tasks = ["1", "2", "3"]
+    names = {"/proc/self/task/2/comm": "gone", "/proc/self/task/1/comm": "gloo_a", "/proc/self/task/3/comm": "gloo_b"}
+    monkeypatch.setattr(teardown.os, "listdir", lambda path: ["2", *tasks[:1], *tasks[2:]])
+
+    def fake_open(path, *args, **kwargs):
+        if names[path] == "gone":
+            raise FileNotFoundError(path)
+        return io.StringIO(names[path] + "\n")
+
+    monkeypatch.setattr(teardown, "open", fake_open, raising=False)
+    assert teardown.gloo_threads() == ["gloo_a", "gloo_b"]
 
 
 def test_forget_group_defaults_resets_positional_and_keyword_defaults_only_where_they_hold_a_group():
@@ -165,7 +183,8 @@ class Calls(list):
         return record
 
 
-@pytest.mark.parametrize(("world_size", "barrier", "waits"), [(2, True, True), (2, False, False), (1, True, False)])
+@pytest.mark.parametrize(("world_size", "barrier", "waits"), [(2, True, True), (2, None, True), (2, False, False),
+                                                               (1, True, False)])  # fmt: skip
 @pytest.mark.parametrize("deepspeed_comm", [False, True])
 def test_release_order_barrier_and_whose_destroy(fake_deepspeed, monkeypatch, world_size, barrier, waits,
                                                  deepspeed_comm):  # fmt: skip
@@ -184,7 +203,8 @@ def test_release_order_barrier_and_whose_destroy(fake_deepspeed, monkeypatch, wo
         monkeypatch.setattr(teardown, step, calls.recorder(step, 0))
     monkeypatch.setattr(teardown.gc, "collect", calls.recorder("collect", 0))
     monkeypatch.setattr(teardown, "gloo_threads", lambda: ["left"])
-    assert teardown.release_process_groups(barrier=barrier) == ["left"]
+    asked = {} if barrier is None else {"barrier": barrier}  # None: the default, which waits
+    assert teardown.release_process_groups(**asked) == ["left"]
     destroy = "deepspeed destroy" if deepspeed_comm else "torch destroy"
     assert calls == ["destroy_deepspeed_engines", *(["barrier"] if waits else []), destroy,
                      "drop_deepspeed_group_references", "forget_group_defaults", "collect"]  # fmt: skip
