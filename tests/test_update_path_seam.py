@@ -8,7 +8,7 @@ from test_padding_free import sliding_qwen3
 from test_trainer_paths import micro_batch, plan, planning_host
 
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
-from dhpo_trl.training import update_path
+from dhpo_trl.training import batching, update_path
 
 ARGUMENTS = ("ids", "mask", 7, 3, True, False)  # input_ids, attention_mask, logits_to_keep, batch_size, entropy, aux
 
@@ -64,3 +64,13 @@ def test_a_refusal_names_the_setting_that_fixes_it():
         update_path.choose(True, True, None, {"model": flash}, "cuda")
     with pytest.raises(ValueError, match=r"Set padding_free=False \(dynamic batching\) or change the model"):
         update_path.choose(True, False, None, {"model": sliding_qwen3(tokenizer)}, "cpu")
+
+
+def test_the_chosen_path_plans_with_the_runs_settings():
+    """Dynamic batching through the seam cuts the window into the run's micro-steps, as the plan does called alone."""
+    host = planning_host(steps=2)
+    buffered = [micro_batch(), micro_batch()]
+    planned, messages = plan(host, buffered)
+    alone = batching.plan_generation_batch([micro_batch(), micro_batch()], micro_steps=2)
+    assert messages == [] and len(planned) == len(alone) == 2
+    assert [p["completion_ids"].shape for p in planned] == [p["completion_ids"].shape for p in alone]
