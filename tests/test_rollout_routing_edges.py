@@ -74,3 +74,44 @@ def test_the_choices_prompt_token_ids_stand_for_a_prompt_sent_as_text():
                 "prompt_routed_experts": experts(2)}]  # fmt: skip
     samples = reply_samples({"choices": choices}, ["2+2="], 1)
     assert samples[0][0] == [1, 2, 6] and samples[0][1].tolist() == experts(2) + experts(1)
+
+
+def test_decode_reads_the_wire_dtype_empty_lists_and_tensors_and_refuses_experts_outside_int16():
+    import base64
+
+    import torch
+
+    from dhpo_trl.training.rollout_routing import decode_experts
+
+    value = np.array(experts(3), dtype=np.int32)
+    wire = {"data": base64.b64encode(value.tobytes()).decode(), "shape": list(value.shape), "dtype": "int32"}
+    assert decode_experts(wire, "x").tolist() == experts(3)
+    with pytest.raises(ValueError, match=r"x has shape \(0, 0, 0\) \(float64\)"):  # an empty list: no integers
+        decode_experts([], "x")
+    assert decode_experts(torch.tensor(experts(2)), "x").tolist() == experts(2)
+    with pytest.raises(ValueError, match=r"^rollout routing: x is str, not a \(tokens, layers, top_k\) array"):
+        decode_experts("routing", "x")
+    with pytest.raises(ValueError, match=r"^rollout routing: x holds expert -1\.\.3, outside int16"):
+        decode_experts([[[-1, 3]]], "x")
+    with pytest.raises(ValueError, match=r"^rollout routing: x holds expert 0\.\.32768, outside int16"):
+        decode_experts([[[0, 32768]]], "x")
+    assert decode_experts([[[0, 32767]]], "x").tolist() == [[[0, 32767]]]  # the largest int16 is an expert
+
+
+def test_a_one_token_completion_without_routing_takes_the_prompts_last_row():
+    from dhpo_trl.training.rollout_routing import sequence_rows
+
+    prompt = np.array(experts(3), np.int16)
+    rows = sequence_rows([5, 6, 7], [8], prompt, np.zeros((0, 2, 2), np.int16), "choice 0")
+    assert rows.tolist() == experts(3) + experts(3)[-1:]
+    with pytest.raises(ValueError, match=r"^rollout routing of choice 0: prompt_routed_experts \(3, 2, 2\) and "
+                                         r"routed_experts \(1, 3, 2\) differ in \(layers, top_k\)"):  # fmt: skip
+        sequence_rows([5, 6, 7], [8], prompt, np.array(experts(1, layers=3), np.int16), "choice 0")
+    assert sequence_rows([5, 6, 7], [], prompt, np.zeros((0, 2, 2), np.int16), "choice 0").tolist() == experts(3)
+
+
+def test_no_sample_to_replay_is_said():
+    from dhpo_trl.training.rollout_routing import routing_of
+
+    with pytest.raises(ValueError, match=r"^rollout routing: no routed sample to replay"):
+        routing_of([])
