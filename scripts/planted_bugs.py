@@ -524,6 +524,81 @@ BUGS = {
         ["tests/test_teardown.py::test_release_destroys_every_deepspeed_engine"],
         "a ZeRO-3 engine's hooks stay: the engine, its optimizer and groups live on",
     ),
+    # Routing replay's keys and rows, R3's reply, the update path's fallback, the resume marker, the grader's second
+    # pass, the shared-prompt metric, the long task's splits, the epoch sampler, the release's keyword defaults.
+    "routing-expert-zero-read-as-padding": (
+        "dhpo_trl/training/routing_replay.py",
+        "recorded = rows[:, :, 0, 0] >= 0",
+        "recorded = rows[:, :, 0, 0] > 0",
+        REPLAY, "a token routed to expert 0 in the first layer reads as padding in the batch's routing rows",
+    ),
+    "routing-positions-from-columns": (
+        "dhpo_trl/training/routing_replay.py",
+        "positions = (torch.cumsum(mask.long(), 1) - 1)[mask]",
+        "positions = mask.nonzero(as_tuple=True)[1]",
+        REPLAY, "a padded row's token positions are its columns: left padding changes every key",
+    ),
+    "routing-flips-counted-in-top-k-order": (
+        "dhpo_trl/training/routing_replay.py",
+        "return (live.sort(-1).values != replayed.sort(-1).values).any(-1)",
+        "return (live != replayed).any(-1)",
+        ["tests/test_routing_replay_counts.py"] + REPLAY,
+        "moe/ flipped decisions count a top-k set listed in another order as a flip",
+    ),
+    "rollout-choices-read-choice-major": (
+        "dhpo_trl/training/rollout_routing.py",
+        "prompt = index // n",
+        "prompt = index % n",
+        ROLLOUT, "R3: a reply's choices read as choice-major: a choice gets another prompt's routing",
+    ),
+    "update-path-fallback-warns-every-step": (
+        "dhpo_trl/training/update_path.py",
+        "self.warned = True",
+        "pass",
+        ["tests/test_update_path.py", "tests/test_trainer_paths.py"],
+        "a batch the path cannot plan warns at every generation batch, not once",
+    ),
+    "marker-misses-a-grown-file": (
+        "dhpo_trl/training/resume.py",
+        "if actual != size:",
+        "if actual < size:",
+        ["tests/test_resume_epochs.py::test_file_mismatch_names_the_first_differing_file",
+         "tests/test_resume_epochs.py::test_latest_skips_a_checkpoint_whose_files_differ_from_the_marker"],
+        "a checkpoint file overwritten with more bytes than the marker records is loaded",
+    ),
+    "grader-second-pass-keeps-the-short-deadline": (
+        "dhpo_trl/scoring/rewards.py",
+        "queue.append((index, timeout_s))  # the second pass, with the full deadline",
+        "queue.append((index, deadline))  # the second pass, with the full deadline",
+        ["tests/test_rewards.py"], "an answer that overran the first pass's short deadline is retried with it again",
+    ),
+    "shared-prompt-metric-forgets-repeated-tokens": (
+        "dhpo_trl/training/shared_prompts.py",
+        "shared += prompt - 1 + len(group) if shares(prompt, len(group)) else prompt * len(group)",
+        "shared += prompt if shares(prompt, len(group)) else prompt * len(group)",
+        ["tests/test_shared_prompts.py"],
+        "batching/prompt_tokens_saved forgets each completion's repeated last prompt token",
+    ),
+    "long-task-heldout-in-train": (
+        "dhpo_trl/demo/long_arithmetic.py",
+        "train = generate_chains(num_train, seed=seed, lengths=lengths, exclude=set(heldout))",
+        "train = generate_chains(num_train, seed=seed, lengths=lengths)",
+        ["tests/test_long_task.py"], "the long task's held-out problems may also be training problems",
+    ),
+    "sampler-set-epoch-ignored": (
+        "dhpo_trl/training/sampler.py",
+        "self.epoch = int(epoch)",
+        "pass",
+        ["tests/test_resume_epochs.py::test_the_epoch_sampler_draws_trls_sequence_of_permutations"],
+        "set_epoch is a no-op: a run resumed in a later epoch draws the first epoch's order",
+    ),
+    "teardown-keyword-defaults-kept": (
+        "dhpo_trl/training/teardown.py",
+        "if keywords and any(isinstance(value, ProcessGroup) for value in keywords.values()):",
+        "if False:",
+        ["tests/test_teardown_units.py", "tests/test_teardown.py::test_release_leaves_no_gloo_thread"],
+        "a keyword-only default holding the world group keeps it (and its gloo threads) past the release",
+    ),
 }
 
 
