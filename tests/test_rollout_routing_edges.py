@@ -81,13 +81,16 @@ def test_decode_reads_the_wire_dtype_empty_lists_and_tensors_and_refuses_experts
 
     import torch
 
-    from dhpo_trl.training.rollout_routing import decode_experts
+    from dhpo_trl.training.rollout_routing import decode_experts, sequence_rows
 
     value = np.array(experts(3), dtype=np.int32)
     wire = {"data": base64.b64encode(value.tobytes()).decode(), "shape": list(value.shape), "dtype": "int32"}
     assert decode_experts(wire, "x").tolist() == experts(3)
-    with pytest.raises(ValueError, match=r"x has shape \(0, 0, 0\) \(float64\)"):  # an empty list: no integers
-        decode_experts([], "x")
+    empty = decode_experts([], "x")  # a completion of one sampled token: no step went through the model
+    assert empty.shape == (0, 0, 0) and empty.dtype == np.int16
+    prompt = np.asarray(experts(3), dtype=np.int16)
+    rows = sequence_rows([1, 2, 3], [7], prompt, empty, "sample 0")
+    assert rows.tolist() == experts(3) + experts(3)[-1:]
     assert decode_experts(torch.tensor(experts(2)), "x").tolist() == experts(2)
     with pytest.raises(ValueError, match=r"^rollout routing: x is str, not a \(tokens, layers, top_k\) array"):
         decode_experts("routing", "x")

@@ -40,7 +40,7 @@ def decode_experts(value, what: str) -> np.ndarray:
         raw = np.frombuffer(base64.b64decode(value["data"]), dtype=np.dtype(value.get("dtype", "int16")))
         array = raw.reshape([int(n) for n in value["shape"]])
     elif isinstance(value, list):
-        array = np.asarray(value) if value else np.zeros((0, 0, 0))
+        array = np.asarray(value) if value else np.zeros((0, 0, 0), np.int16)  # a completion cut before any step
     elif isinstance(value, np.ndarray) or torch.is_tensor(value):  # the offline engine's outputs
         array = np.asarray(value.cpu() if torch.is_tensor(value) else value)
     else:
