@@ -526,16 +526,15 @@ BUGS = {
     ),
     "release-skipped-with-a-live-group": (
         "dhpo_trl/training/teardown.py",
-        '    if dist.is_available() and dist.is_initialized():\n        return True\n'
-        '    return "deepspeed.runtime.engine" in sys.modules or bool(gloo_threads())',
-        '    return "deepspeed.runtime.engine" in sys.modules',
+        "    if not holds_any_group(dist):",
+        '    if "deepspeed.runtime.engine" not in sys.modules:',
         ["tests/test_teardown.py::test_release_leaves_no_gloo_thread"],
         "a DDP run's group (no DeepSpeed) is left to interpreter finalisation",
     ),
     "release-scans-without-a-group": (
         "dhpo_trl/training/teardown.py",
-        "    if not holds_any_group(dist):",
-        "    if False:",
+        "    return \"deepspeed.runtime.engine\" in sys.modules or bool(gloo_threads())",
+        "    return True",
         ["tests/test_teardown.py::test_release_in_a_process_that_holds_no_group_scans_nothing"],
         "an input error's exit scans the heap three times (seconds in a large process)",
     ),
