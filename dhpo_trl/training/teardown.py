@@ -60,6 +60,8 @@ def release_process_groups(*, barrier: bool = True) -> list[str]:
     when everything was released); a non-empty list names a group that something else still holds."""
     import torch.distributed as dist
 
+    if not holds_any_group(dist):
+        return []  # nothing to release: the heap scans below cost seconds in a large process (an input error's exit)
     destroy_deepspeed_engines()
     if dist.is_available() and dist.is_initialized():
         if barrier and dist.get_world_size() > 1:
@@ -73,6 +75,16 @@ def release_process_groups(*, barrier: bool = True) -> list[str]:
     forget_group_defaults()
     gc.collect()
     return gloo_threads()
+
+
+def holds_any_group(dist) -> bool:
+    """Whether this process may hold a process group or a DeepSpeed engine, from cheap checks only: the default group
+    is initialized, DeepSpeed's engine module was imported (an engine may be alive, and with it its groups), or gloo
+    threads run (a group destroyed through torch alone but still referenced keeps its threads). False means no group
+    is alive to be released, so the release has nothing to do."""
+    if dist.is_available() and dist.is_initialized():
+        return True
+    return "deepspeed.runtime.engine" in sys.modules or bool(gloo_threads())
 
 
 def destroy_deepspeed_engines() -> int:
