@@ -49,7 +49,7 @@ import torch
 
 from dhpo_trl.core.objectives import get_objective
 from dhpo_trl.core.presets import config_for
-from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
+from dhpo_trl.demo.tiny import build_char_tokenizer, build_qwen3_from_fields, build_tiny_qwen3
 from dhpo_trl.training import routing_replay as rr
 
 
@@ -243,13 +243,8 @@ def build_shape(tokenizer, shape: str, hidden: int, device: str, dtype: torch.dt
     they live: a GPU draws billions in a second)."""
     if OVERHEAD_SHAPES[shape] is None:
         return build_tiny_qwen3(tokenizer, moe=True, seed=0, hidden_size=hidden).to(device=device, dtype=dtype)
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
-    config = Qwen3MoeConfig(**OVERHEAD_SHAPES[shape], max_position_embeddings=4096, output_router_logits=False,
-                            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)  # fmt: skip
-    torch.manual_seed(0)
-    with torch.device(device):
-        return Qwen3MoeForCausalLM(config).to(dtype)
+    model = build_qwen3_from_fields(tokenizer, OVERHEAD_SHAPES[shape], device=device, max_position_embeddings=4096)
+    return model.to(dtype)
 
 
 def timer(device: str):

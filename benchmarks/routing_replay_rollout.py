@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from dhpo_trl.demo.tiny import build_char_tokenizer  # noqa: E402
+from dhpo_trl.demo.tiny import build_char_tokenizer, build_qwen3_from_fields  # noqa: E402
 from dhpo_trl.training import routing_replay as rr  # noqa: E402
 from dhpo_trl.training.rollout_routing import output_samples, routing_of  # noqa: E402
 
@@ -49,15 +49,9 @@ SHAPES = {  # head_dim 64: a size every vLLM attention backend takes
 
 def save_model(directory: Path, shape: str, seed: int = 0) -> None:
     """A randomly initialised Qwen3-MoE of `shape` and the character tokenizer, saved for the engine to load."""
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
     tokenizer = build_char_tokenizer()
-    config = Qwen3MoeConfig(**SHAPES[shape], vocab_size=len(tokenizer), max_position_embeddings=512,
-                            norm_topk_prob=True, tie_word_embeddings=False, output_router_logits=False,
-                            pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                            bos_token_id=tokenizer.eos_token_id)  # fmt: skip
-    torch.manual_seed(seed)
-    Qwen3MoeForCausalLM(config).save_pretrained(directory)
+    fields = dict(SHAPES[shape], vocab_size=len(tokenizer), norm_topk_prob=True, tie_word_embeddings=False)
+    build_qwen3_from_fields(tokenizer, fields, seed=seed, max_position_embeddings=512).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
 
 

@@ -101,12 +101,23 @@ def build_qwen3_shape(tokenizer: PreTrainedTokenizerFast, shape: str, *, seed: i
     download; weights drawn where they live, so a GPU builds billions of them in a second)."""
     if shape not in QWEN3_SHAPES:
         raise ValueError(f"build_qwen3_shape: shape={shape!r} must be one of {sorted(QWEN3_SHAPES)}")
-    config = Qwen3Config(**QWEN3_SHAPES[shape], max_position_embeddings=max_position_embeddings,
-                         pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                         bos_token_id=tokenizer.eos_token_id)  # fmt: skip
+    return build_qwen3_from_fields(tokenizer, QWEN3_SHAPES[shape], seed=seed, device=device,
+                                   max_position_embeddings=max_position_embeddings)  # fmt: skip
+
+
+def build_qwen3_from_fields(tokenizer: PreTrainedTokenizerFast, fields: dict, *, seed: int = 0, device: str = "cpu",
+                            max_position_embeddings: int = 40960):  # fmt: skip
+    """A randomly initialised Qwen3 whose config takes `fields` (a Qwen3-MoE where they name `num_experts`; router
+    logits off, as TRL asks for them itself), float32, built on `device`, with the tokenizer's special tokens."""
+    special = dict(pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                   bos_token_id=tokenizer.eos_token_id, max_position_embeddings=max_position_embeddings)  # fmt: skip
+    if "num_experts" in fields:
+        config, model_class = Qwen3MoeConfig(**fields, **special, output_router_logits=False), Qwen3MoeForCausalLM
+    else:
+        config, model_class = Qwen3Config(**fields, **special), Qwen3ForCausalLM
     torch.manual_seed(seed)
     with torch.device(device):
-        model = Qwen3ForCausalLM(config)
+        model = model_class(config)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     return model
