@@ -4,6 +4,7 @@ argv[1] is a JSON list of {"name", "env", "cpu"}: `env` is what `accelerate laun
 environment (computed by the test with accelerate's own launcher code), `cpu` asks for accelerate's CPU counterpart of
 multi-GPU data parallelism (DDP over gloo). One process (LOCAL_RANK=0, WORLD_SIZE=1), DeepSpeed's CPU accelerator.
 For each config and model, one training step, then one JSON line: what accelerate built, or the error it raised.
+Under ZeRO-3 no parameter stays resident (`zero3_config.EVERY_FORWARD_GATHERS`), so the step's forwards gather.
 accelerate runs FSDP on GPUs only, so for FSDP configs the plugin is built from the environment and its auto-wrap
 policy applied to the model instead.
 """
@@ -11,6 +12,7 @@ policy applied to the model instead.
 import json
 import os
 import sys
+from pathlib import Path
 
 import torch
 from accelerate import Accelerator
@@ -21,9 +23,15 @@ from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
 from dhpo_trl.training.teardown import release_process_groups  # noqa: E402
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3, use_deepspeed_on_cpu
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/
+from zero3_config import EVERY_FORWARD_GATHERS  # noqa: E402
+
 
 def prepare_and_step(model, cpu: bool) -> dict:
     accelerator = Accelerator(cpu=cpu)
+    plugin = accelerator.state.deepspeed_plugin
+    if plugin is not None and plugin.zero_stage == 3:  # accelerate's config leaves DeepSpeed's 1e5-element default
+        plugin.deepspeed_config["zero_optimization"].update(EVERY_FORWARD_GATHERS)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     batches = torch.utils.data.DataLoader(torch.randint(3, 90, (4, 8)), batch_size=2)
     model, optimizer, batches = accelerator.prepare(model, optimizer, batches)
@@ -46,6 +54,7 @@ def prepare_and_step(model, cpu: bool) -> dict:
             leaves=sum(map(z3_leaf_module, model.module.modules())),
             base_optimizer=type(optimizer.optimizer.optimizer).__name__,  # what ZeRO steps (on CPU when offloaded)
             shm_all_reduce=backend.shm_comm_op is not None,  # the JIT-built op use_deepspeed_on_cpu() turns off
+            persistent=sum(bool(getattr(p, "ds_persist", False)) for p in model.module.parameters()),
         )  # fmt: skip
     return result
 

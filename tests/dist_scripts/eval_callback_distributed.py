@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -34,12 +35,10 @@ from dhpo_trl import DHPOConfig, DHPOTrainer  # noqa: E402
 from dhpo_trl.evaluation import BenchmarkEvalCallback  # noqa: E402
 from dhpo_trl.evaluation.backends import TransformersBackend  # noqa: E402
 
-CPU_ZERO3 = {
-    "zero_optimization": {"stage": 3},
-    "train_micro_batch_size_per_gpu": "auto",
-    "gradient_accumulation_steps": "auto",
-    "bf16": {"enabled": False},
-}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/
+from zero3_config import zero3  # noqa: E402
+
+CPU_ZERO3 = zero3()  # every forward, and the gather for generation, gathers from both ranks
 
 
 def _reward(completions, **kwargs):

@@ -54,6 +54,9 @@ from dhpo_trl import DHPOTrainer  # noqa: E402
 from dhpo_trl.core.presets import config_for  # noqa: E402
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/
+from zero3_config import zero3  # noqa: E402
+
 CPU = dict(use_cpu=True, bf16=False, report_to="none", seed=0, data_seed=0)
 SETTINGS = dict(per_device_train_batch_size=4, num_generations=4, max_completion_length=8, logging_steps=1,
                 learning_rate=3e-2, save_strategy="steps", save_steps=1, gradient_accumulation_steps=1,
@@ -89,10 +92,7 @@ def digit_share(completions, **kwargs):
 EPOCH = dict(steps_per_generation=2, max_steps=8, logging_steps=3, prompts=8)
 BUDGET = dict(gradient_accumulation_steps=2, steps_per_generation=8, max_steps=4, max_tokens_per_micro_batch=24)
 ZERO3 = dict(gradient_accumulation_steps=2, steps_per_generation=4, max_steps=4,
-             deepspeed={"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True,
-                                              "stage3_param_persistence_threshold": 0},  # every forward gathers
-                        "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
-                        "gradient_clipping": "auto", "bf16": {"enabled": False}})  # fmt: skip
+             deepspeed={**zero3(stage3_gather_16bit_weights_on_model_save=True), "gradient_clipping": "auto"})
 
 
 def full_parameters(model) -> dict:

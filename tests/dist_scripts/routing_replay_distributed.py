@@ -49,14 +49,14 @@ from dhpo_trl.training import routing_replay  # noqa: E402
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))  # tests/processes.py: the fake server's process group ended on the way out
 import processes  # noqa: E402
+from zero3_config import zero3  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("fake_vllm_server", TESTS / "fake_cluster" / "fake_vllm_server.py")
 fake = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(fake)
 LAYERS, TOP_K, EXPERTS = 2, 2, 4  # build_tiny_qwen3(moe=True)
 
-ZERO3 = {"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": "auto",
-         "gradient_accumulation_steps": "auto", "bf16": {"enabled": False}}  # fmt: skip
+ZERO3 = zero3()  # every forward gathers from both ranks: a forward one rank runs alone blocks
 
 
 class CheckingTrainer(DHPOTrainer):

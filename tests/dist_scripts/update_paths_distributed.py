@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shar
 
 from long_tail import dataset, length_reward, long_tailed_rollout  # noqa: E402
 import shared_rows  # noqa: E402
+from zero3_config import zero3  # noqa: E402
 
 from dhpo_trl.training.teardown import release_process_groups  # noqa: E402
 from dhpo_trl import DHPOTrainer  # noqa: E402
@@ -44,10 +45,7 @@ from dhpo_trl.training import batching  # noqa: E402
 
 BUDGET = 30  # padded tokens of one pass (dynamic batching)
 PACKED_BUDGET = 45  # real tokens of one packed row
-# threshold 0: no parameter of the tiny model stays resident, so every forward gathers from both ranks and a pass
-# count the ranks did not agree on blocks (DeepSpeed's default keeps parameters under 1e5 elements resident)
-ZERO3 = {"zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0},
-         "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "bf16": {"enabled": False}}  # fmt: skip
+ZERO3 = zero3()  # every forward gathers from both ranks: a pass count the ranks did not agree on blocks
 
 
 class RecordingTrainer(DHPOTrainer):

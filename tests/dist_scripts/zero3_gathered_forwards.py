@@ -41,22 +41,13 @@ from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E
 from dhpo_trl.training import batching  # noqa: E402
 from dhpo_trl.training.teardown import release_process_groups  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/
+from zero3_config import zero3  # noqa: E402
+
 BUDGET = 48
 ROWS = 8  # per rank and generation batch: per_device_train_batch_size 2 x steps_per_generation 4
-ZERO3 = {
-    "zero_optimization": {
-        "stage": 3,
-        "stage3_param_persistence_threshold": 0,  # no parameter stays resident: every forward gathers
-        "stage3_prefetch_bucket_size": 64,
-        "stage3_max_live_parameters": 1024,
-        "stage3_max_reuse_distance": 0,
-        "reduce_bucket_size": 256,
-        "allgather_bucket_size": 256,
-    },
-    "train_micro_batch_size_per_gpu": "auto",
-    "gradient_accumulation_steps": "auto",
-    "bf16": {"enabled": False},
-}
+ZERO3 = zero3(stage3_prefetch_bucket_size=64, stage3_max_live_parameters=1024, stage3_max_reuse_distance=0,
+              reduce_bucket_size=256, allgather_bucket_size=256)  # fmt: skip
 
 
 def rollout(tok):

@@ -1,0 +1,15 @@
+"""The DeepSpeed ZeRO-3 config of the tests' launches on CPU.
+
+DeepSpeed keeps a parameter of fewer than `stage3_param_persistence_threshold` elements (1e5 by default) resident on
+every rank, which is every parameter of the tests' tiny models: their forwards would gather nothing, and a rank
+running a forward (or a gather) the other does not would go unnoticed. At 0 no parameter stays resident, so every
+forward gathers from every rank, as a real model's large parameters do, and an unagreed forward blocks its launch.
+"""
+
+EVERY_FORWARD_GATHERS = {"stage3_param_persistence_threshold": 0}  # also for a config accelerate builds
+
+
+def zero3(**zero_optimization) -> dict:
+    """ZeRO-3 with no resident parameter; `zero_optimization` adds or overrides that section's keys."""
+    return {"zero_optimization": {"stage": 3, **EVERY_FORWARD_GATHERS, **zero_optimization},
+            "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "bf16": {"enabled": False}}
