@@ -860,6 +860,26 @@ def test_a_repeated_slow_answer_costs_once():
     assert rewards.pop_grading_counts() == {"answers": 1, "over_budget": 0, "over_deadline": 1, "cached": 0}
 
 
+
+def test_an_answer_slower_than_the_first_pass_deadline_scores_in_the_second_pass():
+    """A full call (`BUDGET_ANSWERS` answers, the default budget, one worker) gives every answer a first-pass deadline
+    of about 60 ms. A correct answer written as an integral, which the grader settles in about a second, overruns it
+    and is decided in the second pass, at the full deadline: it scores 1 with the quick answers around it."""
+    from dhpo_trl.scoring import _math_verify_core as core
+    from dhpo_trl.scoring import rewards
+
+    slow, gold = r"\int_{0}^{\pi} \sin(x) \, dx", "2"
+    first = rewards.FIRST_PASS_SHARE * rewards.DEFAULT_BUDGET_S / rewards.BUDGET_ANSWERS  # 58.6 ms
+    assert core._compare(slow, gold, first) == "t"  # on this machine the answer cannot be decided in the first pass
+    assert score_answer(r"\boxed{1}", "1") == 1.0  # the worker is up: its start is not part of the budget
+    rewards.pop_grading_counts()
+    quick = [(rf"\boxed{{{k}}}", str(k if k % 4 else k + 1)) for k in range(60_001, 60_000 + rewards.BUDGET_ANSWERS)]
+    pairs = quick[:100] + [(rf"\boxed{{{slow}}}", gold)] + quick[100:]
+    expected = [1.0 if int(answer[7:-1]) % 4 else 0.0 for answer, _ in quick]
+    scores = rewards.score_many(pairs, timeout_s=20.0, workers=1)
+    assert scores == expected[:100] + [1.0] + expected[100:]
+    assert rewards.pop_grading_counts() == {"answers": 256, "over_budget": 0, "over_deadline": 0, "cached": 0}
+
 def test_parallel_workers_give_the_same_scores():
     from dhpo_trl.scoring import rewards
 
