@@ -456,6 +456,23 @@ BUGS = {
         "lambda: rows_needed(seqs, budget), budget)",
         ZERO3_FORWARDS, "shared rows' no-gradient passes are this process's own count (the agreement not passed)",
     ),
+    "routing-recording-checked-on-rank-0": (
+        "dhpo_trl/training/routing_replay.py",
+        '                held["routing"] = out[0]\n                return result',
+        '                held["routing"] = out[0]\n                if trainer.accelerator.is_main_process:\n'
+        '                    with self.hooks.replay(held["routing"]):\n'
+        '                        original(*args, **kwargs)\n                return result',
+        ["tests/test_routing_replay_trainer.py::test_two_processes_replay_the_recorded_experts[zero3]"],
+        "R2: rank 0 alone replays the recorded routing in one more no-gradient forward, to check it",
+    ),
+    "evaluation-gathered-on-rank-0-only": (
+        "dhpo_trl/evaluation/callback.py",
+        'gather_deepspeed3_params=getattr(args, "ds3_gather_for_generation", True),',
+        'gather_deepspeed3_params=getattr(args, "ds3_gather_for_generation", True) and accelerator.is_main_process,',
+        ["tests/test_evaluation_callback_distributed.py::"
+         "test_zero3_gathers_the_weights_once_and_logs_single_process_scores"],
+        "the evaluation's weights gathered for generation on rank 0 only; rank 1 generates from its partition",
+    ),
     # The update path decided on a model whose attention a packed forward already switched.
     "packed-model-decides-on-its-dispatching-name": (
         "dhpo_trl/training/packing.py",
