@@ -218,3 +218,18 @@ def test_release_without_a_group_still_drops_references_and_defaults(fake_deepsp
         monkeypatch.setattr(teardown, step, calls.recorder(step, 0))
     assert teardown.release_process_groups() == teardown.gloo_threads()
     assert calls == ["destroy_deepspeed_engines", "drop_deepspeed_group_references", "forget_group_defaults"]
+
+
+def test_release_with_only_gloo_threads_left_still_releases(monkeypatch):
+    """A group destroyed through torch alone but still referenced keeps its gloo threads, with no default group and no
+    DeepSpeed loaded: the release still drops the references and defaults, and collects them."""
+    calls = Calls()
+    monkeypatch.delitem(sys.modules, "deepspeed.runtime.engine", raising=False)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    for step in ("destroy_deepspeed_engines", "drop_deepspeed_group_references", "forget_group_defaults"):
+        monkeypatch.setattr(teardown, step, calls.recorder(step, 0))
+    monkeypatch.setattr(teardown.gc, "collect", calls.recorder("collect", 0))
+    threads = iter([["pt_gloo_runloop"], []])  # before the release; after its collection
+    monkeypatch.setattr(teardown, "gloo_threads", lambda: next(threads))
+    assert teardown.release_process_groups() == []
+    assert calls == ["destroy_deepspeed_engines", "drop_deepspeed_group_references", "forget_group_defaults", "collect"]
