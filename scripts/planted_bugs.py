@@ -593,7 +593,7 @@ BUGS = {
         "dhpo_trl/scoring/rewards.py",
         "queue.append((index, timeout_s))  # the second pass, with the full deadline",
         "give_up(index)  # the second pass, with the full deadline",
-        ["tests/test_rewards.py"], "an answer that overran the first pass's short deadline scores 0 without a second pass",
+        ["tests/test_rewards.py"], "an answer that overran the first pass's deadline scores 0 without a second pass",
     ),
     "shared-prompt-metric-forgets-repeated-tokens": (
         "dhpo_trl/training/shared_prompts.py",

@@ -232,4 +232,5 @@ def test_release_with_only_gloo_threads_left_still_releases(monkeypatch):
     threads = iter([["pt_gloo_runloop"], []])  # before the release; after its collection
     monkeypatch.setattr(teardown, "gloo_threads", lambda: next(threads))
     assert teardown.release_process_groups() == []
-    assert calls == ["destroy_deepspeed_engines", "drop_deepspeed_group_references", "forget_group_defaults", "collect"]
+    assert calls == ["destroy_deepspeed_engines", "drop_deepspeed_group_references", "forget_group_defaults",
+                     "collect"]  # fmt: skip

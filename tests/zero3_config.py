@@ -12,4 +12,5 @@ EVERY_FORWARD_GATHERS = {"stage3_param_persistence_threshold": 0}  # also for a 
 def zero3(**zero_optimization) -> dict:
     """ZeRO-3 with no resident parameter; `zero_optimization` adds or overrides that section's keys."""
     return {"zero_optimization": {"stage": 3, **EVERY_FORWARD_GATHERS, **zero_optimization},
-            "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto", "bf16": {"enabled": False}}
+            "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+            "bf16": {"enabled": False}}  # fmt: skip
