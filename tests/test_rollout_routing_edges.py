@@ -1,12 +1,13 @@
 """R3's routing read from malformed replies and engine outputs (`dhpo_trl/training/rollout_routing.py`): each is a
-ValueError that names the field, the choice or request, and the setting that fixes it."""
+ValueError that names the field, the choice or request, and the setting that fixes it. Also the hooks `install` puts
+on TRL's backend, with stand-ins for its server client, its colocated engine and accelerate's broadcast."""
 
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from dhpo_trl.training.rollout_routing import SERVER_FLAG, output_samples, reply_samples
+from dhpo_trl.training.rollout_routing import SERVER_FLAG, RolloutRouting, output_samples, reply_samples
 
 
 def experts(tokens, layers=2, offset=0):
@@ -118,3 +119,154 @@ def test_no_sample_to_replay_is_said():
 
     with pytest.raises(ValueError, match=r"^rollout routing: no routed sample to replay"):
         routing_of([])
+
+
+# ------------------------------------------------------------------ the hooks on TRL's backend
+def completion(index: int) -> list[int]:
+    return [20 + index, 30 + index]
+
+
+def server_reply(prompts, n, first=0):
+    """Choices numbered from `first`: the choice index within the whole generation batch."""
+    choices = [{"token_ids": completion(first + i), "routed_experts": experts(2, offset=first + i)}
+               for i in range(len(prompts) * n)]  # fmt: skip
+    return {"choices": choices, "prompt_routed_experts": [experts(len(p), offset=3) for p in prompts]}
+
+
+class Server:
+    """TRL's server mode on the main process: `generate` posts each chunk of unique prompts to /v1/completions (and
+    reads another endpoint first); `body_n=False` leaves `n` out of the request (one choice per prompt)."""
+
+    mode = "server"
+
+    def __init__(self, prompts, n, chunks=1, body_n=True):
+        self.prompts, self.n, self.chunks, self.body_n = prompts, n, chunks, body_n
+        self.vllm_client = SimpleNamespace(_post=self.post)
+
+    def post(self, url, json=None):
+        if url.endswith("/get_world_size/"):
+            return {"world_size": 1}
+        return server_reply(json["prompt"], json.get("n", 1), self.prompts.index(json["prompt"][0]) * self.n)
+
+    def generate(self, prompts, *args, **kwargs):
+        self.vllm_client._post("http://server/get_world_size/")
+        size = len(self.prompts) // self.chunks
+        for start in range(0, len(self.prompts), size):
+            body = {"prompt": self.prompts[start : start + size], **({"n": self.n} if self.body_n else {})}
+            self.vllm_client._post("http://server/v1/completions", json=body)
+        return prompts
+
+
+def broadcast_from(sent: dict):
+    """accelerate's `broadcast_object_list` between two processes: the list of `from_process` (kept in `sent` when
+    that process calls it) replaces the caller's."""
+
+    def broadcast(held, from_process=0):
+        if from_process not in sent:
+            raise AssertionError(f"broadcast from process {from_process!r}, which sent nothing")
+        held[:] = sent[from_process]
+        return held
+
+    return broadcast
+
+
+def accelerator(index, processes=2):
+    return SimpleNamespace(process_index=index, num_processes=processes, is_main_process=index == 0)
+
+
+def test_every_process_keeps_its_share_of_the_main_processs_replies(monkeypatch):
+    """Two processes, two prompts x n=2 in two requests: the main process captures both replies; process 1, which has
+    no client, receives them through the broadcast from process 0 and keeps choices 2-3."""
+    import accelerate.utils
+
+    prompts = [[1, 2], [3, 4, 5]]
+    main = Server(prompts, 2, chunks=2)
+    ours = RolloutRouting()
+    ours.install(main, accelerator(0))
+    sent = {}
+
+    def record_and_broadcast(held, from_process=0):
+        sent[0] = list(held)
+        return held
+
+    monkeypatch.setattr(accelerate.utils, "broadcast_object_list", record_and_broadcast)
+    main.generate([prompts[0]] * 2)
+    other = SimpleNamespace(mode="server", generate=lambda prompts, *args, **kwargs: prompts)  # no vllm_client
+    theirs = RolloutRouting()
+    theirs.install(other, accelerator(1))
+    monkeypatch.setattr(accelerate.utils, "broadcast_object_list", broadcast_from(sent))
+    other.generate([prompts[1]] * 2)
+    assert [ids for ids, _ in ours._local] == [prompts[0] + completion(0), prompts[0] + completion(1)]
+    assert [ids for ids, _ in theirs._local] == [prompts[1] + completion(2), prompts[1] + completion(3)]
+    assert theirs._local[0][1][-2:].tolist() == experts(2, offset=2)
+
+
+def test_a_request_without_n_is_one_choice_per_prompt():
+    prompts = [[1, 2], [3, 4, 5]]
+    server = Server(prompts, 1, body_n=False)
+    source = RolloutRouting()
+    source.install(server, accelerator(0, processes=1))
+    server.generate(prompts)
+    assert [ids for ids, _ in source._local] == [prompts[0] + completion(0), prompts[1] + completion(1)]
+
+
+def test_generation_batches_accumulate_until_taken():
+    prompts = [[1, 2]]
+    server = Server(prompts, 1)
+    source = RolloutRouting()
+    source.install(server, accelerator(0, processes=1))
+    server.generate(prompts)
+    server.generate(prompts)
+    assert len(source._local) == 2
+    source.take()
+    assert source._local == []
+
+
+class Engine:
+    """vLLM's offline engine as TRL's colocate mode calls it, returning routing; records the keyword arguments."""
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, prompts, **kwargs):
+        self.calls.append(kwargs)
+        return [request(np.array(experts(len(p), offset=3), np.int16), np.array(experts(2, offset=index), np.int16),
+                        prompt=p, completion=completion(index)) for index, p in enumerate(prompts)]  # fmt: skip
+
+
+class Colocated:
+    """TRL's colocate mode: every process has its engine; under tensor parallelism the engine generates for the
+    prompts of every process of its group, in rank order, each process keeping its own slice."""
+
+    mode = "colocate"
+
+    def __init__(self, group_prompts, **attributes):
+        self.llm, self.group_prompts = Engine(), group_prompts
+        self.__dict__.update(attributes)
+
+    def generate(self, prompts, *args, **kwargs):
+        for start in range(0, len(self.group_prompts), 2):  # two engine calls for one generate
+            self.llm.generate(self.group_prompts[start : start + 2], sampling_params={"n": 1}, use_tqdm=False)
+        return prompts
+
+
+@pytest.mark.parametrize("tensor_parallel", [None, 1, 2])
+def test_a_colocated_process_keeps_its_slice_of_its_engines_outputs(monkeypatch, tensor_parallel):
+    """Tensor parallel 2: this process is rank 1 of its group (rank 3 of the world) and keeps the second half of the
+    group's outputs; without tensor parallelism (the attribute absent, or 1) it keeps every output of its engine."""
+    import torch.distributed
+
+    group = object()
+    monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None: 1 if group is tp_group else 3)
+    tp_group = group
+    prompts = [[1, 2], [3, 4], [5, 6], [7, 8]]
+    attributes = {} if tensor_parallel is None else {"tensor_parallel_size": tensor_parallel, "tp_group": group}
+    generation = Colocated(prompts, **attributes)
+    source = RolloutRouting()
+    source.install(generation, accelerator(3, processes=4))
+    own = prompts[2:] if tensor_parallel == 2 else prompts
+    generation.generate(own)
+    indices = [2, 3] if tensor_parallel == 2 else [0, 1, 2, 3]
+    # the engine numbers its requests per call: two calls of two prompts
+    assert [ids for ids, _ in source._local] == [prompts[i] + completion(i % 2) for i in indices]
+    assert all(call == {"sampling_params": {"n": 1}, "use_tqdm": False} for call in generation.llm.calls)
