@@ -270,3 +270,103 @@ def test_a_colocated_process_keeps_its_slice_of_its_engines_outputs(monkeypatch,
     # the engine numbers its requests per call: two calls of two prompts
     assert [ids for ids, _ in source._local] == [prompts[i] + completion(i % 2) for i in indices]
     assert all(call == {"sampling_params": {"n": 1}, "use_tqdm": False} for call in generation.llm.calls)
+
+
+# ------------------------------------------------------------------ the server's config, read before training
+@pytest.fixture
+def server_info():
+    """A local HTTP server whose /server_info answers what the test puts in `answers["body"]` (bytes, or an int: that
+    HTTP error status); yields (base URL, answers)."""
+    import http.server
+    import threading
+
+    answers = {"body": b"{}", "paths": []}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            answers["paths"].append(self.path)
+            body = answers["body"]
+            if isinstance(body, int):
+                self.send_error(body)
+                return
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", answers
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+@pytest.mark.parametrize(("config", "returns_routing"), [
+    ({"model_config": {"enable_return_routed_experts": True}}, True),
+    ({"engines": [{"other": 1}, {"model_config": {"enable_return_routed_experts": 1}}]}, True),
+    ({"model_config": {"enable_return_routed_experts": False}}, False),
+    ({"model_config": {"max_model_len": 8}, "flags": [1, "x"]}, False),
+])  # fmt: skip
+def test_the_servers_config_is_searched_for_the_routing_flag(server_info, config, returns_routing):
+    import json
+
+    from dhpo_trl.training.rollout_routing import server_routing_reason
+
+    base, answers = server_info
+    answers["body"] = json.dumps(config).encode()
+    reason = server_routing_reason(base)
+    assert (reason is None) is returns_routing
+    assert answers["paths"] == ["/server_info?config_format=json"]
+
+
+def test_a_server_that_cannot_tell_is_named_with_its_answer(server_info):
+    import socket
+
+    from dhpo_trl.training.rollout_routing import server_routing_reason
+
+    base, answers = server_info
+    answers["body"] = 404
+    assert "404" in server_routing_reason(base) and "/server_info" in server_routing_reason(base)
+    answers["body"] = b"not json"
+    assert "/server_info" in server_routing_reason(base)
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+    assert "/server_info" in server_routing_reason(f"http://127.0.0.1:{closed}", timeout_s=2.0)
+
+
+def test_a_server_that_never_answers_is_given_up_at_the_timeout():
+    """A server that accepts the connection and never answers: the check returns a reason at its timeout instead of
+    holding the trainer's start (run in a thread, so that a check without a timeout fails here instead of hanging)."""
+    import socket
+    import threading
+
+    from dhpo_trl.training.rollout_routing import server_routing_reason
+
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()  # the kernel completes the connection; nothing reads or answers it
+        result = []
+        thread = threading.Thread(target=lambda: result.append(server_routing_reason(
+            f"http://127.0.0.1:{silent.getsockname()[1]}", timeout_s=0.5)), daemon=True)  # fmt: skip
+        thread.start()
+        thread.join(30.0)
+        assert not thread.is_alive() and "/server_info" in result[0]
+
+
+def test_an_empty_prompt_or_completion_keeps_the_routing_it_has():
+    """A one-token completion after an empty prompt has no routing to stand in for its token: refused, naming the
+    field. An empty completion (cut before any step) is its prompt's rows, whatever shape its empty routing has."""
+    from dhpo_trl.training.rollout_routing import sequence_rows
+
+    with pytest.raises(ValueError, match="routed_experts"):
+        sequence_rows([], [7], np.zeros((0, 2, 2), np.int16), np.zeros((0, 2, 2), np.int16), "choice 0")
+    prompt = np.array(experts(3), np.int16)
+    rows = sequence_rows([1, 2, 3], [], prompt, np.zeros((0, 0, 0), np.int16), "choice 1")
+    assert rows.tolist() == experts(3)
