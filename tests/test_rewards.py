@@ -718,7 +718,7 @@ def test_a_worker_that_does_not_start_in_time_is_refused_loudly(fake_worker, mon
     start = time.perf_counter()
     with pytest.raises(rewards.GraderUnavailableError, match="did not start within 0 s"):
         worker.answers_match("1", "1", 1.0)
-    assert time.perf_counter() - start < 5.0  # not the worker's 30 s
+    assert time.perf_counter() - start < 15.0  # the 0.2 s start deadline acted, not the worker's 30 s (loose for a loaded machine)
     assert worker._process is None
     pool = rewards._Pool()
     pool._workers = [worker]
