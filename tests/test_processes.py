@@ -84,18 +84,70 @@ print(json.dumps({key: os.environ.get(key) for key in keys}), flush=True)
 """
 
 
+def _ranks_seen(result):
+    return sorted((json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")),
+                  key=lambda seen: seen["RANK"])  # fmt: skip
+
+
 @pytest.mark.parametrize("accelerate_cpu", [True, False])
-def test_torchrun_starts_two_cpu_ranks(tmp_path, monkeypatch, accelerate_cpu):
+@pytest.mark.parametrize("launch", [processes.torchrun, processes.forked_ranks], ids=["torchrun", "forked"])
+def test_torchrun_starts_two_cpu_ranks(tmp_path, monkeypatch, accelerate_cpu, launch):
     script = tmp_path / "report.py"
     script.write_text(RANK_REPORT)
     monkeypatch.setenv("ACCELERATE_USE_CPU", "1")  # an outer value must not leak into a DeepSpeed run
-    result = processes.torchrun(script, timeout=120, accelerate_cpu=accelerate_cpu, env={"EXTRA": "x"})
+    result = launch(script, timeout=120, accelerate_cpu=accelerate_cpu, env={"EXTRA": "x"})
     assert result.returncode == 0, result.stderr[-3000:]
-    ranks = sorted((json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")),
-                   key=lambda seen: seen["RANK"])  # fmt: skip
+    ranks = _ranks_seen(result)
     assert [(seen["RANK"], seen["WORLD_SIZE"]) for seen in ranks] == [("0", "2"), ("1", "2")]
     assert {(seen["CUDA_VISIBLE_DEVICES"], seen["OMP_NUM_THREADS"], seen["EXTRA"]) for seen in ranks} == {("", "1", "x")}
     assert {seen["ACCELERATE_USE_CPU"] for seen in ranks} == {"1" if accelerate_cpu else None}
+
+
+# Each rank joins a gloo group through torchrun's variables, all-reduces its rank, reports its own process, and exits
+# with the status given for it (a rank whose status is "hang" sleeps instead; "kill" kills itself with SIGKILL).
+RANK_WORK = """
+import json, os, signal, sys, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+total = torch.tensor([float(dist.get_rank())])
+dist.all_reduce(total)
+seen = {key: os.environ[key] for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
+print(json.dumps({**seen, "sum": total.item(), "pid": os.getpid(), "main": __name__, "argv": sys.argv[1:]}), flush=True)
+dist.destroy_process_group()
+status = sys.argv[1 + int(os.environ["RANK"])]
+if status == "hang":
+    time.sleep(600)
+if status == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+sys.exit(int(status))
+"""
+
+
+def test_forked_ranks_are_torchruns_ranks_in_processes_of_their_own(tmp_path):
+    """Each rank: its own process, torchrun's variables, `__main__` with its arguments, a working gloo group."""
+    script = tmp_path / "work.py"
+    script.write_text(RANK_WORK)
+    result = processes.forked_ranks(script, "0", "0", timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = _ranks_seen(result)
+    assert [(s["RANK"], s["LOCAL_RANK"], s["WORLD_SIZE"], s["LOCAL_WORLD_SIZE"]) for s in ranks] == [
+        ("0", "0", "2", "2"), ("1", "1", "2", "2")]  # fmt: skip
+    assert [s["sum"] for s in ranks] == [1.0, 1.0] and {s["main"] for s in ranks} == {"__main__"}
+    assert ranks[0]["argv"] == ["0", "0"] and len({s["pid"] for s in ranks}) == 2
+
+
+@pytest.mark.parametrize("statuses, expected", [(("0", "3"), 3), (("5", "hang"), 5), (("hang", "kill"), 128 + 9)],
+                         ids=["exit-3", "exit-5-other-hangs", "killed"])  # fmt: skip
+def test_a_failing_forked_rank_fails_the_launch_and_stops_the_others(tmp_path, statuses, expected):
+    """The failing rank's status is the launch's (a signal: 128 + its number, as a shell reports it), and a rank still
+    running is stopped instead of holding the launch until its timeout."""
+    script = tmp_path / "work.py"
+    script.write_text(RANK_WORK)
+    start = time.monotonic()
+    result = processes.forked_ranks(script, *statuses, timeout=120)
+    assert result.returncode == expected, result.stderr[-3000:]
+    assert time.monotonic() - start < 100
+    assert wait_gone([s["pid"] for s in _ranks_seen(result)]) == []
 
 
 # A launcher like planted_bugs' pytest: it starts, in a session of its own (as `run` and torchrun do), a child that

@@ -1,5 +1,6 @@
-"""Exact resume and the graceful stop in separate processes: 2 ranks under torchrun (gloo), and `dhpo-train` stopped
-by SIGTERM (exit status 0, one line naming the checkpoint) then resumed with `--resume_from_checkpoint latest`.
+"""Exact resume and the graceful stop in separate processes: 2 forked ranks with torchrun's environment (gloo), and
+`dhpo-train` stopped by SIGTERM (exit status 0, one line naming the checkpoint) then resumed with
+`--resume_from_checkpoint latest`.
 
 Every process is started in its own session and its whole group is killed if the test fails or times out.
 """
@@ -34,7 +35,8 @@ def run_own_group(command, timeout=240):
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("resume_two_ranks")
-    result = processes.torchrun(TESTS / "dist_scripts" / "resume_distributed.py", out, timeout=240, env=ENV, cwd=REPO)
+    script = TESTS / "dist_scripts" / "resume_distributed.py"
+    result = processes.forked_ranks(script, out, timeout=240, env=ENV, cwd=REPO)
     assert result.returncode == 0, result.stderr[-4000:]
     runs = ("full", "resumed", "stopped", "after", "budget_full", "budget_resumed", "epoch_full", "epoch_resumed")
     dumps = {(run, rank): json.loads((out / f"{run}_rank{rank}.json").read_text()) for run in runs for rank in (0, 1)}
