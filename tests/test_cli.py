@@ -129,14 +129,9 @@ def test_lora_saves_adapter_tokenizer_and_card(local_model, local_jsonl, tmp_pat
 
 
 @pytest.fixture
-def exits_as_the_command(monkeypatch):
-    """An input error's exit in a `dhpo-train` process never imports DeepSpeed's engine module, so the release at
-    the exit skips the heap scans (tests/test_teardown.py). This pytest process has imported it (saving a model
-    does): hidden for the call, so that `main()` exits here as the command does, not after seconds of scanning this
-    process's heap. Afterwards: the input checks did not import it either."""
-    monkeypatch.delitem(sys.modules, "deepspeed.runtime.engine", raising=False)
-    yield
-    assert "deepspeed.runtime.engine" not in sys.modules, "reading the input imported DeepSpeed's engine"
+def exits_as_the_command():
+    with tiny_cli.exits_as_the_command():
+        yield
 
 
 def _no_loading(monkeypatch):

@@ -140,16 +140,17 @@ def test_settings_mismatch_is_refused_before_the_model_loads(local_model, local_
     monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained", refuse)
     checkpoint = str(tmp_path / "checkpoint-1")
     args = cli_args(local_model, local_jsonl, tmp_path, "--resume_from_checkpoint", checkpoint)
-    assert main([*args, "--steps_per_generation", "2"]) == 2
-    assert "steps_per_generation=4" in capsys.readouterr().err
-    assert main([*args, "--algorithm", "gspo"]) == 2
-    assert "algorithm='dhpo'" in capsys.readouterr().err
-    assert main([*args, "--beta", "0.1"]) == 2  # the buffer would lack the reference log-probs
-    assert "beta=0.0 in the checkpoint" in capsys.readouterr().err
-    marker = tmp_path / "checkpoint-1" / resume.COMPLETE_MARKER  # as if saved by 2 processes
-    saved = json.loads(marker.read_text())
-    marker.write_text(json.dumps({**saved, "settings": {**saved["settings"], "world_size": 2}}))
-    assert main(args) == 2
-    assert "world_size=2" in capsys.readouterr().err
-    assert main([*cli_args(local_model, local_jsonl, tmp_path), "--resume_from_checkpoint", str(tmp_path)]) == 2
-    assert "trainer_state.json" in capsys.readouterr().err  # output_dir itself is not a checkpoint
+    with tiny_cli.exits_as_the_command():
+        assert main([*args, "--steps_per_generation", "2"]) == 2
+        assert "steps_per_generation=4" in capsys.readouterr().err
+        assert main([*args, "--algorithm", "gspo"]) == 2
+        assert "algorithm='dhpo'" in capsys.readouterr().err
+        assert main([*args, "--beta", "0.1"]) == 2  # the buffer would lack the reference log-probs
+        assert "beta=0.0 in the checkpoint" in capsys.readouterr().err
+        marker = tmp_path / "checkpoint-1" / resume.COMPLETE_MARKER  # as if saved by 2 processes
+        saved = json.loads(marker.read_text())
+        marker.write_text(json.dumps({**saved, "settings": {**saved["settings"], "world_size": 2}}))
+        assert main(args) == 2
+        assert "world_size=2" in capsys.readouterr().err
+        assert main([*cli_args(local_model, local_jsonl, tmp_path), "--resume_from_checkpoint", str(tmp_path)]) == 2
+        assert "trainer_state.json" in capsys.readouterr().err  # output_dir itself is not a checkpoint
