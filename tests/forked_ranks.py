@@ -1,4 +1,4 @@
-"""`python tests/forked_ranks.py --nproc N SCRIPT ARGS...`: SCRIPT run as `__main__` on N ranks with the environment
+"""`python tests/forked_ranks.py --nproc N [--preload MODULE,...] SCRIPT ARGS...`: SCRIPT run as `__main__` on N ranks with the environment
 `torchrun --standalone` gives its workers, each rank forked from this interpreter after it imported the package.
 
 A rank started by torchrun is a new interpreter: it imports torch, transformers, TRL and dhpo_trl again (6-10 s
@@ -83,10 +83,11 @@ def stop(pids: set[int], grace: float) -> None:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--preload", default=",".join(PRELOAD), help="the modules imported before the fork, by commas")
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     options = parser.parse_args(argv)
-    for module in PRELOAD:
+    for module in filter(None, options.preload.split(",")):
         __import__(module)
     port = free_port()
     sys.stdout.flush()

@@ -162,11 +162,13 @@ def torchrun(script, *args, timeout: float, accelerate_cpu: bool = True, nproc: 
 
 
 def forked_ranks(script, *args, timeout: float, accelerate_cpu: bool = True, nproc: int = 2, env: dict | None = None,
-                 cwd=None) -> subprocess.CompletedProcess:  # fmt: skip
+                 cwd=None, preload: tuple[str, ...] | None = None) -> subprocess.CompletedProcess:  # fmt: skip
     """`torchrun` with the ranks forked from one interpreter that imported torch, transformers, TRL and the package
     once (`tests/forked_ranks.py`: torchrun's rank environment, exit status and stop of the other ranks): for tests
-    whose subject is what the ranks compute, not the launch. Same arguments and result as `torchrun`."""
-    command = [sys.executable, str(FORKED_RANKS), f"--nproc={nproc}", str(script), *map(str, args)]
+    whose subject is what the ranks compute, not the launch. Same arguments and result as `torchrun`; `preload`
+    replaces the modules imported before the fork (the launcher's own tests, whose scripts need less)."""
+    chosen = [] if preload is None else [f"--preload={','.join(preload)}"]
+    command = [sys.executable, str(FORKED_RANKS), f"--nproc={nproc}", *chosen, str(script), *map(str, args)]
     return run(command, timeout=timeout, env=_rank_variables(accelerate_cpu, env), cwd=cwd)
 
 

@@ -1,6 +1,7 @@
 """tests/processes.py: a child that spawned a grandchild and hangs leaves nothing alive after the timeout; torchrun's
 helper starts CPU ranks with the shared environment."""
 
+import functools
 import json
 import subprocess
 import sys
@@ -89,8 +90,13 @@ def _ranks_seen(result):
                   key=lambda seen: seen["RANK"])  # fmt: skip
 
 
+# The forked launcher's tests preload only what their scripts import: the package's import (several seconds of CPU a
+# launch) is what the other two-process tests exercise.
+FORKED = functools.partial(processes.forked_ranks, preload=())
+
+
 @pytest.mark.parametrize("accelerate_cpu", [True, False])
-@pytest.mark.parametrize("launch", [processes.torchrun, processes.forked_ranks], ids=["torchrun", "forked"])
+@pytest.mark.parametrize("launch", [processes.torchrun, FORKED], ids=["torchrun", "forked"])
 def test_torchrun_starts_two_cpu_ranks(tmp_path, monkeypatch, accelerate_cpu, launch):
     script = tmp_path / "report.py"
     script.write_text(RANK_REPORT)
@@ -103,7 +109,8 @@ def test_torchrun_starts_two_cpu_ranks(tmp_path, monkeypatch, accelerate_cpu, la
     assert {seen["ACCELERATE_USE_CPU"] for seen in ranks} == {"1" if accelerate_cpu else None}
 
 
-# Each rank joins a gloo group through torchrun's variables, all-reduces its rank, reports its own process, and exits
+# Each rank joins a gloo group through torchrun's variables, all-reduces its rank, reports its own process, leaves the
+# group, waits until every rank has left it (marker files: no rank's exit can break a peer's collective), and exits
 # with the status given for it (a rank whose status is "hang" sleeps instead; "kill" kills itself with SIGKILL).
 RANK_WORK = """
 import json, os, signal, sys, time
@@ -113,8 +120,13 @@ total = torch.tensor([float(dist.get_rank())])
 dist.all_reduce(total)
 seen = {key: os.environ[key] for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
 print(json.dumps({**seen, "sum": total.item(), "pid": os.getpid(), "main": __name__, "argv": sys.argv[1:]}), flush=True)
+rank, world = dist.get_rank(), dist.get_world_size()
 dist.destroy_process_group()
-status = sys.argv[1 + int(os.environ["RANK"])]
+folder = os.path.dirname(os.path.abspath(__file__))
+open(os.path.join(folder, f"left{rank}"), "w").close()
+while not all(os.path.exists(os.path.join(folder, f"left{r}")) for r in range(world)):
+    time.sleep(0.01)
+status = sys.argv[1 + rank]
 if status == "hang":
     time.sleep(600)
 if status == "kill":
@@ -127,7 +139,7 @@ def test_forked_ranks_are_torchruns_ranks_in_processes_of_their_own(tmp_path):
     """Each rank: its own process, torchrun's variables, `__main__` with its arguments, a working gloo group."""
     script = tmp_path / "work.py"
     script.write_text(RANK_WORK)
-    result = processes.forked_ranks(script, "0", "0", timeout=120)
+    result = processes.forked_ranks(script, "0", "0", timeout=120, preload=("torch.distributed",))
     assert result.returncode == 0, result.stderr[-3000:]
     ranks = _ranks_seen(result)
     assert [(s["RANK"], s["LOCAL_RANK"], s["WORLD_SIZE"], s["LOCAL_WORLD_SIZE"]) for s in ranks] == [
@@ -144,7 +156,7 @@ def test_a_failing_forked_rank_fails_the_launch_and_stops_the_others(tmp_path, s
     script = tmp_path / "work.py"
     script.write_text(RANK_WORK)
     start = time.monotonic()
-    result = processes.forked_ranks(script, *statuses, timeout=120)
+    result = processes.forked_ranks(script, *statuses, timeout=120, preload=("torch.distributed",))
     assert result.returncode == expected, result.stderr[-3000:]
     assert time.monotonic() - start < 100
     assert wait_gone([s["pid"] for s in _ranks_seen(result)]) == []
