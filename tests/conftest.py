@@ -101,7 +101,7 @@ def leaf_spy(monkeypatch):
 
 @pytest.fixture(scope="session")
 def two_process_update_paths(tmp_path_factory):
-    """`run(engine)` -> (the launch's {"returncode", "stderr"}, its folder): one torchrun launch per engine ("ddp",
+    """`run(engine)` -> (the launch's {"returncode", "stderr"}, its folder): one two-process launch per engine ("ddp",
     "zero3") of `dist_scripts/update_paths_distributed.py` for the whole test run, shared by the two-process tests
     of dynamic batching, packing and shared prompts (under xdist, by every worker, through a lock): each launch
     trains TRL's batching once for all three, and pays the processes' start once."""
@@ -116,8 +116,8 @@ def two_process_update_paths(tmp_path_factory):
             if not done.exists():
                 out.mkdir(exist_ok=True)
                 script = Path(__file__).parent / "dist_scripts" / "update_paths_distributed.py"
-                result = processes.torchrun(script, out, *(["--zero3"] if engine == "zero3" else []), timeout=600,
-                                            accelerate_cpu=engine == "ddp")  # set, ACCELERATE_USE_CPU keeps accelerate from DeepSpeed
+                result = processes.forked_ranks(script, out, *(["--zero3"] if engine == "zero3" else []), timeout=600,
+                                                accelerate_cpu=engine == "ddp")  # set, ACCELERATE_USE_CPU keeps accelerate from DeepSpeed
                 done.write_text(json.dumps({"returncode": result.returncode, "stderr": result.stderr[-4000:]}))
         return json.loads(done.read_text()), out
 

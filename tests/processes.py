@@ -156,14 +156,32 @@ def torchrun(script, *args, timeout: float, accelerate_cpu: bool = True, nproc: 
     """`script args` on `nproc` CPU processes (`torchrun --standalone`, gloo), through `run`: the whole tree is stopped
     on the way out. No GPU, offline, one torch thread per rank. `accelerate_cpu` sets ACCELERATE_USE_CPU=1 (accelerate's
     DDP over gloo); False removes it, which runs using accelerate's DeepSpeed plugin need. `env` adds variables."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(script),
+               *map(str, args)]  # fmt: skip
+    return run(command, timeout=timeout, env=_rank_variables(accelerate_cpu, env), cwd=cwd)
+
+
+def forked_ranks(script, *args, timeout: float, accelerate_cpu: bool = True, nproc: int = 2, env: dict | None = None,
+                 cwd=None, preload: tuple[str, ...] | None = None) -> subprocess.CompletedProcess:  # fmt: skip
+    """`torchrun` with the ranks forked from one interpreter that imported torch, transformers, TRL and the package
+    once (`tests/forked_ranks.py`: torchrun's rank environment, exit status and stop of the other ranks): for tests
+    whose subject is what the ranks compute, not the launch. Same arguments and result as `torchrun`; `preload`
+    replaces the modules imported before the fork (the launcher's own tests, whose scripts need less)."""
+    chosen = [] if preload is None else [f"--preload={','.join(preload)}"]
+    command = [sys.executable, str(FORKED_RANKS), f"--nproc={nproc}", *chosen, str(script), *map(str, args)]
+    return run(command, timeout=timeout, env=_rank_variables(accelerate_cpu, env), cwd=cwd)
+
+
+FORKED_RANKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forked_ranks.py")
+
+
+def _rank_variables(accelerate_cpu: bool, env: dict | None) -> dict:
     variables = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     variables.pop("ACCELERATE_USE_CPU", None)
     if accelerate_cpu:
         variables["ACCELERATE_USE_CPU"] = "1"
     variables.update(env or {})
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", str(script),
-               *map(str, args)]  # fmt: skip
-    return run(command, timeout=timeout, env=variables, cwd=cwd)
+    return variables
 
 
 def _read(handle, text: bool):

@@ -128,6 +128,12 @@ def test_lora_saves_adapter_tokenizer_and_card(local_model, local_jsonl, tmp_pat
     assert "| `importance_sampling_level` | `sequence` |" in card
 
 
+@pytest.fixture
+def exits_as_the_command():
+    with tiny_cli.exits_as_the_command():
+        yield
+
+
 def _no_loading(monkeypatch):
     """Fail the test if the tokenizer or the model is loaded (the input checks come first)."""
 
@@ -147,6 +153,7 @@ def _one_error_line(capsys) -> str:
     return lines[-1]
 
 
+@pytest.mark.usefixtures("exits_as_the_command")
 def test_missing_column_fails_before_the_tokenizer_and_model_load(local_model, local_jsonl, tmp_path, monkeypatch,
                                                                   capsys):  # fmt: skip
     _no_loading(monkeypatch)
@@ -189,6 +196,7 @@ USER_ERRORS = {
 }  # fmt: skip
 
 
+@pytest.mark.usefixtures("exits_as_the_command")
 @pytest.mark.parametrize("case", sorted(USER_ERRORS))
 def test_user_errors_are_one_line_with_exit_status_2(case, local_model, local_jsonl, tmp_path, monkeypatch, capsys):
     extra, yaml_text, expected = USER_ERRORS[case]
@@ -202,6 +210,7 @@ def test_user_errors_are_one_line_with_exit_status_2(case, local_model, local_js
     assert expected.format(**fill) in _one_error_line(capsys)
 
 
+@pytest.mark.usefixtures("exits_as_the_command")
 def test_deepspeed_with_accelerate_use_cpu_is_one_line_before_loading(local_model, local_jsonl, tmp_path, monkeypatch,
                                                                        capsys):  # fmt: skip
     """accelerate would drop the DeepSpeed config (and TRL then fail mid-step, see DHPOConfig): refused at parse."""
@@ -219,6 +228,7 @@ def _without_gpu(monkeypatch, *, cuda: bool):
     monkeypatch.setattr("torch.cuda.is_available", lambda: cuda)
 
 
+@pytest.mark.usefixtures("exits_as_the_command")
 def test_no_gpu_names_the_cpu_flags(local_model, local_jsonl, tmp_path, monkeypatch, capsys):
     """Where transformers would stop with "Your setup doesn't support bf16/gpu", the line says what to pass."""
     _without_gpu(monkeypatch, cuda=False)
@@ -261,6 +271,7 @@ def test_bugs_and_failures_during_training_keep_their_traceback(local_model, loc
     assert "error:" not in capsys.readouterr().err
 
 
+@pytest.mark.usefixtures("exits_as_the_command")
 def test_unreachable_vllm_server_is_an_input_error(local_model, local_jsonl, tmp_path, monkeypatch, capsys):
     from dhpo_trl import DHPOTrainer
 
@@ -274,6 +285,7 @@ def test_unreachable_vllm_server_is_an_input_error(local_model, local_jsonl, tmp
     assert _one_error_line(capsys) == f"dhpo-train: error: {message}"
 
 
+@pytest.mark.usefixtures("exits_as_the_command")
 def test_missing_tracker_package_is_named_before_the_model_loads(local_model, local_jsonl, tmp_path, monkeypatch,
                                                                  capsys):  # fmt: skip
     monkeypatch.setattr("transformers.integrations.integration_utils.is_wandb_available", lambda: False)
@@ -315,6 +327,7 @@ def test_batch_plan_uses_the_world_size_of_all_nodes(monkeypatch):
     assert planned("32", "8") == ("16", "8")  # the paper's 4 x 8
 
 
+@pytest.mark.usefixtures("exits_as_the_command")
 def test_script_exits_2_with_one_line_for_a_missing_model(local_jsonl, tmp_path, monkeypatch, capsys):
     """The real entry point, examples/train_dhpo.py, run as __main__ in this process: exit status 2 and one line on
     stderr, no traceback. (Its runs in a new interpreter are the launcher tests below.)"""

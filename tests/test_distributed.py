@@ -1,5 +1,5 @@
-"""DHPO across 2 CPU processes (torchrun, gloo): training completes, cross-process reductions are right, and
-2 processes x B sequences give what 1 process x 2B sequences gives.
+"""DHPO across 2 CPU processes (torchrun's environment, gloo): training completes, cross-process reductions are right,
+and 2 processes x B sequences give what 1 process x 2B sequences gives.
 
 What matches, on a fixed off-policy batch (tests/dist_scripts/dhpo_distributed.py --fixed-batch):
 - the gradient after DDP's all-reduce, to 1e-6 absolute (float32 summation order only);
@@ -24,7 +24,7 @@ B = 3  # sequences per process in the fixed batch
 
 
 def _torchrun(out_dir, *flags):
-    result = processes.torchrun(SCRIPT, out_dir, *flags, timeout=240)
+    result = processes.forked_ranks(SCRIPT, out_dir, *flags, timeout=240)
     assert result.returncode == 0, result.stderr[-4000:]
     return result
 

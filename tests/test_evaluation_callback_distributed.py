@@ -1,5 +1,6 @@
-"""BenchmarkEvalCallback on 2 CPU processes (torchrun, gloo), with DDP and with DeepSpeed ZeRO-3: each process samples
-its share of the problems, and the logged scores equal those of one process evaluating everything itself.
+"""BenchmarkEvalCallback on 2 CPU processes (torchrun's environment, gloo), with DDP and with DeepSpeed ZeRO-3: each
+process samples its share of the problems, and the logged scores equal those of one process evaluating everything
+itself.
 
 The policy is a tiny model fine-tuned for a few seconds to answer `\\boxed{3}` or `\\boxed{4}` at random, so the
 scores depend on every sample drawn (a random model scores 0 everywhere and any split would "match").
@@ -62,8 +63,8 @@ def policy(tmp_path_factory):
 
 
 def _torchrun(policy, out_dir, *flags):
-    result = processes.torchrun(SCRIPT, out_dir, policy / "model", policy / "eval.json", *flags, timeout=300,
-                                accelerate_cpu=False)  # fmt: skip
+    result = processes.forked_ranks(SCRIPT, out_dir, policy / "model", policy / "eval.json", *flags, timeout=300,
+                                    accelerate_cpu=False)  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     dumps = [json.loads((out_dir / f"eval_rank{rank}.json").read_text()) for rank in (0, 1)]
     assert [dump["world_size"] for dump in dumps] == [2, 2]

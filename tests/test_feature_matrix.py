@@ -262,11 +262,11 @@ BUDGET_CELLS = [name for name, (cell, _) in TWO_PROCESS_CELLS.items() if cell[0]
 
 @pytest.fixture(scope="module")
 def two_processes(tmp_path_factory):
-    """{cell name: [rank 0's dump, rank 1's dump]}, every cell from one torchrun launch."""
+    """{cell name: [rank 0's dump, rank 1's dump]}, every cell from one two-process launch."""
     out = tmp_path_factory.mktemp("feature_matrix_two")
     path = os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1])])
-    result = processes.torchrun(SCRIPT, out, json.dumps(list(TWO_PROCESS_CELLS.values())), timeout=420,
-                                env={"PYTHONPATH": path})  # fmt: skip
+    result = processes.forked_ranks(SCRIPT, out, json.dumps(list(TWO_PROCESS_CELLS.values())), timeout=420,
+                                    env={"PYTHONPATH": path})  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     return {name: [torch.load(out / f"cell{index}_rank{rank}.pt", weights_only=False) for rank in (0, 1)]
             for index, name in enumerate(TWO_PROCESS_CELLS)}  # fmt: skip

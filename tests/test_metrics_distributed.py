@@ -1,5 +1,5 @@
-"""The `dhpo/` and `gmpo/` metrics, `entropy` and `kl` reduced over 2 processes (torchrun, gloo) equal the hand
-computation on the whole batch, also when one process holds only padding.
+"""The `dhpo/` and `gmpo/` metrics, `entropy` and `kl` reduced over 2 processes (forked ranks with torchrun's
+environment, gloo) equal the hand computation on the whole batch, also when one process holds only padding.
 
 tests/dist_scripts/metrics_distributed.py gives each rank a slice of tests/metric_batch.py's batch.
 """
@@ -20,7 +20,7 @@ EXPECTATIONS = {"dhpo_split": {}, "dhpo_padding_rank": {}, "gmpo_split": {"algor
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory):
     out = tmp_path_factory.mktemp("metrics_two_ranks")
-    result = processes.torchrun(SCRIPT, out, timeout=240)
+    result = processes.forked_ranks(SCRIPT, out, timeout=240)
     assert result.returncode == 0, result.stderr[-4000:]
     return [json.loads((out / f"metrics_rank{rank}.json").read_text()) for rank in (0, 1)]
 

@@ -1,6 +1,7 @@
 """tests/processes.py: a child that spawned a grandchild and hangs leaves nothing alive after the timeout; torchrun's
 helper starts CPU ranks with the shared environment."""
 
+import functools
 import json
 import subprocess
 import sys
@@ -84,18 +85,88 @@ print(json.dumps({key: os.environ.get(key) for key in keys}), flush=True)
 """
 
 
+def _ranks_seen(result):
+    return sorted((json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")),
+                  key=lambda seen: seen["RANK"])  # fmt: skip
+
+
+# The forked launcher's tests preload only what their scripts import: the package's import (several seconds of CPU a
+# launch) is what the other two-process tests exercise.
+FORKED = functools.partial(processes.forked_ranks, preload=())
+
+
 @pytest.mark.parametrize("accelerate_cpu", [True, False])
-def test_torchrun_starts_two_cpu_ranks(tmp_path, monkeypatch, accelerate_cpu):
+@pytest.mark.parametrize("launch", [processes.torchrun, FORKED], ids=["torchrun", "forked"])
+def test_torchrun_starts_two_cpu_ranks(tmp_path, monkeypatch, accelerate_cpu, launch):
     script = tmp_path / "report.py"
     script.write_text(RANK_REPORT)
     monkeypatch.setenv("ACCELERATE_USE_CPU", "1")  # an outer value must not leak into a DeepSpeed run
-    result = processes.torchrun(script, timeout=120, accelerate_cpu=accelerate_cpu, env={"EXTRA": "x"})
+    result = launch(script, timeout=120, accelerate_cpu=accelerate_cpu, env={"EXTRA": "x"})
     assert result.returncode == 0, result.stderr[-3000:]
-    ranks = sorted((json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")),
-                   key=lambda seen: seen["RANK"])  # fmt: skip
+    ranks = _ranks_seen(result)
     assert [(seen["RANK"], seen["WORLD_SIZE"]) for seen in ranks] == [("0", "2"), ("1", "2")]
     assert {(seen["CUDA_VISIBLE_DEVICES"], seen["OMP_NUM_THREADS"], seen["EXTRA"]) for seen in ranks} == {("", "1", "x")}
     assert {seen["ACCELERATE_USE_CPU"] for seen in ranks} == {"1" if accelerate_cpu else None}
+
+
+# Each rank joins a gloo group through torchrun's variables, all-reduces its rank, reports its own process, leaves the
+# group, waits until every rank has left it (marker files: no rank's exit can break a peer's collective), and exits
+# with the status given for it (a rank whose status is "hang" sleeps instead; "kill" kills itself with SIGKILL).
+RANK_WORK = """
+import json, os, signal, sys, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+total = torch.tensor([float(dist.get_rank())])
+dist.all_reduce(total)
+seen = {key: os.environ[key] for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")}
+report = {**seen, "sum": total.item(), "pid": os.getpid(), "main": __name__, "argv": sys.argv[1:]}
+os.write(1, (json.dumps(report) + "\\n").encode())  # one write: the ranks share the output, a print may take two
+rank, world = dist.get_rank(), dist.get_world_size()
+dist.destroy_process_group()
+folder = os.path.dirname(os.path.abspath(__file__))
+open(os.path.join(folder, f"left{rank}"), "w").close()
+while not all(os.path.exists(os.path.join(folder, f"left{r}")) for r in range(world)):
+    time.sleep(0.01)
+status = sys.argv[1 + rank]
+if status == "hang":
+    time.sleep(600)
+if status == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+sys.exit(int(status))
+"""
+
+
+def test_forked_ranks_are_torchruns_ranks_in_processes_of_their_own(tmp_path):
+    """Each rank: its own process, torchrun's variables, `__main__` with its arguments, a working gloo group."""
+    script = tmp_path / "work.py"
+    script.write_text(RANK_WORK)
+    result = processes.forked_ranks(script, "0", "0", timeout=120, preload=("torch.distributed",))
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = _ranks_seen(result)
+    assert [(s["RANK"], s["LOCAL_RANK"], s["WORLD_SIZE"], s["LOCAL_WORLD_SIZE"]) for s in ranks] == [
+        ("0", "0", "2", "2"), ("1", "1", "2", "2")]  # fmt: skip
+    assert [s["sum"] for s in ranks] == [1.0, 1.0] and {s["main"] for s in ranks} == {"__main__"}
+    assert ranks[0]["argv"] == ["0", "0"] and len({s["pid"] for s in ranks}) == 2
+
+
+@pytest.mark.parametrize("statuses, expected", [(("0", "3"), 3), (("5", "hang"), 5), (("hang", "kill"), 128 + 9)],
+                         ids=["exit-3", "exit-5-other-hangs", "killed"])  # fmt: skip
+def test_a_failing_forked_rank_fails_the_launch_and_stops_the_others(tmp_path, statuses, expected):
+    """The failing rank's status is the launch's (a signal: 128 + its number, as a shell reports it), and a rank still
+    running is stopped by the launcher itself before it exits (started here without `processes.run`, whose cleanup
+    would hide a rank left behind)."""
+    script = tmp_path / "work.py"
+    script.write_text(RANK_WORK)
+    command = [sys.executable, processes.FORKED_RANKS, "--preload=torch.distributed", str(script), *statuses]
+    launcher = processes.popen(command, env=processes._rank_variables(True, None), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        out, err = launcher.communicate(timeout=100)
+        ranks = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        assert launcher.returncode == expected, err[-3000:]
+        assert len(ranks) == 2 and wait_gone([seen["pid"] for seen in ranks], seconds=0.5) == []
+    finally:
+        processes.kill_tree(launcher)
 
 
 # A launcher like planted_bugs' pytest: it starts, in a session of its own (as `run` and torchrun do), a child that

@@ -1,5 +1,6 @@
-"""Exact resume and the graceful stop in separate processes: 2 ranks under torchrun (gloo), and `dhpo-train` stopped
-by SIGTERM (exit status 0, one line naming the checkpoint) then resumed with `--resume_from_checkpoint latest`.
+"""Exact resume and the graceful stop in separate processes: 2 forked ranks with torchrun's environment (gloo), and
+`dhpo-train` stopped by SIGTERM (exit status 0, one line naming the checkpoint) then resumed with
+`--resume_from_checkpoint latest`.
 
 Every process is started in its own session and its whole group is killed if the test fails or times out.
 """
@@ -34,7 +35,8 @@ def run_own_group(command, timeout=240):
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("resume_two_ranks")
-    result = processes.torchrun(TESTS / "dist_scripts" / "resume_distributed.py", out, timeout=240, env=ENV, cwd=REPO)
+    script = TESTS / "dist_scripts" / "resume_distributed.py"
+    result = processes.forked_ranks(script, out, timeout=240, env=ENV, cwd=REPO)
     assert result.returncode == 0, result.stderr[-4000:]
     runs = ("full", "resumed", "stopped", "after", "budget_full", "budget_resumed", "epoch_full", "epoch_resumed")
     dumps = {(run, rank): json.loads((out / f"{run}_rank{rank}.json").read_text()) for run in runs for rank in (0, 1)}
@@ -138,16 +140,17 @@ def test_settings_mismatch_is_refused_before_the_model_loads(local_model, local_
     monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained", refuse)
     checkpoint = str(tmp_path / "checkpoint-1")
     args = cli_args(local_model, local_jsonl, tmp_path, "--resume_from_checkpoint", checkpoint)
-    assert main([*args, "--steps_per_generation", "2"]) == 2
-    assert "steps_per_generation=4" in capsys.readouterr().err
-    assert main([*args, "--algorithm", "gspo"]) == 2
-    assert "algorithm='dhpo'" in capsys.readouterr().err
-    assert main([*args, "--beta", "0.1"]) == 2  # the buffer would lack the reference log-probs
-    assert "beta=0.0 in the checkpoint" in capsys.readouterr().err
-    marker = tmp_path / "checkpoint-1" / resume.COMPLETE_MARKER  # as if saved by 2 processes
-    saved = json.loads(marker.read_text())
-    marker.write_text(json.dumps({**saved, "settings": {**saved["settings"], "world_size": 2}}))
-    assert main(args) == 2
-    assert "world_size=2" in capsys.readouterr().err
-    assert main([*cli_args(local_model, local_jsonl, tmp_path), "--resume_from_checkpoint", str(tmp_path)]) == 2
-    assert "trainer_state.json" in capsys.readouterr().err  # output_dir itself is not a checkpoint
+    with tiny_cli.exits_as_the_command():
+        assert main([*args, "--steps_per_generation", "2"]) == 2
+        assert "steps_per_generation=4" in capsys.readouterr().err
+        assert main([*args, "--algorithm", "gspo"]) == 2
+        assert "algorithm='dhpo'" in capsys.readouterr().err
+        assert main([*args, "--beta", "0.1"]) == 2  # the buffer would lack the reference log-probs
+        assert "beta=0.0 in the checkpoint" in capsys.readouterr().err
+        marker = tmp_path / "checkpoint-1" / resume.COMPLETE_MARKER  # as if saved by 2 processes
+        saved = json.loads(marker.read_text())
+        marker.write_text(json.dumps({**saved, "settings": {**saved["settings"], "world_size": 2}}))
+        assert main(args) == 2
+        assert "world_size=2" in capsys.readouterr().err
+        assert main([*cli_args(local_model, local_jsonl, tmp_path), "--resume_from_checkpoint", str(tmp_path)]) == 2
+        assert "trainer_state.json" in capsys.readouterr().err  # output_dir itself is not a checkpoint

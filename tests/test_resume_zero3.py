@@ -1,7 +1,7 @@
-"""Exact resume and the graceful stop under DeepSpeed ZeRO-3: 2 ranks under torchrun on CPU (DeepSpeed's CPU
-accelerator, gloo), DHPO-E with real generation (TRL's model.generate), one launch of
-`tests/dist_scripts/resume_distributed.py --zero3` (its docstring lists the runs, a MoE policy's included). A file of its own so that the
-suite's per-file workers run it beside the DDP twin in test_resume_processes.py.
+"""Exact resume and the graceful stop under DeepSpeed ZeRO-3: 2 forked ranks with torchrun's environment on CPU
+(DeepSpeed's CPU accelerator, gloo), DHPO-E with real generation (TRL's model.generate), one launch of
+`tests/dist_scripts/resume_distributed.py --zero3` (its docstring lists the runs, a MoE policy's included). A file
+of its own so that the suite's per-file workers run it beside the DDP twin in test_resume_processes.py.
 
 Every process is started in its own session and its whole group is killed if the test fails or times out.
 """
@@ -33,8 +33,8 @@ def _max_gap(a: dict, b: dict) -> float:
 def zero3_ranks(tmp_path_factory):
     pytest.importorskip("deepspeed")
     out = tmp_path_factory.mktemp("resume_zero3")
-    result = processes.torchrun(TESTS / "dist_scripts" / "resume_distributed.py", out, "--zero3", timeout=450,
-                                accelerate_cpu=False, env=ENV, cwd=REPO)  # fmt: skip
+    result = processes.forked_ranks(TESTS / "dist_scripts" / "resume_distributed.py", out, "--zero3", timeout=450,
+                                    accelerate_cpu=False, env=ENV, cwd=REPO)  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     runs = ("z3_full", "z3_resumed", "z3_stopped", "z3_after", "z3_sync_full", "z3_sync_resumed", "z3_moe_full",
             "z3_moe_resumed")

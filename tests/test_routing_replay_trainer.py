@@ -225,8 +225,9 @@ def test_two_processes_replay_the_recorded_experts(tmp_path, engine):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     # without ACCELERATE_USE_CPU under ZeRO-3: set, it would keep accelerate from using the DeepSpeed plugin
-    result = processes.torchrun(script, tmp_path, "--rollout-port", port, *(["--zero3"] if engine == "zero3" else []),
-                                timeout=300, accelerate_cpu=engine == "ddp")  # fmt: skip
+    zero3 = ["--zero3"] if engine == "zero3" else []
+    result = processes.forked_ranks(script, tmp_path, "--rollout-port", port, *zero3, timeout=300,
+                                    accelerate_cpu=engine == "ddp")  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
     ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     for rank in ranks:

@@ -24,7 +24,7 @@ def launched(tmp_path_factory):
     """One launch, one run per path (a blocked rank fails its collective after 60 s; the launch is killed at 400)."""
     pytest.importorskip("deepspeed")
     out = tmp_path_factory.mktemp("zero3_forwards")
-    result = processes.torchrun(SCRIPT, out, *PATHS, timeout=400, accelerate_cpu=False)
+    result = processes.forked_ranks(SCRIPT, out, *PATHS, timeout=400, accelerate_cpu=False)
     assert result.returncode == 0, result.stderr[-4000:]
     return out
 

@@ -3,8 +3,12 @@ share: a local tiny Qwen3 folder, an 8-problem JSONL file, and the flags of a 2-
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 from pathlib import Path
+
+ENGINE_MODULE = "deepspeed.runtime.engine"
 
 
 def write_model(folder: Path) -> Path:
@@ -35,3 +39,18 @@ def train_flags(model, data, output_dir, *extra) -> list[str]:
         "--learning_rate", "1e-3", "--weight_decay", "0.1", "--use_cpu", "true", "--bf16", "false", "--report_to", "none",
         "--dataloader_num_workers", "0", *extra,
     ]  # fmt: skip
+
+
+@contextlib.contextmanager
+def exits_as_the_command():
+    """An input error's exit in a `dhpo-train` process never imports DeepSpeed's engine module, so the release at the
+    exit skips the heap scans (tests/test_teardown.py). A pytest process that saved a model has imported it: hidden
+    for the block, so that an in-process `main()` exits as the command does, not after seconds of scanning the test
+    process's heap. On the way out: the block did not import it either (the input checks never load DeepSpeed)."""
+    saved = sys.modules.pop(ENGINE_MODULE, None)
+    try:
+        yield
+        assert ENGINE_MODULE not in sys.modules, "reading the input imported DeepSpeed's engine"
+    finally:
+        if saved is not None:
+            sys.modules[ENGINE_MODULE] = saved

@@ -1,0 +1,121 @@
+"""`python tests/forked_ranks.py --nproc N [--preload MODULE,...] SCRIPT ARGS...`: SCRIPT run as `__main__` on N ranks with the environment
+`torchrun --standalone` gives its workers, each rank forked from this interpreter after it imported the package.
+
+A rank started by torchrun is a new interpreter: it imports torch, transformers, TRL and dhpo_trl again (6-10 s
+of CPU each on the 2-core machine), and torchrun itself imports torch. Here the imports happen once, before the
+fork, and the ranks share them. Tests whose subject is what the ranks compute use this launcher; those whose
+subject is the launch itself (`dhpo-train` under torchrun or accelerate, the release at the end of a run) keep
+the real one. A rank runs its script to the end as a process of its own: its own exit status, signal handlers
+and interpreter finalisation.
+
+The launcher exits with the first failing rank's status (a rank killed by a signal: 128 + its number) after
+stopping the others (SIGTERM, then SIGKILL after a grace period), as torchrun does; 0 when every rank exits 0.
+SIGTERM or SIGINT to the launcher is passed to every rank.
+"""
+
+import argparse
+import os
+import runpy
+import signal
+import socket
+import sys
+import time
+
+GRACE_SECONDS = 30.0
+# Imported before the fork. Not deepspeed: a script chooses its accelerator before deepspeed is first imported
+# (`dhpo_trl.demo.tiny.use_deepspeed_on_cpu`), and importing the package leaves it unimported.
+PRELOAD = ("torch", "torch.distributed", "datasets", "transformers", "trl", "dhpo_trl", "dhpo_trl.demo.tiny")
+
+
+def rank_environment(rank: int, nproc: int, port: int) -> dict[str, str]:
+    """What torchrun's local agent sets for worker `rank` of a standalone single-node launch (rank 0 hosts the
+    store, as `init_process_group("env://")` does without an agent's store)."""
+    return {
+        "RANK": str(rank), "LOCAL_RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
+        "ROLE_NAME": "default", "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc),
+        "GROUP_WORLD_SIZE": "1", "ROLE_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port), "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0",
+        "TORCHELASTIC_RUN_ID": "forked", "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+    }  # fmt: skip
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def exit_code(status: int) -> int:
+    """A wait status as a shell reports it: the exit status, or 128 + the signal that killed the process."""
+    code = os.waitstatus_to_exitcode(status)
+    return code if code >= 0 else 128 - code
+
+
+def run_rank(rank: int, nproc: int, port: int, script: str, args: list[str]) -> None:
+    """In the forked child: the script as `__main__`, as `python SCRIPT ARGS` runs it. Never returns: the script's
+    SystemExit (or exception) ends this interpreter, with its finalisation."""
+    for number in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(number, signal.SIG_DFL)
+    os.environ.update(rank_environment(rank, nproc, port))
+    sys.argv = [script, *args]
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    runpy.run_path(script, run_name="__main__")
+    sys.exit(0)
+
+
+def stop(pids: set[int], grace: float) -> None:
+    """SIGTERM to every rank still running, then SIGKILL to those left after `grace` seconds."""
+    for pid in pids:
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while pids and time.monotonic() < deadline:
+        pid, _ = os.waitpid(-1, os.WNOHANG)
+        if pid:
+            pids.discard(pid)
+        else:
+            time.sleep(0.05)
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nproc", type=int, default=2)
+    parser.add_argument("--preload", default=",".join(PRELOAD), help="the modules imported before the fork, by commas")
+    parser.add_argument("script")
+    parser.add_argument("args", nargs=argparse.REMAINDER)
+    options = parser.parse_args(argv)
+    for module in filter(None, options.preload.split(",")):
+        __import__(module)
+    port = free_port()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    running = set()
+    for rank in range(options.nproc):
+        pid = os.fork()
+        if pid == 0:
+            run_rank(rank, options.nproc, port, options.script, options.args)
+        running.add(pid)
+
+    def forward(number, frame):
+        for pid in running:
+            os.kill(pid, number)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    while running:
+        pid, status = os.waitpid(-1, 0)
+        running.discard(pid)
+        code = exit_code(status)
+        if code != 0:
+            print(f"forked_ranks: a rank of {options.script} exited with status {code}; stopping the others",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            stop(running, GRACE_SECONDS)
+            return code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
