@@ -113,7 +113,8 @@ def test_torchrun_starts_two_cpu_ranks(tmp_path, monkeypatch, accelerate_cpu, la
 
 # Each rank joins a gloo group through torchrun's variables, all-reduces its rank, reports its own process, leaves the
 # group, waits until every rank has left it (marker files: no rank's exit can break a peer's collective), and exits
-# with the status given for it (a rank whose status is "hang" sleeps instead; "kill" kills itself with SIGKILL).
+# with the status given for it (a rank whose status is "hang" sleeps instead; "kill" kills itself with SIGKILL;
+# "raise" raises, which exits 1 with the traceback).
 RANK_WORK = """
 import json, os, signal, sys, time
 import torch, torch.distributed as dist
@@ -134,6 +135,8 @@ if status == "hang":
     time.sleep(600)
 if status == "kill":
     os.kill(os.getpid(), signal.SIGKILL)
+if status == "raise":
+    raise RuntimeError("a rank's own error")
 sys.exit(int(status))
 """
 
@@ -151,8 +154,9 @@ def test_forked_ranks_are_torchruns_ranks_in_processes_of_their_own(tmp_path):
     assert ranks[0]["argv"] == ["0", "0"] and len({s["pid"] for s in ranks}) == 2
 
 
-@pytest.mark.parametrize("statuses, expected", [(("0", "3"), 3), (("5", "hang"), 5), (("hang", "kill"), 128 + 9)],
-                         ids=["exit-3", "exit-5-other-hangs", "killed"])  # fmt: skip
+@pytest.mark.parametrize("statuses, expected", [(("0", "3"), 3), (("5", "hang"), 5), (("hang", "kill"), 128 + 9),
+                                                (("hang", "raise"), 1)],
+                         ids=["exit-3", "exit-5-other-hangs", "killed", "raised"])  # fmt: skip
 def test_a_failing_forked_rank_fails_the_launch_and_stops_the_others(tmp_path, statuses, expected):
     """The failing rank's status is the launch's (a signal: 128 + its number, as a shell reports it), and a rank still
     running is stopped by the launcher itself before it exits (started here without `processes.run`, whose cleanup
