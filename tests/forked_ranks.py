@@ -10,10 +10,14 @@ and interpreter finalisation.
 
 The launcher exits with the first failing rank's status (a rank killed by a signal: 128 + its number) after
 stopping the others (SIGTERM, then SIGKILL after a grace period), as torchrun does; 0 when every rank exits 0.
-SIGTERM or SIGINT to the launcher is passed to every rank.
+SIGTERM or SIGINT to the launcher is passed to every rank, whose handlers are those of a new interpreter (SIGINT
+raises KeyboardInterrupt, so a script's `finally` runs). As torchrun does, OMP_NUM_THREADS is 1 unless set: set
+before the imports, it also keeps an OpenMP pool of this process, which a forked child cannot use (libgomp's
+workers are not copied and the child waits for them), from being started.
 """
 
 import argparse
+import contextlib
 import os
 import runpy
 import signal
@@ -22,6 +26,8 @@ import sys
 import time
 
 GRACE_SECONDS = 30.0
+# What a rank restores: this interpreter's handlers before the launcher installs its own, a new interpreter's.
+INHERITED_HANDLERS = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT)}
 # Imported before the fork. Not deepspeed: a script chooses its accelerator before deepspeed is first imported
 # (`dhpo_trl.demo.tiny.use_deepspeed_on_cpu`), and importing the package leaves it unimported.
 PRELOAD = ("torch", "torch.distributed", "datasets", "transformers", "trl", "dhpo_trl", "dhpo_trl.demo.tiny")
@@ -55,8 +61,8 @@ def exit_code(status: int) -> int:
 def run_rank(rank: int, nproc: int, port: int, script: str, args: list[str]) -> None:
     """In the forked child: the script as `__main__`, as `python SCRIPT ARGS` runs it. Never returns: the script's
     SystemExit (or exception) ends this interpreter, with its finalisation."""
-    for number in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(number, signal.SIG_DFL)
+    for number, handler in INHERITED_HANDLERS.items():
+        signal.signal(number, handler)
     os.environ.update(rank_environment(rank, nproc, port))
     sys.argv = [script, *args]
     sys.path[0] = os.path.dirname(os.path.abspath(script))
@@ -87,6 +93,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("script")
     parser.add_argument("args", nargs=argparse.REMAINDER)
     options = parser.parse_args(argv)
+    if "OMP_NUM_THREADS" not in os.environ and options.nproc > 1:  # torchrun's default, before torch is imported
+        os.environ["OMP_NUM_THREADS"] = "1"
     for module in filter(None, options.preload.split(",")):
         __import__(module)
     port = free_port()
@@ -101,7 +109,8 @@ def main(argv: list[str]) -> int:
 
     def forward(number, frame):
         for pid in running:
-            os.kill(pid, number)
+            with contextlib.suppress(ProcessLookupError):  # reaped, not yet discarded from `running`
+                os.kill(pid, number)
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)

@@ -134,6 +134,40 @@ def exits_as_the_command():
         yield
 
 
+def _fake_deepspeed(folder: Path) -> None:
+    """A package laid out as DeepSpeed's: its `__init__` imports `runtime.engine`, as `import deepspeed` does."""
+    (folder / "fakeds" / "runtime").mkdir(parents=True)
+    (folder / "fakeds" / "__init__.py").write_text("from .runtime.engine import Engine\n")
+    (folder / "fakeds" / "runtime" / "__init__.py").write_text("")
+    (folder / "fakeds" / "runtime" / "engine.py").write_text("class Engine:\n    pass\n")
+
+
+@pytest.mark.parametrize("form", ["import fakeds", "from fakeds.runtime import engine", "import fakeds.runtime.engine"])
+def test_exits_as_the_command_fails_for_any_import_of_the_engine_and_restores_the_modules(tmp_path, monkeypatch,
+                                                                                         form):  # fmt: skip
+    """Each form imports the engine in a new process: each fails the block, which leaves the package's modules and
+    their attributes as they were (a second engine module would give later tests a second `Engine` class)."""
+    _fake_deepspeed(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("fakeds", "fakeds.runtime", "fakeds.runtime.engine"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    import fakeds
+
+    before = {name: module for name, module in sys.modules.items() if name.startswith("fakeds")}
+    with pytest.raises(AssertionError, match="imported DeepSpeed's engine"):
+        with tiny_cli.exits_as_the_command("fakeds", "fakeds.runtime.engine"):
+            exec(form, {})
+    assert {name: module for name, module in sys.modules.items() if name.startswith("fakeds")} == before
+    assert fakeds.runtime.engine is before["fakeds.runtime.engine"] and fakeds.Engine is fakeds.runtime.engine.Engine
+    with pytest.raises(KeyError):  # an error in the block: the modules are restored all the same
+        with tiny_cli.exits_as_the_command("fakeds", "fakeds.runtime.engine"):
+            assert "fakeds" not in sys.modules
+            raise KeyError("the block's own error")
+    assert {name: module for name, module in sys.modules.items() if name.startswith("fakeds")} == before
+    with tiny_cli.exits_as_the_command("fakeds", "fakeds.runtime.engine"):
+        exec("import json", {})  # no import of the package: the block passes
+
+
 def _no_loading(monkeypatch):
     """Fail the test if the tokenizer or the model is loaded (the input checks come first)."""
 

@@ -23,7 +23,7 @@ SCRIPT = Path(__file__).parent / "dist_scripts" / "dhpo_distributed.py"
 B = 3  # sequences per process in the fixed batch
 
 
-def _torchrun(out_dir, *flags):
+def _two_ranks(out_dir, *flags):
     result = processes.forked_ranks(SCRIPT, out_dir, *flags, timeout=240)
     assert result.returncode == 0, result.stderr[-4000:]
     return result
@@ -43,7 +43,7 @@ def _one_process_fixed_batch(out_dir):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     two, one = tmp_path_factory.mktemp("two_ranks"), tmp_path_factory.mktemp("one_rank")
-    _torchrun(two, "--train", "--fixed-batch", str(B))
+    _two_ranks(two, "--train", "--fixed-batch", str(B))
     _one_process_fixed_batch(one)
     return two, one
 

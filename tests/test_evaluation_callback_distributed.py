@@ -62,7 +62,7 @@ def policy(tmp_path_factory):
     return root
 
 
-def _torchrun(policy, out_dir, *flags):
+def _two_ranks(policy, out_dir, *flags):
     result = processes.forked_ranks(SCRIPT, out_dir, policy / "model", policy / "eval.json", *flags, timeout=300,
                                     accelerate_cpu=False)  # fmt: skip
     assert result.returncode == 0, result.stderr[-4000:]
@@ -92,7 +92,7 @@ def test_ddp_processes_split_the_problems_and_log_single_process_scores(policy, 
     # 2e-3, not the script's 5e-4: two steps at 5e-4 move the weights by ~1e-3, which flips none of the 48 sampled
     # answers of this policy (it did by chance while "\n\n" in the prompt was one <|unk|> token); at 2e-3 both
     # benchmarks' scores move and stay strictly between 0 and 100.
-    dumps = _torchrun(policy, tmp_path, "--steps", "2", "--learning_rate", "2e-3")
+    dumps = _two_ranks(policy, tmp_path, "--steps", "2", "--learning_rate", "2e-3")
     initial = _single_process_scores(policy)
     final = _single_process_scores(policy, torch.load(tmp_path / "final.pt"))
     for scores in (initial, final):  # scores that samples decide, before and after training
@@ -106,7 +106,7 @@ def test_ddp_processes_split_the_problems_and_log_single_process_scores(policy, 
 
 def test_zero3_gathers_the_weights_once_and_logs_single_process_scores(policy, tmp_path):
     pytest.importorskip("deepspeed")
-    dumps = _torchrun(policy, tmp_path, "--zero3", "--steps", "1")
+    dumps = _two_ranks(policy, tmp_path, "--zero3", "--steps", "1")
     assert all(dump["deepspeed"] for dump in dumps)
     final = _single_process_scores(policy, torch.load(tmp_path / "final.pt"))
     _check_logged_equals_single_process(dumps, {0: _single_process_scores(policy), 1: final})

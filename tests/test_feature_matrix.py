@@ -15,7 +15,7 @@ a known defect appears again in a cell of its own (`test_cells_cover_every_pair`
 - on-policy (steps_per_generation = accumulation: TRL passes no old log-probs, pi_old = sg[pi_theta]) or
   off-policy (the second step reuses the first step's generation: ratios != 1);
 - DHPO-E (entropy mixing) or DHPO-A (averaged); loss_type grpo (eq. 7), dapo in two cells.
-Two processes (torchrun, gloo): the interactions most likely to differ across processes, in `test_two_processes_*`
+Two processes (forked ranks with torchrun's environment, gloo): the interactions most likely to differ across processes, in `test_two_processes_*`
 below, not the whole covering set: every cell of `TWO_PROCESS_CELLS` runs in one launch (each costs ~15 s of
 launcher). Rank 0 has long completions and rank 1 short ones, so token budgets need different pass counts.
 """

@@ -3,6 +3,8 @@ helper starts CPU ranks with the shared environment."""
 
 import functools
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -81,7 +83,7 @@ def test_an_interrupt_while_waiting_kills_the_group(monkeypatch, tmp_path):
 RANK_REPORT = """
 import json, os, sys
 keys = ("RANK", "WORLD_SIZE", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "ACCELERATE_USE_CPU", "EXTRA")
-print(json.dumps({key: os.environ.get(key) for key in keys}), flush=True)
+os.write(1, (json.dumps({key: os.environ.get(key) for key in keys}) + "\\n").encode())  # one write: see RANK_WORK
 """
 
 
@@ -111,7 +113,8 @@ def test_torchrun_starts_two_cpu_ranks(tmp_path, monkeypatch, accelerate_cpu, la
 
 # Each rank joins a gloo group through torchrun's variables, all-reduces its rank, reports its own process, leaves the
 # group, waits until every rank has left it (marker files: no rank's exit can break a peer's collective), and exits
-# with the status given for it (a rank whose status is "hang" sleeps instead; "kill" kills itself with SIGKILL).
+# with the status given for it (a rank whose status is "hang" sleeps instead; "kill" kills itself with SIGKILL;
+# "raise" raises, which exits 1 with the traceback).
 RANK_WORK = """
 import json, os, signal, sys, time
 import torch, torch.distributed as dist
@@ -132,6 +135,8 @@ if status == "hang":
     time.sleep(600)
 if status == "kill":
     os.kill(os.getpid(), signal.SIGKILL)
+if status == "raise":
+    raise RuntimeError("a rank's own error")
 sys.exit(int(status))
 """
 
@@ -149,8 +154,9 @@ def test_forked_ranks_are_torchruns_ranks_in_processes_of_their_own(tmp_path):
     assert ranks[0]["argv"] == ["0", "0"] and len({s["pid"] for s in ranks}) == 2
 
 
-@pytest.mark.parametrize("statuses, expected", [(("0", "3"), 3), (("5", "hang"), 5), (("hang", "kill"), 128 + 9)],
-                         ids=["exit-3", "exit-5-other-hangs", "killed"])  # fmt: skip
+@pytest.mark.parametrize("statuses, expected", [(("0", "3"), 3), (("5", "hang"), 5), (("hang", "kill"), 128 + 9),
+                                                (("hang", "raise"), 1)],
+                         ids=["exit-3", "exit-5-other-hangs", "killed", "raised"])  # fmt: skip
 def test_a_failing_forked_rank_fails_the_launch_and_stops_the_others(tmp_path, statuses, expected):
     """The failing rank's status is the launch's (a signal: 128 + its number, as a shell reports it), and a rank still
     running is stopped by the launcher itself before it exits (started here without `processes.run`, whose cleanup
@@ -167,6 +173,54 @@ def test_a_failing_forked_rank_fails_the_launch_and_stops_the_others(tmp_path, s
         assert len(ranks) == 2 and wait_gone([seen["pid"] for seen in ranks], seconds=0.5) == []
     finally:
         processes.kill_tree(launcher)
+
+
+# Each rank marks that it runs, sleeps, and marks on its way out (a `finally`, as a script's cleanup of the servers
+# it started is): what a SIGINT leaves it time to do.
+RANK_CLEANUP = """
+import os, time
+folder, rank = os.path.dirname(os.path.abspath(__file__)), os.environ["RANK"]
+try:
+    open(os.path.join(folder, f"running{rank}"), "w").close()
+    time.sleep(600)
+finally:
+    open(os.path.join(folder, f"cleaned{rank}"), "w").close()
+"""
+
+
+def test_sigint_reaches_forked_ranks_as_a_keyboard_interrupt(tmp_path):
+    """A torchrun rank is a new Python interpreter: SIGINT raises KeyboardInterrupt in it and its `finally` blocks
+    run. A forked rank has the same handler, so a SIGINT to the launcher, passed on, lets each rank clean up."""
+    script = tmp_path / "work.py"
+    script.write_text(RANK_CLEANUP)
+    command = [sys.executable, processes.FORKED_RANKS, "--preload=", str(script)]
+    launcher = processes.popen(command, env=processes._rank_variables(True, None), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not all((tmp_path / f"running{rank}").exists() for rank in (0, 1)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        launcher.send_signal(signal.SIGINT)
+        _, err = launcher.communicate(timeout=60)
+        assert launcher.returncode != 0, err[-3000:]
+        assert [(tmp_path / f"cleaned{rank}").exists() for rank in (0, 1)] == [True, True], err[-3000:]
+    finally:
+        processes.kill_tree(launcher)
+
+
+def test_forked_ranks_get_torchruns_one_openmp_thread_by_default(tmp_path):
+    """torchrun sets OMP_NUM_THREADS=1 for its ranks when it is unset and more than one rank runs. The forked launcher
+    sets it before its imports: the ranks get one thread, and no OpenMP pool of the parent is copied into a fork."""
+    script = tmp_path / "report.py"
+    threads = "import torch; os.write(1, (json.dumps({'threads': torch.get_num_threads()}) + '\\n').encode())\n"
+    script.write_text(RANK_REPORT + threads)
+    variables = {key: value for key, value in processes._rank_variables(True, None).items() if key != "OMP_NUM_THREADS"}
+    command = [sys.executable, processes.FORKED_RANKS, "--preload=torch", str(script)]
+    result = processes.run(command, timeout=120, env=variables)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert [line["OMP_NUM_THREADS"] for line in lines if "RANK" in line] == ["1", "1"]
+    assert [line["threads"] for line in lines if "threads" in line] == [1, 1]
 
 
 # A launcher like planted_bugs' pytest: it starts, in a session of its own (as `run` and torchrun do), a child that

@@ -860,7 +860,6 @@ def test_a_repeated_slow_answer_costs_once():
     assert rewards.pop_grading_counts() == {"answers": 1, "over_budget": 0, "over_deadline": 1, "cached": 0}
 
 
-
 def test_an_answer_slower_than_the_first_pass_deadline_scores_in_the_second_pass():
     """A full call (`BUDGET_ANSWERS` answers, the default budget, one worker) gives every answer a first-pass deadline
     of about 60 ms. A correct answer written as an integral, which the grader settles in about a second, overruns it
@@ -879,6 +878,7 @@ def test_an_answer_slower_than_the_first_pass_deadline_scores_in_the_second_pass
     scores = rewards.score_many(pairs, timeout_s=20.0, workers=1)
     assert scores == expected[:100] + [1.0] + expected[100:]
     assert rewards.pop_grading_counts() == {"answers": 256, "over_budget": 0, "over_deadline": 0, "cached": 0}
+
 
 def test_parallel_workers_give_the_same_scores():
     from dhpo_trl.scoring import rewards

@@ -234,6 +234,9 @@ def test_two_processes_replay_the_recorded_experts(tmp_path, engine):
         assert rank["checked"] == 4 and rank["differing"] == 0
         assert rank["replayed"] == [1.0] * 4 and rank["flip"][0] == 0.0 and max(rank["flip"]) > 0.0
     assert ranks[0]["flip"] == ranks[1]["flip"]  # reduced over both ranks before logging
+    if engine == "zero3":  # no parameter resident: a forward one rank runs alone blocks the launch
+        n = ranks[0]["zero3"]["parameters"]
+        assert n > 0 and [rank["zero3"] for rank in ranks] == [{"parameters": n, "partitioned": n, "resident": 0}] * 2
     rollout = [json.loads((tmp_path / f"rollout_rank{rank}.json").read_text()) for rank in (0, 1)]
     for rank in rollout:
         # one generation batch of 16 rows: TRL's pi_old pass in 4 chunks of 4, then 4 policy passes, each recomputed

@@ -42,15 +42,22 @@ def train_flags(model, data, output_dir, *extra) -> list[str]:
 
 
 @contextlib.contextmanager
-def exits_as_the_command():
+def exits_as_the_command(package: str = "deepspeed", engine: str = ENGINE_MODULE):
     """An input error's exit in a `dhpo-train` process never imports DeepSpeed's engine module, so the release at the
     exit skips the heap scans (tests/test_teardown.py). A pytest process that saved a model has imported it: hidden
     for the block, so that an in-process `main()` exits as the command does, not after seconds of scanning the test
-    process's heap. On the way out: the block did not import it either (the input checks never load DeepSpeed)."""
-    saved = sys.modules.pop(ENGINE_MODULE, None)
+    process's heap. The whole `package` is hidden, not the engine alone: in this process `import deepspeed` or `from
+    deepspeed.runtime import engine` would find the loaded package and its attribute and import nothing, where the
+    command imports the engine. On the way out: the block did not import it either (the input checks never load
+    DeepSpeed), and the package's modules are this process's again, what the block imported dropped."""
+    ours = lambda name: name == package or name.startswith(package + ".")  # noqa: E731
+    saved = {name: module for name, module in sys.modules.items() if ours(name)}
+    for name in saved:
+        del sys.modules[name]
     try:
         yield
-        assert ENGINE_MODULE not in sys.modules, "reading the input imported DeepSpeed's engine"
+        assert engine not in sys.modules, "reading the input imported DeepSpeed's engine"
     finally:
-        if saved is not None:
-            sys.modules[ENGINE_MODULE] = saved
+        for name in [name for name in sys.modules if ours(name)]:
+            del sys.modules[name]
+        sys.modules.update(saved)

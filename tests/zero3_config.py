@@ -14,3 +14,11 @@ def zero3(**zero_optimization) -> dict:
     return {"zero_optimization": {"stage": 3, **EVERY_FORWARD_GATHERS, **zero_optimization},
             "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
             "bf16": {"enabled": False}}  # fmt: skip
+
+
+def residency(model) -> dict:
+    """How many of `model`'s parameters there are, how many ZeRO-3 partitioned and how many it keeps resident: a
+    launch asserts {"parameters": n, "partitioned": n, "resident": 0} rather than assume the config reached DeepSpeed."""
+    params = list(model.parameters())
+    return {"parameters": len(params), "partitioned": sum(hasattr(p, "ds_persist") for p in params),
+            "resident": sum(bool(getattr(p, "ds_persist", False)) for p in params)}  # fmt: skip

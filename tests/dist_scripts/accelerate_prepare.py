@@ -24,7 +24,7 @@ from dhpo_trl.training.teardown import release_process_groups  # noqa: E402
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3, use_deepspeed_on_cpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/
-from zero3_config import EVERY_FORWARD_GATHERS  # noqa: E402
+from zero3_config import EVERY_FORWARD_GATHERS, residency  # noqa: E402
 
 
 def prepare_and_step(model, cpu: bool) -> dict:
@@ -54,7 +54,7 @@ def prepare_and_step(model, cpu: bool) -> dict:
             leaves=sum(map(z3_leaf_module, model.module.modules())),
             base_optimizer=type(optimizer.optimizer.optimizer).__name__,  # what ZeRO steps (on CPU when offloaded)
             shm_all_reduce=backend.shm_comm_op is not None,  # the JIT-built op use_deepspeed_on_cpu() turns off
-            persistent=sum(bool(getattr(p, "ds_persist", False)) for p in model.module.parameters()),
+            zero3=residency(model.module),
         )  # fmt: skip
     return result
 

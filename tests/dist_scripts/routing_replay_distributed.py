@@ -49,7 +49,7 @@ from dhpo_trl.training import routing_replay  # noqa: E402
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS))  # tests/processes.py: the fake server's process group ended on the way out
 import processes  # noqa: E402
-from zero3_config import zero3  # noqa: E402
+from zero3_config import residency, zero3  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("fake_vllm_server", TESTS / "fake_cluster" / "fake_vllm_server.py")
 fake = importlib.util.module_from_spec(_spec)
@@ -217,6 +217,7 @@ def recorded_run(out_dir: Path, tok, zero3: bool) -> None:
     (out_dir / f"rank{rank}.json").write_text(json.dumps({
         "checked": CheckingTrainer.checked, "differing": CheckingTrainer.differing,
         "flip": [e["moe/routing_flip_fraction"] for e in logs], "replayed": [e["moe/replayed_fraction"] for e in logs],
+        "zero3": residency(model),
     }))  # fmt: skip
 
 
