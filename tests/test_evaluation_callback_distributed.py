@@ -108,6 +108,8 @@ def test_zero3_gathers_the_weights_once_and_logs_single_process_scores(policy, t
     pytest.importorskip("deepspeed")
     dumps = _two_ranks(policy, tmp_path, "--zero3", "--steps", "1")
     assert all(dump["deepspeed"] for dump in dumps)
+    n = dumps[0]["zero3"]["parameters"]  # no parameter resident: an evaluation forward one rank ran alone would block
+    assert n > 0 and [dump["zero3"] for dump in dumps] == [{"parameters": n, "partitioned": n, "resident": 0}] * 2
     final = _single_process_scores(policy, torch.load(tmp_path / "final.pt"))
     _check_logged_equals_single_process(dumps, {0: _single_process_scores(policy), 1: final})
     for dump in dumps:

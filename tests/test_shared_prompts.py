@@ -298,6 +298,11 @@ def test_two_processes_agree_on_shared_rows_and_update_as_trl(two_process_update
         pytest.importorskip("deepspeed")
     result, tmp_path = two_process_update_paths(engine)  # the launch every update path's test shares
     assert result["returncode"] == 0, result["stderr"]
+    if engine == "zero3":  # every run's parameters partitioned, none resident: an unagreed pass blocks the launch
+        for run in ("trl", "budget", "packed", "shared"):
+            counts = [json.loads((tmp_path / run / f"residency_rank{rank}.json").read_text()) for rank in (0, 1)]
+            n = counts[0]["parameters"]
+            assert n > 0 and counts == [{"parameters": n, "partitioned": n, "resident": 0}] * 2, run
     trl = torch.load(tmp_path / "trl" / "params.pt")
     shared = torch.load(tmp_path / "shared" / "params.pt")
     start = dict(build_tiny_qwen3(build_char_tokenizer(), seed=0).named_parameters())

@@ -36,7 +36,7 @@ from dhpo_trl.evaluation import BenchmarkEvalCallback  # noqa: E402
 from dhpo_trl.evaluation.backends import TransformersBackend  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/
-from zero3_config import zero3  # noqa: E402
+from zero3_config import residency, zero3  # noqa: E402
 
 CPU_ZERO3 = zero3()  # every forward, and the gather for generation, gathers from both ranks
 
@@ -122,7 +122,7 @@ def main():
 
     rank = trainer.accelerator.process_index
     dump = {"world_size": trainer.accelerator.num_processes, "history": callback.history, "evaluations": measured,
-            "deepspeed": trainer.is_deepspeed_enabled}  # fmt: skip
+            "deepspeed": trainer.is_deepspeed_enabled, "zero3": residency(model)}  # fmt: skip
     if zero3:
         # Control: one generate() on the partitioned model, as an un-gathered evaluation would run it.
         prompt = tokenizer(["What is 1 plus 1?"], return_tensors="pt")

@@ -55,7 +55,7 @@ from dhpo_trl.core.presets import config_for  # noqa: E402
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/
-from zero3_config import zero3  # noqa: E402
+from zero3_config import residency, zero3  # noqa: E402
 
 CPU = dict(use_cpu=True, bf16=False, report_to="none", seed=0, data_seed=0)
 SETTINGS = dict(per_device_train_batch_size=4, num_generations=4, max_completion_length=8, logging_steps=1,
@@ -126,6 +126,7 @@ def run(out_dir: Path, name: str, output_dir: Path, tok, resume=None, callbacks=
         "train_loss": trainer.state.log_history[-1].get("train_loss"),
         "seen": trainer.seen,
         "checkpoints": sorted(p.name for p in output_dir.glob("checkpoint-*")),
+        "zero3": residency(trainer.model),
     }
     if trainer.args.sync_ref_model:
         dump["ref_params"] = full_parameters(trainer.accelerator.unwrap_model(trainer.ref_model))

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the shar
 
 from long_tail import dataset, length_reward, long_tailed_rollout  # noqa: E402
 import shared_rows  # noqa: E402
-from zero3_config import zero3  # noqa: E402
+from zero3_config import residency, zero3  # noqa: E402
 
 from dhpo_trl.training.teardown import release_process_groups  # noqa: E402
 from dhpo_trl import DHPOTrainer  # noqa: E402
@@ -94,6 +94,7 @@ def train(out_dir: Path, mode: str, tok, zero3: bool) -> None:
     trainer.train()
     rank = trainer.accelerator.process_index
     (out_dir / f"plan_rank{rank}.json").write_text(json.dumps(RecordingTrainer.plans))
+    (out_dir / f"residency_rank{rank}.json").write_text(json.dumps(residency(model)))
     gather = contextlib.nullcontext()
     if zero3:  # parameters are partitioned across ranks: gather them to save the full tensors
         import deepspeed
