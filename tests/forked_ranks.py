@@ -21,9 +21,10 @@ import contextlib
 import os
 import runpy
 import signal
-import socket
 import sys
 import time
+
+from processes import free_port  # this folder: sys.path[0] when run as a script
 
 GRACE_SECONDS = 30.0
 # What a rank restores: this interpreter's handlers before the launcher installs its own, a new interpreter's.
@@ -44,12 +45,6 @@ def rank_environment(rank: int, nproc: int, port: int) -> dict[str, str]:
         "TORCHELASTIC_RUN_ID": "forked", "TORCHELASTIC_USE_AGENT_STORE": "False",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
     }  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def exit_code(status: int) -> int:

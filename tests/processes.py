@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -170,6 +171,13 @@ def forked_ranks(script, *args, timeout: float, accelerate_cpu: bool = True, npr
     chosen = [] if preload is None else [f"--preload={','.join(preload)}"]
     command = [sys.executable, str(FORKED_RANKS), f"--nproc={nproc}", *chosen, str(script), *map(str, args)]
     return run(command, timeout=timeout, env=_rank_variables(accelerate_cpu, env), cwd=cwd)
+
+
+def free_port() -> int:
+    """A local TCP port free at the time of the call (the OS picks it)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 FORKED_RANKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forked_ranks.py")

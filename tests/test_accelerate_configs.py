@@ -12,6 +12,7 @@ import pytest
 from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
 from accelerate.commands.launch import _validate_launch_command, launch_command_parser
 from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env, prepare_simple_launcher_cmd_env
+from zero3_config import assert_none_resident
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG_DIR = ROOT / "accelerate_configs"
@@ -183,8 +184,7 @@ def test_deepspeed_configs_prepare_dense_and_moe_models(prepared, name, moe):
     assert result["shm_all_reduce"] is False  # gloo; no 38-120 s JIT build of DeepSpeed's shared-memory op
     if result["zero_stage"] == 3:  # one ZeRO-3 leaf per MoE layer of the 2-layer model; none in a dense model
         assert result["leaves"] == (2 if moe else 0)
-        n = result["zero3"]["parameters"]  # every forward of the step gathered its parameters
-        assert n > 0 and result["zero3"] == {"parameters": n, "partitioned": n, "resident": 0}
+        assert_none_resident(result["zero3"])  # every forward of the step gathered its parameters
     assert 3.0 < result["loss"] < 6.0  # a finite language-model loss after a real optimizer step
 
 

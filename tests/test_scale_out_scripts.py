@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import sys
 import threading
 import time
@@ -71,19 +70,13 @@ def test_slurm_header_opens_its_log_where_a_folder_exists_and_asks_for_cores_and
 
 
 # ------------------------------------------------------------------ the scripts against a fake vLLM server
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _run(script, tmp_path, args=(), cwd=ROOT, timeout=90, **env_overrides):
     fake_log = tmp_path / "fake"
     fake_log.mkdir()
     env = {key: value for key, value in os.environ.items() if not key.startswith(("VLLM_", "SLURM_", "SERVER_"))}
     env.update(
         PATH=f"{FAKE_BIN}:{env['PATH']}", FAKE_PYTHON=sys.executable, FAKE_CLUSTER_LOG=str(fake_log),
-        PYTHONPATH=str(ROOT), SERVER_PORT=str(_free_port()), SERVER_POLL_S="0.2", LOG_DIR=str(tmp_path / "logs"),
+        PYTHONPATH=str(ROOT), SERVER_PORT=str(processes.free_port()), SERVER_POLL_S="0.2", LOG_DIR=str(tmp_path / "logs"),
     )  # fmt: skip
     env.update(env_overrides)
     result = processes.run(["bash", str(ROOT / script), *args], env=env, cwd=cwd, timeout=timeout)
@@ -274,7 +267,7 @@ def test_slurm_passes_sigusr1_to_training_then_requeues_the_job(tmp_path):
     env = {key: value for key, value in os.environ.items() if not key.startswith(("VLLM_", "SLURM_", "SERVER_"))}
     env.update(
         PATH=f"{FAKE_BIN}:{env['PATH']}", FAKE_PYTHON=sys.executable, FAKE_CLUSTER_LOG=str(fake_log),
-        PYTHONPATH=str(ROOT), SERVER_PORT=str(_free_port()), SERVER_POLL_S="0.2", LOG_DIR=str(tmp_path / "logs"),
+        PYTHONPATH=str(ROOT), SERVER_PORT=str(processes.free_port()), SERVER_POLL_S="0.2", LOG_DIR=str(tmp_path / "logs"),
         FAKE_VLLM_DELAY="0.2", FAKE_TRAIN_UNTIL_SIGNAL="1", **_slurm_env(),
     )  # fmt: skip
     err_path = tmp_path / "slurm.err"

@@ -19,6 +19,7 @@ from dhpo_trl.core.presets import config_for
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
 from dhpo_trl.training import batching, packing
 from dhpo_trl.training import shared_prompts as sp
+from zero3_config import assert_none_resident
 
 
 @pytest.fixture(scope="module")
@@ -300,9 +301,8 @@ def test_two_processes_agree_on_shared_rows_and_update_as_trl(two_process_update
     assert result["returncode"] == 0, result["stderr"]
     if engine == "zero3":  # every run's parameters partitioned, none resident: an unagreed pass blocks the launch
         for run in ("trl", "budget", "packed", "shared"):
-            counts = [json.loads((tmp_path / run / f"residency_rank{rank}.json").read_text()) for rank in (0, 1)]
-            n = counts[0]["parameters"]
-            assert n > 0 and counts == [{"parameters": n, "partitioned": n, "resident": 0}] * 2, run
+            assert_none_resident(*(json.loads((tmp_path / run / f"residency_rank{rank}.json").read_text())
+                                   for rank in (0, 1)))  # fmt: skip
     trl = torch.load(tmp_path / "trl" / "params.pt")
     shared = torch.load(tmp_path / "shared" / "params.pt")
     start = dict(build_tiny_qwen3(build_char_tokenizer(), seed=0).named_parameters())

@@ -1,7 +1,6 @@
 """vLLM wiring on CPU: server settings reach TRL unchanged; missing vllm / unreachable server fail early and clearly."""
 
 import http.server
-import socket
 import threading
 import time
 from types import SimpleNamespace
@@ -9,16 +8,12 @@ from types import SimpleNamespace
 import pytest
 from datasets import Dataset
 
+import processes
+
 import dhpo_trl.training.vllm_utils as vllm_utils
 from dhpo_trl import DHPOConfig, DHPOTrainer
 
 MISSING_MODEL = "no-such-org/no-such-model"  # loading it would fail: an error naming vLLM proves the check ran first
-
-
-def _unused_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _config(tmp_path, **overrides):
@@ -47,7 +42,7 @@ def test_missing_vllm_names_the_extra(tmp_path, monkeypatch):
 @pytest.mark.parametrize("use_base_url", [False, True])
 def test_unreachable_server_names_host_port_and_command(tmp_path, monkeypatch, use_base_url):
     monkeypatch.setattr(vllm_utils, "is_vllm_available", lambda *a, **k: True)
-    port = _unused_port()
+    port = processes.free_port()
     overrides = dict(vllm_server_host="127.0.0.1", vllm_server_port=port, vllm_server_timeout=1.0)
     if use_base_url:  # TRL ignores host/port when a base URL is given; so must the check
         overrides.update(vllm_server_base_url=f"http://127.0.0.1:{port}/", vllm_server_port=1)
