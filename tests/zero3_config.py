@@ -22,3 +22,9 @@ def residency(model) -> dict:
     params = list(model.parameters())
     return {"parameters": len(params), "partitioned": sum(hasattr(p, "ds_persist") for p in params),
             "resident": sum(bool(getattr(p, "ds_persist", False)) for p in params)}  # fmt: skip
+
+
+def assert_none_resident(*counts: dict) -> None:
+    """Every rank's (or run's) `residency`: the same parameters, each one partitioned, none resident."""
+    n = counts[0]["parameters"]
+    assert n > 0 and list(counts) == [{"parameters": n, "partitioned": n, "resident": 0}] * len(counts), counts
