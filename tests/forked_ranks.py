@@ -28,7 +28,8 @@ from processes import free_port  # this folder: sys.path[0] when run as a script
 
 GRACE_SECONDS = 30.0
 # What a rank restores: this interpreter's handlers before the launcher installs its own, a new interpreter's.
-INHERITED_HANDLERS = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT)}
+FORWARDED = (signal.SIGTERM, signal.SIGINT)
+INHERITED_HANDLERS = {number: signal.getsignal(number) for number in FORWARDED}
 # Imported before the fork. Not deepspeed: a script chooses its accelerator before deepspeed is first imported
 # (`dhpo_trl.demo.tiny.use_deepspeed_on_cpu`), and importing the package leaves it unimported.
 PRELOAD = ("torch", "torch.distributed", "datasets", "transformers", "trl", "dhpo_trl", "dhpo_trl.demo.tiny")
@@ -58,6 +59,7 @@ def run_rank(rank: int, nproc: int, port: int, script: str, args: list[str]) -> 
     SystemExit (or exception) ends this interpreter, with its finalisation."""
     for number, handler in INHERITED_HANDLERS.items():
         signal.signal(number, handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
     os.environ.update(rank_environment(rank, nproc, port))
     sys.argv = [script, *args]
     sys.path[0] = os.path.dirname(os.path.abspath(script))
@@ -96,19 +98,23 @@ def main(argv: list[str]) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     running = set()
-    for rank in range(options.nproc):
-        pid = os.fork()
-        if pid == 0:
-            run_rank(rank, options.nproc, port, options.script, options.args)
-        running.add(pid)
 
     def forward(number, frame):
         for pid in running:
             with contextlib.suppress(ProcessLookupError):  # reaped, not yet discarded from `running`
                 os.kill(pid, number)
 
+    # Held from before the first fork until every rank is known: a signal that arrives while the ranks start (a
+    # rank may already be running its script) is passed on to all of them, not lost with this process.
+    signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
+    for rank in range(options.nproc):
+        pid = os.fork()
+        if pid == 0:
+            run_rank(rank, options.nproc, port, options.script, options.args)
+        running.add(pid)
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, FORWARDED)
     while running:
         pid, status = os.waitpid(-1, 0)
         running.discard(pid)
