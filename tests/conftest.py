@@ -1,5 +1,6 @@
 """Shared fixtures: everything offline, tiny models built locally, CPU only."""
 
+import gc
 import json
 import os
 import sys
@@ -69,6 +70,15 @@ def pytest_collection_modifyitems(config, items):
         own = SLOWEST.index(item.path.stem) if item.path.stem in SLOWEST else len(SLOWEST) + TIERS.index(name)
         rank[item.path] = min(rank.get(item.path, own), own)
     items.sort(key=lambda item: rank[item.path])  # stable: a file's tests keep their order
+
+
+def pytest_collection_finish(session):
+    """Freeze the heap that imports and collection built (torch, transformers, TRL, every test module): a full
+    collection, which accelerate's `free_memory` runs at the end of every `train()`, then scans only what the tests
+    create, not a few hundred thousand objects that live for the whole run (0.3 s a collection in a pytest
+    worker). A frozen object is still freed when its last reference goes; only cycle collection skips it."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture(scope="session")
