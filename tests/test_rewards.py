@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+import dhpo_trl
 from dhpo_trl.scoring.rewards import (
     DEFAULT_TIMEOUT_S,
     completion_text,
@@ -922,6 +923,15 @@ def test_a_restart_costs_the_next_answer_nothing(fake_worker):
     assert time.perf_counter() - start < 0.2 + _KILL_MARGIN_S + 2.5  # no 4 s start on the way
 
 
+# A script's header that imports `dhpo_trl.scoring` without the package's `__init__`, which imports the trainer
+# (torch, transformers, TRL: seconds of CPU in a fresh interpreter) that a script that only scores never uses.
+SCORING_ONLY = (
+    "import sys, types\n"
+    "sys.modules['dhpo_trl'] = types.ModuleType('dhpo_trl')\n"
+    f"sys.modules['dhpo_trl'].__path__ = [{os.path.dirname(dhpo_trl.__file__)!r}]\n"
+)
+
+
 def test_the_worker_ends_when_its_parent_dies(tmp_path):
     """A trainer killed mid-comparison leaves no worker computing on (the parent-death signal)."""
     import signal
@@ -932,7 +942,7 @@ def test_the_worker_ends_when_its_parent_dies(tmp_path):
 
     script = tmp_path / "parent.py"
     script.write_text(
-        "import sys, threading\n"
+        SCORING_ONLY +
         "from dhpo_trl.scoring import rewards\n"
         "rewards.score_answer(r'\\boxed{1}', '1')\n"
         "worker = rewards._POOL._workers[0]\n"
@@ -978,9 +988,10 @@ def test_forgetting_slow_answers_compares_them_again():
     assert rewards.pop_grading_counts()["cached"] == 0
 
 
-COLD_AND_WARM = r"""
-import json, sys, time
+COLD_AND_WARM = SCORING_ONLY + r"""
+import json, time
 from dhpo_trl.scoring import _math_verify_core as core
+assert "torch" not in sys.modules  # the header kept the trainer's imports out
 seconds = []
 for _ in range(6):
     start = time.perf_counter()
