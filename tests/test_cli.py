@@ -381,26 +381,23 @@ def _run(command, timeout=300):
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-def test_accelerate_launch_with_a_yaml_config(local_model, local_jsonl, tmp_path):
+def test_accelerate_launch_with_a_yaml_config_follows_the_launched_process_count(local_model, local_jsonl, tmp_path):
+    """`accelerate launch` of the example script with a YAML config, on 2 real processes (DDP over gloo: the config
+    says `use_cpu`): the model and its card are saved, and the batch plan follows the launched process count. 2
+    prompts x 4 generations per generation batch, 1 prompt per optimizer step."""
     config = tmp_path / "run.yaml"
-    flags = cli_args(local_model, local_jsonl, tmp_path / "script_out", "--save_strategy", "no")
-    config.write_text("\n".join(f"{k.lstrip('-')}: {v}" for k, v in zip(flags[::2], flags[1::2])))
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "1"]
-    launcher += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
-    _run([*launcher, "examples/train_dhpo.py", "--config", str(config), "--max_steps", "1"])
-    assert (tmp_path / "script_out" / "model.safetensors").exists()
-    assert CITATION_KEY in (tmp_path / "script_out" / "README.md").read_text()
-
-
-def test_batch_plan_follows_the_launched_process_count(local_model, local_jsonl, tmp_path):
-    """2 prompts x 4 generations per generation batch, 1 prompt per optimizer step, on 2 real processes."""
     flags = cli_args(
         local_model, local_jsonl, tmp_path / "two", "--save_strategy", "no", "--per_device_train_batch_size", "2"
     )
     flags += ["--prompts_per_generation", "2", "--prompts_per_optimizer_step", "1"]
-    result = processes.torchrun("examples/train_dhpo.py", *flags, timeout=300, accelerate_cpu=False, cwd=REPO)
-    assert result.returncode == 0, result.stderr[-3000:]
+    config.write_text("\n".join(f"{k.lstrip('-')}: {v}" for k, v in zip(flags[::2], flags[1::2])))
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+    launcher += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    launcher += ["--main_process_port", str(processes.free_port())]
+    _run([*launcher, "examples/train_dhpo.py", "--config", str(config), "--max_steps", "1"])
+    assert (tmp_path / "two" / "model.safetensors").exists()
     card = (tmp_path / "two" / "README.md").read_text()
+    assert CITATION_KEY in card
     # 8 completions / (2 per device x 2 processes) = 2 micro-steps per generation; 4 / 4 = 1 per optimizer step
     assert "| `steps_per_generation` | `2` |" in card and "| `gradient_accumulation_steps` | `1` |" in card
 
