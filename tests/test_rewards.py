@@ -827,21 +827,21 @@ def test_a_call_of_slow_answers_keeps_its_budget_and_scores_the_quick_ones():
 
     assert score_answer(r"\boxed{1}", "1") == 1.0  # the worker is up: its start is not part of the budget
     rewards.pop_grading_counts()
-    completions = slow_answers(30, offset=1000)
-    completions[24], completions[28] = r"\boxed{12}", r"\boxed{\frac{24}{2}}"
-    # a first-pass deadline of 20 warm parses as measured now (a loaded machine parses 10 times slower), 4 s for
+    completions = slow_answers(15, offset=1000)
+    completions[10], completions[14] = r"\boxed{12}", r"\boxed{\frac{24}{2}}"
+    # a first-pass deadline of 20 warm parses as measured now (a loaded machine parses 10 times slower), 2 s for
     # the whole call on a quiet one
-    first = max(4.0 / 60, 20 * warm_parse_s())
-    budget = 2 * len(completions) * first  # one worker: the first pass's deadline is FIRST_PASS_SHARE * budget / 30
-    timeout = max(2.0, 2 * first)  # the second pass cannot fit all 28 slow answers in what is left
+    first = max(2.0 / 30, 20 * warm_parse_s())
+    budget = 2 * len(completions) * first  # one worker: the first pass's deadline is FIRST_PASS_SHARE * budget / 15
+    timeout = max(2.0, 2 * first)  # the second pass cannot fit all 13 slow answers in what is left
     start = time.perf_counter()
     scores = rewards.score_many([(c, "12") for c in completions], budget_s=budget, timeout_s=timeout, workers=1)
     elapsed = time.perf_counter() - start
-    assert scores[24] == scores[28] == 1.0 and sum(scores) == 2.0, first
+    assert scores[10] == scores[14] == 1.0 and sum(scores) == 2.0, first
     assert elapsed < budget + 1.5  # the budget, and a little for the process round trips on a loaded machine
     counts = rewards.pop_grading_counts()
-    assert counts["answers"] == 30 and counts["over_budget"] + counts["over_deadline"] == 28
-    assert counts["over_budget"] > 0  # 28 slow answers at their full deadline do not fit the half budget left
+    assert counts["answers"] == 15 and counts["over_budget"] + counts["over_deadline"] == 13
+    assert counts["over_budget"] > 0  # 13 slow answers at their full deadline do not fit the half budget left
 
 
 def test_a_repeated_slow_answer_costs_once():
