@@ -16,13 +16,10 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 import processes  # noqa: E402
 import pytest  # noqa: E402
-import torch  # noqa: E402
 from filelock import FileLock  # noqa: E402
 
-# Tiny models run 15-25x faster on one thread than on two on a shared 2-core machine (intra-op overhead).
-torch.set_num_threads(1)
-
-from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
+# torch, transformers and the package are imported by the processes that collect and run tests, not here: under
+# xdist the controller, which runs no test, loads this file before it starts the workers (6 s of CPU, serial).
 
 
 # The test tiers, by file (`pytest -m pure` runs the pure functions alone, in well under a minute). A test of a
@@ -75,26 +72,36 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_collection_finish(session):
-    """Freeze the heap that imports and collection built (torch, transformers, TRL, every test module): a full
-    collection, which accelerate's `free_memory` runs at the end of every `train()`, then scans only what the tests
-    create, not a few hundred thousand objects that live for the whole run (0.3 s a collection in a pytest
-    worker). A frozen object is still freed when its last reference goes; only cycle collection skips it."""
+    """In a process that runs tests, once they are collected: one torch thread, and the heap that imports and
+    collection built (torch, transformers, TRL, every test module) frozen. A full collection, which accelerate's
+    `free_memory` runs at the end of every `train()`, then scans only what the tests create, not a few hundred
+    thousand objects that live for the whole run (0.3 s a collection in a pytest worker). A frozen object is still
+    freed when its last reference goes; only cycle collection skips it."""
+    import torch
+
+    torch.set_num_threads(1)  # tiny models run 15-25x faster on one thread than on two of a shared 2-core machine
     gc.collect()
     gc.freeze()
 
 
 @pytest.fixture(scope="session")
 def tokenizer():
+    from dhpo_trl.demo.tiny import build_char_tokenizer
+
     return build_char_tokenizer()
 
 
 @pytest.fixture
 def tiny_model(tokenizer):
+    from dhpo_trl.demo.tiny import build_tiny_qwen3
+
     return build_tiny_qwen3(tokenizer)
 
 
 @pytest.fixture
 def tiny_moe_model(tokenizer):
+    from dhpo_trl.demo.tiny import build_tiny_qwen3
+
     return build_tiny_qwen3(tokenizer, moe=True)
 
 
