@@ -83,6 +83,15 @@ def stop(pids: set[int], grace: float) -> None:
         os.waitpid(pid, 0)
 
 
+def preload(modules: str) -> None:
+    """Import each of the comma-separated `modules`; an entry `module:function` also calls `function()` of it."""
+    for entry in filter(None, modules.split(",")):
+        module, _, function = entry.partition(":")
+        __import__(module)
+        if function:
+            getattr(sys.modules[module], function)()
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nproc", type=int, default=2)
@@ -92,8 +101,7 @@ def main(argv: list[str]) -> int:
     options = parser.parse_args(argv)
     if "OMP_NUM_THREADS" not in os.environ and options.nproc > 1:  # torchrun's default, before torch is imported
         os.environ["OMP_NUM_THREADS"] = "1"
-    for module in filter(None, options.preload.split(",")):
-        __import__(module)
+    preload(options.preload)
     port = free_port()
     sys.stdout.flush()
     sys.stderr.flush()
