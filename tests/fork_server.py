@@ -24,6 +24,7 @@ import contextlib
 import ctypes
 import json
 import os
+import runpy
 import select
 import shutil
 import signal
@@ -57,7 +58,8 @@ def send(conn: socket.socket, message: dict) -> None:
 
 
 def become_launcher(request: dict, fds: list[int], server: int, inherited: list[int]) -> None:
-    """In the forked child: the launcher a new interpreter running `forked_ranks.py ARGV` would be. Never returns."""
+    """In the forked child: the launcher a new interpreter running `forked_ranks.py ARGV` would be, or with "python"
+    in the request, what `python ARGS` would run (`run_python`). Never returns."""
     os.setsid()
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -76,10 +78,25 @@ def become_launcher(request: dict, fds: list[int], server: int, inherited: list[
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
+    if "python" in request:
+        run_python(request["python"])
     sys.exit(forked_ranks.main(request["argv"]))  # a rank's own exit leaves through here too, as in a new interpreter
 
 
-def serve(path: str) -> int:
+def run_python(args: list[str]) -> None:
+    """`python ARGS` in this process: a script, or `-m module`, as `__main__` with its arguments and module path."""
+    if args[:1] == ["-m"]:
+        sys.argv = [args[1], *args[2:]]  # runpy puts the module's file in sys.argv[0]
+        sys.path[0] = os.getcwd()
+        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(args)
+        sys.path[0] = os.path.dirname(os.path.abspath(args[0]))
+        runpy.run_path(args[0], run_name="__main__")
+    sys.exit(0)
+
+
+def serve(path: str, imported_under: tuple) -> int:
     server = os.getpid()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
@@ -113,6 +130,12 @@ def serve(path: str) -> int:
             if listener in ready:
                 conn, _ = listener.accept()
                 request, fds = receive_request(conn)
+                if import_environment(request["env"]) != imported_under:
+                    send(conn, {"refused": "the import variables differ from the server's (IMPORT_PREFIXES)"})
+                    for fd in fds:
+                        os.close(fd)
+                    conn.close()
+                    continue
                 sys.stdout.flush()
                 sys.stderr.flush()
                 inherited = [listener.fileno(), wake_read, wake_write, conn.fileno(),
@@ -183,7 +206,8 @@ class Server:
             conn.connect(self.path)
             socket.send_fds(conn, [HEADER.pack(len(payload)) + payload], [out.fileno(), err.fileno()])
             answers = Answers(conn)
-            answers.next(deadline)  # the launcher's pid: it runs
+            if "refused" in answers.next(deadline):  # the key of SERVERS is the import environment
+                raise RuntimeError("the fork server refused a launch of its own import environment")
             try:
                 status, timed_out = answers.next(deadline)["status"], False
             except TimeoutError:  # the server stops the launcher's tree, then sends its status
@@ -251,8 +275,9 @@ def main(argv: list[str]) -> int:
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)  # the test process is gone: stop (stdin's end says so too)
     if os.environ.get("OMP_NUM_THREADS") != "1":  # a fork cannot use an OpenMP pool (see forked_ranks.py)
         parser.error("OMP_NUM_THREADS must be 1: a launcher forked from here cannot use an OpenMP pool of this process")
+    imported_under = import_environment(os.environ)  # before a preload sets any (DS_ACCELERATOR)
     forked_ranks.preload(options.preload)
-    return serve(options.socket)
+    return serve(options.socket, imported_under)
 
 
 if __name__ == "__main__":
