@@ -49,7 +49,7 @@ def receive_request(conn: socket.socket) -> tuple[dict, list[int]]:
         if not chunk:
             raise EOFError("the client closed the connection inside its request")
         data += chunk
-    return json.loads(data[HEADER.size:]), fds
+    return json.loads(data[HEADER.size :]), fds
 
 
 def send(conn: socket.socket, message: dict) -> None:
@@ -181,7 +181,10 @@ class Server:
         command = [sys.executable, __file__, self.path, f"--preload={modules}"]
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                                         start_new_session=True)  # fmt: skip
-        if not select.select([self.process.stdout], [], [], timeout)[0] or self.process.stdout.readline() != b"ready\n":
+        if (
+            not select.select([self.process.stdout], [], [], timeout)[0]
+            or self.process.stdout.readline() != b"ready\n"
+        ):
             self.stop()
             raise RuntimeError(f"the fork server did not start within {timeout} s (preload {modules!r})")
 
@@ -210,9 +213,9 @@ class Server:
                 raise RuntimeError("the fork server refused a launch of its own import environment")
             try:
                 status, timed_out = answers.next(deadline)["status"], False
-            except TimeoutError:  # the server stops the launcher's tree, then sends its status
+            except TimeoutError:  # the server stops the launcher's tree (a grace period at most), then answers
                 conn.sendall(b"kill")
-                status, timed_out = answers.next(None)["status"], True
+                status, timed_out = answers.next(time.monotonic() + 60)["status"], True
             stdout, stderr = (read(handle) for handle in (out, err))
         if timed_out:
             raise subprocess.TimeoutExpired(command, timeout, output=stdout, stderr=stderr)
@@ -274,7 +277,9 @@ def main(argv: list[str]) -> int:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)  # the test process is gone: stop (stdin's end says so too)
     if os.environ.get("OMP_NUM_THREADS") != "1":  # a fork cannot use an OpenMP pool (see forked_ranks.py)
-        parser.error("OMP_NUM_THREADS must be 1: a launcher forked from here cannot use an OpenMP pool of this process")
+        parser.error(
+            "OMP_NUM_THREADS must be 1: a launcher forked from here cannot use an OpenMP pool of this process"
+        )
     imported_under = import_environment(os.environ)  # before a preload sets any (DS_ACCELERATOR)
     forked_ranks.preload(options.preload)
     return serve(options.socket, imported_under)

@@ -37,7 +37,9 @@ def test_a_served_launch_exits_as_the_launcher_and_stops_the_others(tmp_path, st
     assert [(seen["RANK"], seen["sum"], seen["argv"]) for seen in ranks] == [("0", 1.0, list(statuses)),
                                                                            ("1", 1.0, list(statuses))]  # fmt: skip
     assert wait_gone([seen["pid"] for seen in ranks]) == []
-    server = fork_server.SERVERS[(",".join(PRELOAD), fork_server.import_environment(processes._rank_variables(True, None)))]
+    server = fork_server.SERVERS[
+        (",".join(PRELOAD), fork_server.import_environment(processes._rank_variables(True, None)))
+    ]
     assert len({seen["launcher"] for seen in ranks}) == 1 and not alive(ranks[0]["launcher"])
     assert server.process.poll() is None  # serves the next launch
 
@@ -104,3 +106,20 @@ def test_the_import_environment_picks_the_server():
     assert key == (("HF_HUB_OFFLINE", "1"), ("OMP_NUM_THREADS", "1"), ("PYTHONPATH", "/a"))
     assert fork_server.import_environment({**base, "ACCELERATE_USE_CPU": "0", "EXTRA": "x"}) == key
     assert fork_server.import_environment({**base, "PYTHONPATH": "/b"}) != key
+
+
+def test_served_python_runs_in_the_server_and_outside_it_only_under_other_import_variables(tmp_path):
+    """`python served_python.py SCRIPT ARGS` is `python SCRIPT ARGS` (arguments, `__main__`, exit status, output),
+    forked from the server when the import variables are the server's, this process itself (exec) when not."""
+    script = tmp_path / "parent.py"
+    script.write_text("import os, sys\nprint(os.getppid(), __name__, sys.argv[1:])\nsys.exit(int(sys.argv[1]))\n")
+    env = processes._rank_variables(True, None)
+    server = fork_server.Server(",".join(PRELOAD), env, 120)
+    served = [sys.executable, os.path.join(os.path.dirname(fork_server.__file__), "served_python.py"), str(script)]
+    try:
+        for extra, parent in (({}, server.process.pid), ({"HF_HOME": str(tmp_path)}, os.getpid())):
+            result = subprocess.run([*served, "3", "x"], env={**env, **extra, "DHPO_FORK_SERVER_SOCKET": server.path},
+                                    capture_output=True, text=True, timeout=120)  # fmt: skip
+            assert result.returncode == 3 and result.stdout.split(None, 1) == [str(parent), "__main__ ['3', 'x']\n"]
+    finally:
+        server.stop()
