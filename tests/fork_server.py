@@ -163,7 +163,7 @@ def serve(path: str, imported_under: tuple) -> int:
 # a test's own) are read when the launch runs.
 IMPORT_PREFIXES = ("HF_", "HUGGINGFACE", "TRANSFORMERS", "DATASETS", "TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "CUDA",
                    "DS_", "PYTHON", "TOKENIZERS", "HOME", "XDG_", "TMP", "TEMP", "LD_")  # fmt: skip
-MAX_SERVERS = 2  # per test process: each holds its imports in memory (about 0.6 GB)
+MAX_SERVERS = 3  # per test process: each holds its imports in memory (about 0.6 GB); the suite uses 2-3 at a time
 SERVERS: "collections.OrderedDict[tuple, Server]" = collections.OrderedDict()
 
 
