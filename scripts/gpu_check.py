@@ -23,6 +23,7 @@ import json
 import os
 import resource
 import shutil
+import shlex
 import signal
 import subprocess
 import sys
@@ -103,7 +104,8 @@ def plan(cpu: bool, python: str, work: Path, wheels: str) -> list[Part]:
     ]  # fmt: skip
     if cpu:  # the dry run's few CPU seconds can take minutes of wall time on a loaded machine: wide boxes
         parts = [Part(p.name, p.command, 600, 30, p.env) for p in parts]
-    return parts
+    # `python` may be a command line (`--python`): every part starts with it
+    return [Part(p.name, [*shlex.split(python), *p.command[1:]], p.box, p.minimum, p.env) for p in parts]
 
 
 def time_box(part: Part, later: list[Part], deadline: float, now: float) -> float:
@@ -193,11 +195,13 @@ def main(argv=None) -> int:
     parser.add_argument("--parts", default=None, help="comma-separated part names to run (default: all, in order)")
     parser.add_argument("--total-seconds", type=float, default=None, help="the whole run's limit (GPU 480, CPU 1800)")
     parser.add_argument("--wheels", default=str(ROOT / ".gpu_wheels"), help="the carried wheels' folder")
+    parser.add_argument("--python", default=sys.executable, help="the command line each part's Python runs with "
+                        "(default: this interpreter)")  # fmt: skip
     options = parser.parse_args(argv)
     output = Path(options.output_dir).resolve()
     output.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="dhpo_gpu_check_"))
-    parts = plan(options.cpu, sys.executable, work, options.wheels)
+    parts = plan(options.cpu, options.python, work, options.wheels)
     if options.parts:
         wanted = options.parts.split(",")
         unknown = set(wanted) - {p.name for p in parts}
@@ -205,8 +209,7 @@ def main(argv=None) -> int:
             parser.error(f"--parts: unknown {sorted(unknown)}; the parts are {[p.name for p in parts]}")
         parts = [p for p in parts if p.name in wanted or p.name == "wheels"]  # later parts import what it installs
     deadline = time.monotonic() + (options.total_seconds or (1800 if options.cpu else GPU_SECONDS))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRL_DISABLE_TELEMETRY": "1",
-           "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}  # fmt: skip
+    env = part_environment(os.environ, work / "site")
     report = {"mode": "cpu" if options.cpu else "gpu", "commit": git_commit(),
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "parts": {}}  # fmt: skip
     try:
@@ -218,12 +221,18 @@ def main(argv=None) -> int:
     return 1 if failed else 0
 
 
+def part_environment(base, site: Path) -> dict:
+    """The environment a part runs in: offline, no telemetry, unbuffered; the wheels installed in `site` (when the
+    folder exists) first on the module path, then the repository, importable uninstalled."""
+    return {**base, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRL_DISABLE_TELEMETRY": "1",
+            "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": os.pathsep.join([*([str(site)] if site.is_dir() else []), str(ROOT)])}  # fmt: skip
+
+
 def run_parts(parts: list[Part], report: dict, env: dict, work: Path, output: Path, deadline: float) -> None:
-    site = work / "site"
     with open(output / "gpu_check.log", "w") as log:
         for index, part in enumerate(parts):
-            # installed wheels come first on the path; the repository is importable uninstalled
-            env["PYTHONPATH"] = os.pathsep.join([*([str(site)] if site.is_dir() else []), str(ROOT)])
+            env = part_environment(env, work / "site")  # the wheels part creates the site
             seconds = time_box(part, parts[index + 1 :], deadline, time.monotonic())
             if seconds < 5:
                 report["parts"][part.name] = {"status": "skipped (no time left)", "seconds": 0}

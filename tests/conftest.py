@@ -141,3 +141,9 @@ def two_process_update_paths(tmp_path_factory):
         return json.loads(done.read_text()), out
 
     return run
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The fork servers of this test process stopped with the session (`processes.forked_ranks`)."""
+    if "fork_server" in sys.modules:
+        sys.modules["fork_server"].stop_all()

@@ -30,9 +30,12 @@ GRACE_SECONDS = 30.0
 # What a rank restores: this interpreter's handlers before the launcher installs its own, a new interpreter's.
 FORWARDED = (signal.SIGTERM, signal.SIGINT)
 INHERITED_HANDLERS = {number: signal.getsignal(number) for number in FORWARDED}
-# Imported before the fork. Not deepspeed: a script chooses its accelerator before deepspeed is first imported
-# (`dhpo_trl.demo.tiny.use_deepspeed_on_cpu`), and importing the package leaves it unimported.
-PRELOAD = ("torch", "torch.distributed", "datasets", "transformers", "trl", "dhpo_trl", "dhpo_trl.demo.tiny")
+# Imported before the fork. DeepSpeed with its CPU accelerator (`dhpo_trl.demo.tiny.use_deepspeed_on_cpu`, which the
+# ZeRO-3 scripts call first themselves): it keeps the accelerator it is first imported with, the CPU one is the only
+# one these CPU launches use, and a DDP run does not read it (accelerate picks DeepSpeed from its variables and
+# plugin, not from what is imported). Preloaded, a ZeRO-3 rank does not import it again (2-3 s of CPU a rank).
+PRELOAD = ("torch", "torch.distributed", "datasets", "transformers", "trl", "dhpo_trl", "dhpo_trl.demo.tiny",
+           "dhpo_trl.demo.tiny:use_deepspeed_on_cpu", "deepspeed")  # fmt: skip
 
 
 def rank_environment(rank: int, nproc: int, port: int) -> dict[str, str]:
@@ -83,6 +86,15 @@ def stop(pids: set[int], grace: float) -> None:
         os.waitpid(pid, 0)
 
 
+def preload(modules: str) -> None:
+    """Import each of the comma-separated `modules`; an entry `module:function` also calls `function()` of it."""
+    for entry in filter(None, modules.split(",")):
+        module, _, function = entry.partition(":")
+        __import__(module)
+        if function:
+            getattr(sys.modules[module], function)()
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nproc", type=int, default=2)
@@ -92,8 +104,7 @@ def main(argv: list[str]) -> int:
     options = parser.parse_args(argv)
     if "OMP_NUM_THREADS" not in os.environ and options.nproc > 1:  # torchrun's default, before torch is imported
         os.environ["OMP_NUM_THREADS"] = "1"
-    for module in filter(None, options.preload.split(",")):
-        __import__(module)
+    preload(options.preload)
     port = free_port()
     sys.stdout.flush()
     sys.stderr.flush()

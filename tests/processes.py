@@ -165,12 +165,22 @@ def torchrun(script, *args, timeout: float, accelerate_cpu: bool = True, nproc: 
 def forked_ranks(script, *args, timeout: float, accelerate_cpu: bool = True, nproc: int = 2, env: dict | None = None,
                  cwd=None, preload: tuple[str, ...] | None = None) -> subprocess.CompletedProcess:  # fmt: skip
     """`torchrun` with the ranks forked from one interpreter that imported torch, transformers, TRL and the package
-    once (`tests/forked_ranks.py`: torchrun's rank environment, exit status and stop of the other ranks): for tests
-    whose subject is what the ranks compute, not the launch. Same arguments and result as `torchrun`; `preload`
-    replaces the modules imported before the fork (the launcher's own tests, whose scripts need less)."""
-    chosen = [] if preload is None else [f"--preload={','.join(preload)}"]
-    command = [sys.executable, str(FORKED_RANKS), f"--nproc={nproc}", *chosen, str(script), *map(str, args)]
-    return run(command, timeout=timeout, env=_rank_variables(accelerate_cpu, env), cwd=cwd)
+    (`tests/forked_ranks.py`: torchrun's rank environment, exit status and stop of the other ranks): for tests whose
+    subject is what the ranks compute, not the launch. Same arguments and result as `torchrun`; `preload` replaces
+    the modules imported before the fork (the launcher's own tests, whose scripts need less).
+
+    The launcher is forked from a fork server of this process (`tests/fork_server.py`) that did those imports once,
+    one per preload and import environment (`IMPORT_VARIABLES`), so a launch pays no import; DHPO_FORK_SERVER=0, or
+    an OMP_NUM_THREADS other than 1 (a fork cannot use an OpenMP pool), starts the launcher as a new interpreter."""
+    import fork_server  # imports this module: not at the top
+    from forked_ranks import PRELOAD
+
+    modules = ",".join(PRELOAD if preload is None else preload)
+    argv = [f"--nproc={nproc}", f"--preload={modules}", str(script), *map(str, args)]
+    variables = _rank_variables(accelerate_cpu, env)
+    if os.environ.get("DHPO_FORK_SERVER") == "0" or variables.get("OMP_NUM_THREADS") != "1":
+        return run([sys.executable, FORKED_RANKS, *argv], timeout=timeout, env=variables, cwd=cwd)
+    return fork_server.launch(modules, argv, variables, cwd, timeout)
 
 
 def free_port() -> int:
@@ -181,6 +191,7 @@ def free_port() -> int:
 
 
 FORKED_RANKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forked_ranks.py")
+FORK_SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fork_server.py")
 
 
 def _rank_variables(accelerate_cpu: bool, env: dict | None) -> dict:

@@ -254,3 +254,12 @@ def test_an_arm_without_a_timed_run_reports_no_speed(bench):
     figures = bench.arm_figures([probe], None, 2, 989.0)
     assert figures["padding_fraction"] == 0.25 and figures["peak_step_memory_bytes"] == 7
     assert figures["timed_runs"] == 0 and "trained_tokens_per_second" not in figures
+
+
+def test_every_part_runs_with_the_python_command_line():
+    """`--python` may be a command line (the dry run's test passes an interpreter and a script): every part's command
+    starts with its words and goes on with the same arguments as with a bare interpreter."""
+    bare = check.plan(True, "python3", Path("/nonexistent"), "")
+    served = check.plan(True, "/venv/python /tests/served python.py", Path("/nonexistent"), "")
+    assert [p.command[:2] for p in served] == [["/venv/python", "/tests/served"]] * len(bare)
+    assert [p.command[2:] for p in served] == [["python.py", *p.command[1:]] for p in bare]

@@ -7,10 +7,13 @@ import importlib.util
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
 
+import fork_server
+import forked_ranks
 import processes
 import pytest
 
@@ -32,10 +35,18 @@ docs = load("scripts/docs_gpu_section.py")
 # ------------------------------------------------------------------------------------------------ the dry run
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory):
-    """`bash scripts/gpu_check.sh --cpu OUTPUT_DIR` as the docs print it (with this interpreter)."""
+    """`bash scripts/gpu_check.sh --cpu OUTPUT_DIR` as the docs print it (with this interpreter), each part's Python
+    forked from a fork server that imported the package once (`--python`, `tests/served_python.py`: 6-8 s of CPU
+    a part on the 2-core machine), on one torch thread as the suite runs."""
     output = tmp_path_factory.mktemp("gpu_check")
-    result = processes.run(["bash", "scripts/gpu_check.sh", "--cpu", str(output)], cwd=ROOT, timeout=1500,
-                           env={**os.environ, "PYTHON": sys.executable})  # fmt: skip
+    env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    server = fork_server.Server(",".join(forked_ranks.PRELOAD), check.part_environment(env, ROOT / "no-site"), 600)
+    python = f"{shlex.quote(sys.executable)} {shlex.quote(str(ROOT / 'tests' / 'served_python.py'))}"
+    try:
+        result = processes.run(["bash", "scripts/gpu_check.sh", "--cpu", str(output), "--python", python], cwd=ROOT,
+                               timeout=1500, env={**env, "DHPO_FORK_SERVER_SOCKET": server.path})  # fmt: skip
+    finally:
+        server.stop()
     assert (output / "gpu_check.json").is_file(), result.stdout + result.stderr
     return result, json.loads((output / "gpu_check.json").read_text()), output
 

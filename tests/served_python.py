@@ -1,0 +1,41 @@
+"""`python tests/served_python.py ARGS...`: what `python ARGS...` (a script or `-m module`) does, run by the fork
+server (`tests/fork_server.py`) whose socket DHPO_FORK_SERVER_SOCKET names: forked from an interpreter that already
+imported the package, so it pays no import. Its output goes where this process's goes, its exit status is this
+process's (a signal that killed it kills this one), and SIGTERM or SIGINT to this process stops it and its tree.
+Without a server, or where the server imported under other import variables (`fork_server.IMPORT_PREFIXES`), this
+process becomes `python ARGS...` itself (exec).
+
+For commands that take the interpreter as a setting: `scripts/gpu_check.py --python`, in its CPU dry run's test.
+"""
+
+import json
+import os
+import signal
+import socket
+import sys
+
+from fork_server import HEADER, Answers  # this folder: sys.path[0] when run as a script
+
+
+def main(args: list[str]) -> None:
+    path = os.environ.get("DHPO_FORK_SERVER_SOCKET")
+    if path:
+        conn = socket.socket(socket.AF_UNIX)
+        conn.connect(path)
+        payload = json.dumps({"python": args, "argv": [], "env": dict(os.environ), "cwd": os.getcwd()}).encode()
+        socket.send_fds(conn, [HEADER.pack(len(payload)) + payload], [1, 2])
+        answers = Answers(conn)
+        if "refused" not in answers.next(None):
+            stop = lambda number, frame: conn.sendall(b"kill")  # noqa: E731 - the server stops the tree, then answers
+            signal.signal(signal.SIGTERM, stop)
+            signal.signal(signal.SIGINT, stop)
+            code = answers.next(None)["status"]
+            if code > 128:  # killed by a signal, as a shell reports it: die of it too
+                signal.signal(code - 128, signal.SIG_DFL)
+                os.kill(os.getpid(), code - 128)
+            sys.exit(code)
+    os.execv(sys.executable, [sys.executable, *args])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,125 @@
+"""tests/fork_server.py: `processes.forked_ranks` launches through a server of the test process that imported the
+modules once; each launch keeps the launcher's exit status, stop of the other ranks and timeout, and nothing the
+server started outlives the process that started it."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import fork_server
+import processes
+import pytest
+from test_processes import RANK_WORK, alive, wait_gone
+
+PRELOAD = ("torch.distributed",)  # what RANK_WORK imports
+
+
+def _ranks(result_stdout):
+    return sorted((json.loads(line) for line in result_stdout.splitlines() if line.startswith("{")),
+                  key=lambda seen: seen["RANK"])  # fmt: skip
+
+
+def _parent(pid):
+    return int(processes._stat(pid)[1])
+
+
+@pytest.mark.parametrize("statuses, expected", [(("0", "0"), 0), (("0", "3"), 3), (("hang", "kill"), 128 + 9)],
+                         ids=["ok", "exit-3", "killed"])  # fmt: skip
+def test_a_served_launch_exits_as_the_launcher_and_stops_the_others(tmp_path, statuses, expected):
+    script = tmp_path / "work.py"
+    script.write_text(RANK_WORK.replace('"main": __name__', '"main": __name__, "launcher": os.getppid()'))
+    result = processes.forked_ranks(script, *statuses, timeout=120, preload=PRELOAD, env={"EXTRA": "x"}, cwd=tmp_path)
+    assert result.returncode == expected, result.stderr[-3000:]
+    ranks = _ranks(result.stdout)
+    assert [(seen["RANK"], seen["sum"], seen["argv"]) for seen in ranks] == [("0", 1.0, list(statuses)),
+                                                                           ("1", 1.0, list(statuses))]  # fmt: skip
+    assert wait_gone([seen["pid"] for seen in ranks]) == []
+    server = fork_server.SERVERS[
+        (",".join(PRELOAD), fork_server.import_environment(processes._rank_variables(True, None)))
+    ]
+    assert len({seen["launcher"] for seen in ranks}) == 1 and not alive(ranks[0]["launcher"])
+    assert server.process.poll() is None  # serves the next launch
+
+
+# Each rank writes its pid and its launcher's, then sleeps.
+RANK_SLEEP = """
+import json, os, sys, time
+with open(os.path.join(sys.argv[1], os.environ["RANK"]), "w") as handle:
+    json.dump({"pid": os.getpid(), "launcher": os.getppid(), "cwd": os.getcwd(), "extra": os.environ.get("EXTRA")}, handle)
+time.sleep(600)
+"""
+
+
+def _wait_for_ranks(folder, seconds=60):
+    deadline = time.monotonic() + seconds
+    while not all((folder / rank).exists() and (folder / rank).read_text() for rank in ("0", "1")):
+        assert time.monotonic() < deadline, "the ranks never started"
+        time.sleep(0.05)
+    return [json.loads((folder / rank).read_text()) for rank in ("0", "1")]
+
+
+def test_a_served_launch_that_times_out_leaves_nothing_and_the_server_serves_on(tmp_path):
+    script = tmp_path / "sleep.py"
+    script.write_text(RANK_SLEEP)
+    start = time.monotonic()
+    with pytest.raises(subprocess.TimeoutExpired):
+        processes.forked_ranks(script, tmp_path, timeout=8, preload=PRELOAD, env={"EXTRA": "y"}, cwd=tmp_path)
+    assert time.monotonic() - start < 8 + 15
+    ranks = _wait_for_ranks(tmp_path, seconds=0)
+    assert [(seen["cwd"], seen["extra"]) for seen in ranks] == [(str(tmp_path), "y")] * 2
+    assert wait_gone([ranks[0]["launcher"], *(seen["pid"] for seen in ranks)]) == []
+    assert processes.forked_ranks(script.parent / "none.py", timeout=60, preload=PRELOAD).returncode == 1
+
+
+# A test process that launches RANK_SLEEP through its fork server, then is killed (SIGKILL: no cleanup of its own).
+CLIENT = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import processes
+processes.forked_ranks(sys.argv[2], sys.argv[3], timeout=600, preload=("torch.distributed",))
+"""
+
+
+def test_nothing_outlives_a_killed_test_process(tmp_path):
+    script = tmp_path / "sleep.py"
+    script.write_text(RANK_SLEEP)
+    client = processes.popen([sys.executable, "-c", CLIENT, os.path.dirname(processes.__file__), str(script), str(tmp_path)],
+                             env=processes._rank_variables(True, None))  # fmt: skip
+    try:
+        ranks = _wait_for_ranks(tmp_path)
+        launcher = ranks[0]["launcher"]
+        server = _parent(launcher)
+        assert _parent(server) == client.pid
+        client.send_signal(signal.SIGKILL)
+        client.wait()
+        assert wait_gone([server, launcher, *(seen["pid"] for seen in ranks)], seconds=20) == []
+    finally:
+        processes.kill_tree(client)
+
+
+def test_the_import_environment_picks_the_server():
+    base = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONPATH": "/a", "RANK": "0", "ACCELERATE_USE_CPU": "1"}
+    key = fork_server.import_environment(base)
+    assert key == (("HF_HUB_OFFLINE", "1"), ("OMP_NUM_THREADS", "1"), ("PYTHONPATH", "/a"))
+    assert fork_server.import_environment({**base, "ACCELERATE_USE_CPU": "0", "EXTRA": "x"}) == key
+    assert fork_server.import_environment({**base, "PYTHONPATH": "/b"}) != key
+
+
+def test_served_python_runs_in_the_server_and_outside_it_only_under_other_import_variables(tmp_path):
+    """`python served_python.py SCRIPT ARGS` is `python SCRIPT ARGS` (arguments, `__main__`, exit status, output),
+    forked from the server when the import variables are the server's, this process itself (exec) when not."""
+    script = tmp_path / "parent.py"
+    script.write_text("import os, sys\nprint(os.getppid(), __name__, sys.argv[1:])\nsys.exit(int(sys.argv[1]))\n")
+    env = processes._rank_variables(True, None)
+    server = fork_server.Server(",".join(PRELOAD), env, 120)
+    served = [sys.executable, os.path.join(os.path.dirname(fork_server.__file__), "served_python.py"), str(script)]
+    try:
+        for extra, parent in (({}, server.process.pid), ({"HF_HOME": str(tmp_path)}, os.getpid())):
+            result = subprocess.run([*served, "3", "x"], env={**env, **extra, "DHPO_FORK_SERVER_SOCKET": server.path},
+                                    capture_output=True, text=True, timeout=120)  # fmt: skip
+            assert result.returncode == 3 and result.stdout.split(None, 1) == [str(parent), "__main__ ['3', 'x']\n"]
+    finally:
+        server.stop()
