@@ -1037,6 +1037,21 @@ def test_the_first_call_of_a_fresh_worker_scores_a_quick_answer_behind_slow_ones
     rewards.pop_grading_counts()
 
 
+def test_the_first_answer_a_fresh_worker_compares_costs_a_warm_parse():
+    """The warm-up alone, without answers before it that warm the parser too: a fresh worker's very first
+    comparison, under a deadline between a warm parse's time and a cold one's, scores the quick answer."""
+    import math
+
+    from dhpo_trl.scoring import rewards
+
+    cold, warm = cold_and_warm_parse_s()
+    assert cold > 4 * warm
+    rewards._POOL.close()  # a fresh worker, as at the start of a run
+    timeout = math.sqrt(cold * warm)
+    assert rewards.score_many([(r"\boxed{\frac{24}{2}}", "12")], timeout_s=timeout, workers=1) == [1.0], (cold, warm)
+    rewards.pop_grading_counts()
+
+
 # ------------------------------------------------------------------ several threads at once
 def test_a_pair_another_thread_is_grading_is_compared_once(fake_worker, monkeypatch):
     """TRL runs async reward functions in threads, and an evaluation callback may score beside training. Two calls
