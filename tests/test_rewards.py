@@ -1,6 +1,7 @@
 r"""The one scoring function (reward and evaluation): equivalences that must score 1, near misses that must score 0,
 SimpleRL-Zoo's no-box fallback as an option, loader/reward edge cases, and hard time bounds."""
 
+import functools
 import os
 import threading
 import time
@@ -1001,9 +1002,10 @@ print(json.dumps(seconds))
 """
 
 
+@functools.cache
 def cold_and_warm_parse_s() -> tuple[float, float]:
     """The wall time of the first comparison of a fresh interpreter (no warm-up) and the median of the next five,
-    measured now: both grow with the machine's load, and the first-pass deadline of a test set between them
+    measured once per test process: both grow with the machine's load, and the first-pass deadline of a test set between them
     separates a warmed worker from a cold one on a quiet machine and on a loaded one alike."""
     import json
     import statistics
