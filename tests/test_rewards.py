@@ -1005,8 +1005,8 @@ print(json.dumps(seconds))
 @functools.cache
 def cold_and_warm_parse_s() -> tuple[float, float]:
     """The wall time of the first comparison of a fresh interpreter (no warm-up) and the median of the next five,
-    measured once per test process: both grow with the machine's load, and the first-pass deadline of a test set between them
-    separates a warmed worker from a cold one on a quiet machine and on a loaded one alike."""
+    measured once per test process: both grow with the machine's load, and the first-pass deadline of a test set
+    between them separates a warmed worker from a cold one on a quiet machine and on a loaded one alike."""
     import json
     import statistics
     import subprocess
