@@ -81,7 +81,7 @@ def _cell_dir(job: tuple) -> Path:
 
 def _saved(job: tuple) -> dict | None:
     """The cell's saved summary if it was run with exactly this job's settings, else None (to run)."""
-    objective, k, seed, out_dir, generation_batches, eval_every, learning_rate, task = job
+    objective, k, seed, out_dir, generation_batches, eval_every, learning_rate, task, final_heldout = job
     summary_path = _cell_dir(job) / "summary.json"
     if not summary_path.exists():
         return None
@@ -90,7 +90,9 @@ def _saved(job: tuple) -> dict | None:
     summary = json.loads(summary_path.read_text())
     overrides = VARIANTS.get(objective, (objective, {}))[1]
     same = summary["settings"] == json.loads(json.dumps(expected))  # as saved: tuples read back as lists
-    return summary if same and summary.get("config_overrides", {}) == overrides else None
+    final = summary.get("final_heldout")
+    same_final = (final or {}).get("num_problems") == final_heldout  # a cell without the final set is run again
+    return summary if same and same_final and summary.get("config_overrides", {}) == overrides else None
 
 
 def _cpu_seconds() -> float:
@@ -100,14 +102,14 @@ def _cpu_seconds() -> float:
 
 
 def _run_cell(job: tuple) -> tuple[tuple, dict, bool]:
-    objective, k, seed, out_dir, generation_batches, eval_every, learning_rate, task = job
+    objective, k, seed, out_dir, generation_batches, eval_every, learning_rate, task, final_heldout = job
     if (summary := _saved(job)) is not None:
         return (objective, k, seed), summary, True
     preset, overrides = VARIANTS.get(objective, (objective, {}))
     spec = cell_settings(k, generation_batches, eval_every, learning_rate, task)
     started = _cpu_seconds()
     summary = run_embedded(preset, seed=seed, output_dir=_cell_dir(job), disable_tqdm=True, config_overrides=overrides,
-                           **spec)  # fmt: skip
+                           final_heldout=final_heldout, **spec)  # fmt: skip
     # Saved with the cell, so that a resumed study still sums the CPU time of every cell.
     summary["cpu_seconds"] = round(_cpu_seconds() - started, 1)
     Path(summary["summary_path"]).write_text(json.dumps(summary, indent=2))
@@ -151,6 +153,17 @@ def cell_metrics(log_history: list[dict], k: int) -> dict:
     }
 
 
+def final_metrics(summary: dict) -> dict:
+    """The cell's accuracy on the final held-out set (`--final-heldout`), its size, its per-problem 0/1 string and
+    the warm start it started from; empty for a cell run without the set."""
+    final = summary.get("final_heldout")
+    if not final:
+        return {}
+    return {"final_heldout_accuracy": final["accuracy"], "final_heldout_problems": final["num_problems"],
+            "final_heldout_correct": final["correct"], "warm_start_key": summary.get("warm_start_key"),
+            "cpu_seconds": summary.get("cpu_seconds")}  # fmt: skip
+
+
 def _mean_std(values: list[float]) -> list[float]:
     return [statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0]
 
@@ -161,7 +174,7 @@ def aggregate(cells: dict[tuple, dict]) -> dict[str, dict[int, dict]]:
     for (objective, k), group in itertools.groupby(sorted(cells), key=lambda key: key[:2]):
         runs = [cells[key] for key in group]
         row = {"seeds": len(runs), "collapsed": sum(r["collapsed"] for r in runs)}
-        for name in ("final_accuracy", "peak_accuracy", "auc", "end_entropy", "last_step_abs_log_ratio",
+        for name in ("final_accuracy", "final_heldout_accuracy", "peak_accuracy", "auc", "end_entropy", "last_step_abs_log_ratio",
                      "mixing_weight_mean", "mixing_weight_std", "completion_length", *SPREAD_MEASURES):  # fmt: skip
             values = [r[name] for r in runs if r.get(name) is not None]
             row[name] = _mean_std(values) if values else None
@@ -449,7 +462,7 @@ def long_meta(args, summaries: dict[tuple, dict], missing: list[tuple]) -> dict:
         "cells_without_cpu_time": len(summaries) - len(cpu),
         "reference": {"task": "addition", "seeds": args.reference_seeds, "generation_batches": args.generation_batches},
         "on_policy_objectives": args.on_policy_objectives if 1 in args.ks else None,
-        "missing": [f"{task} {o} k={k} seed {seed}" for o, k, seed, *_, task in missing],
+        "missing": [f"{task} {o} k={k} seed {seed}" for o, k, seed, *_, task, _ in missing],
     }
 
 
@@ -616,11 +629,11 @@ def plan(args) -> list[tuple]:
     jobs = []
     for k in args.ks:
         objectives = args.on_policy_objectives if k == 1 and args.on_policy_objectives else args.objectives
-        cells = [[(o, k, s, str(args.out_dir), args.generation_batches, args.eval_every, args.learning_rate, args.task)
-                  for o in objectives] for s in args.seeds]  # fmt: skip
+        cells = [[(o, k, s, str(args.out_dir), args.generation_batches, args.eval_every, args.learning_rate, args.task,
+                   args.final_heldout) for o in objectives] for s in args.seeds]  # fmt: skip
         # on-policy (k = 1) every ratio is 1 on every task: no reference to compare with
         reference = [[(o, k, s, str(args.out_dir / "reference-addition"), args.generation_batches, args.eval_every,
-                       args.learning_rate, "addition") for s in args.reference_seeds] if k > 1 else []
+                       args.learning_rate, "addition", None) for s in args.reference_seeds] if k > 1 else []
                      for o in objectives]  # fmt: skip
         jobs += [job for cell, extra in zip(cells[0], reference) for job in (cell, *extra)]
         jobs += [job for seed_cells in cells[1:] for job in seed_cells]
@@ -648,6 +661,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="cells in parallel (one torch thread each)")
     parser.add_argument("--out-dir", type=Path, default=None, help="(default outputs/staleness, or outputs/long_completions)")
     parser.add_argument("--docs-dir", type=Path, default=Path("docs/study"))
+    parser.add_argument("--final-heldout", type=int, default=None, metavar="N",
+                        help="--task long: also measure each cell's final accuracy on N further held-out problems "
+                             "(disjoint from the training and the curve's problems; same warm start), with less "
+                             "evaluation noise than the curve's 100; the page is long_completions_power.md")  # fmt: skip
     parser.add_argument("--report-only", action="store_true",
                         help="run nothing: write the page from the cells already saved, naming the missing ones")  # fmt: skip
     args = parser.parse_args(argv)
@@ -660,6 +677,19 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--on-policy-objectives chooses the rows run at k = 1: add 1 to --ks")
     if args.reference_seeds and args.task == "addition":
         parser.error("--reference-seeds compares another task with the two-digit one: use it with --task long")
+    if args.final_heldout is not None:
+        if args.task != "long":
+            parser.error("--final-heldout: only --task long has a final held-out set; add --task long or drop it")
+        if args.reference_seeds:
+            parser.error("--final-heldout measures the long task only: drop --reference-seeds")
+        try:  # drawn once here, so that a set larger than the task's unused problems fails before any cell
+            load = TASKS[args.task]()
+            from dhpo_trl.demo.long_arithmetic import make_chain_splits
+
+            load.final_heldout(args.final_heldout, *make_chain_splits(load.num_train, load.num_heldout, seed=0,
+                                                                      lengths=load.lengths()))  # fmt: skip
+        except ValueError as error:
+            parser.error(f"--final-heldout {args.final_heldout}: {error}")
     args.learning_rate = TASKS[args.task].learning_rate if args.learning_rate is None else args.learning_rate
     args.out_dir = args.out_dir or Path("outputs/staleness" if args.task == "addition" else "outputs/long_completions")
     for k in args.ks:  # every k must split the generation batch before anything runs
@@ -680,7 +710,7 @@ def main(argv: list[str] | None = None) -> int:
         missing = []
     if args.workers > 1 and not args.report_only:
         # Warm start once, before the workers, so they load it from the cache instead of racing to train it.
-        for task in dict.fromkeys(job[-1] for job in jobs):
+        for task in dict.fromkeys(job[7] for job in jobs):
             load_task(TASKS[task]())
     summaries, ran = {}, 0
     # One worker runs the cells in this process, in plan order; more run them in a pool of spawned processes.
@@ -694,8 +724,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[staleness] {done}/{len(jobs)} {summary.get('task', 'addition')} {key[0]} k={key[1]} seed {key[2]}: "
                   f"{summary['heldout_accuracy_before']:.1%} -> {summary['heldout_accuracy_after']:.1%}"
                   f"{' (saved)' if reused else ' in %.0fs' % summary['train_seconds']}; {eta}", flush=True)  # fmt: skip
-    cells = {key: cell_metrics(json.loads(Path(s["log_history_path"]).read_text())["log_history"], key[1])
-             for key, s in summaries.items()}  # fmt: skip
+    cells = {key: {**cell_metrics(json.loads(Path(s["log_history_path"]).read_text())["log_history"], key[1]),
+                   **final_metrics(s)} for key, s in summaries.items()}  # fmt: skip
     main_cells = {key[:3]: c for key, c in cells.items() if key[3] == args.task}
     reference_cells = {key[:3]: c for key, c in cells.items() if key[3] != args.task}
     table = aggregate(main_cells)
@@ -720,9 +750,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.task != "addition":
         name = "long_completions"
         meta.update(long_meta(args, summaries, missing))
+    if args.final_heldout is not None:  # its own page, on the final held-out accuracy, without plots
+        name = "long_completions_power"
+        meta["final_heldout"] = args.final_heldout
+        meta["ks"], meta["objectives"], meta["seed_list"] = args.ks, args.objectives, args.seeds
     args.docs_dir.mkdir(parents=True, exist_ok=True)
-    plot(table, args.docs_dir, f"{name}_accuracy.png")
-    plot_curves(main_cells, max(k for _, k, _ in main_cells), args.docs_dir, f"{name}_curves.png")
+    if args.final_heldout is None:
+        plot(table, args.docs_dir, f"{name}_accuracy.png")
+        plot_curves(main_cells, max(k for _, k, _ in main_cells), args.docs_dir, f"{name}_curves.png")
     cell_rows = [{"objective": o, "k": k, "seed": s, "task": t, **c} for (o, k, s, t), c in cells.items()]
     results = {"meta": meta, "aggregate": table, "cells": cell_rows}
     if args.task != "addition":

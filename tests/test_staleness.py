@@ -161,7 +161,8 @@ def test_bad_k_is_refused_before_anything_runs(monkeypatch, capsys):
 def test_saved_cells_are_reused_only_when_their_settings_match(monkeypatch, tmp_path):
     calls = []
 
-    def fake_run(objective, seed, output_dir, disable_tqdm, settings, max_steps, eval_every, config_overrides):
+    def fake_run(objective, seed, output_dir, disable_tqdm, settings, max_steps, eval_every, config_overrides,
+                 final_heldout=None):
         calls.append((objective, seed, settings.steps_per_generation, config_overrides))
         summary = {"settings": {**dataclasses.asdict(settings), "max_steps": max_steps, "eval_every": eval_every},
                    "config_overrides": config_overrides, "summary_path": str(Path(output_dir) / "summary.json")}  # fmt: skip
@@ -170,19 +171,19 @@ def test_saved_cells_are_reused_only_when_their_settings_match(monkeypatch, tmp_
         return summary
 
     monkeypatch.setattr(staleness, "run_embedded", fake_run)
-    job = ("GRPO", 4, 1, str(tmp_path), 24, 4, 2e-4, "addition")
+    job = ("GRPO", 4, 1, str(tmp_path), 24, 4, 2e-4, "addition", None)
     assert staleness._run_cell(job)[2] is False and calls == [("GRPO", 1, 4, {})]
     assert staleness._run_cell(job)[2] is True and len(calls) == 1  # resumed from summary.json
-    changed = ("GRPO", 4, 1, str(tmp_path), 12, 4, 2e-4, "addition")  # other number of generation batches: stale, rerun
+    changed = ("GRPO", 4, 1, str(tmp_path), 12, 4, 2e-4, "addition", None)  # other number of generation batches: stale, rerun
     assert staleness._run_cell(changed)[2] is False and len(calls) == 2
-    variant = ("DHPO-E+dual-clip", 4, 1, str(tmp_path), 24, 4, 2e-4, "addition")  # the DHPO-E preset with delta = 3
+    variant = ("DHPO-E+dual-clip", 4, 1, str(tmp_path), 24, 4, 2e-4, "addition", None)  # the DHPO-E preset with delta = 3
     assert staleness._run_cell(variant)[0] == ("DHPO-E+dual-clip", 4, 1)
     assert calls[-1] == ("DHPO-E", 1, 4, {"delta": 3.0})
     assert (tmp_path / "k4" / "DHPO-E+dual-clip-seed1" / "summary.json").is_file()
     saved = json.loads((tmp_path / "k4" / "GRPO-seed1" / "summary.json").read_text())
     assert saved["cpu_seconds"] >= 0  # recorded with the cell, so that a resumed study still sums it
     # the long task's settings (nested lengths, no digits) resume the same way; a changed task setting reruns
-    long_job = ("GRPO", 4, 1, str(tmp_path / "long"), 2, 1, 2e-4, "long")
+    long_job = ("GRPO", 4, 1, str(tmp_path / "long"), 2, 1, 2e-4, "long", None)
     assert staleness._run_cell(long_job)[2] is False and staleness._run_cell(long_job)[2] is True
     monkeypatch.setitem(staleness.TASKS, "long", lambda: dataclasses.replace(LongSettings(), median_steps=5.0))
     assert staleness._run_cell(long_job)[2] is False and calls[-1][2] == 4
@@ -221,7 +222,8 @@ def test_config_overrides_reach_the_config_before_the_warm_start(monkeypatch, tm
 def _fake_cells(monkeypatch, calls):
     """`run_embedded` replaced by a writer of a summary and a hand-made log history (no training)."""
 
-    def fake_run(objective, seed, output_dir, disable_tqdm, settings, max_steps, eval_every, config_overrides):
+    def fake_run(objective, seed, output_dir, disable_tqdm, settings, max_steps, eval_every, config_overrides,
+                 final_heldout=None):
         calls.append((settings.task, objective, settings.steps_per_generation, seed))
         out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)
