@@ -578,6 +578,9 @@ def long_markdown(table, meta: dict, reference) -> str:
               "objectives.", ""]  # fmt: skip
     lines += ["## Accuracy", ""]
     lines += grid("Final held-out accuracy", lambda c: _fmt(c["final_accuracy"]))
+    lines += ["[long_completions_power.md](long_completions_power.md) measures the final accuracy of GRPO, GSPO, SAPO, "
+              "DHPO-A and DHPO-E on a larger held-out set, and splits its seed noise into evaluation and training "
+              "noise.", ""]  # fmt: skip
     lines += grid("Area under the accuracy curve (mean accuracy over the run)", lambda c: _fmt(c["auc"]))
     lines += grid("Mean |log π_θ/π_old| per token on the last step of each generation batch",
                   lambda c: _fmt(c["last_step_abs_log_ratio"], percent=False))  # fmt: skip
@@ -612,6 +615,142 @@ recipe.
 """
 
 
+def power_meta(args, summaries: dict[tuple, dict]) -> dict:
+    """What the powered page states beyond the long page: the final set (size, seed, how long its chains run
+    against the curve's set), the warm starts the cells started from, where the study resumes."""
+    from dhpo_trl.demo.long_arithmetic import make_chain_splits
+
+    settings = TASKS[args.task]()
+    train, heldout = make_chain_splits(settings.num_train, settings.num_heldout, seed=0, lengths=settings.lengths())
+    final = settings.final_heldout(args.final_heldout, train, heldout)
+    return {
+        "final_heldout": args.final_heldout,
+        "final_heldout_seed": settings.final_heldout_seed,
+        "final_heldout_mean_lines": statistics.fmean(p.count for p in final),
+        "heldout_mean_lines": statistics.fmean(p.count for p in heldout),
+        "warm_start_keys": sorted({str(s.get("warm_start_key")) for s in summaries.values()}),
+        "out_dir": str(args.out_dir),
+        "ks": args.ks,
+    }
+
+
+def noise_table(cells: dict[tuple, dict]) -> dict[str, dict[int, dict]]:
+    """objective -> k -> `seed_noise` of its seeds' final held-out scores, for rows with two seeds or more."""
+    from dhpo_trl.evaluation.seed_noise import seed_noise
+
+    table: dict[str, dict[int, dict]] = {}
+    for (objective, k), group in itertools.groupby(sorted(cells), key=lambda key: key[:2]):
+        correct = [cells[key]["final_heldout_correct"] for key in group]
+        if len(correct) >= 2:
+            table.setdefault(objective, {})[k] = seed_noise(correct)
+    return table
+
+
+def callable_gaps(table, noise, ks) -> list[dict]:
+    """Per k: the separation rule's thresholds (2 x the larger seed std of a pair) on the final held-out accuracy,
+    smallest and largest over the pairs of rows with two seeds or more, and the largest if evaluation noise were
+    gone (2 x the larger training std)."""
+    rows = []
+    for k in ks:
+        stds = sorted(table[o][k]["final_heldout_accuracy"][1] for o in table
+                      if k in table[o] and table[o][k]["seeds"] >= 2)  # fmt: skip
+        training = [noise[o][k]["training_std"] for o in noise if k in noise[o]]
+        rows.append({"k": k, "rows": len(stds), "smallest": 2 * stds[1] if len(stds) >= 2 else None,
+                     "largest": 2 * stds[-1] if len(stds) >= 2 else None,
+                     "training_only": 2 * max(training) if len(training) >= 2 else None})  # fmt: skip
+    return rows
+
+
+def _points(value) -> str:
+    return "—" if value is None else f"{100 * value:.1f}"
+
+
+def power_markdown(table, meta: dict, noise) -> str:
+    """The powered page: final accuracy on the large held-out set, the separation rule on it, and where the seed
+    noise comes from."""
+    ks, n = meta["ks"], meta["final_heldout"]
+    present = [k for k in ks if any(k in rows for rows in table.values())]
+    done, missing = sum(row["seeds"] for rows in table.values() for row in rows.values()), meta["missing"]
+    keys = meta["warm_start_keys"]
+    lines = [
+        f"# Long completions, powered: final accuracy on {n:,} held-out problems",
+        "",
+        "The long-completion study's cells ([long_completions.md](long_completions.md): same task, warm start, "
+        f"learning rate {meta['learning_rate']:g}, {meta['generation_batches']} generation batches), with each cell's "
+        f"final accuracy also measured on {n:,} further problems: drawn from seed {meta['final_heldout_seed']}, "
+        "none of them a training problem or one of the curve's "
+        f"{meta['num_heldout']}, greedy, scored by math-verify. Drawn from what the training problems left, its "
+        f"chains run {meta['final_heldout_mean_lines']:.2f} scratchpad lines on average against "
+        f"{meta['heldout_mean_lines']:.2f} in the curve's set, so its accuracy level need not be the curve's; the "
+        "comparison between objectives is what it is for. "
+        + (f"Every cell started from the same cached warm start, `warmstart-{keys[0]}`." if len(keys) == 1 else
+           f"The cells started from {len(keys)} different warm starts ({', '.join(keys)}): not one study.")
+        + f" Produced on {meta['machine']} ({meta['cpu_minutes']:.0f} CPU minutes summed over the finished cells), "
+        f"with the code at commit {', '.join(meta['commits'])}, by:",
+        "",
+        "```bash",
+        meta["command"],
+        "```",
+        "",
+        f"`bash benchmarks/power_study.sh {meta['out_dir']}` starts or resumes it in the background; "
+        f"`bash benchmarks/power_study.sh {meta['out_dir']} --report` rewrites this page and its JSON from the "
+        "finished cells.",
+        "",
+    ]
+    if missing:
+        per_cell = meta["cpu_minutes"] / done
+        lines += [f"**Partial: {done} of {done + len(missing)} cells finished**; about {per_cell * len(missing):.0f} CPU "
+                  f"minutes left at the finished cells' mean of {per_cell:.1f}. Not run yet: {', '.join(missing)}.", ""]  # fmt: skip
+    head = "| objective | " + " | ".join(f"k = {k}" for k in present) + " |"
+    rule = "|---|" + "---|" * len(present)
+
+    def grid(measure):
+        return [head, rule] + [
+            f"| {o} | " + " | ".join(f"{_fmt(rows[k][measure])} ({rows[k]['seeds']})" if k in rows else "—"
+                                     for k in present) + " |" for o, rows in table.items()
+        ] + [""]  # fmt: skip
+
+    lines += ["## Final accuracy", "", f"Mean ± sample std over seeds (seeds done), on the {n:,} problems:", ""]
+    lines += grid("final_heldout_accuracy")
+    lines += [f"The same cells on the curve's {meta['num_heldout']} problems:", ""]
+    lines += grid("final_accuracy")
+    lines += ["## Can the rule call a 3-point gap?", "",
+              "A gap between two objectives counts only above twice the larger of their seed stds. Per k, over the "
+              "pairs of rows with two seeds or more: the smallest gap the rule can call (the pair with the smallest "
+              "threshold), the gap every pair needs, and that gap with the evaluation noise taken out (twice the "
+              "largest training std below), in points:", "",
+              "| k | rows | smallest callable gap | gap every pair needs | at most 3 points? | without evaluation noise |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
+    for row in callable_gaps(table, noise, present):
+        verdict_ = "—" if row["largest"] is None else ("yes" if row["largest"] <= 0.03 else
+                                                         "for some pairs" if row["smallest"] <= 0.03 else "no")
+        lines.append(f"| {row['k']} | {row['rows']} | {_points(row['smallest'])} | {_points(row['largest'])} | "
+                     f"{verdict_} | {_points(row['training_only'])} |")  # fmt: skip
+    found = separations(table, "final_heldout_accuracy")
+    called = [f"{a} > {b} at k = {k} by {gap:.1%} (2 std = {threshold:.1%})"
+              for k, pairs in found.items() for a, b, gap, threshold in pairs]  # fmt: skip
+    lines += ["", "Pairs that separate on the final held-out accuracy: " + ("; ".join(called) if called else "none") + ".",
+              ""]  # fmt: skip
+    lines += ["## Where the seed noise comes from", "",
+              "Per row, the seed std s of the final accuracy on the "
+              f"{n:,} problems split exactly into each problem's own disagreement between seeds (d, the evaluation "
+              "noise: it shrinks as 1/sqrt(N) with a larger set) and problems moving together (sqrt(s² − d²), the "
+              "training noise: better or worse policies; 0 where three seeds make s² − d² come out negative); "
+              "`dhpo_trl/evaluation/seed_noise.py`. The binomial sqrt(p(1 − p)/N) is d if every problem were "
+              "equally hard for every seed, an upper bound. In points:", "",
+              f"| objective | k | seeds | s | binomial at {n:,} | evaluation d | training | s on the curve's "
+              f"{meta['num_heldout']} | binomial at {meta['num_heldout']} |",
+              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for o, k in ((o, k) for o in table for k in present if k in noise.get(o, {})):
+        row = noise[o][k]
+        if True:
+            small = table[o][k]["final_accuracy"]
+            lines.append(f"| {o} | {k} | {row['seeds']} | {_points(row['seed_std'])} | {_points(row['binomial_std'])} "
+                         f"| {_points(row['evaluation_std'])} | {_points(row['training_std'])} | {_points(small[1])} "
+                         f"| {_points(math.sqrt(small[0] * (1 - small[0]) / meta['num_heldout']))} |")  # fmt: skip
+    return "\n".join(lines + [""])
+
+
 def page_from_json(results: dict) -> str:
     """The page (`staleness.md` or `long_completions.md`) for its saved JSON (JSON turns the k keys into strings)."""
     def keyed(aggregate):
@@ -619,6 +758,8 @@ def page_from_json(results: dict) -> str:
 
     if results["meta"].get("task", "addition") == "addition":
         return markdown(keyed(results["aggregate"]), results["meta"])
+    if results["meta"].get("final_heldout"):
+        return power_markdown(keyed(results["aggregate"]), results["meta"], keyed(results["noise"]))
     return long_markdown(keyed(results["aggregate"]), results["meta"], keyed(results["reference"]))
 
 
@@ -752,8 +893,7 @@ def main(argv: list[str] | None = None) -> int:
         meta.update(long_meta(args, summaries, missing))
     if args.final_heldout is not None:  # its own page, on the final held-out accuracy, without plots
         name = "long_completions_power"
-        meta["final_heldout"] = args.final_heldout
-        meta["ks"], meta["objectives"], meta["seed_list"] = args.ks, args.objectives, args.seeds
+        meta.update(power_meta(args, {key: s for key, s in summaries.items() if key[3] == args.task}))
     args.docs_dir.mkdir(parents=True, exist_ok=True)
     if args.final_heldout is None:
         plot(table, args.docs_dir, f"{name}_accuracy.png")
@@ -762,6 +902,8 @@ def main(argv: list[str] | None = None) -> int:
     results = {"meta": meta, "aggregate": table, "cells": cell_rows}
     if args.task != "addition":
         results["reference"] = {o: rows for o, rows in aggregate(reference_cells).items()}
+    if args.final_heldout is not None:
+        results["noise"] = noise_table(main_cells)
     (args.docs_dir / f"{name}.json").write_text(json.dumps(results, indent=1))
     # The page is written from the JSON just saved, so every figure on it is the JSON's (tests/test_study_pages.py).
     (args.docs_dir / f"{name}.md").write_text(page_from_json(json.loads((args.docs_dir / f"{name}.json").read_text())))
