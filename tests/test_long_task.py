@@ -200,10 +200,12 @@ def test_the_final_heldout_set_is_disjoint_scored_on_itself_and_keeps_the_warm_s
     summary = embedded.run_embedded("GRPO", settings=TINY, output_dir=tmp_path / "final", cache_dir=tmp_path / "cache",
                                     disable_tqdm=True, final_heldout=30)  # fmt: skip
     assert summary["warm_start_from_cache"] and summary["warm_start_key"] == plain["warm_start_key"]
-    final_prompts = calls[-1]  # the last greedy evaluation is the final set's
+    final_prompts = calls[-1]  # the last greedy evaluation is the final set's, batched by length
     used = {p.prompt for p in (*train, *heldout)}
     assert len(final_prompts) == len(set(final_prompts)) == 30 and not set(final_prompts) & used
-    right = [int(re.search(r"start (\d+)", p).group(1)) % 3 == 0 for p in final_prompts]
+    in_order = [p.prompt for p in TINY.final_heldout(30, train, heldout)]  # the set's order, which the scores keep
+    assert set(in_order) == set(final_prompts) and in_order != final_prompts
+    right = [int(re.search(r"start (\d+)", p).group(1)) % 3 == 0 for p in in_order]
     assert 0 < sum(right) < 30  # the count can tell sets apart
     final = summary["final_heldout"]
     assert final["num_problems"] == 30 and final["correct"] == "".join("1" if r else "0" for r in right)
@@ -225,3 +227,29 @@ def test_a_final_heldout_set_that_cannot_act_is_refused_before_the_warm_start(tm
         embedded.run_embedded("GRPO", output_dir=tmp_path, final_heldout=5)
     with pytest.raises(ValueError, match="final_heldout=0 must be a positive integer"):
         embedded.run_embedded("GRPO", settings=TINY, output_dir=tmp_path, final_heldout=0)
+
+
+def test_scores_batched_by_length_come_back_in_the_problems_order(monkeypatch):
+    problems = generate_chains(9, seed=5, lengths=SETTINGS.lengths())
+    calls = []
+
+    def policy(model, tokenizer, prompts, max_new_tokens):
+        calls.append(list(prompts))
+        return [_rule_completion(p) for p in prompts]
+
+    monkeypatch.setattr(embedded, "greedy_completions", policy)
+
+    class Model:
+        training = False
+
+        def eval(self):
+            pass
+
+        def train(self, mode):
+            pass
+
+    scores = embedded.greedy_scores(Model(), "tok", problems, max_new_tokens=9, batch_size=4, by_length=True)
+    assert scores == [float(p.start % 3 == 0) for p in problems] and 0 < sum(scores) < 9
+    lengths = [[len(p.target_completion()) for p in problems if p.prompt in batch] for batch in calls]
+    assert [len(b) for b in calls] == [4, 4, 1] and all(max(a) <= min(b) for a, b in itertools.pairwise(lengths))
+    assert sorted(p for batch in calls for p in batch) == sorted(p.prompt for p in problems)

@@ -98,15 +98,23 @@ def memoized_reward(reward):
 
 
 def greedy_scores(model, tokenizer, problems: list[Problem], *, max_new_tokens: int, batch_size: int = 200,
-                  reward=math_verify_reward) -> list[float]:  # fmt: skip
-    """`reward` (math-verify's) of each problem's greedy completion, in the order of `problems`."""
+                  reward=math_verify_reward, by_length: bool = False) -> list[float]:  # fmt: skip
+    """`reward` (math-verify's) of each problem's greedy completion, in the order of `problems`.
+
+    `by_length`: batch the problems in the order of their taught completion's length, so that each batch stops near
+    its own longest completion instead of every batch running as long as the longest of the set (on the long task,
+    about a third of the decoding of a large set)."""
     was_training = model.training
     model.eval()
-    scores: list[float] = []
-    for start in range(0, len(problems), batch_size):
-        chunk = problems[start : start + batch_size]
+    order = list(range(len(problems)))
+    if by_length:
+        order.sort(key=lambda j: len(problems[j].target_completion()))
+    scores: list[float] = [0.0] * len(problems)
+    for start in range(0, len(order), batch_size):
+        chunk = [problems[j] for j in order[start : start + batch_size]]
         texts = greedy_completions(model, tokenizer, [p.prompt for p in chunk], max_new_tokens=max_new_tokens)
-        scores += reward(texts, [p.answer for p in chunk])
+        for j, score in zip(order[start : start + batch_size], reward(texts, [p.answer for p in chunk]), strict=True):
+            scores[j] = score
     model.train(was_training)
     return scores
 
@@ -343,7 +351,7 @@ def _run(algorithm, seed, max_steps, output_dir, eval_every, num_heldout, cache_
     if final_problems is not None:
         final_started = time.perf_counter()
         scores = greedy_scores(model, tokenizer, final_problems, max_new_tokens=settings.max_completion_length,
-                               reward=reward)  # fmt: skip
+                               reward=reward, by_length=True)  # fmt: skip
         final = {"num_problems": len(final_problems), "accuracy": sum(scores) / len(final_problems),
                  "correct": "".join("1" if score == 1.0 else "0" for score in scores)}  # fmt: skip
         final_seconds = time.perf_counter() - final_started
