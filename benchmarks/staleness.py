@@ -19,6 +19,9 @@ resumes; a cell saved with other settings is run again. Writes `--docs-dir/stale
 30-400 tokens) and writes `long_completions.md` / `.json` instead; `--reference-seeds` adds two-digit-task cells at
 each k > 1 to compare the within-sequence spread of log r against. Cells run per k in `--ks` order, so a study
 stopped early has whole k's; `--report-only` writes the page from the finished cells and names the missing ones.
+`--final-heldout N` (long task) also scores each cell's final policy on N further held-out problems and writes
+`long_completions_power.md` / `.json`: the final accuracy on them, the separation rule, and the seed noise split into
+evaluation and training noise (`benchmarks/power_study.sh` runs it).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from pathlib import Path
 
 from dhpo_trl.core.presets import PAPER_ALGORITHMS
 from dhpo_trl.demo.embedded import EmbeddedSettings, load_task, run_embedded
+from dhpo_trl.demo.long_arithmetic import make_chain_splits
 from dhpo_trl.demo.long_task import LongSettings
 
 TASKS = {"addition": EmbeddedSettings, "long": LongSettings}  # --task: the settings class of each embedded task
@@ -445,7 +449,6 @@ def plot_curves(cells: dict[tuple, dict], k: int, out_dir: Path, name: str = "st
 def long_meta(args, summaries: dict[tuple, dict], missing: list[tuple]) -> dict:
     """What the long-completion page states beyond the staleness page: the task, the lengths it teaches, the CPU
     time of every cell, the reference cells' settings and the cells not yet run."""
-    from dhpo_trl.demo.long_arithmetic import make_chain_splits
     from dhpo_trl.demo.tiny import build_char_tokenizer
 
     settings = TASKS[args.task]()
@@ -615,14 +618,17 @@ recipe.
 """
 
 
+def final_set(settings: LongSettings, count: int) -> tuple[list, list]:
+    """The long task's curve set and its final held-out set of `count` problems, as `run_embedded` draws them."""
+    train, heldout = make_chain_splits(settings.num_train, settings.num_heldout, seed=0, lengths=settings.lengths())
+    return heldout, settings.final_heldout(count, train, heldout)
+
+
 def power_meta(args, summaries: dict[tuple, dict]) -> dict:
     """What the powered page states beyond the long page: the final set (size, seed, how long its chains run
     against the curve's set), the warm starts the cells started from, where the study resumes."""
-    from dhpo_trl.demo.long_arithmetic import make_chain_splits
-
     settings = TASKS[args.task]()
-    train, heldout = make_chain_splits(settings.num_train, settings.num_heldout, seed=0, lengths=settings.lengths())
-    final = settings.final_heldout(args.final_heldout, train, heldout)
+    heldout, final = final_set(settings, args.final_heldout)
     return {
         "final_heldout": args.final_heldout,
         "final_heldout_seed": settings.final_heldout_seed,
@@ -824,11 +830,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.reference_seeds:
             parser.error("--final-heldout measures the long task only: drop --reference-seeds")
         try:  # drawn once here, so that a set larger than the task's unused problems fails before any cell
-            load = TASKS[args.task]()
-            from dhpo_trl.demo.long_arithmetic import make_chain_splits
-
-            load.final_heldout(args.final_heldout, *make_chain_splits(load.num_train, load.num_heldout, seed=0,
-                                                                      lengths=load.lengths()))  # fmt: skip
+            final_set(TASKS[args.task](), args.final_heldout)
         except ValueError as error:
             parser.error(f"--final-heldout {args.final_heldout}: {error}")
     args.learning_rate = TASKS[args.task].learning_rate if args.learning_rate is None else args.learning_rate
