@@ -667,6 +667,13 @@ def callable_gaps(table, noise, ks) -> list[dict]:
     return rows
 
 
+def _seeded(row: dict, measure: str) -> str:
+    """Mean ± seed std (seeds done); a single seed has no std to show."""
+    if row["seeds"] < 2:
+        return f"{row[measure][0]:.1%} (1)"
+    return f"{_fmt(row[measure])} ({row['seeds']})"
+
+
 def _points(value) -> str:
     return "—" if value is None else f"{100 * value:.1f}"
 
@@ -712,7 +719,7 @@ def power_markdown(table, meta: dict, noise) -> str:
 
     def grid(measure):
         return [head, rule] + [
-            f"| {o} | " + " | ".join(f"{_fmt(rows[k][measure])} ({rows[k]['seeds']})" if k in rows else "—"
+            f"| {o} | " + " | ".join(_seeded(rows[k], measure) if k in rows else "—"
                                      for k in present) + " |" for o, rows in table.items()
         ] + [""]  # fmt: skip
 
@@ -741,19 +748,20 @@ def power_markdown(table, meta: dict, noise) -> str:
               "Per row, the seed std s of the final accuracy on the "
               f"{n:,} problems split exactly into each problem's own disagreement between seeds (d, the evaluation "
               "noise: it shrinks as 1/sqrt(N) with a larger set) and problems moving together (sqrt(s² − d²), the "
-              "training noise: better or worse policies; 0 where three seeds make s² − d² come out negative); "
+              "training noise: better or worse policies; 0 where a few seeds make s² − d² come out negative); "
               "`dhpo_trl/evaluation/seed_noise.py`. The binomial sqrt(p(1 − p)/N) is d if every problem were "
               "equally hard for every seed, an upper bound. In points:", "",
               f"| objective | k | seeds | s | binomial at {n:,} | evaluation d | training | s on the curve's "
               f"{meta['num_heldout']} | binomial at {meta['num_heldout']} |",
               "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for o, k in ((o, k) for o in table for k in present if k in noise.get(o, {})):
-        row = noise[o][k]
-        if True:
-            small = table[o][k]["final_accuracy"]
-            lines.append(f"| {o} | {k} | {row['seeds']} | {_points(row['seed_std'])} | {_points(row['binomial_std'])} "
-                         f"| {_points(row['evaluation_std'])} | {_points(row['training_std'])} | {_points(small[1])} "
-                         f"| {_points(math.sqrt(small[0] * (1 - small[0]) / meta['num_heldout']))} |")  # fmt: skip
+    split = [(o, k) for o in table for k in present if k in noise.get(o, {})]
+    for o, k in split:
+        row, small = noise[o][k], table[o][k]["final_accuracy"]
+        lines.append(f"| {o} | {k} | {row['seeds']} | {_points(row['seed_std'])} | {_points(row['binomial_std'])} "
+                     f"| {_points(row['evaluation_std'])} | {_points(row['training_std'])} | {_points(small[1])} "
+                     f"| {_points(math.sqrt(small[0] * (1 - small[0]) / meta['num_heldout']))} |")  # fmt: skip
+    if not split:
+        lines += ["", "No row has two seeds yet: nothing to split."]
     return "\n".join(lines + [""])
 
 

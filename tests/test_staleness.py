@@ -354,3 +354,19 @@ def test_final_heldout_is_refused_where_it_cannot_act(capsys):
         with pytest.raises(SystemExit):
             staleness.main(bad)
         assert "--final-heldout" in capsys.readouterr().err
+
+
+def test_a_powered_study_with_one_seed_done_reports_means_and_what_it_lacks(monkeypatch, tmp_path):
+    calls = []
+    _fake_cells(monkeypatch, calls)
+    common = ["--task", "long", "--objectives", "GRPO", "DHPO-E", "--ks", "4", "2", "--final-heldout", "50",
+              "--generation-batches", "2", "--eval-every", "1", "--workers", "1", "--out-dir", str(tmp_path / "out"),
+              "--docs-dir", str(tmp_path / "docs")]  # fmt: skip
+    assert staleness.main([*common, "--seeds", "0"]) == 0
+    assert staleness.main([*common, "--seeds", "0", "1", "--report-only"]) == 0 and len(calls) == 4
+    results = json.loads((tmp_path / "docs" / "long_completions_power.json").read_text())
+    page = (tmp_path / "docs" / "long_completions_power.md").read_text()
+    grpo = results["aggregate"]["GRPO"]["4"]["final_heldout_accuracy"][0]
+    assert f"| GRPO | {grpo:.1%} (1) |" in page and results["noise"] == {}
+    assert "**Partial: 4 of 8 cells finished**" in page and "No row has two seeds yet" in page
+    assert "| 4 | 0 | — | — | — | — |" in page  # no pair has a noise to compare against
