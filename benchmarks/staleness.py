@@ -695,7 +695,8 @@ def power_markdown(table, meta: dict, noise) -> str:
         f"{meta['num_heldout']}, greedy, scored by math-verify. Drawn from what the training problems left, its "
         f"chains run {meta['final_heldout_mean_lines']:.2f} scratchpad lines on average against "
         f"{meta['heldout_mean_lines']:.2f} in the curve's set, so its accuracy level need not be the curve's; the "
-        "comparison between objectives is what it is for. "
+        "comparison between objectives is what it is for. The accuracy curve, and its area, stay on the curve's "
+        f"{meta['num_heldout']} problems. "
         + (f"Every cell started from the same cached warm start, `warmstart-{keys[0]}`." if len(keys) == 1 else
            f"The cells started from {len(keys)} different warm starts ({', '.join(keys)}): not one study.")
         + f" Produced on {meta['machine']} ({meta['cpu_minutes']:.0f} CPU minutes summed over the finished cells), "
