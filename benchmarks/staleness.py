@@ -19,6 +19,9 @@ resumes; a cell saved with other settings is run again. Writes `--docs-dir/stale
 30-400 tokens) and writes `long_completions.md` / `.json` instead; `--reference-seeds` adds two-digit-task cells at
 each k > 1 to compare the within-sequence spread of log r against. Cells run per k in `--ks` order, so a study
 stopped early has whole k's; `--report-only` writes the page from the finished cells and names the missing ones.
+`--final-heldout N` (long task) also scores each cell's final policy on N further held-out problems and writes
+`long_completions_power.md` / `.json`: the final accuracy on them, the separation rule, and the seed noise split into
+evaluation and training noise (`benchmarks/power_study.sh` runs it).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from pathlib import Path
 
 from dhpo_trl.core.presets import PAPER_ALGORITHMS
 from dhpo_trl.demo.embedded import EmbeddedSettings, load_task, run_embedded
+from dhpo_trl.demo.long_arithmetic import make_chain_splits
 from dhpo_trl.demo.long_task import LongSettings
 
 TASKS = {"addition": EmbeddedSettings, "long": LongSettings}  # --task: the settings class of each embedded task
@@ -81,7 +85,7 @@ def _cell_dir(job: tuple) -> Path:
 
 def _saved(job: tuple) -> dict | None:
     """The cell's saved summary if it was run with exactly this job's settings, else None (to run)."""
-    objective, k, seed, out_dir, generation_batches, eval_every, learning_rate, task = job
+    objective, k, seed, out_dir, generation_batches, eval_every, learning_rate, task, final_heldout = job
     summary_path = _cell_dir(job) / "summary.json"
     if not summary_path.exists():
         return None
@@ -90,7 +94,9 @@ def _saved(job: tuple) -> dict | None:
     summary = json.loads(summary_path.read_text())
     overrides = VARIANTS.get(objective, (objective, {}))[1]
     same = summary["settings"] == json.loads(json.dumps(expected))  # as saved: tuples read back as lists
-    return summary if same and summary.get("config_overrides", {}) == overrides else None
+    final = summary.get("final_heldout")
+    same_final = (final or {}).get("num_problems") == final_heldout  # a cell without the final set is run again
+    return summary if same and same_final and summary.get("config_overrides", {}) == overrides else None
 
 
 def _cpu_seconds() -> float:
@@ -100,14 +106,14 @@ def _cpu_seconds() -> float:
 
 
 def _run_cell(job: tuple) -> tuple[tuple, dict, bool]:
-    objective, k, seed, out_dir, generation_batches, eval_every, learning_rate, task = job
+    objective, k, seed, out_dir, generation_batches, eval_every, learning_rate, task, final_heldout = job
     if (summary := _saved(job)) is not None:
         return (objective, k, seed), summary, True
     preset, overrides = VARIANTS.get(objective, (objective, {}))
     spec = cell_settings(k, generation_batches, eval_every, learning_rate, task)
     started = _cpu_seconds()
     summary = run_embedded(preset, seed=seed, output_dir=_cell_dir(job), disable_tqdm=True, config_overrides=overrides,
-                           **spec)  # fmt: skip
+                           final_heldout=final_heldout, **spec)  # fmt: skip
     # Saved with the cell, so that a resumed study still sums the CPU time of every cell.
     summary["cpu_seconds"] = round(_cpu_seconds() - started, 1)
     Path(summary["summary_path"]).write_text(json.dumps(summary, indent=2))
@@ -151,6 +157,17 @@ def cell_metrics(log_history: list[dict], k: int) -> dict:
     }
 
 
+def final_metrics(summary: dict) -> dict:
+    """The cell's accuracy on the final held-out set (`--final-heldout`), its size, its per-problem 0/1 string and
+    the warm start it started from; empty for a cell run without the set."""
+    final = summary.get("final_heldout")
+    if not final:
+        return {}
+    return {"final_heldout_accuracy": final["accuracy"], "final_heldout_problems": final["num_problems"],
+            "final_heldout_correct": final["correct"], "warm_start_key": summary.get("warm_start_key"),
+            "cpu_seconds": summary.get("cpu_seconds")}  # fmt: skip
+
+
 def _mean_std(values: list[float]) -> list[float]:
     return [statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0]
 
@@ -161,7 +178,7 @@ def aggregate(cells: dict[tuple, dict]) -> dict[str, dict[int, dict]]:
     for (objective, k), group in itertools.groupby(sorted(cells), key=lambda key: key[:2]):
         runs = [cells[key] for key in group]
         row = {"seeds": len(runs), "collapsed": sum(r["collapsed"] for r in runs)}
-        for name in ("final_accuracy", "peak_accuracy", "auc", "end_entropy", "last_step_abs_log_ratio",
+        for name in ("final_accuracy", "final_heldout_accuracy", "peak_accuracy", "auc", "end_entropy", "last_step_abs_log_ratio",
                      "mixing_weight_mean", "mixing_weight_std", "completion_length", *SPREAD_MEASURES):  # fmt: skip
             values = [r[name] for r in runs if r.get(name) is not None]
             row[name] = _mean_std(values) if values else None
@@ -432,7 +449,6 @@ def plot_curves(cells: dict[tuple, dict], k: int, out_dir: Path, name: str = "st
 def long_meta(args, summaries: dict[tuple, dict], missing: list[tuple]) -> dict:
     """What the long-completion page states beyond the staleness page: the task, the lengths it teaches, the CPU
     time of every cell, the reference cells' settings and the cells not yet run."""
-    from dhpo_trl.demo.long_arithmetic import make_chain_splits
     from dhpo_trl.demo.tiny import build_char_tokenizer
 
     settings = TASKS[args.task]()
@@ -449,7 +465,7 @@ def long_meta(args, summaries: dict[tuple, dict], missing: list[tuple]) -> dict:
         "cells_without_cpu_time": len(summaries) - len(cpu),
         "reference": {"task": "addition", "seeds": args.reference_seeds, "generation_batches": args.generation_batches},
         "on_policy_objectives": args.on_policy_objectives if 1 in args.ks else None,
-        "missing": [f"{task} {o} k={k} seed {seed}" for o, k, seed, *_, task in missing],
+        "missing": [f"{task} {o} k={k} seed {seed}" for o, k, seed, *_, task, _ in missing],
     }
 
 
@@ -565,6 +581,9 @@ def long_markdown(table, meta: dict, reference) -> str:
               "objectives.", ""]  # fmt: skip
     lines += ["## Accuracy", ""]
     lines += grid("Final held-out accuracy", lambda c: _fmt(c["final_accuracy"]))
+    lines += ["[long_completions_power.md](long_completions_power.md) measures the final accuracy of GRPO, GSPO, SAPO, "
+              "DHPO-A and DHPO-E on a larger held-out set, and splits its seed noise into evaluation and training "
+              "noise.", ""]  # fmt: skip
     lines += grid("Area under the accuracy curve (mean accuracy over the run)", lambda c: _fmt(c["auc"]))
     lines += grid("Mean |log π_θ/π_old| per token on the last step of each generation batch",
                   lambda c: _fmt(c["last_step_abs_log_ratio"], percent=False))  # fmt: skip
@@ -599,6 +618,154 @@ recipe.
 """
 
 
+def final_set(settings: LongSettings, count: int) -> tuple[list, list]:
+    """The long task's curve set and its final held-out set of `count` problems, as `run_embedded` draws them."""
+    train, heldout = make_chain_splits(settings.num_train, settings.num_heldout, seed=0, lengths=settings.lengths())
+    return heldout, settings.final_heldout(count, train, heldout)
+
+
+def power_meta(args, summaries: dict[tuple, dict]) -> dict:
+    """What the powered page states beyond the long page: the final set (size, seed, how long its chains run
+    against the curve's set), the warm starts the cells started from, where the study resumes."""
+    settings = TASKS[args.task]()
+    heldout, final = final_set(settings, args.final_heldout)
+    return {
+        "final_heldout": args.final_heldout,
+        "final_heldout_seed": settings.final_heldout_seed,
+        "final_heldout_mean_lines": statistics.fmean(p.count for p in final),
+        "heldout_mean_lines": statistics.fmean(p.count for p in heldout),
+        "warm_start_keys": sorted({str(s.get("warm_start_key")) for s in summaries.values()}),
+        "out_dir": str(args.out_dir),
+        "ks": args.ks,
+    }
+
+
+def noise_table(cells: dict[tuple, dict]) -> dict[str, dict[int, dict]]:
+    """objective -> k -> `seed_noise` of its seeds' final held-out scores, for rows with two seeds or more."""
+    from dhpo_trl.evaluation.seed_noise import seed_noise
+
+    table: dict[str, dict[int, dict]] = {}
+    for (objective, k), group in itertools.groupby(sorted(cells), key=lambda key: key[:2]):
+        correct = [cells[key]["final_heldout_correct"] for key in group]
+        if len(correct) >= 2:
+            table.setdefault(objective, {})[k] = seed_noise(correct)
+    return table
+
+
+def callable_gaps(table, noise, ks) -> list[dict]:
+    """Per k: the separation rule's thresholds (2 x the larger seed std of a pair) on the final held-out accuracy,
+    smallest and largest over the pairs of rows with two seeds or more, and the largest if evaluation noise were
+    gone (2 x the larger training std)."""
+    rows = []
+    for k in ks:
+        stds = sorted(table[o][k]["final_heldout_accuracy"][1] for o in table
+                      if k in table[o] and table[o][k]["seeds"] >= 2)  # fmt: skip
+        training = [noise[o][k]["training_std"] for o in noise if k in noise[o]]
+        rows.append({"k": k, "rows": len(stds), "smallest": 2 * stds[1] if len(stds) >= 2 else None,
+                     "largest": 2 * stds[-1] if len(stds) >= 2 else None,
+                     "training_only": 2 * max(training) if len(training) >= 2 else None})  # fmt: skip
+    return rows
+
+
+def _seeded(row: dict, measure: str) -> str:
+    """Mean ± seed std (seeds done); a single seed has no std to show."""
+    if row["seeds"] < 2:
+        return f"{row[measure][0]:.1%} (1)"
+    return f"{_fmt(row[measure])} ({row['seeds']})"
+
+
+def _points(value) -> str:
+    return "—" if value is None else f"{100 * value:.1f}"
+
+
+def power_markdown(table, meta: dict, noise) -> str:
+    """The powered page: final accuracy on the large held-out set, the separation rule on it, and where the seed
+    noise comes from."""
+    ks, n = meta["ks"], meta["final_heldout"]
+    present = [k for k in ks if any(k in rows for rows in table.values())]
+    done, missing = sum(row["seeds"] for rows in table.values() for row in rows.values()), meta["missing"]
+    keys = meta["warm_start_keys"]
+    lines = [
+        f"# Long completions, powered: final accuracy on {n:,} held-out problems",
+        "",
+        "The long-completion study's cells ([long_completions.md](long_completions.md): same task, warm start, "
+        f"learning rate {meta['learning_rate']:g}, {meta['generation_batches']} generation batches), with each cell's "
+        f"final accuracy also measured on {n:,} further problems: drawn from seed {meta['final_heldout_seed']}, "
+        "none of them a training problem or one of the curve's "
+        f"{meta['num_heldout']}, greedy, scored by math-verify. Drawn from what the training problems left, its "
+        f"chains run {meta['final_heldout_mean_lines']:.2f} scratchpad lines on average against "
+        f"{meta['heldout_mean_lines']:.2f} in the curve's set, so its accuracy level need not be the curve's; the "
+        "comparison between objectives is what it is for. The accuracy curve, and its area, stay on the curve's "
+        f"{meta['num_heldout']} problems. "
+        + (f"Every cell started from the same cached warm start, `warmstart-{keys[0]}`." if len(keys) == 1 else
+           f"The cells started from {len(keys)} different warm starts ({', '.join(keys)}): not one study.")
+        + f" Produced on {meta['machine']} ({meta['cpu_minutes']:.0f} CPU minutes summed over the finished cells), "
+        f"with the code at commit {', '.join(meta['commits'])}, by:",
+        "",
+        "```bash",
+        meta["command"],
+        "```",
+        "",
+        f"`bash benchmarks/power_study.sh {meta['out_dir']}` starts or resumes it in the background; "
+        f"`bash benchmarks/power_study.sh {meta['out_dir']} --report` rewrites this page and its JSON from the "
+        "finished cells.",
+        "",
+    ]
+    if missing:
+        per_cell = meta["cpu_minutes"] / done
+        lines += [f"**Partial: {done} of {done + len(missing)} cells finished**; about {per_cell * len(missing):.0f} CPU "
+                  f"minutes left at the finished cells' mean of {per_cell:.1f}. Not run yet: {', '.join(missing)}.", ""]  # fmt: skip
+    head = "| objective | " + " | ".join(f"k = {k}" for k in present) + " |"
+    rule = "|---|" + "---|" * len(present)
+
+    def grid(measure):
+        return [head, rule] + [
+            f"| {o} | " + " | ".join(_seeded(rows[k], measure) if k in rows else "—"
+                                     for k in present) + " |" for o, rows in table.items()
+        ] + [""]  # fmt: skip
+
+    lines += ["## Final accuracy", "", f"Mean ± sample std over seeds (seeds done), on the {n:,} problems:", ""]
+    lines += grid("final_heldout_accuracy")
+    lines += [f"The same cells on the curve's {meta['num_heldout']} problems:", ""]
+    lines += grid("final_accuracy")
+    lines += ["## Can the rule call a 3-point gap?", "",
+              "A gap between two objectives counts only above twice the larger of their seed stds. Per k, over the "
+              "pairs of rows with two seeds or more: the smallest gap the rule can call (the pair with the smallest "
+              "threshold), the gap every pair needs, and that gap with the evaluation noise taken out (twice the "
+              "largest training std below), in points:", "",
+              "| k | rows | smallest callable gap | gap every pair needs | at most 3 points? | without evaluation noise |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
+    for row in callable_gaps(table, noise, present):
+        verdict_ = "—" if row["largest"] is None else ("yes" if row["largest"] <= 0.03 else
+                                                         "for some pairs" if row["smallest"] <= 0.03 else "no")
+        lines.append(f"| {row['k']} | {row['rows']} | {_points(row['smallest'])} | {_points(row['largest'])} | "
+                     f"{verdict_} | {_points(row['training_only'])} |")  # fmt: skip
+    found = separations(table, "final_heldout_accuracy")
+    called = [f"{a} > {b} at k = {k} by {gap:.1%} (2 std = {threshold:.1%})"
+              for k, pairs in found.items() for a, b, gap, threshold in pairs]  # fmt: skip
+    lines += ["", "Pairs that separate on the final held-out accuracy: " + ("; ".join(called) if called else "none") + ".",
+              ""]  # fmt: skip
+    lines += ["## Where the seed noise comes from", "",
+              "Per row, the seed std s of the final accuracy on the "
+              f"{n:,} problems split exactly into each problem's own disagreement between seeds (d, the evaluation "
+              "noise: it shrinks as 1/sqrt(N) with a larger set) and problems moving together (sqrt(s² − d²), the "
+              "training noise: better or worse policies; 0 where a few seeds make s² − d² come out negative); "
+              "`dhpo_trl/evaluation/seed_noise.py`. The binomial sqrt(p(1 − p)/N) is d if every problem were "
+              "equally hard for every seed, an upper bound. In points:", "",
+              f"| objective | k | seeds | s | binomial at {n:,} | evaluation d | training | s on the curve's "
+              f"{meta['num_heldout']} | binomial at {meta['num_heldout']} |",
+              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    split = [(o, k) for o in table for k in present if k in noise.get(o, {})]
+    for o, k in split:
+        row, small = noise[o][k], table[o][k]["final_accuracy"]
+        lines.append(f"| {o} | {k} | {row['seeds']} | {_points(row['seed_std'])} | {_points(row['binomial_std'])} "
+                     f"| {_points(row['evaluation_std'])} | {_points(row['training_std'])} | {_points(small[1])} "
+                     f"| {_points(math.sqrt(small[0] * (1 - small[0]) / meta['num_heldout']))} |")  # fmt: skip
+    if not split:
+        lines += ["", "No row has two seeds yet: nothing to split."]
+    return "\n".join(lines + [""])
+
+
 def page_from_json(results: dict) -> str:
     """The page (`staleness.md` or `long_completions.md`) for its saved JSON (JSON turns the k keys into strings)."""
     def keyed(aggregate):
@@ -606,6 +773,8 @@ def page_from_json(results: dict) -> str:
 
     if results["meta"].get("task", "addition") == "addition":
         return markdown(keyed(results["aggregate"]), results["meta"])
+    if results["meta"].get("final_heldout"):
+        return power_markdown(keyed(results["aggregate"]), results["meta"], keyed(results["noise"]))
     return long_markdown(keyed(results["aggregate"]), results["meta"], keyed(results["reference"]))
 
 
@@ -616,11 +785,11 @@ def plan(args) -> list[tuple]:
     jobs = []
     for k in args.ks:
         objectives = args.on_policy_objectives if k == 1 and args.on_policy_objectives else args.objectives
-        cells = [[(o, k, s, str(args.out_dir), args.generation_batches, args.eval_every, args.learning_rate, args.task)
-                  for o in objectives] for s in args.seeds]  # fmt: skip
+        cells = [[(o, k, s, str(args.out_dir), args.generation_batches, args.eval_every, args.learning_rate, args.task,
+                   args.final_heldout) for o in objectives] for s in args.seeds]  # fmt: skip
         # on-policy (k = 1) every ratio is 1 on every task: no reference to compare with
         reference = [[(o, k, s, str(args.out_dir / "reference-addition"), args.generation_batches, args.eval_every,
-                       args.learning_rate, "addition") for s in args.reference_seeds] if k > 1 else []
+                       args.learning_rate, "addition", None) for s in args.reference_seeds] if k > 1 else []
                      for o in objectives]  # fmt: skip
         jobs += [job for cell, extra in zip(cells[0], reference) for job in (cell, *extra)]
         jobs += [job for seed_cells in cells[1:] for job in seed_cells]
@@ -648,6 +817,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="cells in parallel (one torch thread each)")
     parser.add_argument("--out-dir", type=Path, default=None, help="(default outputs/staleness, or outputs/long_completions)")
     parser.add_argument("--docs-dir", type=Path, default=Path("docs/study"))
+    parser.add_argument("--final-heldout", type=int, default=None, metavar="N",
+                        help="--task long: also measure each cell's final accuracy on N further held-out problems "
+                             "(disjoint from the training and the curve's problems; same warm start), with less "
+                             "evaluation noise than the curve's 100; the page is long_completions_power.md")  # fmt: skip
     parser.add_argument("--report-only", action="store_true",
                         help="run nothing: write the page from the cells already saved, naming the missing ones")  # fmt: skip
     args = parser.parse_args(argv)
@@ -660,6 +833,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--on-policy-objectives chooses the rows run at k = 1: add 1 to --ks")
     if args.reference_seeds and args.task == "addition":
         parser.error("--reference-seeds compares another task with the two-digit one: use it with --task long")
+    if args.final_heldout is not None:
+        if args.task != "long":
+            parser.error("--final-heldout: only --task long has a final held-out set; add --task long or drop it")
+        if args.reference_seeds:
+            parser.error("--final-heldout measures the long task only: drop --reference-seeds")
+        try:  # drawn once here, so that a set larger than the task's unused problems fails before any cell
+            final_set(TASKS[args.task](), args.final_heldout)
+        except ValueError as error:
+            parser.error(f"--final-heldout {args.final_heldout}: {error}")
     args.learning_rate = TASKS[args.task].learning_rate if args.learning_rate is None else args.learning_rate
     args.out_dir = args.out_dir or Path("outputs/staleness" if args.task == "addition" else "outputs/long_completions")
     for k in args.ks:  # every k must split the generation batch before anything runs
@@ -680,7 +862,7 @@ def main(argv: list[str] | None = None) -> int:
         missing = []
     if args.workers > 1 and not args.report_only:
         # Warm start once, before the workers, so they load it from the cache instead of racing to train it.
-        for task in dict.fromkeys(job[-1] for job in jobs):
+        for task in dict.fromkeys(job[7] for job in jobs):
             load_task(TASKS[task]())
     summaries, ran = {}, 0
     # One worker runs the cells in this process, in plan order; more run them in a pool of spawned processes.
@@ -694,8 +876,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[staleness] {done}/{len(jobs)} {summary.get('task', 'addition')} {key[0]} k={key[1]} seed {key[2]}: "
                   f"{summary['heldout_accuracy_before']:.1%} -> {summary['heldout_accuracy_after']:.1%}"
                   f"{' (saved)' if reused else ' in %.0fs' % summary['train_seconds']}; {eta}", flush=True)  # fmt: skip
-    cells = {key: cell_metrics(json.loads(Path(s["log_history_path"]).read_text())["log_history"], key[1])
-             for key, s in summaries.items()}  # fmt: skip
+    cells = {key: {**cell_metrics(json.loads(Path(s["log_history_path"]).read_text())["log_history"], key[1]),
+                   **final_metrics(s)} for key, s in summaries.items()}  # fmt: skip
     main_cells = {key[:3]: c for key, c in cells.items() if key[3] == args.task}
     reference_cells = {key[:3]: c for key, c in cells.items() if key[3] != args.task}
     table = aggregate(main_cells)
@@ -720,13 +902,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.task != "addition":
         name = "long_completions"
         meta.update(long_meta(args, summaries, missing))
+    if args.final_heldout is not None:  # its own page, on the final held-out accuracy, without plots
+        name = "long_completions_power"
+        meta.update(power_meta(args, {key: s for key, s in summaries.items() if key[3] == args.task}))
     args.docs_dir.mkdir(parents=True, exist_ok=True)
-    plot(table, args.docs_dir, f"{name}_accuracy.png")
-    plot_curves(main_cells, max(k for _, k, _ in main_cells), args.docs_dir, f"{name}_curves.png")
+    if args.final_heldout is None:
+        plot(table, args.docs_dir, f"{name}_accuracy.png")
+        plot_curves(main_cells, max(k for _, k, _ in main_cells), args.docs_dir, f"{name}_curves.png")
     cell_rows = [{"objective": o, "k": k, "seed": s, "task": t, **c} for (o, k, s, t), c in cells.items()]
     results = {"meta": meta, "aggregate": table, "cells": cell_rows}
     if args.task != "addition":
         results["reference"] = {o: rows for o, rows in aggregate(reference_cells).items()}
+    if args.final_heldout is not None:
+        results["noise"] = noise_table(main_cells)
     (args.docs_dir / f"{name}.json").write_text(json.dumps(results, indent=1))
     # The page is written from the JSON just saved, so every figure on it is the JSON's (tests/test_study_pages.py).
     (args.docs_dir / f"{name}.md").write_text(page_from_json(json.loads((args.docs_dir / f"{name}.json").read_text())))

@@ -310,7 +310,9 @@ def test_run_builds_the_off_policy_config_and_writes_every_output(fake_run, tmp_
         "train_seconds": 4.39,
         "wall_seconds": 15.01,
         "phase_seconds": {"warm_start": 1.23, "baseline_evaluation": 2.27, "rl": 4.39, "rl_evaluation": 0.0,
-                          "save": 7.11},
+                          "final_evaluation": 0.0, "save": 7.11},
+        "final_heldout": None,
+        "warm_start_key": None,
         "checkpoint_dir": str(checkpoint),
         "plot_path": str(out / "training_curves.png"),
         "log_history_path": str(out / "trainer_state.json"),
@@ -380,13 +382,13 @@ def test_run_embedded_sets_and_restores_the_torch_threads(monkeypatch, tmp_path)
     with pytest.raises(RuntimeError):
         embedded.run_embedded("GRPO", 4, 9, tmp_path, eval_every=3, num_heldout=5, cache_dir="c", use_cache=False,
                               settings="s", disable_tqdm=True, num_threads=2)  # fmt: skip
-    assert seen == [(2, ("GRPO", 4, 9, tmp_path, 3, 5, "c", False, "s", True, {}))]
+    assert seen == [(2, ("GRPO", 4, 9, tmp_path, 3, 5, "c", False, "s", True, {}, None))]
     assert torch.get_num_threads() == before
     seen.clear()
     with pytest.raises(RuntimeError):
         embedded.run_embedded()
     # One thread by default; every default of the Python entry point as documented
-    assert seen == [(1, ("DHPO-E", 0, None, "outputs/embedded", None, None, None, True, None, False, {}))]
+    assert seen == [(1, ("DHPO-E", 0, None, "outputs/embedded", None, None, None, True, None, False, {}, None))]
 
 
 # ------------------------------------------------------------------ the command line

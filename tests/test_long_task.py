@@ -175,3 +175,81 @@ def test_the_long_task_runs_through_the_command(tmp_path, monkeypatch):
     steps = [e for e in history if "loss" in e]
     assert all(e["off_policy/log_ratio_spread"] >= 0 for e in steps)
     assert (out / "checkpoint-final" / "README.md").read_text().count("tiny-qwen3-long-DHPO-E") >= 1
+
+
+def _rule_completion(prompt: str) -> str:
+    """A stand-in policy, right exactly on the problems whose start is a multiple of 3."""
+    start, step, last = re.search(r"start (\d+), add (\d), steps a to ([a-z])", prompt).groups()
+    total = int(start) + int(step) * (ord(last) - ord("a") + 1)
+    return f" \\boxed{{{total if int(start) % 3 == 0 else total + 1}}}"
+
+
+def test_the_final_heldout_set_is_disjoint_scored_on_itself_and_keeps_the_warm_start(tmp_path, monkeypatch):
+    """`run_embedded(final_heldout=N)` scores N further problems, none a training or curve problem, with an accuracy
+    that is its own count of right answers over N, and starts from the warm start a run without the set caches."""
+    train, heldout = make_chain_splits(TINY.num_train, TINY.num_heldout, seed=0, lengths=TINY.lengths())
+    plain = embedded.run_embedded("GRPO", settings=TINY, output_dir=tmp_path / "plain", cache_dir=tmp_path / "cache",
+                                  disable_tqdm=True)  # fmt: skip
+    calls = []
+
+    def policy(model, tokenizer, prompts, max_new_tokens):
+        calls.append(list(prompts))
+        return [_rule_completion(p) for p in prompts]
+
+    monkeypatch.setattr(embedded, "greedy_completions", policy)
+    summary = embedded.run_embedded("GRPO", settings=TINY, output_dir=tmp_path / "final", cache_dir=tmp_path / "cache",
+                                    disable_tqdm=True, final_heldout=30)  # fmt: skip
+    assert summary["warm_start_from_cache"] and summary["warm_start_key"] == plain["warm_start_key"]
+    final_prompts = calls[-1]  # the last greedy evaluation is the final set's, batched by length
+    used = {p.prompt for p in (*train, *heldout)}
+    assert len(final_prompts) == len(set(final_prompts)) == 30 and not set(final_prompts) & used
+    in_order = [p.prompt for p in TINY.final_heldout(30, train, heldout)]  # the set's order, which the scores keep
+    assert set(in_order) == set(final_prompts) and in_order != final_prompts
+    right = [int(re.search(r"start (\d+)", p).group(1)) % 3 == 0 for p in in_order]
+    assert 0 < sum(right) < 30  # the count can tell sets apart
+    final = summary["final_heldout"]
+    assert final["num_problems"] == 30 and final["correct"] == "".join("1" if r else "0" for r in right)
+    assert final["accuracy"] == pytest.approx(sum(right) / 30, abs=1e-12)
+    saved = json.loads((tmp_path / "final" / "summary.json").read_text())
+    assert saved["final_heldout"] == final and plain["final_heldout"] is None
+
+
+def test_the_final_heldout_set_of_the_study_task_avoids_its_splits_and_is_deterministic():
+    first = SETTINGS.final_heldout(2000, TRAIN, HELDOUT)
+    assert first == SETTINGS.final_heldout(2000, TRAIN, HELDOUT) and len(set(first)) == 2000
+    assert not set(first) & {*TRAIN, *HELDOUT}
+    assert SETTINGS.final_heldout(100, TRAIN, HELDOUT) == first[:100]  # a larger set extends a smaller one
+
+
+def test_a_final_heldout_set_that_cannot_act_is_refused_before_the_warm_start(tmp_path, monkeypatch):
+    monkeypatch.setattr(embedded, "load_task", lambda *a, **k: pytest.fail("warm start before checking final_heldout"))
+    with pytest.raises(ValueError, match="final_heldout=5: EmbeddedSettings has no final held-out set"):
+        embedded.run_embedded("GRPO", output_dir=tmp_path, final_heldout=5)
+    with pytest.raises(ValueError, match="final_heldout=0 must be a positive integer"):
+        embedded.run_embedded("GRPO", settings=TINY, output_dir=tmp_path, final_heldout=0)
+
+
+def test_scores_batched_by_length_come_back_in_the_problems_order(monkeypatch):
+    problems = generate_chains(9, seed=5, lengths=SETTINGS.lengths())
+    calls = []
+
+    def policy(model, tokenizer, prompts, max_new_tokens):
+        calls.append(list(prompts))
+        return [_rule_completion(p) for p in prompts]
+
+    monkeypatch.setattr(embedded, "greedy_completions", policy)
+
+    class Model:
+        training = False
+
+        def eval(self):
+            pass
+
+        def train(self, mode):
+            pass
+
+    scores = embedded.greedy_scores(Model(), "tok", problems, max_new_tokens=9, batch_size=4, by_length=True)
+    assert scores == [float(p.start % 3 == 0) for p in problems] and 0 < sum(scores) < 9
+    lengths = [[len(p.target_completion()) for p in problems if p.prompt in batch] for batch in calls]
+    assert [len(b) for b in calls] == [4, 4, 1] and all(max(a) <= min(b) for a, b in itertools.pairwise(lengths))
+    assert sorted(p for batch in calls for p in batch) == sorted(p.prompt for p in problems)

@@ -4,8 +4,10 @@ import dataclasses
 import importlib.util
 import json
 import math
+import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from dhpo_trl.demo.embedded import EmbeddedSettings, memoized_reward
@@ -161,7 +163,8 @@ def test_bad_k_is_refused_before_anything_runs(monkeypatch, capsys):
 def test_saved_cells_are_reused_only_when_their_settings_match(monkeypatch, tmp_path):
     calls = []
 
-    def fake_run(objective, seed, output_dir, disable_tqdm, settings, max_steps, eval_every, config_overrides):
+    def fake_run(objective, seed, output_dir, disable_tqdm, settings, max_steps, eval_every, config_overrides,
+                 final_heldout=None):
         calls.append((objective, seed, settings.steps_per_generation, config_overrides))
         summary = {"settings": {**dataclasses.asdict(settings), "max_steps": max_steps, "eval_every": eval_every},
                    "config_overrides": config_overrides, "summary_path": str(Path(output_dir) / "summary.json")}  # fmt: skip
@@ -170,19 +173,19 @@ def test_saved_cells_are_reused_only_when_their_settings_match(monkeypatch, tmp_
         return summary
 
     monkeypatch.setattr(staleness, "run_embedded", fake_run)
-    job = ("GRPO", 4, 1, str(tmp_path), 24, 4, 2e-4, "addition")
+    job = ("GRPO", 4, 1, str(tmp_path), 24, 4, 2e-4, "addition", None)
     assert staleness._run_cell(job)[2] is False and calls == [("GRPO", 1, 4, {})]
     assert staleness._run_cell(job)[2] is True and len(calls) == 1  # resumed from summary.json
-    changed = ("GRPO", 4, 1, str(tmp_path), 12, 4, 2e-4, "addition")  # other number of generation batches: stale, rerun
+    changed = ("GRPO", 4, 1, str(tmp_path), 12, 4, 2e-4, "addition", None)  # other number of generation batches: stale, rerun
     assert staleness._run_cell(changed)[2] is False and len(calls) == 2
-    variant = ("DHPO-E+dual-clip", 4, 1, str(tmp_path), 24, 4, 2e-4, "addition")  # the DHPO-E preset with delta = 3
+    variant = ("DHPO-E+dual-clip", 4, 1, str(tmp_path), 24, 4, 2e-4, "addition", None)  # the DHPO-E preset with delta = 3
     assert staleness._run_cell(variant)[0] == ("DHPO-E+dual-clip", 4, 1)
     assert calls[-1] == ("DHPO-E", 1, 4, {"delta": 3.0})
     assert (tmp_path / "k4" / "DHPO-E+dual-clip-seed1" / "summary.json").is_file()
     saved = json.loads((tmp_path / "k4" / "GRPO-seed1" / "summary.json").read_text())
     assert saved["cpu_seconds"] >= 0  # recorded with the cell, so that a resumed study still sums it
     # the long task's settings (nested lengths, no digits) resume the same way; a changed task setting reruns
-    long_job = ("GRPO", 4, 1, str(tmp_path / "long"), 2, 1, 2e-4, "long")
+    long_job = ("GRPO", 4, 1, str(tmp_path / "long"), 2, 1, 2e-4, "long", None)
     assert staleness._run_cell(long_job)[2] is False and staleness._run_cell(long_job)[2] is True
     monkeypatch.setitem(staleness.TASKS, "long", lambda: dataclasses.replace(LongSettings(), median_steps=5.0))
     assert staleness._run_cell(long_job)[2] is False and calls[-1][2] == 4
@@ -221,7 +224,8 @@ def test_config_overrides_reach_the_config_before_the_warm_start(monkeypatch, tm
 def _fake_cells(monkeypatch, calls):
     """`run_embedded` replaced by a writer of a summary and a hand-made log history (no training)."""
 
-    def fake_run(objective, seed, output_dir, disable_tqdm, settings, max_steps, eval_every, config_overrides):
+    def fake_run(objective, seed, output_dir, disable_tqdm, settings, max_steps, eval_every, config_overrides,
+                 final_heldout=None):
         calls.append((settings.task, objective, settings.steps_per_generation, seed))
         out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -233,7 +237,13 @@ def _fake_cells(monkeypatch, calls):
                    "eval_every": eval_every}, "config_overrides": config_overrides, "heldout_accuracy_before": 0.2,
                    "heldout_accuracy_after": 0.4, "train_seconds": 1.0, "wall_seconds": 2.0, "num_heldout": 4,
                    "parameters": 10, "commit": "abc", "log_history_path": str(out / "trainer_state.json"),
-                   "summary_path": str(out / "summary.json")}  # fmt: skip
+                   "summary_path": str(out / "summary.json"), "cpu_seconds": 60.0}  # fmt: skip
+        if final_heldout is not None:  # a policy right on a share of the problems that depends on the cell
+            rng = random.Random(f"{objective} {config_overrides} {settings.steps_per_generation} {seed}")
+            share = 0.3 + 0.1 * (objective == "DHPO-E") + 0.05 * rng.random()
+            correct = "".join("1" if rng.random() < share else "0" for _ in range(final_heldout))
+            summary.update(final_heldout={"num_problems": final_heldout, "correct": correct,
+                                          "accuracy": correct.count("1") / final_heldout}, warm_start_key="k3y")  # fmt: skip
         (out / "summary.json").write_text(json.dumps(summary))
         return summary
 
@@ -291,3 +301,72 @@ def test_reference_seeds_need_the_long_task(capsys):
     with pytest.raises(SystemExit):
         staleness.main(["--reference-seeds", "0"])
     assert "--reference-seeds" in capsys.readouterr().err
+
+
+def test_powered_study_reports_the_final_heldout_accuracy_its_noise_and_what_is_missing(monkeypatch, tmp_path):
+    calls = []
+    _fake_cells(monkeypatch, calls)
+    common = ["--task", "long", "--objectives", "GRPO", "DHPO-E", "SAPO", "--ks", "4", "2", "--final-heldout", "300",
+              "--generation-batches", "2", "--eval-every", "1", "--workers", "1", "--out-dir", str(tmp_path / "out"),
+              "--docs-dir", str(tmp_path / "docs")]  # fmt: skip
+    assert staleness.main([*common, "--seeds", "0", "1", "2"]) == 0
+    # seed-major within each k: every objective of seed 0, then of seed 1, ...
+    assert calls[:6] == [("long", o, 4, s) for s in (0, 1) for o in ("GRPO", "DHPO-E", "GRPO")]  # SAPO: a GRPO variant
+    results = json.loads((tmp_path / "docs" / "long_completions_power.json").read_text())
+    page = (tmp_path / "docs" / "long_completions_power.md").read_text()
+    assert page == staleness.page_from_json(results) and "Partial" not in page
+    assert results["meta"]["warm_start_keys"] == ["k3y"] and "`warmstart-k3y`" in page
+    for objective in ("GRPO", "DHPO-E", "SAPO"):
+        for k in (4, 2):
+            summaries = [json.loads((tmp_path / "out" / f"k{k}" / f"{objective}-seed{s}" / "summary.json").read_text())
+                         for s in (0, 1, 2)]  # fmt: skip
+            scores = np.array([[int(c) for c in s["final_heldout"]["correct"]] for s in summaries])
+            accuracy = scores.sum(axis=1) / 300
+            mean, std = results["aggregate"][objective][str(k)]["final_heldout_accuracy"]
+            assert (mean, std) == pytest.approx((accuracy.mean(), accuracy.std(ddof=1)), abs=1e-12)
+            noise = results["noise"][objective][str(k)]
+            evaluation = np.sqrt(np.trace(np.cov(scores.T))) / 300  # the covariance matrix's diagonal
+            assert noise["seed_std"] == pytest.approx(np.sqrt(np.cov(scores.T).mean()), abs=1e-12)
+            assert noise["evaluation_std"] == pytest.approx(evaluation, abs=1e-12)
+            assert noise["training_std"] == pytest.approx(np.sqrt(max(0, std**2 - evaluation**2)), abs=1e-12)
+            assert noise["binomial_std"] == pytest.approx(np.sqrt(mean * (1 - mean) / 300), abs=1e-12)
+            assert f"| {objective} | {k} | 3 | {100 * std:.1f} | {100 * noise['binomial_std']:.1f} |" in page
+    stds = sorted(results["aggregate"][o]["4"]["final_heldout_accuracy"][1] for o in ("GRPO", "DHPO-E", "SAPO"))
+    assert f"| 4 | 3 | {200 * stds[1]:.1f} | {200 * stds[2]:.1f} |" in page
+
+    # two more seeds, reported before they run: nothing runs, the page is marked partial and names them
+    assert staleness.main([*common, "--seeds", "0", "1", "2", "3", "--report-only"]) == 0 and len(calls) == 18
+    results = json.loads((tmp_path / "docs" / "long_completions_power.json").read_text())
+    page = (tmp_path / "docs" / "long_completions_power.md").read_text()
+    left = results["meta"]["cpu_minutes"] / 18 * 6  # the finished cells' mean, times the cells not run
+    assert f"**Partial: 18 of 24 cells finished**; about {left:.0f} CPU minutes left" in page
+    assert "long SAPO k=2 seed 3" in results["meta"]["missing"] and "long SAPO k=2 seed 3" in page
+    # a cell saved without the final set is run again; one with it is reused
+    summary_path = tmp_path / "out" / "k4" / "GRPO-seed0" / "summary.json"
+    saved = json.loads(summary_path.read_text())
+    summary_path.write_text(json.dumps({**saved, "final_heldout": None}))
+    assert staleness.main([*common, "--seeds", "0"]) == 0 and calls[18:] == [("long", "GRPO", 4, 0)]
+
+
+def test_final_heldout_is_refused_where_it_cannot_act(capsys):
+    for bad in (["--final-heldout", "100"], ["--task", "long", "--final-heldout", "0"],
+                ["--task", "long", "--final-heldout", "100", "--reference-seeds", "0"]):  # fmt: skip
+        with pytest.raises(SystemExit):
+            staleness.main(bad)
+        assert "--final-heldout" in capsys.readouterr().err
+
+
+def test_a_powered_study_with_one_seed_done_reports_means_and_what_it_lacks(monkeypatch, tmp_path):
+    calls = []
+    _fake_cells(monkeypatch, calls)
+    common = ["--task", "long", "--objectives", "GRPO", "DHPO-E", "--ks", "4", "2", "--final-heldout", "50",
+              "--generation-batches", "2", "--eval-every", "1", "--workers", "1", "--out-dir", str(tmp_path / "out"),
+              "--docs-dir", str(tmp_path / "docs")]  # fmt: skip
+    assert staleness.main([*common, "--seeds", "0"]) == 0
+    assert staleness.main([*common, "--seeds", "0", "1", "--report-only"]) == 0 and len(calls) == 4
+    results = json.loads((tmp_path / "docs" / "long_completions_power.json").read_text())
+    page = (tmp_path / "docs" / "long_completions_power.md").read_text()
+    grpo = results["aggregate"]["GRPO"]["4"]["final_heldout_accuracy"][0]
+    assert f"| GRPO | {grpo:.1%} (1) |" in page and results["noise"] == {}
+    assert "**Partial: 4 of 8 cells finished**" in page and "No row has two seeds yet" in page
+    assert "| 4 | 0 | — | — | — | — |" in page  # no pair has a noise to compare against

@@ -25,6 +25,10 @@ PAGES = [("staleness", "staleness.json", "staleness.md"), ("study", "results.jso
 # The long-completion study's page, once written (`python benchmarks/staleness.py --task long ... [--report-only]`).
 if (STUDY / "long_completions.json").exists():
     PAGES.append(("staleness", "long_completions.json", "long_completions.md"))
+# The powered study's page (`bash benchmarks/power_study.sh OUT_DIR --report`), once written.
+POWER = STUDY / "long_completions_power.json"
+if POWER.exists():
+    PAGES.append(("staleness", "long_completions_power.json", "long_completions_power.md"))
 
 
 @pytest.mark.parametrize(("script", "data", "page"), PAGES)
@@ -53,6 +57,57 @@ def test_the_pages_state_the_commit_and_machine_their_json_records():
     if (STUDY / "long_completions.json").exists():
         long_meta = json.loads((STUDY / "long_completions.json").read_text())["meta"]
         pages.append((long_meta["commits"], "long_completions.md"))
+    if POWER.exists():
+        pages.append((json.loads(POWER.read_text())["meta"]["commits"], "long_completions_power.md"))
     for commits, page in pages:
         assert commits and all(commit not in ("None", "") for commit in commits)
         assert f"at commit {', '.join(commits)}" in (STUDY / page).read_text()
+
+
+def _study_warm_start_key():
+    """The cache key of the long task's warm start as `LongSettings().load_task` builds it (nothing is trained)."""
+    import dhpo_trl.demo.long_task as long_task
+
+    keys = []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(long_task, "load_or_warm_start", lambda warm, **kwargs: keys.append(warm.cache_key()) or (0, 0, 0))
+        long_task.LongSettings().load_task()
+    return keys[0]
+
+
+@pytest.mark.skipif(not POWER.exists(), reason="the powered study's page is not written")
+def test_the_powered_page_numbers_are_its_cells_and_its_warm_start_is_the_study_one():
+    import numpy as np
+
+    results = json.loads(POWER.read_text())
+    meta, page = results["meta"], (STUDY / "long_completions_power.md").read_text()
+    n = meta["final_heldout"]
+    assert meta["warm_start_keys"] == [_study_warm_start_key()]  # no new warm start: the one the long study keys
+    rows = {}
+    for cell in results["cells"]:
+        assert cell["final_heldout_problems"] == n == len(cell["final_heldout_correct"])
+        assert cell["final_heldout_accuracy"] == cell["final_heldout_correct"].count("1") / n
+        rows.setdefault((cell["objective"], cell["k"]), []).append(cell)
+    for (objective, k), cells in rows.items():
+        scores = np.array([[int(c) for c in cell["final_heldout_correct"]] for cell in cells])
+        accuracy = scores.mean(axis=1)
+        row = results["aggregate"][objective][str(k)]
+        assert row["seeds"] == len(cells) and f"({len(cells)})" in page
+        assert row["final_heldout_accuracy"][0] == pytest.approx(accuracy.mean(), abs=1e-12)
+        if len(cells) < 2:
+            continue
+        std = accuracy.std(ddof=1)
+        evaluation = np.sqrt(np.trace(np.cov(scores.T))) / n
+        training = np.sqrt(max(0.0, std**2 - evaluation**2))
+        assert f"{accuracy.mean():.1%} ± {std:.1%} ({len(cells)})" in page
+        assert (f"| {objective} | {k} | {len(cells)} | {100 * std:.1f} | "
+                f"{100 * np.sqrt(accuracy.mean() * (1 - accuracy.mean()) / n):.1f} | {100 * evaluation:.1f} | "
+                f"{100 * training:.1f} |") in page  # fmt: skip
+    for k in meta["ks"]:
+        stds = sorted(r[str(k)]["final_heldout_accuracy"][1] for r in results["aggregate"].values()
+                      if str(k) in r and r[str(k)]["seeds"] >= 2)  # fmt: skip
+        if len(stds) >= 2:
+            callable_ = "yes" if 2 * stds[-1] <= 0.03 else "for some pairs" if 2 * stds[1] <= 0.03 else "no"
+            assert f"| {k} | {len(stds)} | {200 * stds[1]:.1f} | {200 * stds[-1]:.1f} | {callable_} |" in page
+    done = len(results["cells"])
+    assert (f"**Partial: {done} of {done + len(meta['missing'])} cells finished**" in page) == bool(meta["missing"])

@@ -97,17 +97,33 @@ def memoized_reward(reward):
     return memoized
 
 
+def greedy_scores(model, tokenizer, problems: list[Problem], *, max_new_tokens: int, batch_size: int = 200,
+                  reward=math_verify_reward, by_length: bool = False) -> list[float]:  # fmt: skip
+    """`reward` (math-verify's) of each problem's greedy completion, in the order of `problems`.
+
+    `by_length`: batch the problems in the order of their taught completion's length, so that each batch stops near
+    its own longest completion instead of every batch running as long as the longest of the set (on the long task,
+    about a third of the decoding of a large set)."""
+    was_training = model.training
+    model.eval()
+    order = list(range(len(problems)))
+    if by_length:
+        order.sort(key=lambda j: len(problems[j].target_completion()))
+    scores: list[float] = [0.0] * len(problems)
+    for start in range(0, len(order), batch_size):
+        chunk = [problems[j] for j in order[start : start + batch_size]]
+        texts = greedy_completions(model, tokenizer, [p.prompt for p in chunk], max_new_tokens=max_new_tokens)
+        for j, score in zip(order[start : start + batch_size], reward(texts, [p.answer for p in chunk]), strict=True):
+            scores[j] = score
+    model.train(was_training)
+    return scores
+
+
 def greedy_accuracy(model, tokenizer, problems: list[Problem], *, max_new_tokens: int, batch_size: int = 200,
                     reward=math_verify_reward) -> float:  # fmt: skip
     """Fraction of `problems` whose greedy completion `reward` (math-verify's) scores 1.0."""
-    was_training = model.training
-    model.eval()
-    scores: list[float] = []
-    for start in range(0, len(problems), batch_size):
-        chunk = problems[start : start + batch_size]
-        texts = greedy_completions(model, tokenizer, [p.prompt for p in chunk], max_new_tokens=max_new_tokens)
-        scores += reward(texts, [p.answer for p in chunk])
-    model.train(was_training)
+    scores = greedy_scores(model, tokenizer, problems, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                           reward=reward)  # fmt: skip
     return sum(scores) / len(scores)
 
 
@@ -216,11 +232,17 @@ def run_embedded(
     disable_tqdm: bool = False,
     num_threads: int = 1,
     config_overrides: dict | None = None,
+    final_heldout: int | None = None,
 ) -> dict:
     """Warm-start (or load), train `algorithm` on the synthetic task, evaluate, save; return the summary dict.
 
     `config_overrides`: `DHPOConfig` fields set on top of the row's preset (e.g. `{"delta": 3.0}`), recorded in the
     summary; the run's own batch, schedule and logging fields are not overridable.
+
+    `final_heldout`: after training, also measure the greedy accuracy on this many further problems, disjoint from
+    the training and the curve's held-out problems (`settings.final_heldout`, the long task's), so that the final
+    accuracy has less evaluation noise than the curve's `num_heldout` give; the warm start is unchanged. Saved as
+    the summary's `final_heldout` (accuracy, problem count, and each problem's 0/1 in order).
 
     `num_threads` torch threads for the run (restored afterwards): one thread is barely slower than two on an idle
     2-core machine for a model this small, and many times faster when other processes share the cores.
@@ -229,13 +251,13 @@ def run_embedded(
     torch.set_num_threads(num_threads)
     try:
         return _run(algorithm, seed, max_steps, output_dir, eval_every, num_heldout, cache_dir, use_cache, settings,
-                    disable_tqdm, config_overrides or {})  # fmt: skip
+                    disable_tqdm, config_overrides or {}, final_heldout)  # fmt: skip
     finally:
         torch.set_num_threads(previous_threads)
 
 
 def _run(algorithm, seed, max_steps, output_dir, eval_every, num_heldout, cache_dir, use_cache, settings, disable_tqdm,
-         config_overrides):  # fmt: skip
+         config_overrides, final_heldout):  # fmt: skip
     from .. import DHPOTrainer  # heavy import, deferred so that `--help` answers at once
 
     if algorithm not in PAPER_ALGORITHMS:
@@ -247,6 +269,12 @@ def _run(algorithm, seed, max_steps, output_dir, eval_every, num_heldout, cache_
     for name, value in (("max_steps", max_steps), ("eval_every", eval_every), ("num_heldout", num_heldout)):
         if value < 1:
             raise ValueError(f"{name}={value} must be a positive integer.")
+    if final_heldout is not None:
+        if not hasattr(settings, "final_heldout"):
+            raise ValueError(f"final_heldout={final_heldout}: {type(settings).__name__} has no final held-out set; "
+                             "use the long task (LongSettings) or leave final_heldout unset.")  # fmt: skip
+        if final_heldout < 1:
+            raise ValueError(f"final_heldout={final_heldout} must be a positive integer.")
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -286,6 +314,9 @@ def _run(algorithm, seed, max_steps, output_dir, eval_every, num_heldout, cache_
     train_problems, heldout_problems, (model, tokenizer, from_cache) = load_task(
         settings, num_heldout, cache_dir=cache_dir, use_cache=use_cache
     )
+    # Drawn before training, so that a set too large for the task's problem space fails before any RL step.
+    final_problems = None if final_heldout is None else settings.final_heldout(final_heldout, train_problems,
+                                                                               heldout_problems)  # fmt: skip
     warm_seconds = time.perf_counter() - started
     reward = memoized_reward(math_verify_reward)  # one memo for training and evaluation: same scores, less time
     before = greedy_accuracy(model, tokenizer, heldout_problems, max_new_tokens=settings.max_completion_length,
@@ -316,6 +347,15 @@ def _run(algorithm, seed, max_steps, output_dir, eval_every, num_heldout, cache_
     train_started = time.perf_counter()
     trainer.train()
     train_seconds = time.perf_counter() - train_started
+    final, final_seconds = None, 0.0
+    if final_problems is not None:
+        final_started = time.perf_counter()
+        scores = greedy_scores(model, tokenizer, final_problems, max_new_tokens=settings.max_completion_length,
+                               reward=reward, by_length=True)  # fmt: skip
+        final = {"num_problems": len(final_problems), "accuracy": sum(scores) / len(final_problems),
+                 "correct": "".join("1" if score == 1.0 else "0" for score in scores)}  # fmt: skip
+        final_seconds = time.perf_counter() - final_started
+        print(f"Final held-out accuracy on {len(final_problems)} further problems: {final['accuracy']:.1%}", flush=True)
     save_started = time.perf_counter()
 
     checkpoint_dir = output_dir / "checkpoint-final"
@@ -331,7 +371,7 @@ def _run(algorithm, seed, max_steps, output_dir, eval_every, num_heldout, cache_
     accuracies = _series(trainer.state.log_history, "eval/heldout_accuracy")
     phases = {  # seconds per phase; "rl" includes the held-out evaluations during training ("rl_evaluation")
         "warm_start": warm_seconds, "baseline_evaluation": baseline_seconds, "rl": train_seconds,
-        "rl_evaluation": callback.seconds, "save": time.perf_counter() - save_started,
+        "rl_evaluation": callback.seconds, "final_evaluation": final_seconds, "save": time.perf_counter() - save_started,
     }  # fmt: skip
     summary = {
         "algorithm": algorithm,
@@ -344,7 +384,9 @@ def _run(algorithm, seed, max_steps, output_dir, eval_every, num_heldout, cache_
         "optimizer_steps": trainer.state.global_step,
         "parameters": sum(p.numel() for p in model.parameters()),
         "num_heldout": num_heldout,
+        "final_heldout": final,
         "warm_start_from_cache": from_cache,
+        "warm_start_key": getattr(model.config, "warm_start_key", None),  # None: a model not from load_or_warm_start
         "warm_start_steps": warm_steps,
         "warm_start_seconds": round(warm_seconds, 2),
         "train_seconds": round(train_seconds, 2),

@@ -167,12 +167,15 @@ def load_or_warm_start(settings: WarmStartSettings, *, cache_dir: Path | str | N
     """`(model, tokenizer, from_cache)`: the cached warm start for `settings`, trained and saved if absent."""
     from transformers import AutoModelForCausalLM
 
-    path = Path(cache_dir or DEFAULT_CACHE_DIR) / f"warmstart-{settings.cache_key()}"
+    key = settings.cache_key()
+    path = Path(cache_dir or DEFAULT_CACHE_DIR) / f"warmstart-{key}"
     if use_cache and (path / "config.json").is_file():
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
         model.eval()
+        model.config.warm_start_key = key  # runs record which warm start they started from
         return model, build_char_tokenizer(), True
     model, tokenizer = warm_start(settings, log)
+    model.config.warm_start_key = key
     if use_cache:  # write then rename, so that an interrupted run never leaves a half-written cache entry
         partial = path.with_name(f"{path.name}.partial-{os.getpid()}")
         model.save_pretrained(partial)
