@@ -178,14 +178,24 @@ def test_a_failing_forked_rank_fails_the_launch_and_stops_the_others(tmp_path, s
 # Each rank marks that it runs, sleeps, and marks on its way out (a `finally`, as a script's cleanup of the servers
 # it started is): what a SIGINT leaves it time to do.
 RANK_CLEANUP = """
-import os, time
+import os, signal, time
 folder, rank = os.path.dirname(os.path.abspath(__file__)), os.environ["RANK"]
-try:
-    open(os.path.join(folder, f"running{rank}"), "w").close()
+try:  # the rank's SIGINT handler and blocked signals, for the failure message
+    state = f"{signal.getsignal(signal.SIGINT)} blocked {sorted(signal.pthread_sigmask(signal.SIG_BLOCK, []))}"
+    with open(os.path.join(folder, f"running{rank}"), "w") as file:
+        file.write(state)
     time.sleep(600)
 finally:
     open(os.path.join(folder, f"cleaned{rank}"), "w").close()
 """
+
+
+def as_a_shell_starts_it():
+    """A command started from a terminal: SIGINT and SIGTERM at their defaults and not blocked, whatever this test
+    process inherited (a pytest worker can run with SIGINT ignored or blocked; its children would inherit that)."""
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, (signal.SIGINT, signal.SIGTERM))
 
 
 def test_sigint_reaches_forked_ranks_as_a_keyboard_interrupt(tmp_path):
@@ -195,13 +205,18 @@ def test_sigint_reaches_forked_ranks_as_a_keyboard_interrupt(tmp_path):
     script.write_text(RANK_CLEANUP)
     command = [sys.executable, processes.FORKED_RANKS, "--preload=", str(script)]
     launcher = processes.popen(command, env=processes._rank_variables(True, None), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+                               stderr=subprocess.PIPE, text=True, preexec_fn=as_a_shell_starts_it)  # fmt: skip
     try:
         deadline = time.monotonic() + 60
         while not all((tmp_path / f"running{rank}").exists() for rank in (0, 1)) and time.monotonic() < deadline:
             time.sleep(0.05)
+        time.sleep(0.2)  # each rank has written its state
+        states = [(tmp_path / f"running{rank}").read_text() for rank in (0, 1)]
         launcher.send_signal(signal.SIGINT)
-        _, err = launcher.communicate(timeout=60)
+        try:
+            _, err = launcher.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the ranks kept running after SIGINT; their SIGINT handler and blocked signals: {states}")
         assert launcher.returncode != 0, err[-3000:]
         assert [(tmp_path / f"cleaned{rank}").exists() for rank in (0, 1)] == [True, True], err[-3000:]
     finally:
