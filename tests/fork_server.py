@@ -7,14 +7,16 @@ new interpreter per launch, it pays that import every time. Forked from this pro
 imports done. It is the launcher a new interpreter would be: `forked_ranks.main` in a session of its own (its group
 is what a timeout kills), this interpreter's initial signal handlers, the request's environment and folder.
 The environment is applied after the imports: `processes.forked_ranks` keeps one server per value of the variables
-libraries read when imported (`processes.IMPORT_VARIABLES`), so those are the same as at the imports.
+libraries read when imported (`IMPORT_PREFIXES`), so those are the same as at the imports.
 
 Protocol, one connection per launch: the client sends an 8-byte length and a JSON request {"argv", "env", "cwd"}
 with the stdout and stderr file descriptors attached (SCM_RIGHTS); the server answers {"pid": launcher} and then
-{"status": exit status as a shell reports it}. A client that sends b"kill", or closes the connection, has the
-launcher's whole tree stopped (`processes.kill_tree`) before the status comes back. The server exits, stopping every
-launcher it still runs, when its stdin reaches end of file (the test process that started it ended, however it
-ended) or on SIGTERM; and a launcher gets SIGTERM, which it passes to its ranks, when the server dies.
+{"status": the launcher's exit status as `subprocess.Popen` reports it, -N when signal N killed it}. A client that
+sends b"kill", or closes the connection, has the launcher's whole tree stopped (`processes.kill_tree`) before the
+status comes back; a client that closes or stalls inside its request is dropped, the other launches go on. The
+server exits, stopping every launcher it still runs, when its stdin reaches end of file (the test process that
+started it ended, however it ended) or on SIGTERM; and a launcher gets SIGTERM, which it passes to its ranks, when
+the server dies.
 """
 
 import argparse
@@ -42,14 +44,26 @@ PR_SET_PDEATHSIG = 1
 HEADER = struct.Struct("!Q")
 
 
-def receive_request(conn: socket.socket) -> tuple[dict, list[int]]:
+def receive_request(conn: socket.socket, timeout: float = 30.0) -> tuple[dict, list[int]]:
+    """The request and its file descriptors; raises (the descriptors closed) for a client that closes, stalls past
+    `timeout` seconds or sends something else, which the server must survive: other clients' launches run on."""
+    conn.settimeout(timeout)
     data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 2)
-    while len(data) < HEADER.size or len(data) < HEADER.size + HEADER.unpack_from(data)[0]:
-        chunk = conn.recv(1 << 16)
-        if not chunk:
-            raise EOFError("the client closed the connection inside its request")
-        data += chunk
-    return json.loads(data[HEADER.size :]), fds
+    try:
+        while len(data) < HEADER.size or len(data) < HEADER.size + HEADER.unpack_from(data)[0]:
+            chunk = conn.recv(1 << 16)
+            if not chunk:
+                raise EOFError("the client closed the connection inside its request")
+            data += chunk
+        request = json.loads(data[HEADER.size :])
+        if len(fds) != 2 or not isinstance(request, dict):
+            raise ValueError("a request is a JSON object with the stdout and stderr descriptors attached")
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    conn.settimeout(None)
+    return request, fds
 
 
 def send(conn: socket.socket, message: dict) -> None:
@@ -109,6 +123,10 @@ def serve(path: str, imported_under: tuple) -> int:
     launchers: dict[int, socket.socket] = {}  # launcher pid -> its client's connection
     try:
         print("ready", flush=True)
+        # Nobody reads that pipe from here on: a library that prints later would fill it and block this process.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
         while True:
             ready, _, _ = select.select([listener, sys.stdin, wake_read, *launchers.values()], [], [])
             if sys.stdin in ready and not os.read(sys.stdin.fileno(), 1 << 10):
@@ -119,17 +137,23 @@ def serve(path: str, imported_under: tuple) -> int:
                 pid, status = os.waitpid(-1, os.WNOHANG)
                 if not pid:
                     break
+                conn = launchers.pop(pid, None)
+                if conn is None:  # a child of the imports, not a launcher
+                    continue
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGKILL)  # what a finished launcher left in its group
-                conn = launchers.pop(pid)
-                send(conn, {"status": forked_ranks.exit_code(status)})
+                send(conn, {"status": os.waitstatus_to_exitcode(status)})  # as Popen reports it
                 conn.close()
             for pid, conn in list(launchers.items()):
                 if conn in ready and conn.recv(16) in (b"", b"kill"):
                     kill_tree(pid)  # reaped, and its status sent, on the next turn
             if listener in ready:
                 conn, _ = listener.accept()
-                request, fds = receive_request(conn)
+                try:
+                    request, fds = receive_request(conn)
+                except (OSError, EOFError, ValueError):  # a client gone or garbled: the other launches go on
+                    conn.close()
+                    continue
                 if import_environment(request["env"]) != imported_under:
                     send(conn, {"refused": "the import variables differ from the server's (IMPORT_PREFIXES)"})
                     for fd in fds:
@@ -179,14 +203,17 @@ class Server:
         self.folder = tempfile.mkdtemp(prefix="fork-server-")
         self.path = os.path.join(self.folder, "socket")
         command = [sys.executable, __file__, self.path, f"--preload={modules}"]
-        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, bufsize=0,
                                         start_new_session=True)  # fmt: skip
-        if (
-            not select.select([self.process.stdout], [], [], timeout)[0]
-            or self.process.stdout.readline() != b"ready\n"
-        ):
-            self.stop()
-            raise RuntimeError(f"the fork server did not start within {timeout} s (preload {modules!r})")
+        deadline = time.monotonic() + timeout
+        line = None  # lines a preloaded module printed come first (unbuffered: `select` sees every byte)
+        while line != b"ready\n":
+            wait = deadline - time.monotonic()
+            ready = wait > 0 and select.select([self.process.stdout], [], [], wait)[0]
+            line = self.process.stdout.readline() if ready else b""
+            if not line:
+                self.stop()
+                raise RuntimeError(f"the fork server did not start within {timeout} s (preload {modules!r})")
 
     def stop(self) -> None:
         """End of stdin: the server stops whatever it still runs and exits; killed with its tree if it does not."""

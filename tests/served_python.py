@@ -30,9 +30,9 @@ def main(args: list[str]) -> None:
             signal.signal(signal.SIGTERM, stop)
             signal.signal(signal.SIGINT, stop)
             code = answers.next(None)["status"]
-            if code > 128:  # killed by a signal, as a shell reports it: die of it too
-                signal.signal(code - 128, signal.SIG_DFL)
-                os.kill(os.getpid(), code - 128)
+            if code < 0:  # killed by a signal (as Popen reports it): die of it too
+                signal.signal(-code, signal.SIG_DFL)
+                os.kill(os.getpid(), -code)
             sys.exit(code)
     os.execv(sys.executable, [sys.executable, *args])
 

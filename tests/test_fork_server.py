@@ -5,6 +5,7 @@ server started outlives the process that started it."""
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -118,8 +119,71 @@ def test_served_python_runs_in_the_server_and_outside_it_only_under_other_import
     served = [sys.executable, os.path.join(os.path.dirname(fork_server.__file__), "served_python.py"), str(script)]
     try:
         for extra, parent in (({}, server.process.pid), ({"HF_HOME": str(tmp_path)}, os.getpid())):
-            result = subprocess.run([*served, "3", "x"], env={**env, **extra, "DHPO_FORK_SERVER_SOCKET": server.path},
-                                    capture_output=True, text=True, timeout=120)  # fmt: skip
-            assert result.returncode == 3 and result.stdout.split(None, 1) == [str(parent), "__main__ ['3', 'x']\n"]
+            for code in ("3", "137"):  # 137: an exit status, not SIGKILL
+                variables = {**env, **extra, "DHPO_FORK_SERVER_SOCKET": server.path}
+                result = subprocess.run([*served, code, "x"], env=variables, capture_output=True, text=True, timeout=120)
+                assert result.returncode == int(code)
+                assert result.stdout.split(None, 1) == [str(parent), f"__main__ ['{code}', 'x']\n"]
+    finally:
+        server.stop()
+
+
+# Rank 0 kills its launcher (SIGKILL: no status of its own), then both ranks sleep.
+KILL_LAUNCHER = """
+import os, signal, sys, time
+open(os.path.join(sys.argv[1], "rank" + os.environ["RANK"]), "w").write(str(os.getpid()))
+if os.environ["RANK"] == "0":
+    os.kill(os.getppid(), signal.SIGKILL)
+time.sleep(600)
+"""
+
+
+def test_a_launcher_killed_by_a_signal_has_the_status_a_new_interpreter_has(tmp_path, monkeypatch):
+    """`subprocess.Popen`'s -N for a launcher that signal N killed, served or not; its ranks are stopped."""
+    script = tmp_path / "kill.py"
+    script.write_text(KILL_LAUNCHER)
+    codes = {}
+    for served in ("1", "0"):
+        monkeypatch.setenv("DHPO_FORK_SERVER", served)
+        folder = tmp_path / served
+        folder.mkdir()
+        result = processes.forked_ranks(script, folder, timeout=120, preload=PRELOAD)
+        codes[served] = result.returncode
+        ranks = [int(path.read_text()) for path in folder.iterdir() if path.read_text()]
+        assert ranks and wait_gone(ranks) == [], result.stderr[-3000:]
+    assert codes == {"1": -signal.SIGKILL, "0": -signal.SIGKILL}
+
+
+def test_the_server_survives_clients_that_leave_or_stall_inside_their_request(tmp_path):
+    """A client gone before its request is whole (a killed `served_python.py`), or one that sends something else, is
+    dropped: the server runs on and serves the next launch."""
+    script = tmp_path / "ok.py"
+    script.write_text("print('ran')\n")
+    env = processes._rank_variables(True, None)
+    server = fork_server.Server(",".join(PRELOAD), env, 120)
+    try:
+        for partial in (b"", fork_server.HEADER.pack(1000) + b"{", fork_server.HEADER.pack(2) + b"{}"):
+            with socket.socket(socket.AF_UNIX) as conn:
+                conn.settimeout(60)
+                conn.connect(server.path)
+                conn.sendall(partial)
+                conn.shutdown(socket.SHUT_WR)
+                assert conn.recv(1 << 10) == b""  # dropped without an answer
+            assert server.process.poll() is None
+        result = server.launch(["--nproc=1", "--preload=", str(script)], env, tmp_path, 60)
+        assert (result.returncode, result.stdout) == (0, "ran\n"), result.stderr[-3000:]
+    finally:
+        server.stop()
+
+
+def test_a_preload_that_prints_still_starts_the_server(tmp_path):
+    """Lines a preloaded module prints before the server is ready do not count as a failed start (`this` prints)."""
+    script = tmp_path / "ok.py"
+    script.write_text("import sys\nprint('this' in sys.modules)\n")
+    env = processes._rank_variables(True, None)
+    server = fork_server.Server("this", env, 120)
+    try:
+        result = server.launch(["--nproc=1", "--preload=", str(script)], env, tmp_path, 60)
+        assert (result.returncode, result.stdout) == (0, "True\n"), result.stderr[-3000:]
     finally:
         server.stop()
