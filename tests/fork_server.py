@@ -38,7 +38,7 @@ import tempfile
 import time
 
 import forked_ranks  # this folder: sys.path[0] when run as a script
-from processes import FORKED_RANKS, kill_tree
+from processes import FORKED_RANKS, _read, kill_tree
 
 PR_SET_PDEATHSIG = 1
 HEADER = struct.Struct("!Q")
@@ -243,7 +243,7 @@ class Server:
             except TimeoutError:  # the server stops the launcher's tree (a grace period at most), then answers
                 conn.sendall(b"kill")
                 status, timed_out = answers.next(time.monotonic() + 60)["status"], True
-            stdout, stderr = (read(handle) for handle in (out, err))
+            stdout, stderr = (_read(handle, True) for handle in (out, err))
         if timed_out:
             raise subprocess.TimeoutExpired(command, timeout, output=stdout, stderr=stderr)
         return subprocess.CompletedProcess(command, status, stdout, stderr)
@@ -266,11 +266,6 @@ class Answers:
             self.buffer += chunk
         line, self.buffer = self.buffer.split(b"\n", 1)
         return json.loads(line)
-
-
-def read(handle) -> str:
-    handle.seek(0)
-    return handle.read().decode(errors="replace")
 
 
 def launch(modules: str, argv: list[str], env: dict, cwd, timeout: float) -> subprocess.CompletedProcess:
