@@ -172,8 +172,42 @@ def test_the_server_survives_clients_that_leave_or_stall_inside_their_request(tm
             assert server.process.poll() is None
         result = server.launch(["--nproc=1", "--preload=", str(script)], env, tmp_path, 60)
         assert (result.returncode, result.stdout) == (0, "ran\n"), result.stderr[-3000:]
+        server.stop()
+        assert server.process.returncode == 0  # it heard its stdin end: not killed after stop's wait
     finally:
         server.stop()
+
+
+def test_a_killed_server_leaves_no_launcher_and_no_rank(tmp_path):
+    """The server killed outright (SIGKILL: the OOM killer's choice, its 0.6 GB of imports): each launcher gets
+    SIGTERM from its parent's death and passes it to its ranks."""
+    script = tmp_path / "sleep.py"
+    script.write_text(RANK_SLEEP)
+    env = processes._rank_variables(True, None)
+    server = fork_server.Server(",".join(PRELOAD), env, 120)
+    client = None
+    try:
+        client = processes.popen([sys.executable, "-c", SERVED_CLIENT, os.path.dirname(processes.__file__),
+                                  server.path, str(script), str(tmp_path)], env=env)  # fmt: skip
+        ranks = _wait_for_ranks(tmp_path)
+        server.process.kill()
+        server.process.wait()
+        assert wait_gone([ranks[0]["launcher"], *(seen["pid"] for seen in ranks)], seconds=20) == []
+    finally:
+        if client is not None:
+            processes.kill_tree(client)
+        server.stop()
+
+
+# A launch through a given server, from a process of its own (the test keeps the server to kill it).
+SERVED_CLIENT = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import fork_server, os
+server = fork_server.Server.__new__(fork_server.Server)
+server.path = sys.argv[2]
+server.launch(["--nproc=2", "--preload=torch.distributed", sys.argv[3], sys.argv[4]], dict(os.environ), None, 600)
+"""
 
 
 def test_a_preload_that_prints_still_starts_the_server(tmp_path):
