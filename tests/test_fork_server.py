@@ -185,7 +185,7 @@ def test_a_killed_server_leaves_no_launcher_and_no_rank(tmp_path):
     script.write_text(RANK_SLEEP)
     env = processes._rank_variables(True, None)
     server = fork_server.Server(",".join(PRELOAD), env, 120)
-    client = None
+    client, ranks = None, []
     try:
         client = processes.popen([sys.executable, "-c", SERVED_CLIENT, os.path.dirname(processes.__file__),
                                   server.path, str(script), str(tmp_path)], env=env)  # fmt: skip
@@ -196,6 +196,8 @@ def test_a_killed_server_leaves_no_launcher_and_no_rank(tmp_path):
     finally:
         if client is not None:
             processes.kill_tree(client)
+        if ranks and alive(ranks[0]["launcher"]):  # left by a failure: out of every tree once the server is gone
+            processes.kill_tree(ranks[0]["launcher"], grace=1)
         server.stop()
 
 
