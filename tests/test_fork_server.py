@@ -65,6 +65,7 @@ def _wait_for_ranks(folder, seconds=60):
 def test_a_served_launch_that_times_out_leaves_nothing_and_the_server_serves_on(tmp_path):
     script = tmp_path / "sleep.py"
     script.write_text(RANK_SLEEP)
+    processes.forked_ranks(script.parent / "none.py", timeout=120, preload=PRELOAD)  # the server's start is not timed
     start = time.monotonic()
     with pytest.raises(subprocess.TimeoutExpired):
         processes.forked_ranks(script, tmp_path, timeout=8, preload=PRELOAD, env={"EXTRA": "y"}, cwd=tmp_path)
@@ -124,6 +125,11 @@ def test_served_python_runs_in_the_server_and_outside_it_only_under_other_import
                 result = subprocess.run([*served, code, "x"], env=variables, capture_output=True, text=True, timeout=120)
                 assert result.returncode == int(code)
                 assert result.stdout.split(None, 1) == [str(parent), f"__main__ ['{code}', 'x']\n"]
+        # an interpreter option: run by an interpreter of its own, as `python -c` would
+        command = [served[0], served[1], "-c", "import os, sys; print(os.getppid(), sys.argv[1:]); sys.exit(4)", "y"]
+        variables = {**env, "DHPO_FORK_SERVER_SOCKET": server.path}  # the server's import variables
+        result = subprocess.run(command, env=variables, capture_output=True, text=True, timeout=120)
+        assert (result.returncode, result.stdout) == (4, f"{os.getpid()} ['y']\n"), result.stderr[-3000:]
     finally:
         server.stop()
 
