@@ -91,6 +91,14 @@ def become_launcher(request: dict, fds: list[int], server: int, inherited: list[
         os.close(fd)
     os.environ.clear()
     os.environ.update(request["env"])
+    # What the imports made of the value they saw, as in a new interpreter; a value of the launch's own is kept.
+    for key, (seen, left) in IMPORTS_CHANGED.items():
+        if request["env"].get(key) != seen:
+            continue
+        if left is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = left
     os.chdir(request["cwd"])
     if "python" in request:
         run_python(request["python"])
@@ -187,6 +195,10 @@ def serve(path: str, imported_under: tuple) -> int:
 # a test's own) are read when the launch runs.
 IMPORT_PREFIXES = ("HF_", "HUGGINGFACE", "TRANSFORMERS", "DATASETS", "TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "CUDA",
                    "DS_", "PYTHON", "TOKENIZERS", "HOME", "XDG_", "TMP", "TEMP", "LD_")  # fmt: skip
+# The variables the server's imports set, changed or removed: (the value they saw, the value they left; None where
+# unset). A launcher's environment is the request's with these applied where it has the value the imports saw, as a
+# new interpreter's is after the same imports (the import variables always have it: they pick the server).
+IMPORTS_CHANGED: dict[str, tuple[str | None, str | None]] = {}
 MAX_SERVERS = 3  # per test process: each holds its imports in memory (about 0.6 GB); the suite uses 2-3 at a time
 SERVERS: "collections.OrderedDict[tuple, Server]" = collections.OrderedDict()
 
@@ -303,7 +315,10 @@ def main(argv: list[str]) -> int:
             "OMP_NUM_THREADS must be 1: a launcher forked from here cannot use an OpenMP pool of this process"
         )
     imported_under = import_environment(os.environ)  # before a preload sets any (DS_ACCELERATOR)
+    before = dict(os.environ)
     forked_ranks.preload(options.preload)
+    changed = {*before, *os.environ} - {key for key in before if before[key] == os.environ.get(key)}
+    IMPORTS_CHANGED.update({key: (before.get(key), os.environ.get(key)) for key in changed})
     return serve(options.socket, imported_under)
 
 

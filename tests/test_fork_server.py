@@ -229,3 +229,23 @@ def test_a_preload_that_prints_still_starts_the_server(tmp_path):
         assert (result.returncode, result.stdout) == (0, "True\n"), result.stderr[-3000:]
     finally:
         server.stop()
+
+
+def test_a_launch_sees_the_variables_its_imports_set_served_or_not(tmp_path, monkeypatch):
+    """A library that sets a variable when imported (torch's TORCHINDUCTOR_CACHE_DIR, DeepSpeed's accelerator): the
+    ranks of a served launch see it as those of a new interpreter do, and a variable set for the launch still wins
+    where the library only sets a default."""
+    (tmp_path / "sets_at_import.py").write_text(
+        "import os\nos.environ['DHPO_SET_AT_IMPORT'] = 'set'\nos.environ.setdefault('DHPO_DEFAULT_AT_IMPORT', 'd')\n"
+    )
+    script = tmp_path / "report.py"
+    script.write_text("import os\nprint(os.environ.get('DHPO_SET_AT_IMPORT'), os.environ.get('DHPO_DEFAULT_AT_IMPORT'))\n")
+    seen = {}
+    for served in ("1", "0"):
+        monkeypatch.setenv("DHPO_FORK_SERVER", served)
+        for default in (None, "mine"):
+            env = {"PYTHONPATH": str(tmp_path), **({"DHPO_DEFAULT_AT_IMPORT": default} if default else {})}
+            result = processes.forked_ranks(script, timeout=120, nproc=1, preload=("sets_at_import",), env=env)
+            assert result.returncode == 0, result.stderr[-3000:]
+            seen[served, default] = result.stdout
+    assert seen == {(served, default): f"set {default or 'd'}\n" for served in "10" for default in (None, "mine")}
