@@ -190,11 +190,13 @@ def serve(path: str, imported_under: tuple) -> int:
 
 
 # Variables a library may read when it is imported (huggingface_hub's and datasets' offline flags and caches, torch's
-# and OpenMP's threads, DeepSpeed's accelerator, the interpreter's module path, the temporary folder): a launch is
+# and OpenMP's threads, DeepSpeed's accelerator, the interpreter's module path, the temporary folder, the package's
+# warm-start cache, `dhpo_trl.demo.warmstart.DEFAULT_CACHE_DIR`): a launch is
 # served only by a server that imported under the same values. The others (ACCELERATE_USE_CPU, torchrun's variables,
 # a test's own) are read when the launch runs.
 IMPORT_PREFIXES = ("HF_", "HUGGINGFACE", "TRANSFORMERS", "DATASETS", "TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "CUDA",
-                   "DS_", "PYTHON", "TOKENIZERS", "HOME", "XDG_", "TMP", "TEMP", "LD_")  # fmt: skip
+                   "DS_", "PYTHON", "TOKENIZERS", "HOME", "XDG_", "TMP", "TEMP", "LD_",
+                   "DHPO_TRL_CACHE")  # fmt: skip
 # The variables the server's imports set, changed or removed: (the value they saw, the value they left; None where
 # unset). A launcher's environment is the request's with these applied where it has the value the imports saw, as a
 # new interpreter's is after the same imports (the import variables always have it: they pick the server).

@@ -108,6 +108,7 @@ def test_the_import_environment_picks_the_server():
     assert key == (("HF_HUB_OFFLINE", "1"), ("OMP_NUM_THREADS", "1"), ("PYTHONPATH", "/a"))
     assert fork_server.import_environment({**base, "ACCELERATE_USE_CPU": "0", "EXTRA": "x"}) == key
     assert fork_server.import_environment({**base, "PYTHONPATH": "/b"}) != key
+    assert fork_server.import_environment({**base, "DHPO_TRL_CACHE": "/c"}) != key  # read when warmstart is imported
 
 
 def test_served_python_runs_in_the_server_and_outside_it_only_under_other_import_variables(tmp_path):
