@@ -102,6 +102,7 @@ def become_launcher(request: dict, fds: list[int], server: int, inherited: list[
     os.chdir(request["cwd"])
     if "python" in request:
         run_python(request["python"])
+    sys.argv = [FORKED_RANKS, *request["argv"]]  # the launcher's own command line (its usage errors name it)
     sys.exit(forked_ranks.main(request["argv"]))  # a rank's own exit leaves through here too, as in a new interpreter
 
 

@@ -250,3 +250,14 @@ def test_a_launch_sees_the_variables_its_imports_set_served_or_not(tmp_path, mon
             assert result.returncode == 0, result.stderr[-3000:]
             seen[served, default] = result.stdout
     assert seen == {(served, default): f"set {default or 'd'}\n" for served in "10" for default in (None, "mine")}
+
+
+def test_a_served_launch_with_a_bad_argument_fails_as_a_new_interpreter_does(tmp_path, monkeypatch):
+    script = tmp_path / "ok.py"
+    script.write_text("")
+    seen = {}
+    for served in ("1", "0"):
+        monkeypatch.setenv("DHPO_FORK_SERVER", served)
+        result = processes.forked_ranks(script, timeout=120, nproc="two", preload=PRELOAD)
+        seen[served] = (result.returncode, result.stderr.splitlines()[-1])
+    assert seen["1"] == seen["0"] and seen["0"][0] == 2 and "--nproc" in seen["0"][1]
