@@ -195,8 +195,8 @@ def main(argv=None) -> int:
     parser.add_argument("--parts", default=None, help="comma-separated part names to run (default: all, in order)")
     parser.add_argument("--total-seconds", type=float, default=None, help="the whole run's limit (GPU 480, CPU 1800)")
     parser.add_argument("--wheels", default=str(ROOT / ".gpu_wheels"), help="the carried wheels' folder")
-    parser.add_argument("--python", default=sys.executable, help="the command line each part's Python runs with "
-                        "(default: this interpreter)")  # fmt: skip
+    parser.add_argument("--python", default=shlex.quote(sys.executable), help="the command line each part's Python "
+                        "runs with, words as a shell splits them (default: this interpreter)")  # fmt: skip
     options = parser.parse_args(argv)
     output = Path(options.output_dir).resolve()
     output.mkdir(parents=True, exist_ok=True)

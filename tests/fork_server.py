@@ -7,14 +7,16 @@ new interpreter per launch, it pays that import every time. Forked from this pro
 imports done. It is the launcher a new interpreter would be: `forked_ranks.main` in a session of its own (its group
 is what a timeout kills), this interpreter's initial signal handlers, the request's environment and folder.
 The environment is applied after the imports: `processes.forked_ranks` keeps one server per value of the variables
-libraries read when imported (`processes.IMPORT_VARIABLES`), so those are the same as at the imports.
+libraries read when imported (`IMPORT_PREFIXES`), so those are the same as at the imports.
 
 Protocol, one connection per launch: the client sends an 8-byte length and a JSON request {"argv", "env", "cwd"}
 with the stdout and stderr file descriptors attached (SCM_RIGHTS); the server answers {"pid": launcher} and then
-{"status": exit status as a shell reports it}. A client that sends b"kill", or closes the connection, has the
-launcher's whole tree stopped (`processes.kill_tree`) before the status comes back. The server exits, stopping every
-launcher it still runs, when its stdin reaches end of file (the test process that started it ended, however it
-ended) or on SIGTERM; and a launcher gets SIGTERM, which it passes to its ranks, when the server dies.
+{"status": the launcher's exit status as `subprocess.Popen` reports it, -N when signal N killed it}. A client that
+sends b"kill", or closes the connection, has the launcher's whole tree stopped (`processes.kill_tree`) before the
+status comes back; a client that closes or stalls inside its request is dropped, the other launches go on. The
+server exits, stopping every launcher it still runs, when its stdin reaches end of file (the test process that
+started it ended, however it ended) or on SIGTERM; and a launcher gets SIGTERM, which it passes to its ranks, when
+the server dies.
 """
 
 import argparse
@@ -36,20 +38,32 @@ import tempfile
 import time
 
 import forked_ranks  # this folder: sys.path[0] when run as a script
-from processes import FORKED_RANKS, kill_tree
+from processes import FORKED_RANKS, _read, kill_tree
 
 PR_SET_PDEATHSIG = 1
 HEADER = struct.Struct("!Q")
 
 
-def receive_request(conn: socket.socket) -> tuple[dict, list[int]]:
+def receive_request(conn: socket.socket, timeout: float = 30.0) -> tuple[dict, list[int]]:
+    """The request and its file descriptors; raises (the descriptors closed) for a client that closes, stalls past
+    `timeout` seconds or sends something else, which the server must survive: other clients' launches run on."""
+    conn.settimeout(timeout)
     data, fds, _, _ = socket.recv_fds(conn, 1 << 16, 2)
-    while len(data) < HEADER.size or len(data) < HEADER.size + HEADER.unpack_from(data)[0]:
-        chunk = conn.recv(1 << 16)
-        if not chunk:
-            raise EOFError("the client closed the connection inside its request")
-        data += chunk
-    return json.loads(data[HEADER.size :]), fds
+    try:
+        while len(data) < HEADER.size or len(data) < HEADER.size + HEADER.unpack_from(data)[0]:
+            chunk = conn.recv(1 << 16)
+            if not chunk:
+                raise EOFError("the client closed the connection inside its request")
+            data += chunk
+        request = json.loads(data[HEADER.size :])
+        if len(fds) != 2 or not isinstance(request, dict):
+            raise ValueError("a request is a JSON object with the stdout and stderr descriptors attached")
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    conn.settimeout(None)
+    return request, fds
 
 
 def send(conn: socket.socket, message: dict) -> None:
@@ -77,9 +91,18 @@ def become_launcher(request: dict, fds: list[int], server: int, inherited: list[
         os.close(fd)
     os.environ.clear()
     os.environ.update(request["env"])
+    # What the imports made of the value they saw, as in a new interpreter; a value of the launch's own is kept.
+    for key, (seen, left) in IMPORTS_CHANGED.items():
+        if request["env"].get(key) != seen:
+            continue
+        if left is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = left
     os.chdir(request["cwd"])
     if "python" in request:
         run_python(request["python"])
+    sys.argv = [FORKED_RANKS, *request["argv"]]  # the launcher's own command line (its usage errors name it)
     sys.exit(forked_ranks.main(request["argv"]))  # a rank's own exit leaves through here too, as in a new interpreter
 
 
@@ -109,6 +132,10 @@ def serve(path: str, imported_under: tuple) -> int:
     launchers: dict[int, socket.socket] = {}  # launcher pid -> its client's connection
     try:
         print("ready", flush=True)
+        # Nobody reads that pipe from here on: a library that prints later would fill it and block this process.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
         while True:
             ready, _, _ = select.select([listener, sys.stdin, wake_read, *launchers.values()], [], [])
             if sys.stdin in ready and not os.read(sys.stdin.fileno(), 1 << 10):
@@ -119,17 +146,23 @@ def serve(path: str, imported_under: tuple) -> int:
                 pid, status = os.waitpid(-1, os.WNOHANG)
                 if not pid:
                     break
+                conn = launchers.pop(pid, None)
+                if conn is None:  # a child of the imports, not a launcher
+                    continue
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGKILL)  # what a finished launcher left in its group
-                conn = launchers.pop(pid)
-                send(conn, {"status": forked_ranks.exit_code(status)})
+                send(conn, {"status": os.waitstatus_to_exitcode(status)})  # as Popen reports it
                 conn.close()
             for pid, conn in list(launchers.items()):
                 if conn in ready and conn.recv(16) in (b"", b"kill"):
                     kill_tree(pid)  # reaped, and its status sent, on the next turn
             if listener in ready:
                 conn, _ = listener.accept()
-                request, fds = receive_request(conn)
+                try:
+                    request, fds = receive_request(conn)
+                except (OSError, EOFError, ValueError):  # a client gone or garbled: the other launches go on
+                    conn.close()
+                    continue
                 if import_environment(request["env"]) != imported_under:
                     send(conn, {"refused": "the import variables differ from the server's (IMPORT_PREFIXES)"})
                     for fd in fds:
@@ -158,11 +191,17 @@ def serve(path: str, imported_under: tuple) -> int:
 
 
 # Variables a library may read when it is imported (huggingface_hub's and datasets' offline flags and caches, torch's
-# and OpenMP's threads, DeepSpeed's accelerator, the interpreter's module path, the temporary folder): a launch is
+# and OpenMP's threads, DeepSpeed's accelerator, the interpreter's module path, the temporary folder, the package's
+# warm-start cache, `dhpo_trl.demo.warmstart.DEFAULT_CACHE_DIR`): a launch is
 # served only by a server that imported under the same values. The others (ACCELERATE_USE_CPU, torchrun's variables,
 # a test's own) are read when the launch runs.
 IMPORT_PREFIXES = ("HF_", "HUGGINGFACE", "TRANSFORMERS", "DATASETS", "TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "CUDA",
-                   "DS_", "PYTHON", "TOKENIZERS", "HOME", "XDG_", "TMP", "TEMP", "LD_")  # fmt: skip
+                   "DS_", "PYTHON", "TOKENIZERS", "HOME", "XDG_", "TMP", "TEMP", "LD_",
+                   "DHPO_TRL_CACHE")  # fmt: skip
+# The variables the server's imports set, changed or removed: (the value they saw, the value they left; None where
+# unset). A launcher's environment is the request's with these applied where it has the value the imports saw, as a
+# new interpreter's is after the same imports (the import variables always have it: they pick the server).
+IMPORTS_CHANGED: dict[str, tuple[str | None, str | None]] = {}
 MAX_SERVERS = 3  # per test process: each holds its imports in memory (about 0.6 GB); the suite uses 2-3 at a time
 SERVERS: "collections.OrderedDict[tuple, Server]" = collections.OrderedDict()
 
@@ -179,14 +218,17 @@ class Server:
         self.folder = tempfile.mkdtemp(prefix="fork-server-")
         self.path = os.path.join(self.folder, "socket")
         command = [sys.executable, __file__, self.path, f"--preload={modules}"]
-        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, bufsize=0,
                                         start_new_session=True)  # fmt: skip
-        if (
-            not select.select([self.process.stdout], [], [], timeout)[0]
-            or self.process.stdout.readline() != b"ready\n"
-        ):
-            self.stop()
-            raise RuntimeError(f"the fork server did not start within {timeout} s (preload {modules!r})")
+        deadline = time.monotonic() + timeout
+        line = None  # lines a preloaded module printed come first (unbuffered: `select` sees every byte)
+        while line != b"ready\n":
+            wait = deadline - time.monotonic()
+            ready = wait > 0 and select.select([self.process.stdout], [], [], wait)[0]
+            line = self.process.stdout.readline() if ready else b""
+            if not line:
+                self.stop()
+                raise RuntimeError(f"the fork server did not start within {timeout} s (preload {modules!r})")
 
     def stop(self) -> None:
         """End of stdin: the server stops whatever it still runs and exits; killed with its tree if it does not."""
@@ -216,7 +258,7 @@ class Server:
             except TimeoutError:  # the server stops the launcher's tree (a grace period at most), then answers
                 conn.sendall(b"kill")
                 status, timed_out = answers.next(time.monotonic() + 60)["status"], True
-            stdout, stderr = (read(handle) for handle in (out, err))
+            stdout, stderr = (_read(handle, True) for handle in (out, err))
         if timed_out:
             raise subprocess.TimeoutExpired(command, timeout, output=stdout, stderr=stderr)
         return subprocess.CompletedProcess(command, status, stdout, stderr)
@@ -239,11 +281,6 @@ class Answers:
             self.buffer += chunk
         line, self.buffer = self.buffer.split(b"\n", 1)
         return json.loads(line)
-
-
-def read(handle) -> str:
-    handle.seek(0)
-    return handle.read().decode(errors="replace")
 
 
 def launch(modules: str, argv: list[str], env: dict, cwd, timeout: float) -> subprocess.CompletedProcess:
@@ -281,7 +318,10 @@ def main(argv: list[str]) -> int:
             "OMP_NUM_THREADS must be 1: a launcher forked from here cannot use an OpenMP pool of this process"
         )
     imported_under = import_environment(os.environ)  # before a preload sets any (DS_ACCELERATOR)
+    before = dict(os.environ)
     forked_ranks.preload(options.preload)
+    changed = {*before, *os.environ} - {key for key in before if before[key] == os.environ.get(key)}
+    IMPORTS_CHANGED.update({key: (before.get(key), os.environ.get(key)) for key in changed})
     return serve(options.socket, imported_under)
 
 

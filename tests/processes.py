@@ -170,7 +170,7 @@ def forked_ranks(script, *args, timeout: float, accelerate_cpu: bool = True, npr
     the modules imported before the fork (the launcher's own tests, whose scripts need less).
 
     The launcher is forked from a fork server of this process (`tests/fork_server.py`) that did those imports once,
-    one per preload and import environment (`IMPORT_VARIABLES`), so a launch pays no import; DHPO_FORK_SERVER=0, or
+    one per preload and import environment (`fork_server.IMPORT_PREFIXES`), so a launch pays no import; DHPO_FORK_SERVER=0, or
     an OMP_NUM_THREADS other than 1 (a fork cannot use an OpenMP pool), starts the launcher as a new interpreter."""
     import fork_server  # imports this module: not at the top
     from forked_ranks import PRELOAD

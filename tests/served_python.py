@@ -2,8 +2,8 @@
 server (`tests/fork_server.py`) whose socket DHPO_FORK_SERVER_SOCKET names: forked from an interpreter that already
 imported the package, so it pays no import. Its output goes where this process's goes, its exit status is this
 process's (a signal that killed it kills this one), and SIGTERM or SIGINT to this process stops it and its tree.
-Without a server, or where the server imported under other import variables (`fork_server.IMPORT_PREFIXES`), this
-process becomes `python ARGS...` itself (exec).
+Without a server, where the server imported under other import variables (`fork_server.IMPORT_PREFIXES`), or for
+interpreter options other than `-m` (`-c`, `-u`, `-X`...), this process becomes `python ARGS...` itself (exec).
 
 For commands that take the interpreter as a setting: `scripts/gpu_check.py --python`, in its CPU dry run's test.
 """
@@ -19,7 +19,8 @@ from fork_server import HEADER, Answers  # this folder: sys.path[0] when run as 
 
 def main(args: list[str]) -> None:
     path = os.environ.get("DHPO_FORK_SERVER_SOCKET")
-    if path:
+    # The server runs a script or `-m module`; interpreter options (-c, -u, -X ...) need an interpreter of their own.
+    if path and args and (args[0] == "-m" or not args[0].startswith("-")):
         conn = socket.socket(socket.AF_UNIX)
         conn.connect(path)
         payload = json.dumps({"python": args, "argv": [], "env": dict(os.environ), "cwd": os.getcwd()}).encode()
@@ -30,9 +31,9 @@ def main(args: list[str]) -> None:
             signal.signal(signal.SIGTERM, stop)
             signal.signal(signal.SIGINT, stop)
             code = answers.next(None)["status"]
-            if code > 128:  # killed by a signal, as a shell reports it: die of it too
-                signal.signal(code - 128, signal.SIG_DFL)
-                os.kill(os.getpid(), code - 128)
+            if code < 0:  # killed by a signal (as Popen reports it): die of it too
+                signal.signal(-code, signal.SIG_DFL)
+                os.kill(os.getpid(), -code)
             sys.exit(code)
     os.execv(sys.executable, [sys.executable, *args])
 

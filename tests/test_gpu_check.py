@@ -263,3 +263,12 @@ def test_every_part_runs_with_the_python_command_line():
     served = check.plan(True, "/venv/python /tests/served python.py", Path("/nonexistent"), "")
     assert [p.command[:2] for p in served] == [["/venv/python", "/tests/served"]] * len(bare)
     assert [p.command[2:] for p in served] == [["python.py", *p.command[1:]] for p in bare]
+
+
+def test_the_default_python_is_this_interpreter_whatever_its_path(monkeypatch, tmp_path):
+    """Without `--python` every part starts with this interpreter as one word, a path with a space included."""
+    monkeypatch.setattr(sys, "executable", "/opt/a venv/bin/python")
+    planned = []
+    monkeypatch.setattr(check, "run_parts", lambda parts, *rest: planned.extend(parts))
+    assert check.main([str(tmp_path / "out"), "--cpu"]) == 0
+    assert planned and {p.command[0] for p in planned} == {"/opt/a venv/bin/python"}
