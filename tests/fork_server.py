@@ -282,6 +282,7 @@ def main(argv: list[str]) -> int:
         )
     imported_under = import_environment(os.environ)  # before a preload sets any (DS_ACCELERATOR)
     forked_ranks.preload(options.preload)
+    forked_ranks.freeze_heap()  # a launcher, and a `served_python.py` command, start with the imports frozen
     return serve(options.socket, imported_under)
 
 
