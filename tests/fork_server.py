@@ -322,6 +322,7 @@ def main(argv: list[str]) -> int:
     forked_ranks.preload(options.preload)
     changed = {*before, *os.environ} - {key for key in before if before[key] == os.environ.get(key)}
     IMPORTS_CHANGED.update({key: (before.get(key), os.environ.get(key)) for key in changed})
+    forked_ranks.freeze_heap()  # a launcher, and a `served_python.py` command, start with the imports frozen
     return serve(options.socket, imported_under)
 
 

@@ -36,6 +36,7 @@ def test_two_processes_gather_in_every_forward_and_agree_on_every_pass(launched,
         assert seen["path"] == path
         # nothing resident: every forward gathered its parameters, so the counts below had to match
         assert seen["persistent"] == 0 and seen["resident"] == 0 and seen["parameters"] > 0
+        assert seen["gloo_threads_left"] == []  # the release found the engines and groups the runs built
     own0, own1 = ranks[0]["own_needed"], ranks[1]["own_needed"]
     assert len(own0) == len(own1) >= 1  # one no-gradient pass per generation batch
     assert any(a != b for a, b in zip(own0, own1))  # the ranks' own counts differ: the agreement acts

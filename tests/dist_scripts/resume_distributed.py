@@ -2,7 +2,7 @@
 
 Usage: torchrun --nproc_per_node 2 tests/dist_scripts/resume_distributed.py OUT_DIR [--zero3]
 
-Four short DHPO-E runs (k = 4 optimizer steps per generation batch, a checkpoint every step), in one launch:
+Four short DHPO-E runs (k = 4 optimizer steps per generation batch, save_steps=1), in one launch:
   full     uninterrupted, 6 steps;
   resumed  from full's checkpoint-3 (mid generation batch) to step 6;
   stopped  rank 0 sends itself SIGTERM at the end of step 2: only rank 0 is signalled, both must stop after step 2;
@@ -25,8 +25,9 @@ accumulation steps per optimizer step, k = 2 optimizer steps per generation batc
   z3_after    from z3_stopped's newest complete checkpoint (`latest`) to step 4;
   z3_sync_full, z3_sync_resumed  beta 0.1 with `sync_ref_model` (the reference model mixed into the policy every
               step, partitioned like the policy), resumed from checkpoint-1; they also dump the reference model.
-The parameters dumped are the full ones, gathered from both ranks' partitions; every checkpoint also holds them
-whole in model.safetensors (`stage3_gather_16bit_weights_on_model_save`; the model's dtype, float32 here).
+Each run writes only the checkpoints that a resume or a test reads (`SaveOnlyAt`). The parameters dumped are the
+full ones, gathered from both ranks' partitions; every checkpoint also holds them whole in model.safetensors
+(`stage3_gather_16bit_weights_on_model_save`; the model's dtype, float32 here).
 """
 
 import contextlib
@@ -83,6 +84,18 @@ class SignalRankZeroAt(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == self.step and args.process_index == 0:
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+class SaveOnlyAt(TrainerCallback):
+    """Of a run that saves every step, only the checkpoints of `steps`, those a run resumes from or a test reads: a
+    ZeRO-3 checkpoint gathers the whole weights and writes every rank's partitions of the model and optimizer."""
+
+    def __init__(self, *steps):
+        self.steps = set(steps)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step not in self.steps:
+            control.should_save = False
 
 
 def digit_share(completions, **kwargs):
@@ -160,29 +173,31 @@ def main() -> None:
         checkpoint = str(out_dir / "z3_moe_full" / "checkpoint-1")
         for name, resume in (("z3_moe_full", None), ("z3_moe_resumed", checkpoint)):
             model = build_tiny_qwen3(tok, hidden_size=32, seed=0, moe=True)
-            run(out_dir, name, out_dir / name, tok, model=model, resume=resume, **ZERO3)
-        run(out_dir, "z3_full", out_dir / "z3_full", tok, **ZERO3)
+            run(out_dir, name, out_dir / name, tok, model=model, resume=resume, callbacks=[SaveOnlyAt(1)], **ZERO3)
+        run(out_dir, "z3_full", out_dir / "z3_full", tok, callbacks=[SaveOnlyAt(1, 4)], **ZERO3)
         run(out_dir, "z3_resumed", out_dir / "z3_resumed", tok, resume=str(out_dir / "z3_full" / "checkpoint-1"),
-            **ZERO3)
+            callbacks=[SaveOnlyAt(4)], **ZERO3)
         run(out_dir, "z3_stopped", out_dir / "z3_stopped", tok, callbacks=[SignalRankZeroAt(1)],
             **{**ZERO3, "save_steps": 10})  # its only checkpoint is the one the stop writes
-        run(out_dir, "z3_after", out_dir / "z3_stopped", tok, resume="latest", **ZERO3)
+        run(out_dir, "z3_after", out_dir / "z3_stopped", tok, resume="latest", callbacks=[SaveOnlyAt(4)], **ZERO3)
         sync = {**ZERO3, "beta": 0.1, "sync_ref_model": True, "ref_model_sync_steps": 1, "ref_model_mixup_alpha": 0.5}
-        run(out_dir, "z3_sync_full", out_dir / "z3_sync_full", tok, model=str(folder), **sync)
+        run(out_dir, "z3_sync_full", out_dir / "z3_sync_full", tok, model=str(folder), callbacks=[SaveOnlyAt(1)],
+            **sync)
         run(out_dir, "z3_sync_resumed", out_dir / "z3_sync_resumed", tok, model=str(folder),
-            resume=str(out_dir / "z3_sync_full" / "checkpoint-1"), **sync)
+            resume=str(out_dir / "z3_sync_full" / "checkpoint-1"), callbacks=[SaveOnlyAt()], **sync)
         release_process_groups()
         return
-    run(out_dir, "full", out_dir / "full", tok)
-    run(out_dir, "resumed", out_dir / "resumed", tok, resume=str(out_dir / "full" / "checkpoint-3"))
+    run(out_dir, "full", out_dir / "full", tok, callbacks=[SaveOnlyAt(3)])
+    run(out_dir, "resumed", out_dir / "resumed", tok, resume=str(out_dir / "full" / "checkpoint-3"),
+        callbacks=[SaveOnlyAt()])
     run(out_dir, "stopped", out_dir / "stopped", tok, callbacks=[SignalRankZeroAt(2)])
-    run(out_dir, "after", out_dir / "stopped", tok, resume="latest")
-    run(out_dir, "budget_full", out_dir / "budget_full", tok, **BUDGET)
+    run(out_dir, "after", out_dir / "stopped", tok, resume="latest", callbacks=[SaveOnlyAt()])
+    run(out_dir, "budget_full", out_dir / "budget_full", tok, callbacks=[SaveOnlyAt(1)], **BUDGET)
     run(out_dir, "budget_resumed", out_dir / "budget_resumed", tok, resume=str(out_dir / "budget_full" / "checkpoint-1"),
-        **BUDGET)
-    run(out_dir, "epoch_full", out_dir / "epoch_full", tok, **EPOCH)
+        callbacks=[SaveOnlyAt()], **BUDGET)
+    run(out_dir, "epoch_full", out_dir / "epoch_full", tok, callbacks=[SaveOnlyAt(5)], **EPOCH)
     run(out_dir, "epoch_resumed", out_dir / "epoch_resumed", tok, resume=str(out_dir / "epoch_full" / "checkpoint-5"),
-        **EPOCH)
+        callbacks=[SaveOnlyAt()], **EPOCH)
     release_process_groups()
 
 

@@ -15,7 +15,8 @@ batch (pi_old's log-probs) needs more forwards on rank 0 than rank 1 by its own 
 A collective times out after 60 s (`ddp_timeout`), so a rank blocked by an unmatched forward fails
 in about a minute instead of hanging. Each rank writes OUT_DIR/<PATH>/rank{r}.json: its no-gradient forwards and policy forwards, the no-gradient forwards its
 own rows needed, whether any parameter stayed resident (persistent) or is gathered outside a forward, and the
-parameters' norm after training (gathered), once every run and the release have finished.
+parameters' norm after training (gathered), once every run and the release have finished, and the gloo threads
+the release left (none: it found every engine and group the runs built).
 """
 
 import json
@@ -133,6 +134,6 @@ def main() -> tuple[Path, int, dict]:
 
 if __name__ == "__main__":
     out, rank, records = main()
-    release_process_groups()
+    left = release_process_groups()  # in a forked rank too, the release finds every engine and group
     for path, record in records.items():
-        (out / path / f"rank{rank}.json").write_text(json.dumps(record))
+        (out / path / f"rank{rank}.json").write_text(json.dumps({**record, "gloo_threads_left": left}))
