@@ -287,8 +287,8 @@ def check(where, block, monkeypatch):
                 for module in extra:
                     name = module.removeprefix("dhpo_trl/").removesuffix(".py")
                     assert (ROOT / "dhpo_trl" / f"{name}.py").is_file(), f"{where}: no module dhpo_trl/{name}.py"
-            elif path == "benchmarks/long_study.sh":  # OUT_DIR, then a commit to pin or --report
-                assert len(extra) in (1, 2) and not extra[0].startswith("-"), f"{where}: long_study.sh OUT_DIR [COMMIT|--report]"
+            elif path in ("benchmarks/long_study.sh", "benchmarks/power_study.sh"):  # OUT_DIR, then a commit or --report
+                assert len(extra) in (1, 2) and not extra[0].startswith("-"), f"{where}: {path} OUT_DIR [COMMIT|--report]"
             else:
                 assert path == "scripts/test.sh", f"{where}: unknown script {path}"
         elif program == "pip":
