@@ -187,6 +187,14 @@ def test_saved_cells_are_reused_only_when_their_settings_match(monkeypatch, tmp_
     # the long task's settings (nested lengths, no digits) resume the same way; a changed task setting reruns
     long_job = ("GRPO", 4, 1, str(tmp_path / "long"), 2, 1, 2e-4, "long", None)
     assert staleness._run_cell(long_job)[2] is False and staleness._run_cell(long_job)[2] is True
+    # a cell saved before a setting existed (its summary lacks it) is reused while the setting is at its default
+    summary_path = tmp_path / "long" / "k4" / "GRPO-seed1" / "summary.json"
+    older = json.loads(summary_path.read_text())
+    assert older["settings"].pop("final_heldout_seed") == LongSettings().final_heldout_seed
+    summary_path.write_text(json.dumps(older))
+    assert staleness._run_cell(long_job)[2] is True
+    monkeypatch.setitem(staleness.TASKS, "long", lambda: dataclasses.replace(LongSettings(), final_heldout_seed=7))
+    assert staleness._run_cell(long_job)[2] is False  # not at its default: the saved cell did not run with it
     monkeypatch.setitem(staleness.TASKS, "long", lambda: dataclasses.replace(LongSettings(), median_steps=5.0))
     assert staleness._run_cell(long_job)[2] is False and calls[-1][2] == 4
 
