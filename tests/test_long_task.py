@@ -16,7 +16,6 @@ from dhpo_trl.demo import embedded, long_task
 from dhpo_trl.demo.long_arithmetic import ChainProblem, LengthSettings, generate_chains, make_chain_splits
 from dhpo_trl.demo.long_task import LongSettings
 from dhpo_trl.demo.tiny import build_char_tokenizer
-from dhpo_trl.scoring.rewards import math_verify_reward
 
 SETTINGS = LongSettings()
 TRAIN, HELDOUT = make_chain_splits(SETTINGS.num_train, SETTINGS.num_heldout, seed=0, lengths=SETTINGS.lengths())
