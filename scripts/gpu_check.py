@@ -38,6 +38,9 @@ ARMS = "trl,dynamic,packed,shared"
 GPU_SECONDS = 480  # the whole GPU run: inside a 540 s device command with the last part's grace and Python's start
 GRACE_SECONDS = 15  # a timed-out part's wait between SIGTERM and SIGKILL
 TARGETS = {"bench-qwen3-1.7b": {"packed/dynamic": 1.3, "packed/trl": 2.5}}  # padding-free update throughput ratios
+# A command whose processes are not the part's descendants (`tests/served_python.py`, forked by a fork server) appends
+# their CPU seconds to the file this variable names, one number a line; the part's own rusage cannot count them.
+SERVED_CPU_FILE = "DHPO_SERVED_CPU_FILE"
 
 
 @dataclass(frozen=True)
@@ -135,9 +138,10 @@ def run_part(part: Part, seconds: float, env: dict, log) -> tuple[str, float, fl
     log.write(f"\n===== {part.name} (at most {seconds:.0f} s): {' '.join(part.command)}\n")
     log.flush()
     start, cpu = time.monotonic(), children_cpu_seconds()
-    with tempfile.TemporaryFile("w+") as output:
-        process = subprocess.Popen(part.command, cwd=ROOT, env={**env, **part.env}, stdout=output,
-                                   stderr=subprocess.STDOUT, start_new_session=True, text=True)  # fmt: skip
+    with tempfile.TemporaryFile("w+") as output, tempfile.NamedTemporaryFile("r") as served:
+        process = subprocess.Popen(part.command, cwd=ROOT, env={**env, **part.env, SERVED_CPU_FILE: served.name},
+                                   stdout=output, stderr=subprocess.STDOUT, start_new_session=True,
+                                   text=True)  # fmt: skip
         try:
             code = process.wait(timeout=seconds)
             status = "ok" if code == 0 else f"failed (exit {code})"
@@ -151,9 +155,10 @@ def run_part(part: Part, seconds: float, env: dict, log) -> tuple[str, float, fl
             status = "timeout"
         output.seek(0)
         text = output.read()
+        cpu = children_cpu_seconds() - cpu + sum(float(line) for line in served.read().split())
     log.write(text)
     log.flush()
-    return status, time.monotonic() - start, children_cpu_seconds() - cpu, text.strip().splitlines()[-25:]
+    return status, time.monotonic() - start, cpu, text.strip().splitlines()[-25:]
 
 
 def children_cpu_seconds() -> float:

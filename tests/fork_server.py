@@ -11,7 +11,8 @@ libraries read when imported (`IMPORT_PREFIXES`), so those are the same as at th
 
 Protocol, one connection per launch: the client sends an 8-byte length and a JSON request {"argv", "env", "cwd"}
 with the stdout and stderr file descriptors attached (SCM_RIGHTS); the server answers {"pid": launcher} and then
-{"status": the launcher's exit status as `subprocess.Popen` reports it, -N when signal N killed it}. A client that
+{"status": the launcher's exit status as `subprocess.Popen` reports it, -N when signal N killed it, "cpu_seconds":
+the CPU time of the launcher and the descendants it reaped}. A client that
 sends b"kill", or closes the connection, has the launcher's whole tree stopped (`processes.kill_tree`) before the
 status comes back; a client that closes or stalls inside its request is dropped, the other launches go on. The
 server exits, stopping every launcher it still runs, when its stdin reaches end of file (the test process that
@@ -143,7 +144,7 @@ def serve(path: str, imported_under: tuple) -> int:
             if wake_read in ready:
                 os.read(wake_read, 1 << 10)
             while launchers:
-                pid, status = os.waitpid(-1, os.WNOHANG)
+                pid, status, usage = os.wait4(-1, os.WNOHANG)
                 if not pid:
                     break
                 conn = launchers.pop(pid, None)
@@ -151,7 +152,10 @@ def serve(path: str, imported_under: tuple) -> int:
                     continue
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGKILL)  # what a finished launcher left in its group
-                send(conn, {"status": os.waitstatus_to_exitcode(status)})  # as Popen reports it
+                # The launcher's CPU with its reaped descendants': the client's own rusage cannot see a process
+                # that is not its descendant.
+                send(conn, {"status": os.waitstatus_to_exitcode(status),  # as Popen reports it
+                            "cpu_seconds": usage.ru_utime + usage.ru_stime})  # fmt: skip
                 conn.close()
             for pid, conn in list(launchers.items()):
                 if conn in ready and conn.recv(16) in (b"", b"kill"):

@@ -5,7 +5,9 @@ process's (a signal that killed it kills this one), and SIGTERM or SIGINT to thi
 Without a server, where the server imported under other import variables (`fork_server.IMPORT_PREFIXES`), or for
 interpreter options other than `-m` (`-c`, `-u`, `-X`...), this process becomes `python ARGS...` itself (exec).
 
-For commands that take the interpreter as a setting: `scripts/gpu_check.py --python`, in its CPU dry run's test.
+For commands that take the interpreter as a setting: `scripts/gpu_check.py --python`, in its CPU dry run's test. The
+served process is the server's child, so its CPU is in no rusage of this process or its callers: where
+DHPO_SERVED_CPU_FILE names a file, the server's figure for it is appended there (`gpu_check.py` adds it to the part's).
 """
 
 import json
@@ -15,6 +17,8 @@ import socket
 import sys
 
 from fork_server import HEADER, Answers  # this folder: sys.path[0] when run as a script
+
+CPU_FILE = "DHPO_SERVED_CPU_FILE"  # where set: a served command appends its CPU seconds there, one number a line
 
 
 def main(args: list[str]) -> None:
@@ -30,7 +34,11 @@ def main(args: list[str]) -> None:
             stop = lambda number, frame: conn.sendall(b"kill")  # noqa: E731 - the server stops the tree, then answers
             signal.signal(signal.SIGTERM, stop)
             signal.signal(signal.SIGINT, stop)
-            code = answers.next(None)["status"]
+            answer = answers.next(None)
+            if os.environ.get(CPU_FILE):  # not this process's descendant: no rusage of its callers counts it
+                with open(os.environ[CPU_FILE], "a") as record:
+                    record.write(f"{answer['cpu_seconds']}\n")
+            code = answer["status"]
             if code < 0:  # killed by a signal (as Popen reports it): die of it too
                 signal.signal(-code, signal.SIG_DFL)
                 os.kill(os.getpid(), -code)

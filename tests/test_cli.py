@@ -375,6 +375,39 @@ def test_script_exits_2_with_one_line_for_a_missing_model(local_jsonl, tmp_path,
     ]
 
 
+def test_a_one_process_accelerate_launch_on_the_cpu_trains_with_the_plan_for_one_process(local_model, local_jsonl,
+                                                                                           tmp_path, monkeypatch):
+    """`accelerate launch --cpu --num_processes 1 examples/train_dhpo.py ...` without `--use_cpu`: accelerate's simple
+    launcher (no torchrun) runs `python SCRIPT ARGS` in the environment its own code computes, which this test applies
+    and runs as `__main__` in this process (a launched interpreter would pay 5-8 s of CPU for the imports). The batch
+    plan follows the one process: 8 completions / 2 per device = 4 micro-steps per generation, 2 per optimizer step."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_simple_launcher_cmd_env
+
+    flags = cli_args(local_model, local_jsonl, tmp_path / "one", "--save_strategy", "no", "--max_steps", "1",
+                     "--per_device_train_batch_size", "2", "--prompts_per_generation", "2",
+                     "--prompts_per_optimizer_step", "1")  # fmt: skip
+    index = flags.index("--use_cpu")
+    del flags[index : index + 2]  # the launcher's --cpu alone puts the run on the CPU
+    launch = launch_command_parser().parse_args(["--cpu", "--num_processes", "1", "--num_machines", "1",
+                                                 "--mixed_precision", "no", "--dynamo_backend", "no",
+                                                 "examples/train_dhpo.py", *flags])  # fmt: skip
+    launch = _validate_launch_command(launch)[0]
+    assert not (launch.multi_gpu or launch.use_deepspeed or launch.use_fsdp)  # the simple launcher: one process
+    command, env = prepare_simple_launcher_cmd_env(launch)
+    assert command == [sys.executable, "examples/train_dhpo.py", *flags] and env["ACCELERATE_USE_CPU"] == "True"
+    for key in {key for key, value in env.items() if os.environ.get(key) != value}:
+        monkeypatch.setenv(key, env[key])
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(sys, "argv", command[1:])
+    with pytest.raises(SystemExit) as exit_status:
+        runpy.run_path(str(REPO / "examples/train_dhpo.py"), run_name="__main__")
+    assert exit_status.value.code == 0
+    assert (tmp_path / "one" / "model.safetensors").exists()
+    card = (tmp_path / "one" / "README.md").read_text()
+    assert "| `steps_per_generation` | `4` |" in card and "| `gradient_accumulation_steps` | `2` |" in card
+
+
 def _run(command, timeout=300):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
     result = processes.run(command, env=env, timeout=timeout, cwd=REPO)

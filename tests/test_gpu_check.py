@@ -4,12 +4,14 @@ figures. Its CPU dry run end to end is tests/test_gpu_dry_run.py.
 """
 
 import importlib.util
+import io
 import json
 import sys
 import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 
+import fork_server
 import processes
 import pytest
 from packaging.specifiers import SpecifierSet
@@ -210,6 +212,36 @@ def test_a_tests_part_where_nothing_passed_fails(tmp_path):
     assert entry["status"].startswith("failed") and entry["result"]["tests"][0]["message"] == "needs a CUDA GPU"
     (tmp_path / "junit.xml").write_text('<testsuite><testcase name="a"/></testsuite>')
     assert check.summarise(check.Part("tests", [], 1, 1), "ok", 3.0, 1.0, [], tmp_path)["status"] == "ok"
+
+
+# Burns `BURN` CPU seconds of its own, then writes its parent's pid and its CPU seconds.
+BURN = 1.5
+BURNER = f"""
+import os, sys, time
+while time.process_time() < {BURN}:
+    pass
+open(sys.argv[1], "w").write(f"{{os.getppid()}} {{time.process_time()}}")
+"""
+
+
+def test_a_served_part_records_the_cpu_its_served_process_spent(tmp_path):
+    """A part run by `tests/served_python.py` works in a process forked by the fork server, no descendant of the part:
+    its `cpu_seconds` holds that process's CPU (measured by the process itself), once."""
+    script, seen = tmp_path / "burn.py", tmp_path / "seen"
+    script.write_text(BURNER)
+    env = processes._rank_variables(True, None)
+    server = fork_server.Server("", env, 120)
+    served = [sys.executable, str(ROOT / "tests" / "served_python.py"), str(script), str(seen)]
+    try:
+        status, _, cpu, tail = check.run_part(check.Part("burn", served, 120, 1),
+                                              120, {**env, "DHPO_FORK_SERVER_SOCKET": server.path}, io.StringIO())
+        parent = server.process.pid
+    finally:
+        server.stop()
+    assert status == "ok", tail
+    ppid, burned = seen.read_text().split()
+    assert int(ppid) == parent  # served, not run by the part's own interpreter
+    assert float(burned) <= cpu < 2 * float(burned)
 
 
 def test_junit_summary(tmp_path):

@@ -12,11 +12,10 @@ import statistics
 
 import pytest
 
-from dhpo_trl.demo import embedded
+from dhpo_trl.demo import embedded, long_task
 from dhpo_trl.demo.long_arithmetic import ChainProblem, LengthSettings, generate_chains, make_chain_splits
 from dhpo_trl.demo.long_task import LongSettings
 from dhpo_trl.demo.tiny import build_char_tokenizer
-from dhpo_trl.scoring.rewards import math_verify_reward
 
 SETTINGS = LongSettings()
 TRAIN, HELDOUT = make_chain_splits(SETTINGS.num_train, SETTINGS.num_heldout, seed=0, lengths=SETTINGS.lengths())
@@ -253,3 +252,35 @@ def test_scores_batched_by_length_come_back_in_the_problems_order(monkeypatch):
     lengths = [[len(p.target_completion()) for p in problems if p.prompt in batch] for batch in calls]
     assert [len(b) for b in calls] == [4, 4, 1] and all(max(a) <= min(b) for a, b in itertools.pairwise(lengths))
     assert sorted(p for batch in calls for p in batch) == sorted(p.prompt for p in problems)
+
+
+# Every setting away from its default: the step range 3-4 lines, not the default 2-26.
+NARROW = LongSettings(num_train=40, num_heldout=6, median_steps=3.0, sigma=0.2, min_steps=3, max_steps_per_problem=4,
+                      hidden_size=16, num_layers=1, warmup_steps=7, warmup_batch_size=5, warmup_learning_rate=1e-3,
+                      warmup_target_accuracy=0.25, warmup_check_every=3)  # fmt: skip
+
+
+def test_the_length_settings_are_the_ones_given():
+    assert NARROW.lengths() == LengthSettings(median_steps=3.0, sigma=0.2, min_steps=3, max_steps=4)
+
+
+def test_load_task_hands_its_settings_to_the_splits_and_the_warm_start(tmp_path, monkeypatch):
+    seen = {}
+    monkeypatch.setattr(long_task, "load_or_warm_start", lambda warm, **kwargs: seen.update(warm=warm, **kwargs) or 7)
+    train, heldout, warm = NARROW.load_task(cache_dir=tmp_path)
+    assert (len(train), len(heldout), warm) == (40, 6, 7)
+    assert {problem.count for problem in train + heldout} <= {3, 4}
+    given = seen.pop("warm")
+    assert (given.hidden_size, given.num_layers, given.steps, given.batch_size, given.learning_rate,
+            given.target_accuracy, given.check_every, given.problems) == (16, 1, 7, 5, 1e-3, 0.25, 3, train)
+    assert seen == {"cache_dir": tmp_path, "use_cache": True, "log": print}  # the warm start's progress printed
+    _, fewer, _ = NARROW.load_task(2, use_cache=False)
+    assert len(fewer) == 2 and (seen["cache_dir"], seen["use_cache"]) == (None, False)
+
+
+def test_the_final_heldout_set_takes_one_problem_and_the_length_settings():
+    train, heldout = make_chain_splits(40, 6, seed=0, lengths=NARROW.lengths())
+    assert len(NARROW.final_heldout(1, train, heldout)) == 1
+    assert {problem.count for problem in NARROW.final_heldout(60, train, heldout)} <= {3, 4}
+    with pytest.raises(ValueError, match="final_heldout=0"):
+        NARROW.final_heldout(0, train, heldout)

@@ -49,3 +49,13 @@ def test_independent_coin_flips_are_evaluation_noise_at_the_binomial():
 def test_rows_without_two_seeds_on_one_set_are_refused(correct):
     with pytest.raises(ValueError, match="seed_noise"):
         seed_noise(correct)
+
+
+def test_two_seeds_on_one_problem_are_the_smallest_row_split():
+    """The fewest seeds a sample std takes and the fewest problems: accuracies 1 and 0 (by hand: sample variance 0.5,
+    all of it the one problem's disagreement, so no training noise)."""
+    noise = seed_noise(["1", "0"])
+    assert noise["mean"] == 0.5 and noise["binomial_std"] == pytest.approx(0.5, abs=1e-12)
+    assert noise["seed_std"] == pytest.approx(0.5**0.5, abs=1e-12)
+    assert noise["evaluation_std"] == pytest.approx(0.5**0.5, abs=1e-12) and noise["training_std"] == 0.0
+    assert (noise["problems"], noise["seeds"]) == (1, 2)

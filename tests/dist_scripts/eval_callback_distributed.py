@@ -8,7 +8,9 @@ BenchmarkEvalCallback}}. The callback is attached,
 evaluates at the start and after the last step. Each rank writes eval_rank{r}.json: the callback's history, per
 evaluation the prompts this rank sampled, its generate() calls and the wall time, and under --zero3 the ZeRO-3 parameter fetches
 made while evaluating (zero when the weights are gathered once) next to those of one plain generate() on the
-partitioned model (the control: the counter does count). Rank 0 also saves the final weights (final.pt).
+partitioned model (the control: the counter does count). Rank 0 also saves the final weights (final.pt). A
+collective that waits past COLLECTIVE_SECONDS for the other rank raises (`collective_timeout.py`), and the launch
+fails.
 """
 
 import contextlib
@@ -36,9 +38,13 @@ from dhpo_trl.evaluation import BenchmarkEvalCallback  # noqa: E402
 from dhpo_trl.evaluation.backends import TransformersBackend  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/
+import collective_timeout  # noqa: E402
 from zero3_config import residency, zero3  # noqa: E402
 
 CPU_ZERO3 = zero3()  # every forward, and the gather for generation, gathers from both ranks
+# gloo's limit on one collective: a collective one rank runs alone (the weights gathered for generation on one rank
+# only) fails the launch within about a minute instead of blocking it until the test's deadline.
+COLLECTIVE_SECONDS = 60
 
 
 def _reward(completions, **kwargs):
@@ -94,6 +100,7 @@ def main():
     zero3 = "--zero3" in sys.argv
     steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 2
     learning_rate = float(sys.argv[sys.argv.index("--learning_rate") + 1]) if "--learning_rate" in sys.argv else 5e-4
+    collective_timeout.start(COLLECTIVE_SECONDS)  # before the config, which would start it without a limit
     counters = Counters()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
