@@ -3,6 +3,8 @@ refused naming the setting that would make them act, on-policy DHPO warns, prese
 
 import warnings
 
+from datetime import timedelta
+
 import pytest
 from trl import GRPOConfig, TrlParser
 
@@ -509,6 +511,31 @@ def test_deepspeed_that_accelerate_would_drop_is_refused(deepspeed, environ, ref
     with pytest.raises(ValueError, match=refused) as caught:
         refuse_deepspeed_dropped_by_accelerate(deepspeed, environ)
     assert "ACCELERATE_USE_CPU" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("use_cpu", "backend", "environ", "starts"),
+    [
+        (True, None, {"WORLD_SIZE": "2"}, True),
+        (False, "gloo", {"WORLD_SIZE": "4", "ACCELERATE_USE_CPU": "true"}, True),  # accelerate launch --cpu
+        (True, None, {"WORLD_SIZE": "1"}, False),  # one process: no group to limit
+        (True, None, {}, False),
+        (False, None, {"WORLD_SIZE": "2", "ACCELERATE_USE_CPU": "False"}, False),  # a GPU run: transformers passes it
+        (True, "ccl", {"WORLD_SIZE": "2"}, False),  # another backend is accelerate's to start
+    ],
+)
+def test_a_cpu_run_of_several_processes_starts_its_group_with_ddp_timeout(use_cpu, backend, environ, starts, monkeypatch):
+    import torch.distributed as dist
+
+    from dhpo_trl.core.config import start_cpu_process_group
+
+    started = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, timeout: started.append((backend, timeout)))
+    assert start_cpu_process_group(use_cpu, backend, 77, environ) is starts
+    assert started == ([("gloo", timedelta(seconds=77))] if starts else [])
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)  # a group the launch started itself is kept
+    assert start_cpu_process_group(use_cpu, backend, 77, environ) is False and len(started) == int(starts)
 
 
 def test_the_config_refuses_it_at_construction_and_in_validate(tmp_path, monkeypatch):

@@ -20,6 +20,7 @@ from dhpo_trl.scoring.data import format_prompt
 from zero3_config import assert_none_resident
 
 SCRIPT = Path(__file__).parent / "dist_scripts" / "eval_callback_distributed.py"
+COLLECTIVE_SECONDS = 60  # the script's ddp_timeout
 # Small batches, so that each benchmark makes several units: gsm8k 12 units of 1 problem x 3 samples, math500 3
 # units of 4 problems (an odd count: under ZeRO-3 one process pads with a repeat).
 CALLBACK = {"samples": {"gsm8k": 3, "math500": 1}, "max_new_tokens": 12, "batch_size": 4, "limit": None, "seed": 5}
@@ -69,6 +70,8 @@ def _two_ranks(policy, out_dir, *flags):
     assert result.returncode == 0, result.stderr[-4000:]
     dumps = [json.loads((out_dir / f"eval_rank{rank}.json").read_text()) for rank in (0, 1)]
     assert [dump["world_size"] for dump in dumps] == [2, 2]
+    # The config's ddp_timeout reached the CPU process group (transformers alone starts it with torch's 30 minutes).
+    assert [dump["collective_seconds"] for dump in dumps] == [COLLECTIVE_SECONDS] * 2
     return dumps
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import warnings
 from dataclasses import dataclass, field, fields
+from datetime import timedelta
+from functools import cached_property
 from types import SimpleNamespace
 
 from trl import GRPOConfig
@@ -271,6 +273,11 @@ class DHPOConfig(GRPOConfig):
         self._validate_batching()
         self._validate_routing_replay()
         self._warn_if_on_policy()
+
+    @cached_property
+    def _setup_devices(self):
+        start_cpu_process_group(self.use_cpu, self.ddp_backend, self.ddp_timeout, os.environ)
+        return super()._setup_devices
 
     def validate(self) -> None:
         """Check the objective's settings again (`DHPOTrainer.__init__` calls this: the config may have been
@@ -576,6 +583,22 @@ def refuse_deepspeed_dropped_by_accelerate(deepspeed, environ) -> None:
             "ACCELERATE_USE_CPU (and do not pass accelerate launch --cpu); DeepSpeed runs on CPU with "
             "DS_ACCELERATOR=cpu and --use_cpu true. Or drop the DeepSpeed config."
         )
+
+
+def start_cpu_process_group(use_cpu: bool, ddp_backend, ddp_timeout, environ) -> bool:
+    """Start the gloo process group of a multi-process CPU run with `ddp_timeout` as its collective limit; True if
+    it started one. transformers 5 hands `ddp_timeout` to accelerate only off the CPU (`TrainingArguments.
+    _setup_devices`, the `use_cpu` branch), so a CPU rank blocked in a collective the others never join would wait
+    torch's default 30 minutes whatever the user set; accelerate keeps a process group that already exists. Other
+    backends (ccl, mpi) and launches without torchrun's `WORLD_SIZE` are left to accelerate."""
+    import torch.distributed as dist
+
+    on_cpu = use_cpu or str(environ.get("ACCELERATE_USE_CPU", "")).strip().lower() in _TRUE
+    many = int(environ.get("WORLD_SIZE", "1") or 1) > 1
+    if not (on_cpu and many and ddp_backend in (None, "gloo") and dist.is_available()) or dist.is_initialized():
+        return False
+    dist.init_process_group("gloo", timeout=timedelta(seconds=ddp_timeout))
+    return True
 
 
 def as_dhpo_config(args, model_name) -> tuple[DHPOConfig, str | None]:

@@ -9,7 +9,7 @@ evaluates at the start and after the last step. Each rank writes eval_rank{r}.js
 evaluation the prompts this rank sampled, its generate() calls and the wall time, and under --zero3 the ZeRO-3 parameter fetches
 made while evaluating (zero when the weights are gathered once) next to those of one plain generate() on the
 partitioned model (the control: the counter does count). Rank 0 also saves the final weights (final.pt). A
-collective that waits past COLLECTIVE_SECONDS for the other rank raises (`collective_timeout.py`), and the launch
+collective that waits past COLLECTIVE_SECONDS for the other rank raises (`ddp_timeout`, which DHPOConfig hands to the CPU process group), and the launch
 fails.
 """
 
@@ -38,7 +38,6 @@ from dhpo_trl.evaluation import BenchmarkEvalCallback  # noqa: E402
 from dhpo_trl.evaluation.backends import TransformersBackend  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/
-import collective_timeout  # noqa: E402
 from zero3_config import residency, zero3  # noqa: E402
 
 CPU_ZERO3 = zero3()  # every forward, and the gather for generation, gathers from both ranks
@@ -95,12 +94,17 @@ def deepspeed_gathered(model):
     return deepspeed.zero.GatheredParameters(list(model.parameters()))
 
 
+def collective_seconds() -> float:
+    """The default process group's limit on one collective, as gloo holds it."""
+    backend = torch.distributed.group.WORLD._get_backend(torch.device("cpu"))
+    return backend.options._timeout.total_seconds()
+
+
 def main():
     out_dir, model_dir, eval_json = sys.argv[1:4]
     zero3 = "--zero3" in sys.argv
     steps = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 2
     learning_rate = float(sys.argv[sys.argv.index("--learning_rate") + 1]) if "--learning_rate" in sys.argv else 5e-4
-    collective_timeout.start(COLLECTIVE_SECONDS)  # before the config, which would start it without a limit
     counters = Counters()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -108,6 +112,7 @@ def main():
         output_dir=out_dir, use_cpu=True, bf16=False, report_to="none", save_strategy="no", seed=0, logging_steps=1,
         per_device_train_batch_size=4, num_generations=4, gradient_accumulation_steps=1, steps_per_generation=2,
         max_completion_length=6, max_steps=steps, learning_rate=learning_rate, deepspeed=CPU_ZERO3 if zero3 else None,
+        ddp_timeout=COLLECTIVE_SECONDS,
     )  # fmt: skip
     dataset = Dataset.from_dict({"prompt": [f"What is {a} plus {a}?" for a in range(16)]})
     trainer = DHPOTrainer(model, _reward, args=config, train_dataset=dataset, processing_class=tokenizer)
@@ -129,7 +134,8 @@ def main():
 
     rank = trainer.accelerator.process_index
     dump = {"world_size": trainer.accelerator.num_processes, "history": callback.history, "evaluations": measured,
-            "deepspeed": trainer.is_deepspeed_enabled, "zero3": residency(model)}  # fmt: skip
+            "deepspeed": trainer.is_deepspeed_enabled, "zero3": residency(model),
+            "collective_seconds": collective_seconds()}  # fmt: skip
     if zero3:
         # Control: one generate() on the partitioned model, as an un-gathered evaluation would run it.
         prompt = tokenizer(["What is 1 plus 1?"], return_tensors="pt")

@@ -12,7 +12,7 @@ forward the other does not blocks, or pairs its collectives with the wrong ones.
 
 Rank 0's completions are long and rank 1's short: under the token budget, the no-gradient pass over the generation
 batch (pi_old's log-probs) needs more forwards on rank 0 than rank 1 by its own count, and the policy passes too.
-A collective times out after 60 s (`collective_timeout.py`), so a rank blocked by an unmatched forward fails
+A collective times out after 60 s (`ddp_timeout`, which DHPOConfig hands to the CPU process group), so a rank blocked by an unmatched forward fails
 in about a minute instead of hanging. Each rank writes OUT_DIR/<PATH>/rank{r}.json: its no-gradient forwards and policy forwards, the no-gradient forwards its
 own rows needed, whether any parameter stayed resident (persistent) or is gathered outside a forward, and the
 parameters' norm after training (gathered), once every run and the release have finished, and the gloo threads
@@ -43,7 +43,6 @@ from dhpo_trl.training import batching  # noqa: E402
 from dhpo_trl.training.teardown import release_process_groups  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/
-import collective_timeout  # noqa: E402
 from zero3_config import zero3  # noqa: E402
 
 BUDGET = 48
@@ -105,7 +104,7 @@ def train(out_dir: Path, path: str, tok) -> tuple[int, dict]:
         gradient_accumulation_steps=2, steps_per_generation=4, max_completion_length=40, max_steps=2,
         max_tokens_per_micro_batch=BUDGET, optim="sgd", learning_rate=0.5, use_cpu=True, bf16=False,
         report_to="none", seed=0, data_seed=0, save_strategy="no", logging_steps=1, disable_tqdm=True,
-        deepspeed=ZERO3, **extra,
+        deepspeed=ZERO3, ddp_timeout=60, **extra,
     )  # fmt: skip
     prompts = Dataset.from_dict({"prompt": [f"{'x' * (a % 5)}{a}+{3 * a + 1}=" for a in range(16)]})
     trainer = CountingTrainer(model=model, reward_funcs=reward, args=args, train_dataset=prompts,
@@ -126,7 +125,6 @@ def train(out_dir: Path, path: str, tok) -> tuple[int, dict]:
 
 def main() -> tuple[Path, int, dict]:
     torch.set_num_threads(1)
-    collective_timeout.start(60)  # before the first config, which would start it without a limit
     tok = build_char_tokenizer()
     records = {}
     for path in sys.argv[2:]:
