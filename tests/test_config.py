@@ -520,9 +520,10 @@ TORCHRUN = {"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_
     ("use_cpu", "backend", "environ", "starts"),
     [
         (True, None, TORCHRUN, {"rank": 1, "world_size": 2, "port": "29611"}),
-        # accelerate launch --cpu
+        # torchrun with ACCELERATE_USE_CPU exported
         (False, "gloo", {**TORCHRUN, "WORLD_SIZE": "4", "ACCELERATE_USE_CPU": "true"}, {"rank": 1, "world_size": 4}),
-        # accelerate's CPU defaults: port 29500, the rank and size of an MPI launcher
+        # accelerate's CPU defaults: port 29500; the rank and size of an MPI launcher (`accelerate launch --cpu
+        # --mpirun_hostfile`, the only multi-process `--cpu` launch: Intel MPI's, then Open MPI's variables)
         (True, None, {**TORCHRUN, "MASTER_PORT": ""}, {"rank": 1, "world_size": 2, "port": "29500"}),
         (True, "gloo", {"PMI_SIZE": "3", "PMI_RANK": "2", "MASTER_ADDR": "h"}, {"rank": 2, "world_size": 3}),
         (True, None, {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0", "MASTER_ADDR": "h"}, {"rank": 0}),
