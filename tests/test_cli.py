@@ -382,6 +382,7 @@ def test_a_one_process_accelerate_launch_on_the_cpu_trains_with_the_plan_for_one
     and runs as `__main__` in this process (a launched interpreter would pay 5-8 s of CPU for the imports). The batch
     plan follows the one process: 8 completions / 2 per device = 4 micro-steps per generation, 2 per optimizer step."""
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.state import PartialState
     from accelerate.utils.launch import prepare_simple_launcher_cmd_env
 
     flags = cli_args(local_model, local_jsonl, tmp_path / "one", "--save_strategy", "no", "--max_steps", "1",
@@ -403,6 +404,9 @@ def test_a_one_process_accelerate_launch_on_the_cpu_trains_with_the_plan_for_one
     with pytest.raises(SystemExit) as exit_status:
         runpy.run_path(str(REPO / "examples/train_dhpo.py"), run_name="__main__")
     assert exit_status.value.code == 0
+    # accelerate's record of the CPU run the launcher's variable asked for: a machine without CUDA trains on the CPU
+    # either way, so the device alone would not show that the variable reached the run.
+    assert PartialState._shared_state["_cpu"] is True
     assert (tmp_path / "one" / "model.safetensors").exists()
     card = (tmp_path / "one" / "README.md").read_text()
     assert "| `steps_per_generation` | `4` |" in card and "| `gradient_accumulation_steps` | `2` |" in card

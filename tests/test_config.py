@@ -513,15 +513,26 @@ def test_deepspeed_that_accelerate_would_drop_is_refused(deepspeed, environ, ref
     assert "ACCELERATE_USE_CPU" in str(caught.value)
 
 
+TORCHRUN = {"WORLD_SIZE": "2", "RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29611"}
+
+
 @pytest.mark.parametrize(
     ("use_cpu", "backend", "environ", "starts"),
     [
-        (True, None, {"WORLD_SIZE": "2"}, True),
-        (False, "gloo", {"WORLD_SIZE": "4", "ACCELERATE_USE_CPU": "true"}, True),  # accelerate launch --cpu
-        (True, None, {"WORLD_SIZE": "1"}, False),  # one process: no group to limit
-        (True, None, {}, False),
-        (False, None, {"WORLD_SIZE": "2", "ACCELERATE_USE_CPU": "False"}, False),  # a GPU run: transformers passes it
-        (True, "ccl", {"WORLD_SIZE": "2"}, False),  # another backend is accelerate's to start
+        (True, None, TORCHRUN, {"rank": 1, "world_size": 2, "port": "29611"}),
+        # torchrun with ACCELERATE_USE_CPU exported
+        (False, "gloo", {**TORCHRUN, "WORLD_SIZE": "4", "ACCELERATE_USE_CPU": "true"}, {"rank": 1, "world_size": 4}),
+        # accelerate's CPU defaults: port 29500; the rank and size of an MPI launcher (`accelerate launch --cpu
+        # --mpirun_hostfile`, the only multi-process `--cpu` launch: Intel MPI's, then Open MPI's variables)
+        (True, None, {**TORCHRUN, "MASTER_PORT": ""}, {"rank": 1, "world_size": 2, "port": "29500"}),
+        (True, "gloo", {"PMI_SIZE": "3", "PMI_RANK": "2", "MASTER_ADDR": "h"}, {"rank": 2, "world_size": 3}),
+        (True, None, {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0", "MASTER_ADDR": "h"}, {"rank": 0}),
+        (True, None, {**TORCHRUN, "WORLD_SIZE": "1"}, None),  # one process: no group to limit
+        (True, None, {}, None),
+        (False, None, {**TORCHRUN, "ACCELERATE_USE_CPU": "False"}, None),  # a GPU run: transformers passes it
+        (True, "ccl", TORCHRUN, None),  # another backend is accelerate's to start
+        (True, "mpi", TORCHRUN, None),
+        (True, None, {**TORCHRUN, "MASTER_ADDR": ""}, None),  # accelerate names the missing variable
     ],
 )
 def test_a_cpu_run_of_several_processes_starts_its_group_with_ddp_timeout(use_cpu, backend, environ, starts, monkeypatch):
@@ -529,13 +540,34 @@ def test_a_cpu_run_of_several_processes_starts_its_group_with_ddp_timeout(use_cp
 
     from dhpo_trl.core.config import start_cpu_process_group
 
+    started, environ = [], dict(environ)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "is_mpi_available", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kwargs: started.append((backend, kwargs)))
+    assert start_cpu_process_group(use_cpu, backend, 77, environ) is (starts is not None)
+    if starts is None:
+        assert started == []
+    else:
+        [(group_backend, kwargs)] = started
+        assert (group_backend, kwargs["timeout"]) == ("gloo", timedelta(seconds=77))
+        assert kwargs["rank"] == starts["rank"] and kwargs["world_size"] == starts.get("world_size", 2)
+        assert environ["MASTER_PORT"] == starts.get("port", environ.get("MASTER_PORT"))
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)  # a group the launch started itself is kept
+    assert start_cpu_process_group(use_cpu, backend, 77, environ) is False and len(started) == int(bool(starts))
+
+
+def test_a_cpu_group_is_left_to_accelerate_where_it_would_choose_mpi(monkeypatch):
+    """accelerate starts MPI for a CPU run that names no backend when torch was built with it."""
+    import torch.distributed as dist
+
+    from dhpo_trl.core.config import start_cpu_process_group
+
     started = []
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
-    monkeypatch.setattr(dist, "init_process_group", lambda backend, timeout: started.append((backend, timeout)))
-    assert start_cpu_process_group(use_cpu, backend, 77, environ) is starts
-    assert started == ([("gloo", timedelta(seconds=77))] if starts else [])
-    monkeypatch.setattr(dist, "is_initialized", lambda: True)  # a group the launch started itself is kept
-    assert start_cpu_process_group(use_cpu, backend, 77, environ) is False and len(started) == int(starts)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kwargs: started.append(backend))
+    monkeypatch.setattr(dist, "is_mpi_available", lambda: True)
+    assert start_cpu_process_group(True, None, 77, dict(TORCHRUN)) is False
+    assert start_cpu_process_group(True, "gloo", 77, dict(TORCHRUN)) is True and started == ["gloo"]
 
 
 def test_the_config_refuses_it_at_construction_and_in_validate(tmp_path, monkeypatch):

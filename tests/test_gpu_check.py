@@ -6,6 +6,7 @@ figures. Its CPU dry run end to end is tests/test_gpu_dry_run.py.
 import importlib.util
 import io
 import json
+import os
 import sys
 import zipfile
 from pathlib import Path
@@ -226,22 +227,26 @@ open(sys.argv[1], "w").write(f"{{os.getppid()}} {{time.process_time()}}")
 
 def test_a_served_part_records_the_cpu_its_served_process_spent(tmp_path):
     """A part run by `tests/served_python.py` works in a process forked by the fork server, no descendant of the part:
-    its `cpu_seconds` holds that process's CPU (measured by the process itself), once."""
-    script, seen = tmp_path / "burn.py", tmp_path / "seen"
+    its `cpu_seconds` holds that process's CPU (measured by the process itself), once. A plain part runs first, so
+    the served part's figure also shows that the CPU of the parts before it is not counted again."""
+    script = tmp_path / "burn.py"
     script.write_text(BURNER)
     env = processes._rank_variables(True, None)
     server = fork_server.Server("", env, 120)
-    served = [sys.executable, str(ROOT / "tests" / "served_python.py"), str(script), str(seen)]
+    commands = {"plain": [sys.executable, str(script), str(tmp_path / "plain")],
+                "served": [sys.executable, str(ROOT / "tests" / "served_python.py"), str(script), str(tmp_path / "served")]}
     try:
-        status, _, cpu, tail = check.run_part(check.Part("burn", served, 120, 1),
-                                              120, {**env, "DHPO_FORK_SERVER_SOCKET": server.path}, io.StringIO())
-        parent = server.process.pid
+        runs = {name: check.run_part(check.Part(name, command, 120, 1), 120,
+                                     {**env, "DHPO_FORK_SERVER_SOCKET": server.path}, io.StringIO())
+                for name, command in commands.items()}  # fmt: skip
+        parents = {"plain": os.getpid(), "served": server.process.pid}  # served: not the part's own interpreter
     finally:
         server.stop()
-    assert status == "ok", tail
-    ppid, burned = seen.read_text().split()
-    assert int(ppid) == parent  # served, not run by the part's own interpreter
-    assert float(burned) <= cpu < 2 * float(burned)
+    for name, (status, _, cpu, tail) in runs.items():
+        assert status == "ok", tail
+        ppid, burned = (tmp_path / name).read_text().split()
+        assert int(ppid) == parents[name], name
+        assert float(burned) <= cpu < 2 * float(burned), name
 
 
 def test_junit_summary(tmp_path):

@@ -585,19 +585,43 @@ def refuse_deepspeed_dropped_by_accelerate(deepspeed, environ) -> None:
         )
 
 
+# accelerate's CPU launch variables, in the order it reads them (`get_cpu_distributed_information`): torchrun's, then
+# Intel MPI's, Open MPI's and MVAPICH's.
+_CPU_WORLD_SIZE = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+_CPU_RANK = ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK")
+
+
+def _first_count(environ, names) -> int | None:
+    """The first of `names` set to a count, as accelerate's `get_int_from_env` reads it; None if none is."""
+    for name in names:
+        value = int(environ.get(name, -1))
+        if value >= 0:
+            return value
+    return None
+
+
 def start_cpu_process_group(use_cpu: bool, ddp_backend, ddp_timeout, environ) -> bool:
-    """Start the gloo process group of a multi-process CPU run with `ddp_timeout` as its collective limit; True if
-    it started one. transformers 5 hands `ddp_timeout` to accelerate only off the CPU (`TrainingArguments.
-    _setup_devices`, the `use_cpu` branch), so a CPU rank blocked in a collective the others never join would wait
-    torch's default 30 minutes whatever the user set; accelerate keeps a process group that already exists. Other
-    backends (ccl, mpi) and launches without torchrun's `WORLD_SIZE` are left to accelerate."""
+    """Start the gloo process group of a multi-process CPU run with `ddp_timeout` as its collective limit, where
+    accelerate would start gloo, with the rank, size and port it would take (`PartialState.__init__`, the MULTI_CPU
+    branch: MASTER_PORT 29500 when unset, written to `environ` as accelerate writes it); True if it started one.
+    transformers 5 hands `ddp_timeout` to accelerate only off the CPU (`TrainingArguments._setup_devices`, the
+    `use_cpu` branch), so a CPU rank blocked in a collective the others never join would wait torch's default 30
+    minutes whatever the user set; accelerate keeps a process group that already exists. MPI (which accelerate takes
+    for no backend where torch has it), other backends (which it refuses on the CPU) and a launch without MASTER_ADDR
+    (which it names) are left to accelerate."""
     import torch.distributed as dist
 
-    on_cpu = use_cpu or str(environ.get("ACCELERATE_USE_CPU", "")).strip().lower() in _TRUE
-    many = int(environ.get("WORLD_SIZE", "1") or 1) > 1
-    if not (on_cpu and many and ddp_backend in (None, "gloo") and dist.is_available()) or dist.is_initialized():
+    if not dist.is_available():
         return False
-    dist.init_process_group("gloo", timeout=timedelta(seconds=ddp_timeout))
+    on_cpu = use_cpu or str(environ.get("ACCELERATE_USE_CPU", "")).strip().lower() in _TRUE
+    world_size = _first_count(environ, _CPU_WORLD_SIZE) or 1
+    gloo = ddp_backend == "gloo" or (ddp_backend is None and not dist.is_mpi_available())
+    if not (on_cpu and world_size > 1 and gloo and environ.get("MASTER_ADDR")) or dist.is_initialized():
+        return False
+    if not environ.get("MASTER_PORT"):
+        environ["MASTER_PORT"] = "29500"
+    rank = _first_count(environ, _CPU_RANK) or 0
+    dist.init_process_group("gloo", timeout=timedelta(seconds=ddp_timeout), rank=rank, world_size=world_size)
     return True
 
 
