@@ -671,6 +671,58 @@ def callable_gaps(table, noise, ks) -> list[dict]:
     return rows
 
 
+RESOLVE_GAP = 0.03  # the gap in final accuracy the powered study is to resolve (3 points)
+
+
+def mean_gap_threshold(s1: float, n1: int, s2: float, n2: int) -> float:
+    """Twice the standard error of a difference of two means: 2 sqrt(s1^2 / n1 + s2^2 / n2), for rows of n1 and n2
+    seeds with seed stds s1 and s2. Unlike a seed std, it shrinks as seeds are added."""
+    return 2 * math.sqrt(s1**2 / n1 + s2**2 / n2)
+
+
+def seeds_to_call(s1: float, s2: float, gap: float = RESOLVE_GAP) -> int:
+    """The fewest seeds per row (the same n in both) at which `gap` exceeds `mean_gap_threshold`:
+    n >= 4 (s1^2 + s2^2) / gap^2 (8 s^2 / gap^2 for equal stds), and at least 2, the fewest with a std."""
+    # rounded first, so that a bound that is a whole number in exact arithmetic is not pushed up by float error
+    return max(2, math.ceil(round(4 * (s1**2 + s2**2) / gap**2, 9)))
+
+
+def _noisy_rows(table, k: int, measure: str) -> dict[str, tuple[float, float, int]]:
+    """The rows at k with two seeds or more (a seed std), as objective -> (mean, std, seeds)."""
+    return {o: (*rows[k][measure], rows[k]["seeds"]) for o, rows in table.items()
+            if k in rows and rows[k]["seeds"] >= 2}  # fmt: skip
+
+
+def seeds_for_gap(table, ks, measure: str = "final_heldout_accuracy", gap: float = RESOLVE_GAP) -> list[dict]:
+    """Per k: the seeds each row has, and the seeds per row a difference of means needs to call `gap` at twice its
+    standard error, from the rows' measured seed stds, for the pair with the smallest stds and for the pair with
+    the largest (which every pair needs); None where fewer than two rows have a std."""
+    found = []
+    for k in ks:
+        rows = _noisy_rows(table, k, measure)
+        pairs = sorted(itertools.combinations(rows, 2), key=lambda pair: rows[pair[0]][1] ** 2 + rows[pair[1]][1] ** 2)
+        need = {pair: seeds_to_call(rows[pair[0]][1], rows[pair[1]][1], gap) for pair in pairs}
+        found.append({"k": k, "seeds": sorted({n for _, _, n in rows.values()}),
+                      "smallest_pair": pairs[0] if pairs else None, "smallest": need[pairs[0]] if pairs else None,
+                      "largest_pair": pairs[-1] if pairs else None, "largest": need[pairs[-1]] if pairs else None})  # fmt: skip
+    return found
+
+
+def mean_separations(table, ks, measure: str = "final_heldout_accuracy") -> dict[int, list[tuple]]:
+    """Per k, every pair (better, worse, gap, threshold) whose difference of means exceeds `mean_gap_threshold`
+    with the seeds each row has."""
+    found = {}
+    for k in ks:
+        rows = _noisy_rows(table, k, measure)
+        found[k] = []
+        for a, b in itertools.permutations(rows, 2):
+            (mean_a, std_a, seeds_a), (mean_b, std_b, seeds_b) = rows[a], rows[b]
+            threshold = mean_gap_threshold(std_a, seeds_a, std_b, seeds_b)
+            if mean_a - mean_b > threshold:
+                found[k].append((a, b, mean_a - mean_b, threshold))
+    return found
+
+
 def _seeded(row: dict, measure: str) -> str:
     """Mean ± seed std (seeds done); a single seed has no std to show."""
     if row["seeds"] < 2:
@@ -678,8 +730,43 @@ def _seeded(row: dict, measure: str) -> str:
     return f"{_fmt(row[measure])} ({row['seeds']})"
 
 
+def _count(value) -> str:
+    return "—" if value is None else str(value)
+
+
 def _points(value) -> str:
     return "—" if value is None else f"{100 * value:.1f}"
+
+
+def mean_reading(table, ks, gap: float = RESOLVE_GAP) -> list[str]:
+    """The power page's second reading of its final held-out accuracy, on the difference of means: the seeds a
+    `gap` needs, and the pairs that difference calls with the seeds the rows have."""
+    def pair(names, row_stds):
+        return "—" if names is None else f"{names[0]}, {names[1]} ({', '.join(_points(row_stds[o]) for o in names)})"
+
+    lines = [f"**A second reading, on the difference of means; it does not replace the rule above.** The rule "
+             "compares a gap with the two rows' seed stds, which do not shrink as seeds are added. The difference of "
+             "two rows' means has the standard error sqrt(s1²/n1 + s2²/n2), s a row's seed std and n its seeds, "
+             "which does. Read against twice that error, a gap g is called with n seeds in each row once "
+             "n ≥ 4(s1² + s2²)/g² (8s²/g² when both stds are s). Per k, the seeds per row a "
+             f"{100 * gap:g}-point gap needs at the measured seed stds (in points), for the pair of rows with the "
+             "smallest stds and for the pair with the largest (which every pair needs), next to the seeds the rows "
+             "have:", "",
+             "| k | seeds per row | pair with the smallest stds | seeds it needs | pair with the largest stds | "
+             "seeds every pair needs |", "|---|---|---|---|---|---|"]  # fmt: skip
+    for row in seeds_for_gap(table, ks, gap=gap):
+        stds = {o: rows[row["k"]]["final_heldout_accuracy"][1] for o, rows in table.items() if row["k"] in rows}
+        seeds = "—" if not row["seeds"] else "–".join(map(str, sorted({row["seeds"][0], row["seeds"][-1]})))
+        lines.append(f"| {row['k']} | {seeds} | {pair(row['smallest_pair'], stds)} | {_count(row['smallest'])} | "
+                     f"{pair(row['largest_pair'], stds)} | {_count(row['largest'])} |")  # fmt: skip
+    lines += ["", "Pairs whose difference of means exceeds twice its standard error, with the seeds each row has:", ""]
+    lines += [f"- k = {k}: " + ("; ".join(f"{a} > {b} by {g:.1%} (2 SE = {t:.1%})" for a, b, g, t in pairs) or "none")
+              for k, pairs in mean_separations(table, ks).items()]  # fmt: skip
+    lines += ["", "Twice the standard error is a normal-approximation bar: with a few seeds each std is itself "
+              "uncertain (a Student t bar would be higher), the seeds needed above rest on those uncertain stds, and "
+              "every pair at a k is read at once, so a pair called here is a lead for more seeds, not a separation "
+              "by the page's rule.", ""]  # fmt: skip
+    return lines
 
 
 def power_markdown(table, meta: dict, noise) -> str:
@@ -749,6 +836,7 @@ def power_markdown(table, meta: dict, noise) -> str:
               for k, pairs in found.items() for a, b, gap, threshold in pairs]  # fmt: skip
     lines += ["", "Pairs that separate on the final held-out accuracy: " + ("; ".join(called) if called else "none") + ".",
               ""]  # fmt: skip
+    lines += mean_reading(table, present)
     lines += ["## Where the seed noise comes from", "",
               "Per row, the seed std s of the final accuracy on the "
               f"{n:,} problems split exactly into each problem's own disagreement between seeds (d, the evaluation "
