@@ -109,6 +109,35 @@ def test_separation_needs_a_gap_above_twice_the_larger_seed_std():
     assert "at commit abc1234" in page
 
 
+def test_the_difference_of_means_reading_uses_each_rows_variance_and_seeds():
+    # 2 sqrt(0.03^2 / 3 + 0.04^2 / 12) = 2 sqrt(0.0003 + 0.000133...) = 0.0416333
+    assert staleness.mean_gap_threshold(0.03, 3, 0.04, 12) == pytest.approx(0.04163332, abs=1e-8)
+    assert staleness.seeds_to_call(0.03, 0.03) == 8  # 8 s^2 / g^2 = 8 exactly: not pushed to 9 by float error
+    assert staleness.seeds_to_call(0.04, 0.03) == 12  # 4 (0.0016 + 0.0009) / 0.0009 = 11.1
+    assert staleness.seeds_to_call(0.01, 0.02, gap=0.03) == 3  # 4 (0.0001 + 0.0004) / 0.0009 = 2.2
+    assert staleness.seeds_to_call(0.0, 0.0) == 2  # no noise still needs two seeds to have a std
+    row = lambda mean, std, seeds: {"seeds": seeds, "final_heldout_accuracy": [mean, std]}  # noqa: E731
+    # A: 3 seeds, B: 12 seeds, C: 3 seeds; D has one seed, no std, and stays out although its mean is the best
+    table = {"A": {4: row(0.40, 0.01, 3), 16: row(0.5, 0.02, 3)}, "B": {4: row(0.34, 0.02, 12)},
+             "C": {4: row(0.30, 0.04, 3), 16: row(0.9, 0.0, 1)}, "D": {4: row(0.90, 0.0, 1)}}  # fmt: skip
+    need = staleness.seeds_for_gap(table, [4, 16])
+    # smallest stds A, B: 4 (0.0001 + 0.0004) / 0.0009 = 2.2 -> 3; largest B, C: 4 (0.0004 + 0.0016) / 0.0009 = 8.9 -> 9
+    assert need[0] == {"k": 4, "seeds": [3, 12], "smallest_pair": ("A", "B"), "smallest": 3,
+                       "largest_pair": ("B", "C"), "largest": 9}  # fmt: skip
+    assert need[1] == {"k": 16, "seeds": [3], "smallest_pair": None, "smallest": None, "largest_pair": None,
+                       "largest": None}  # fmt: skip
+    found = staleness.mean_separations(table, [4, 16])
+    # A - B = 0.06 > 2 sqrt(0.0001/3 + 0.0004/12) = 0.01633; A - C = 0.10 > 2 sqrt(0.0001/3 + 0.0016/3) = 0.04761;
+    # B - C = 0.04 < 2 sqrt(0.0004/12 + 0.0016/3) = 0.04761 (with the seeds swapped it would be 0.03266: called)
+    assert [(a, b) for a, b, _, _ in found[4]] == [("A", "B"), ("A", "C")] and found[16] == []
+    assert [g for _, _, g, _ in found[4]] == pytest.approx([0.06, 0.10])
+    assert [t for _, _, _, t in found[4]] == pytest.approx([0.0163299, 0.0476095], abs=1e-7)
+    text = "\n".join(staleness.mean_reading(table, [4, 16]))
+    assert "| 4 | 3–12 | A, B (1.0, 2.0) | 3 | B, C (2.0, 4.0) | 9 |" in text
+    assert "| 16 | 3 | — | — | — | — |" in text
+    assert "- k = 4: A > B by 6.0% (2 SE = 1.6%); A > C by 10.0% (2 SE = 4.8%)\n- k = 16: none" in text
+
+
 def test_variant_verdict_applies_the_twice_the_seed_noise_rule_at_high_k():
     # k = 8: DHPO-E trails GRPO by 0.10 > 2 x 0.02 and the variant by 0.01 (closed); k = 16: both trail by 0.10
     # (not closed); k = 4 is below the range the question is about.

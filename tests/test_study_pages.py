@@ -111,3 +111,46 @@ def test_the_powered_page_numbers_are_its_cells_and_its_warm_start_is_the_study_
             assert f"| {k} | {len(stds)} | {200 * stds[1]:.1f} | {200 * stds[-1]:.1f} | {callable_} |" in page
     done = len(results["cells"])
     assert (f"**Partial: {done} of {done + len(meta['missing'])} cells finished**" in page) == bool(meta["missing"])
+
+
+@pytest.mark.skipif(not POWER.exists(), reason="the powered study's page is not written")
+def test_the_powered_pages_difference_of_means_reading_is_its_cells():
+    """The seeds a 3-point gap needs and the pairs called at twice the standard error of a difference of means,
+    recomputed from each cell's 0/1 scores."""
+    import itertools
+    import math
+
+    import numpy as np
+
+    results = json.loads(POWER.read_text())
+    page = (STUDY / "long_completions_power.md").read_text()
+    order = list(results["aggregate"])  # the page's row order
+    for k in results["meta"]["ks"]:
+        rows = {}
+        for objective in order:
+            scores = [np.mean([int(c) for c in cell["final_heldout_correct"]]) for cell in results["cells"]
+                      if cell["objective"] == objective and cell["k"] == k]  # fmt: skip
+            if len(scores) >= 2:
+                rows[objective] = (np.mean(scores), np.std(scores, ddof=1), len(scores))
+        if len(rows) < 2:
+            assert f"| {k} | " in page and f"- k = {k}: none" in page
+            continue
+
+        def need(pair):
+            return max(2, math.ceil(4 * (rows[pair[0]][1] ** 2 + rows[pair[1]][1] ** 2) / 0.03**2))
+
+        def named(pair):
+            return f"{pair[0]}, {pair[1]} ({100 * rows[pair[0]][1]:.1f}, {100 * rows[pair[1]][1]:.1f})"
+
+        pairs = list(itertools.combinations(rows, 2))
+        low = min(pairs, key=lambda p: rows[p[0]][1] ** 2 + rows[p[1]][1] ** 2)
+        high = max(pairs, key=lambda p: rows[p[0]][1] ** 2 + rows[p[1]][1] ** 2)
+        seeds = sorted({n for _, _, n in rows.values()})
+        shown = str(seeds[0]) if len(seeds) == 1 else f"{seeds[0]}–{seeds[-1]}"
+        assert f"| {k} | {shown} | {named(low)} | {need(low)} | {named(high)} | {need(high)} |" in page
+        called = []
+        for a, b in itertools.permutations(rows, 2):
+            (ma, sa, na), (mb, sb, nb) = rows[a], rows[b]
+            if ma - mb > (bar := 2 * np.sqrt(sa**2 / na + sb**2 / nb)):
+                called.append(f"{a} > {b} by {ma - mb:.1%} (2 SE = {bar:.1%})")
+        assert f"- k = {k}: {'; '.join(called) or 'none'}\n" in page
