@@ -702,9 +702,9 @@ def seeds_for_gap(table, ks, measure: str = "final_heldout_accuracy", gap: float
         rows = _noisy_rows(table, k, measure)
         pairs = sorted(itertools.combinations(rows, 2), key=lambda pair: rows[pair[0]][1] ** 2 + rows[pair[1]][1] ** 2)
         need = {pair: seeds_to_call(rows[pair[0]][1], rows[pair[1]][1], gap) for pair in pairs}
-        found.append({"k": k, "seeds": sorted({n for _, _, n in rows.values()}),
-                      "smallest_pair": pairs[0] if pairs else None, "smallest": need[pairs[0]] if pairs else None,
-                      "largest_pair": pairs[-1] if pairs else None, "largest": need[pairs[-1]] if pairs else None})  # fmt: skip
+        low, high = (pairs[0], pairs[-1]) if pairs else (None, None)
+        found.append({"k": k, "seeds": sorted({n for _, _, n in rows.values()}), "smallest_pair": low,
+                      "smallest": need.get(low), "largest_pair": high, "largest": need.get(high)})  # fmt: skip
     return found
 
 
@@ -741,6 +741,7 @@ def _points(value) -> str:
 def mean_reading(table, ks, gap: float = RESOLVE_GAP) -> list[str]:
     """The power page's second reading of its final held-out accuracy, on the difference of means: the seeds a
     `gap` needs, and the pairs that difference calls with the seeds the rows have."""
+
     def pair(names, row_stds):
         return "—" if names is None else f"{names[0]}, {names[1]} ({', '.join(_points(row_stds[o]) for o in names)})"
 

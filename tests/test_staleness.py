@@ -121,7 +121,8 @@ def test_the_difference_of_means_reading_uses_each_rows_variance_and_seeds():
     table = {"A": {4: row(0.40, 0.01, 3), 16: row(0.5, 0.02, 3)}, "B": {4: row(0.34, 0.02, 12)},
              "C": {4: row(0.30, 0.04, 3), 16: row(0.9, 0.0, 1)}, "D": {4: row(0.90, 0.0, 1)}}  # fmt: skip
     need = staleness.seeds_for_gap(table, [4, 16])
-    # smallest stds A, B: 4 (0.0001 + 0.0004) / 0.0009 = 2.2 -> 3; largest B, C: 4 (0.0004 + 0.0016) / 0.0009 = 8.9 -> 9
+    # smallest stds A, B: 4 (0.0001 + 0.0004) / 0.0009 = 2.2 -> 3;
+    # largest B, C: 4 (0.0004 + 0.0016) / 0.0009 = 8.9 -> 9
     assert need[0] == {"k": 4, "seeds": [3, 12], "smallest_pair": ("A", "B"), "smallest": 3,
                        "largest_pair": ("B", "C"), "largest": 9}  # fmt: skip
     assert need[1] == {"k": 16, "seeds": [3], "smallest_pair": None, "smallest": None, "largest_pair": None,
