@@ -20,8 +20,9 @@ resumes; a cell saved with other settings is run again. Writes `--docs-dir/stale
 each k > 1 to compare the within-sequence spread of log r against. Cells run per k in `--ks` order, so a study
 stopped early has whole k's; `--report-only` writes the page from the finished cells and names the missing ones.
 `--final-heldout N` (long task) also scores each cell's final policy on N further held-out problems and writes
-`long_completions_power.md` / `.json`: the final accuracy on them, the separation rule, and the seed noise split into
-evaluation and training noise (`benchmarks/power_study.sh` runs it).
+`long_completions_power.md` / `.json`: the final accuracy on them, the separation rule, a second reading on the
+difference of means (the seeds a 3-point gap needs, the pairs it calls), and the seed noise split into evaluation and
+training noise (`benchmarks/power_study.sh` runs it).
 """
 
 from __future__ import annotations
