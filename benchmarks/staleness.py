@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 from dhpo_trl.core.presets import PAPER_ALGORITHMS
-from dhpo_trl.demo.embedded import EmbeddedSettings, load_task, run_embedded
+from dhpo_trl.demo.embedded import EmbeddedSettings, TrainingStopped, load_task, run_embedded
 from dhpo_trl.demo.long_arithmetic import make_chain_splits
 from dhpo_trl.demo.long_task import LongSettings
 
@@ -1017,4 +1017,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except TrainingStopped as stopped:  # a stop signal: the cell in progress is not saved; a resume reruns it
+        print(f"[staleness] {stopped}; the same command resumes the study", file=sys.stderr, flush=True)
+        sys.exit(stopped.exit_status)

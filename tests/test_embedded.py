@@ -1,7 +1,10 @@
 """The embedded CPU default: synthetic task, cached warm start, and a short, deterministic DHPO-E run."""
 
 import json
+import os
+import pickle
 import re
+import signal
 from pathlib import Path
 
 import pytest
@@ -133,3 +136,51 @@ def test_the_warm_start_follows_the_task_settings(monkeypatch):
     assert (len(train), len(heldout)) == (30, 3)
     assert (captured["cache_dir"], captured["use_cache"]) == (None, True)  # cached by default
     assert EmbeddedSettings().warmup_target_accuracy == 0.5  # the first run starts RL from a half-right policy
+
+
+class _SignalAt(embedded.TrainerCallback):
+    """Sends this process `signum` at the end of optimizer step `step`, as a cluster's preemption would."""
+
+    def __init__(self, step: int, signum: int):
+        self.step, self.signum = step, signum
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            os.kill(os.getpid(), self.signum)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
+def test_a_stopped_run_raises_and_writes_nothing_that_marks_it_finished(tmp_path, monkeypatch, signum):
+    from dhpo_trl.training.trainer import DHPOTrainer
+
+    init = DHPOTrainer.__init__
+
+    def with_signal(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.add_callback(_SignalAt(1, signum))
+
+    monkeypatch.setattr(DHPOTrainer, "__init__", with_signal)
+    out = tmp_path / "run"
+    with pytest.raises(embedded.TrainingStopped) as stopped:
+        run_embedded("DHPO-E", seed=3, output_dir=out, cache_dir=tmp_path / "cache", settings=SHORT, disable_tqdm=True)
+    assert stopped.value.args[1]["step"] == 1 and (out / "checkpoint-1").is_dir()  # the stop's own checkpoint
+    assert stopped.value.exit_status == 128 + signum
+    # a study reads summary.json as a finished cell; the final model marks a finished run
+    assert not (out / "summary.json").exists() and not (out / "checkpoint-final").exists()
+    # a pool worker hands the exception to the study's process: it must survive pickling with its stop
+    again = pickle.loads(pickle.dumps(stopped.value))
+    assert str(again) == str(stopped.value) and again.exit_status == 128 + signum
+
+
+def test_the_cli_reports_a_stop_in_one_line_with_the_signals_status(tmp_path, monkeypatch, capsys):
+    stop = {"signal": "SIGTERM", "step": 3, "checkpoint": str(tmp_path / "checkpoint-3")}
+
+    def stopped(*args, **kwargs):
+        raise embedded.TrainingStopped("stopped by SIGTERM after step 3 of 8 (checkpoint x)", stop)
+
+    monkeypatch.setattr(embedded, "run_embedded", stopped)
+    with pytest.raises(SystemExit) as exited:
+        main(["--output-dir", str(tmp_path / "out")])
+    assert exited.value.code == 128 + signal.SIGTERM
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "SIGTERM after step 3" in err[0]

@@ -17,7 +17,9 @@ import functools
 import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -125,6 +127,21 @@ def greedy_accuracy(model, tokenizer, problems: list[Problem], *, max_new_tokens
     scores = greedy_scores(model, tokenizer, problems, max_new_tokens=max_new_tokens, batch_size=batch_size,
                            reward=reward)  # fmt: skip
     return sum(scores) / len(scores)
+
+
+class TrainingStopped(RuntimeError):
+    """A stop signal (SIGTERM, SIGUSR1) ended `run_embedded`'s training before its last step. Raised before the final
+    evaluation and before anything that marks a finished run (the summary, the final checkpoint), so a study never
+    saves a stopped cell as done and reruns it on resume. `args`: the message, then the trainer's `graceful_stop`."""
+
+    def __str__(self) -> str:
+        return self.args[0]
+
+    @property
+    def exit_status(self) -> int:
+        """128 + the signal's number, as a shell reports a process that the signal ended."""
+        name = self.args[1]["signal"]
+        return 128 + (signal.Signals[name].value if name in signal.Signals.__members__ else signal.SIGTERM.value)
 
 
 class HeldoutAccuracyCallback(TrainerCallback):
@@ -347,6 +364,11 @@ def _run(algorithm, seed, max_steps, output_dir, eval_every, num_heldout, cache_
     train_started = time.perf_counter()
     trainer.train()
     train_seconds = time.perf_counter() - train_started
+    if (stop := trainer.graceful_stop) is not None:
+        raise TrainingStopped(
+            f"stopped by {stop['signal']} after step {stop['step']} of {trainer.state.max_steps} (checkpoint "
+            f"{stop['checkpoint']}): not a finished run, no summary written; run it again", stop,
+        )  # fmt: skip
     final, final_seconds = None, 0.0
     if final_problems is not None:
         final_started = time.perf_counter()
@@ -455,11 +477,15 @@ def main(argv: list[str] | None = None) -> int:
     def work(_) -> None:
         from .long_task import LongSettings  # imports this module: loaded here, not at the top
 
-        summary = run_embedded(
-            options.algorithm, options.seed, options.max_steps, options.output_dir, eval_every=options.eval_every,
-            num_heldout=options.num_heldout, cache_dir=options.cache_dir, use_cache=not options.no_cache,
-            settings=LongSettings() if options.task == "long" else None,
-        )  # fmt: skip
+        try:
+            summary = run_embedded(
+                options.algorithm, options.seed, options.max_steps, options.output_dir, eval_every=options.eval_every,
+                num_heldout=options.num_heldout, cache_dir=options.cache_dir, use_cache=not options.no_cache,
+                settings=LongSettings() if options.task == "long" else None,
+            )  # fmt: skip
+        except TrainingStopped as stopped:
+            print(f"python -m dhpo_trl: {stopped}", file=sys.stderr, flush=True)
+            raise SystemExit(stopped.exit_status) from None
         _print_summary(summary)
 
     return run_command("python -m dhpo_trl", setup, work, debug=options.debug)
