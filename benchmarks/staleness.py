@@ -101,7 +101,9 @@ def _saved(job: tuple) -> dict | None:
     same = json.loads(json.dumps(saved)) == json.loads(json.dumps(expected))  # as saved: tuples read back as lists
     final = summary.get("final_heldout")
     same_final = (final or {}).get("num_problems") == final_heldout  # a cell without the final set is run again
-    return summary if same and same_final and summary.get("config_overrides", {}) == overrides else None
+    # A run a stop signal cut short wrote a summary before run_embedded refused to: never a finished cell.
+    finished = summary.get("optimizer_steps") == spec["max_steps"]
+    return summary if same and same_final and finished and summary.get("config_overrides", {}) == overrides else None
 
 
 def _cpu_seconds() -> float:

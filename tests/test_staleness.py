@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dhpo_trl.demo.embedded import EmbeddedSettings, memoized_reward
+from dhpo_trl.demo.embedded import EmbeddedSettings, TrainingStopped, memoized_reward
 from dhpo_trl.demo.long_task import LongSettings
 
 SPEC = importlib.util.spec_from_file_location("staleness", Path(__file__).parents[1] / "benchmarks" / "staleness.py")
@@ -197,7 +197,8 @@ def test_saved_cells_are_reused_only_when_their_settings_match(monkeypatch, tmp_
                  final_heldout=None):
         calls.append((objective, seed, settings.steps_per_generation, config_overrides))
         summary = {"settings": {**dataclasses.asdict(settings), "max_steps": max_steps, "eval_every": eval_every},
-                   "config_overrides": config_overrides, "summary_path": str(Path(output_dir) / "summary.json")}  # fmt: skip
+                   "config_overrides": config_overrides, "summary_path": str(Path(output_dir) / "summary.json"),
+                   "optimizer_steps": max_steps}  # fmt: skip
         Path(output_dir).mkdir(parents=True, exist_ok=True)
         (Path(output_dir) / "summary.json").write_text(json.dumps(summary))
         return summary
@@ -227,6 +228,27 @@ def test_saved_cells_are_reused_only_when_their_settings_match(monkeypatch, tmp_
     assert staleness._run_cell(long_job)[2] is False  # not at its default: the saved cell did not run with it
     monkeypatch.setitem(staleness.TASKS, "long", lambda: dataclasses.replace(LongSettings(), median_steps=5.0))
     assert staleness._run_cell(long_job)[2] is False and calls[-1][2] == 4
+    # a run a stop signal cut short (code that still wrote its summary) is rerun, whatever its settings say
+    cut = json.loads((tmp_path / "k4" / "GRPO-seed1" / "summary.json").read_text())
+    (tmp_path / "k4" / "GRPO-seed1" / "summary.json").write_text(json.dumps({**cut, "optimizer_steps": 4 * 24 - 7}))
+    assert staleness._run_cell(job)[2] is False and staleness._run_cell(job)[2] is True
+
+
+def test_a_stopped_cell_is_not_saved_and_the_study_ends_with_the_signals_status(monkeypatch, tmp_path):
+    import runpy
+    import signal
+
+    def stopped(*args, **kwargs):
+        raise TrainingStopped("stopped by SIGTERM after step 5 of 96 (checkpoint c)", {"signal": "SIGTERM"})
+
+    monkeypatch.setattr("dhpo_trl.demo.embedded.run_embedded", stopped)  # what the script's import binds
+    argv = ["staleness.py", "--objectives", "GRPO", "--ks", "4", "--seeds", "1", "--generation-batches", "2",
+            "--workers", "1", "--out-dir", str(tmp_path)]  # fmt: skip
+    monkeypatch.setattr("sys.argv", argv)
+    with pytest.raises(SystemExit) as exited:
+        runpy.run_path(str(Path(staleness.__file__)), run_name="__main__")
+    assert exited.value.code == 128 + signal.SIGTERM
+    assert not list(tmp_path.rglob("summary.json"))
 
 
 def test_memoized_reward_scores_like_the_reward_and_calls_it_once_per_pair():
