@@ -229,6 +229,7 @@ def test_saved_cells_are_reused_only_when_their_settings_match(monkeypatch, tmp_
     monkeypatch.setitem(staleness.TASKS, "long", lambda: dataclasses.replace(LongSettings(), median_steps=5.0))
     assert staleness._run_cell(long_job)[2] is False and calls[-1][2] == 4
     # a run a stop signal cut short (code that still wrote its summary) is rerun, whatever its settings say
+    assert staleness._run_cell(job)[2] is False and staleness._run_cell(job)[2] is True  # saved with job's settings
     cut = json.loads((tmp_path / "k4" / "GRPO-seed1" / "summary.json").read_text())
     (tmp_path / "k4" / "GRPO-seed1" / "summary.json").write_text(json.dumps({**cut, "optimizer_steps": 4 * 24 - 7}))
     assert staleness._run_cell(job)[2] is False and staleness._run_cell(job)[2] is True
