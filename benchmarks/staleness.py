@@ -42,7 +42,8 @@ import time
 from pathlib import Path
 
 from dhpo_trl.core.presets import PAPER_ALGORITHMS
-from dhpo_trl.demo.embedded import EmbeddedSettings, TrainingStopped, load_task, run_embedded
+from dhpo_trl.demo.cell_pool import cell_pool
+from dhpo_trl.demo.embedded import EmbeddedSettings, TrainingStopped, load_task, run_embedded, write_atomically
 from dhpo_trl.demo.long_arithmetic import make_chain_splits
 from dhpo_trl.demo.long_task import LongSettings
 
@@ -123,7 +124,7 @@ def _run_cell(job: tuple) -> tuple[tuple, dict, bool]:
                            final_heldout=final_heldout, **spec)  # fmt: skip
     # Saved with the cell, so that a resumed study still sums the CPU time of every cell.
     summary["cpu_seconds"] = round(_cpu_seconds() - started, 1)
-    Path(summary["summary_path"]).write_text(json.dumps(summary, indent=2))
+    write_atomically(Path(summary["summary_path"]), json.dumps(summary, indent=2))
     return (objective, k, seed), summary, False
 
 
@@ -962,8 +963,8 @@ def main(argv: list[str] | None = None) -> int:
             load_task(TASKS[task]())
     summaries, ran = {}, 0
     # One worker runs the cells in this process, in plan order; more run them in a pool of spawned processes.
-    pool = multiprocessing.get_context("spawn").Pool(args.workers) if args.workers > 1 else None
-    with pool or contextlib.nullcontext():
+    # A stop signal or an error ends the pool's workers too, with no cell half-saved (dhpo_trl/demo/cell_pool.py).
+    with cell_pool(args.workers) if args.workers > 1 else contextlib.nullcontext() as pool:
         for done, (key, summary, reused) in enumerate((pool.imap_unordered if pool else map)(_run_cell, jobs), start=1):
             summaries[key + (summary.get("task", "addition"),)] = summary
             elapsed = time.perf_counter() - started

@@ -22,7 +22,8 @@ import time
 from pathlib import Path
 
 from dhpo_trl.core.presets import PAPER_ALGORITHMS
-from dhpo_trl.demo.embedded import run_embedded
+from dhpo_trl.demo.cell_pool import cell_pool
+from dhpo_trl.demo.embedded import TrainingStopped, run_embedded
 from dhpo_trl.evaluation.plotting import plot_runs
 
 
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     run_embedded(args.algorithms[0], seed=args.seeds[0], max_steps=1, output_dir=args.out_dir / "_warmup",
                  num_heldout=1, disable_tqdm=True)  # fmt: skip
     jobs = [(algorithm, seed, args.out_dir, args.max_steps) for seed in args.seeds for algorithm in args.algorithms]
-    with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
+    with cell_pool(args.workers) as pool:  # a stop signal or an error ends the workers too (dhpo_trl/demo/cell_pool.py)
         summaries = pool.map(_run_one, jobs, chunksize=1)
     wall_minutes = (time.perf_counter() - started) / 60
     budgets = {(s["algorithm"], s["seed"]): s["optimizer_steps"] for s in summaries}
@@ -205,4 +206,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except TrainingStopped as stopped:  # a stop signal: the runs in progress are not saved; a rerun starts them over
+        print(f"[study] {stopped}; the same command resumes the study", file=sys.stderr, flush=True)
+        sys.exit(stopped.exit_status)

@@ -187,6 +187,7 @@ class FakeTrainer:
         self.train_dataset, self.processing_class = train_dataset, processing_class
         self.callbacks = [*callbacks, PrinterCallback, ProgressCallback]
         self.state = TrainerState()
+        self.graceful_stop = None  # DHPOTrainer.train() sets it: None for a run that reached max_steps
         FakeTrainer.built.append(self)
 
     def remove_callback(self, callback):

@@ -298,7 +298,7 @@ def _fake_cells(monkeypatch, calls):
                    "eval_every": eval_every}, "config_overrides": config_overrides, "heldout_accuracy_before": 0.2,
                    "heldout_accuracy_after": 0.4, "train_seconds": 1.0, "wall_seconds": 2.0, "num_heldout": 4,
                    "parameters": 10, "commit": "abc", "log_history_path": str(out / "trainer_state.json"),
-                   "summary_path": str(out / "summary.json"), "cpu_seconds": 60.0}  # fmt: skip
+                   "summary_path": str(out / "summary.json"), "cpu_seconds": 60.0, "optimizer_steps": max_steps}  # fmt: skip
         if final_heldout is not None:  # a policy right on a share of the problems that depends on the cell
             rng = random.Random(f"{objective} {config_overrides} {settings.steps_per_generation} {seed}")
             share = 0.3 + 0.1 * (objective == "DHPO-E") + 0.05 * rng.random()

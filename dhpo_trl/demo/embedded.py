@@ -423,8 +423,16 @@ def _run(algorithm, seed, max_steps, output_dir, eval_every, num_heldout, cache_
         "commit": source_commit(),
         "task": settings.task,
     }
-    Path(summary["summary_path"]).write_text(json.dumps(summary, indent=2))
+    write_atomically(Path(summary["summary_path"]), json.dumps(summary, indent=2))
     return summary
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """`path.write_text(text)` through a temporary file: a process killed mid-write never leaves a truncated file
+    under the final name (a study reads a cell's summary.json to decide that the cell is done)."""
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
 
 
 def _print_summary(summary: dict) -> None:

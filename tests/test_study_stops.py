@@ -1,0 +1,94 @@
+"""A stop signal to a study with two workers (`benchmarks/staleness.py --workers 2`): the study exits with 128 + the
+signal's number, saves no cell in progress and leaves no worker behind, whichever process the signal reaches.
+
+The cells are a stand-in for `run_embedded` that stops on the same signals as `DHPOTrainer.train()` (through
+`resume.stop_on_signals`), so a run takes seconds: the script is this test's driver, which the spawned workers
+import too (as `__mp_main__`), so they see the stand-in."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import processes
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DRIVER = """
+import json, os, sys, time
+from pathlib import Path
+sys.path[:0] = [{benchmarks!r}, {repo!r}]
+import staleness
+from dhpo_trl.demo.embedded import TrainingStopped
+from dhpo_trl.training import resume
+
+
+def cell(objective, seed, output_dir, disable_tqdm, settings, max_steps, eval_every, config_overrides,
+         final_heldout=None):
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(os.environ["CELL_LOG"], "a") as log:
+        log.write(f"{{os.getpid()}}\\n")
+    with resume.stop_on_signals() as request:
+        for step in range(1, max_steps + 1):
+            time.sleep(0.2)
+            if request.requested:
+                raise TrainingStopped(f"stopped by {{request.name}}", {{"signal": request.name}})
+    (out / "summary.json").write_text(json.dumps({{"optimizer_steps": max_steps}}))
+    raise AssertionError("a cell outlived the test's signal")
+
+
+staleness.run_embedded = cell
+staleness.load_task = lambda settings: None
+
+if __name__ == "__main__":
+    try:
+        sys.exit(staleness.main())
+    except TrainingStopped as stopped:
+        print(f"[staleness] {{stopped}}", file=sys.stderr, flush=True)
+        sys.exit(stopped.exit_status)
+"""
+
+
+def _alive(pid: int) -> bool:
+    stat = processes._stat(pid)
+    return stat is not None and stat[2] != "Z"
+
+
+@pytest.mark.parametrize("target", ["group", "main", "one worker"])
+def test_a_stop_signal_ends_a_two_worker_study_with_nothing_saved_and_no_worker_left(tmp_path, target):
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER.format(benchmarks=str(REPO / "benchmarks"), repo=str(REPO)))
+    log = tmp_path / "cells.log"
+    command = [sys.executable, str(driver), "--objectives", "GRPO", "--ks", "2", "--seeds", "0", "1", "2",
+               "--generation-batches", "500", "--workers", "2", "--out-dir", str(tmp_path / "out"),
+               "--docs-dir", str(tmp_path / "docs")]  # fmt: skip
+    study = processes.popen(command, env={**os.environ, "CELL_LOG": str(log)}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while len(log.read_text().split() if log.exists() else []) < 2:  # both workers are in a cell
+            assert study.poll() is None and time.monotonic() < deadline, "the study did not start its cells"
+            time.sleep(0.2)
+        workers = [int(pid) for pid in log.read_text().split()]
+        time.sleep(0.5)
+        if target == "group":
+            os.killpg(study.pid, signal.SIGTERM)
+        else:
+            os.kill(study.pid if target == "main" else workers[0], signal.SIGTERM)
+        _, stderr = study.communicate(timeout=60)  # a pool that waits for its stopped workers never returns
+        assert study.returncode == 128 + signal.SIGTERM, stderr
+        left = time.monotonic() + 10
+        while any(_alive(pid) for pid in workers) and time.monotonic() < left:
+            time.sleep(0.2)
+        assert not [pid for pid in workers if _alive(pid)]  # no worker goes on with its cell as an orphan
+        assert not list((tmp_path / "out").rglob("summary.json"))
+    finally:
+        processes.kill_tree(study, grace=1)
+        for pid in workers if "workers" in locals() else []:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
