@@ -1023,5 +1023,4 @@ if __name__ == "__main__":
     try:
         sys.exit(main())
     except TrainingStopped as stopped:  # a stop signal: the cell in progress is not saved; a resume reruns it
-        print(f"[staleness] {stopped}; the same command resumes the study", file=sys.stderr, flush=True)
-        sys.exit(stopped.exit_status)
+        sys.exit(stopped.report("[staleness]", "; the same command resumes the study"))

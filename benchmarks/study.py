@@ -209,5 +209,4 @@ if __name__ == "__main__":
     try:
         sys.exit(main())
     except TrainingStopped as stopped:  # a stop signal: the runs in progress are not saved; a rerun starts them over
-        print(f"[study] {stopped}; the same command resumes the study", file=sys.stderr, flush=True)
-        sys.exit(stopped.exit_status)
+        sys.exit(stopped.report("[study]", "; the same command resumes the study"))

@@ -143,6 +143,11 @@ class TrainingStopped(RuntimeError):
         name = self.args[1]["signal"]
         return 128 + (signal.Signals[name].value if name in signal.Signals.__members__ else signal.SIGTERM.value)
 
+    def report(self, prefix: str, then: str = "") -> int:
+        """Print the stop on one line of stderr, as `<prefix> <message><then>`; return `exit_status` for `sys.exit`."""
+        print(f"{prefix} {self}{then}", file=sys.stderr, flush=True)
+        return self.exit_status
+
 
 class HeldoutAccuracyCallback(TrainerCallback):
     """Logs `eval/heldout_accuracy` (greedy, scored by the math reward) into the log history every `every` steps."""
@@ -492,8 +497,7 @@ def main(argv: list[str] | None = None) -> int:
                 settings=LongSettings() if options.task == "long" else None,
             )  # fmt: skip
         except TrainingStopped as stopped:
-            print(f"python -m dhpo_trl: {stopped}", file=sys.stderr, flush=True)
-            raise SystemExit(stopped.exit_status) from None
+            raise SystemExit(stopped.report("python -m dhpo_trl:")) from None
         _print_summary(summary)
 
     return run_command("python -m dhpo_trl", setup, work, debug=options.debug)
