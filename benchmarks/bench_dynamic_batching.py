@@ -41,6 +41,8 @@ weights; `--json` writes the figures (after every run, so a run cut short leaves
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import json
 import math
 import os
@@ -134,6 +136,14 @@ class Probe:
         self.prompt_lengths: list[int] = []  # of every sequence the update trained on
         self.completion_lengths: list[int] = []
         self.scored = False
+        self.health: dict = {}
+        self.profile: list[dict] | None = None
+
+    def release(self):
+        """Give the trainer its own methods back and drop every reference to it (the probe is kept after the run)."""
+        self.trainer.training_step, self.trainer._generate_and_score_completions = self.step_inner, self.score_inner
+        self.trainer = self.step_inner = self.score_inner = None
+        self.scored = False
 
     def _sync(self):
         if self.device == "cuda":
@@ -208,7 +218,7 @@ class Probe:
         return output
 
 
-def run_once(name: str, options, tokenizer, dataset, output_dir: str, measure_memory: bool):
+def run_once(name: str, options, tokenizer, dataset, output_dir: str, measure_memory: bool, profile_arms=()):
     steps = options.accumulation
     common = dict(
         output_dir=output_dir, per_device_train_batch_size=options.batch_size, num_generations=options.generations,
@@ -244,16 +254,57 @@ def run_once(name: str, options, tokenizer, dataset, output_dir: str, measure_me
     trainer.remove_callback(PrinterCallback)
     # memory: the micro-steps of the second optimizer step of the first generation batch (no scoring inside)
     probe = Probe(trainer, options.device, set(range(steps, 2 * steps)) if measure_memory else set(), options.clock)
-    trainer.train()
+    with profiled(options.device, name in profile_arms) as profiler:
+        trainer.train()
     change = None if start is None else [p.detach().float() - s.float() for p, s in zip(model.parameters(), start,
                                                                                       strict=True)]  # fmt: skip
     probe.kernels = dict(attention_kernels.CALLS - calls)
     probe.config = config
+    probe.health = health(trainer.state.log_history, change)
+    probe.profile = None if profiler is None else top_operators(profiler, options.device)
+    probe.release()
     parameters = sum(p.numel() for p in model.parameters())
+    # the probe outlives the run: it must hold nothing of the trainer, or every run's model, gradients and batches
+    # stay on the GPU (the 1.7B shape ran out of an H100's 80 GB by the fifth run that way)
     del trainer, model, start
+    gc.collect()
     if options.device == "cuda":
         torch.cuda.empty_cache()
     return probe, change, parameters
+
+
+def health(log_history: list[dict], change: list[torch.Tensor] | None) -> dict:
+    """The run's logged losses and gradient norms, and how many values of its parameter change are not finite: what
+    tells a NaN update gap (a run that diverged) from a large one."""
+    logged = [entry for entry in log_history if "loss" in entry]
+    figures = {"losses": [entry["loss"] for entry in logged], "grad_norms": [entry.get("grad_norm") for entry in logged]}
+    if change is not None:
+        figures["nonfinite_update_values"] = sum(int((~torch.isfinite(c)).sum()) for c in change)
+    return figures
+
+
+@contextlib.contextmanager
+def profiled(device: str, active: bool):
+    """torch.profiler over a whole run (its CPU ops, and its CUDA kernels on a GPU), or nothing."""
+    if not active:
+        yield None
+        return
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as profiler:
+        yield profiler
+
+
+def top_operators(profiler, device: str, count: int = 25) -> list[dict]:
+    """The operators that took the most self time (device time on CUDA, CPU time on CPU), in milliseconds."""
+    cuda = device == "cuda"
+    rows = []
+    for event in profiler.key_averages():
+        device_ms = getattr(event, "self_device_time_total", 0) / 1e3 if cuda else 0.0
+        rows.append({"name": event.key, "calls": event.count, "self_device_ms": round(device_ms, 3),
+                     "self_cpu_ms": round(event.self_cpu_time_total / 1e3, 3),
+                     "cpu_ms": round(event.cpu_time_total / 1e3, 3)})  # fmt: skip
+    rows.sort(key=lambda row: row["self_device_ms" if cuda else "self_cpu_ms"], reverse=True)
+    return rows[:count]
 
 
 def relative_gap(change: list[torch.Tensor], reference: list[torch.Tensor]) -> float:
@@ -287,6 +338,8 @@ def main(argv=None) -> None:
                         help="a released Qwen3's shape, random weights (instead of --hidden-size/--layers/--heads)")
     parser.add_argument("--arms", default=",".join(TRAINERS), help=f"comma-separated subset of {','.join(TRAINERS)}")
     parser.add_argument("--json", default=None, help="write the figures to this file (rewritten after every run)")
+    parser.add_argument("--profile", default="", help="comma-separated arms run once more under torch.profiler after "
+                        "the timed runs (untimed): their top operators by self device (CUDA) or CPU time go in --json")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1 on cpu)")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="cpu: this process's CPU time (one thread: less sensitive to other jobs on a shared "
@@ -295,6 +348,9 @@ def main(argv=None) -> None:
     arms = tuple(options.arms.split(","))
     if not arms or set(arms) - set(TRAINERS) or len(set(arms)) != len(arms):
         parser.error(f"--arms {options.arms!r}: a comma-separated subset of {','.join(TRAINERS)}, each once")
+    profile_arms = tuple(filter(None, options.profile.split(",")))
+    if set(profile_arms) - set(arms):
+        parser.error(f"--profile {options.profile!r}: a comma-separated subset of --arms ({options.arms})")
     if options.device == "cpu":
         torch.set_num_threads(options.threads or 1)
         if options.clock == "cpu" and torch.get_num_threads() != 1:
@@ -314,10 +370,10 @@ def main(argv=None) -> None:
     prompts = [f"{'Q' * rng.randint(6, options.max_prompt - 10)} {a}+{3 * a + 7}=" for a in range(512)]
     dataset = Dataset.from_dict({"prompt": prompts})
     runs = {name: [] for name in arms}  # probes; the first of each is the warm-up and memory run
-    gaps, parameters, reference = {}, None, None
+    gaps, parameters, reference, profiles = {}, None, None, {}
 
     def report():
-        return build_report(options, arms, runs, gaps, parameters, device_name, peak)
+        return build_report(options, arms, runs, gaps, parameters, device_name, peak, profiles)
 
     with tempfile.TemporaryDirectory() as output_dir:
         for name in arms:  # warm-up and memory: allocator, kernels, caches (TRL first: the update gap's reference)
@@ -332,6 +388,9 @@ def main(argv=None) -> None:
             for name in order:
                 runs[name].append(run_once(name, options, tokenizer, dataset, output_dir, measure_memory=False)[0])
                 write_json(options.json, report())
+        for name in profile_arms:  # after the timed runs, so the profiler's overhead times nothing
+            profiles[name] = run_once(name, options, tokenizer, dataset, output_dir, False, profile_arms)[0].profile
+            write_json(options.json, report())
     print_report(report())
 
 
@@ -347,7 +406,8 @@ def arm_figures(probes: list, gap: float | None, steps: int, peak: float | None)
     warm-up's memory-measured steps are not timed)."""
     first = probes[0]
     figures = {"padding_fraction": 1 - first.real / first.forwarded, "peak_step_memory_bytes": max(first.peaks),
-               "update_gap_to_trl": gap, "attention_kernels": first.kernels, "timed_runs": len(probes) - 1}  # fmt: skip
+               "update_gap_to_trl": gap, "attention_kernels": first.kernels, "timed_runs": len(probes) - 1,
+               "warm_up_run": first.health}  # fmt: skip
     if first.prompts_total:  # shared prompts: prompt tokens not forwarded again
         figures["prompt_tokens_saved"] = 1 - first.prompts_forwarded / first.prompts_total
         figures["old_logp_prompt_tokens_saved"] = 1 - first.old_prompts_forwarded / first.old_prompts_total
@@ -368,8 +428,10 @@ def arm_figures(probes: list, gap: float | None, steps: int, peak: float | None)
     return figures
 
 
-def build_report(options, arms, runs, gaps, parameters, device_name, peak) -> dict:
+def build_report(options, arms, runs, gaps, parameters, device_name, peak, profiles=None) -> dict:
     figures = {name: arm_figures(runs[name], gaps[name], options.steps, peak) for name in arms if runs[name]}
+    for name, operators in (profiles or {}).items():
+        figures[name]["profile_top_operators"] = operators
     ratios = {}
     for top, bottom in (("packed", "dynamic"), ("packed", "trl"), ("dynamic", "trl"), ("shared", "packed")):
         rates = [figures.get(name, {}).get("trained_tokens_per_second") for name in (top, bottom)]

@@ -6,6 +6,7 @@ figures. Its CPU dry run end to end is tests/test_gpu_dry_run.py.
 import importlib.util
 import io
 import json
+import math
 import os
 import sys
 import zipfile
@@ -15,6 +16,7 @@ from types import SimpleNamespace
 import fork_server
 import processes
 import pytest
+import torch
 from packaging.specifiers import SpecifierSet
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -287,10 +289,59 @@ def test_an_arm_without_a_timed_run_reports_no_speed(bench):
     """A benchmark cut short after its warm-up runs: memory and padding, but no throughput from untimed steps."""
     probe = SimpleNamespace(real=90, forwarded=120, peaks=[5, 7], kernels={"sdpa": 3}, prompts_total=0,
                             trained_tokens=60, step_seconds=2.0, score_seconds=0.5, config=None,
-                            prompt_lengths=[], completion_lengths=[])  # fmt: skip
+                            prompt_lengths=[], completion_lengths=[], health={})  # fmt: skip
     figures = bench.arm_figures([probe], None, 2, 989.0)
     assert figures["padding_fraction"] == 0.25 and figures["peak_step_memory_bytes"] == 7
     assert figures["timed_runs"] == 0 and "trained_tokens_per_second" not in figures
+
+
+TINY_BENCH = ["--hidden-size", "32", "--layers", "1", "--heads", "2", "--batch-size", "2", "--generations", "2",
+              "--accumulation", "2", "--max-completion", "16", "--max-prompt", "20", "--steps", "2"]
+
+
+def test_a_kept_probe_holds_no_trainer(bench, tmp_path, monkeypatch):
+    """The benchmark keeps every run's probe; a probe must not keep its trainer (model, gradients, batches) alive, or
+    on a GPU each run's model stays in memory until it runs out (the 1.7B shape did by its fifth run on an H100)."""
+    import gc
+
+    from trl import GRPOTrainer
+
+    kept = []
+    monkeypatch.setattr(bench, "print_report", lambda report: None)
+    run_once = bench.run_once
+    monkeypatch.setattr(bench, "run_once", lambda *args, **kwargs: kept.append(run_once(*args, **kwargs)) or kept[-1])
+    bench.main(["--arms", "packed", "--repeats", "0", *TINY_BENCH])
+    gc.collect()
+    assert len(kept) == 1 and kept[0][0].trainer is None
+    assert not [o for o in gc.get_objects() if isinstance(o, GRPOTrainer)]
+    assert kept[0][0].trained_tokens > 0  # the run trained
+
+
+def test_arms_report_health_and_a_profiled_arm_its_operators(bench, tmp_path):
+    """Each arm reports its warm-up run's losses, gradient norms and non-finite update values (a NaN update gap then
+    says whether the run diverged); a profiled arm its top operators, the others none."""
+    out = tmp_path / "bench.json"
+    bench.main(["--arms", "trl,packed", "--profile", "packed", "--repeats", "1", "--json", str(out), *TINY_BENCH])
+    arms = json.loads(out.read_text())["arms"]
+    for arm in arms.values():
+        health = arm["warm_up_run"]
+        assert len(health["losses"]) == 2 and all(math.isfinite(x) for x in health["losses"] + health["grad_norms"])
+        assert health["nonfinite_update_values"] == 0
+    operators = arms["packed"]["profile_top_operators"]
+    assert "profile_top_operators" not in arms["trl"] and len(operators) == 25
+    assert operators[0]["self_cpu_ms"] >= operators[-1]["self_cpu_ms"] > 0 and operators[0]["calls"] >= 1
+
+
+def test_profile_names_only_arms_that_run(bench, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--arms", "trl,packed", "--profile", "dynamic", *TINY_BENCH])
+    assert "--profile" in capsys.readouterr().err
+
+
+def test_health_counts_what_is_not_finite(bench):
+    change = [torch.tensor([1.0, float("nan")]), torch.tensor([[float("inf"), 0.0]])]
+    health = bench.health([{"loss": 0.5, "grad_norm": 1.0}, {"train_runtime": 3.0}], change)
+    assert health == {"losses": [0.5], "grad_norms": [1.0], "nonfinite_update_values": 2}
 
 
 def test_every_part_runs_with_the_python_command_line():
