@@ -20,7 +20,7 @@ from ..core.losses import masked_log_ratio
 from ..core.objectives import get_objective
 from .moe import maybe_set_zero3_leaf_modules, zero3_leaf_modules_for_trl_prepared_models
 from .vllm_utils import check_vllm_setup
-from . import batching, collectives, resume, routing_replay, trl_mirror, update_path
+from . import batching, collectives, cuda_attention, resume, routing_replay, trl_mirror, update_path
 from ..scoring.rewards import pop_grading_counts
 from .reward_checks import check_reward_functions
 from .sampler import EpochRepeatSampler
@@ -62,6 +62,10 @@ class DHPOTrainer(GRPOTrainer):
                                           self.accelerator.device.type, trl_batching_reason(args))  # fmt: skip
         if self._update.note and self.accelerator.is_main_process:
             print(self._update.note)
+        # CUDA: SDPA without cuDNN attention around the update (its backward returns NaN; cuda_attention.py)
+        self._update_attention, note = cuda_attention.for_update(self.accelerator.device.type)
+        if note and self.accelerator.is_main_process:
+            print(note)
         self._routing = routing_replay.TrainerRouting.of(self)  # `routing_replay`: MoE only
 
     def _generate_and_score_completions(self, inputs):
@@ -124,6 +128,12 @@ class DHPOTrainer(GRPOTrainer):
 
     def _max_over_processes(self, values: list[int]) -> list[int]:
         return collectives.max_over_processes(values, self._all_reduce)
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        """TRL's step, its forwards and backward (gradient checkpointing re-runs forwards there) in the update's
+        attention context."""
+        with self._update_attention():
+            return super().training_step(model, inputs, num_items_in_batch)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if not isinstance(inputs, batching.Passes):
