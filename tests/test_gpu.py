@@ -11,6 +11,7 @@ does not have to. Every case also checks that a row whose sequences attend to ea
 so the comparison can fail. Measured errors go into the JUnit properties (scripts/gpu_check.py copies them to JSON).
 """
 
+import contextlib
 import math
 import os
 
@@ -181,3 +182,30 @@ def test_tiny_moe_trains_with_routing_and_aux_loss(tok, tmp_path):
     assert any(float((a.float() - b.float()).abs().max()) > 0 for a, b in zip(after, router, strict=True))
     if cuda and attention_kernels.available():  # fp32 weights under bf16 autocast still get the varlen kernel
         assert trainer._update.padding_free and (attention_kernels.CALLS - before)[attention_kernels.available()[0]] > 0
+
+
+def masked_gradients(model, ids, mask, context) -> int:
+    """Non-finite parameter-gradient values of one forward and backward, the forward inside `context`."""
+    model.zero_grad(set_to_none=True)
+    with context():
+        logits = model(input_ids=ids, attention_mask=mask).logits
+    (logits.float() * mask[..., None]).mean().backward()
+    return sum(int((~torch.isfinite(p.grad)).sum()) for p in model.parameters() if p.grad is not None)
+
+
+def test_the_update_attention_keeps_masked_gradients_finite(tok, record_property):
+    """The micro-batch that made the H100 benchmark's dynamic arm NaN, in small: bf16 SDPA, 192 columns (64 mod 128),
+    one left-padded row (fully masked query rows). Under the update's attention context
+    (`dhpo_trl.training.cuda_attention`) every gradient is finite; what SDPA's default choice gives is recorded
+    (`default_nonfinite_gradients`: more than 0 where cuDNN's backward has pytorch/pytorch#196678)."""
+    from dhpo_trl.training import cuda_attention
+
+    model = build(tok, "sdpa", False).to(torch.bfloat16 if DEVICE == "cuda" else torch.float32)
+    torch.manual_seed(1)
+    ids = torch.randint(3, len(tok), (2, 192), device=DEVICE)
+    mask = torch.ones_like(ids)
+    mask[0, :10] = 0  # a left-padded prompt
+    guarded, note = cuda_attention.for_update(DEVICE)
+    record_property("update_attention", "default" if note is None else "without cuDNN")
+    record_property("default_nonfinite_gradients", str(masked_gradients(model, ids, mask, contextlib.nullcontext)))
+    assert masked_gradients(model, ids, mask, guarded) == 0

@@ -2,6 +2,7 @@
 (appendix D): `DHPOConfig`'s defaults, the keyword defaults of `dhpo_trl.core.losses` and the rows of
 `dhpo_trl.core.presets` all read them from here."""
 
+import os
 import textwrap
 
 CITATION = textwrap.dedent("""\
@@ -29,6 +30,12 @@ def card_section(args, objective_settings) -> str:
         f"`algorithm={args.algorithm}` (the DHPO citation is above).\n\n"
         f"| setting | value |\n|---|---|\n{rows}\n"
     )
+
+
+def append_card_section(args, objective_settings) -> None:
+    """Append `card_section` to the model card TRL wrote in `args.output_dir`."""
+    with open(os.path.join(args.output_dir, "README.md"), "a", encoding="utf-8") as handle:
+        handle.write(card_section(args, objective_settings))
 
 
 # DHPO's trust regions: [1 - 0.2, 1 + 0.28] on the token and on the sequence branch.

@@ -20,7 +20,7 @@ from ..core.losses import masked_log_ratio
 from ..core.objectives import get_objective
 from .moe import maybe_set_zero3_leaf_modules, zero3_leaf_modules_for_trl_prepared_models
 from .vllm_utils import check_vllm_setup
-from . import batching, collectives, cuda_attention, resume, routing_replay, trl_mirror, update_path
+from . import batching, collectives, resume, routing_replay, trl_mirror, update_path
 from ..scoring.rewards import pop_grading_counts
 from .reward_checks import check_reward_functions
 from .sampler import EpochRepeatSampler
@@ -62,10 +62,6 @@ class DHPOTrainer(GRPOTrainer):
                                           self.accelerator.device.type, trl_batching_reason(args))  # fmt: skip
         if self._update.note and self.accelerator.is_main_process:
             print(self._update.note)
-        # CUDA: SDPA without cuDNN attention around the update (its backward returns NaN; cuda_attention.py)
-        self._update_attention, note = cuda_attention.for_update(self.accelerator.device.type)
-        if note and self.accelerator.is_main_process:
-            print(note)
         self._routing = routing_replay.TrainerRouting.of(self)  # `routing_replay`: MoE only
 
     def _generate_and_score_completions(self, inputs):
@@ -130,16 +126,14 @@ class DHPOTrainer(GRPOTrainer):
         return collectives.max_over_processes(values, self._all_reduce)
 
     def training_step(self, model, inputs, num_items_in_batch=None):
-        """TRL's step, its forwards and backward (gradient checkpointing re-runs forwards there) in the update's
-        attention context."""
-        with self._update_attention():
+        """TRL's step in the update's attention context (its backward too: gradient checkpointing re-runs forwards)."""
+        with self._update.attention():
             return super().training_step(model, inputs, num_items_in_batch)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if not isinstance(inputs, batching.Passes):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        # A micro-step split by `max_tokens_per_micro_batch`: every pass but the last runs forward and backward here,
-        # accumulating gradients without synchronising or stepping; the Trainer backpropagates the last one as usual.
+        # Split by `max_tokens_per_micro_batch`: passes before the last run forward and backward here (no sync, no step)
         done = torch.zeros((), device=self.accelerator.device)
         for part in inputs[:-1]:
             done = done + self._pass_before_the_boundary(model, part, return_outputs, num_items_in_batch).detach()
@@ -299,12 +293,8 @@ class DHPOTrainer(GRPOTrainer):
             sampler.set_epoch(kwargs["epoch"])
         return super()._run_epoch(*args, **kwargs)
 
-    # ------------------------------------------------------------ model card
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
         """TRL's model card, naming DHPO, citing the paper and recording the objective's settings."""
         super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
-        if not self.is_world_process_zero():
-            return
-        section = paper.card_section(self.args, get_objective(self.args.algorithm).settings(self.args))
-        with open(os.path.join(self.args.output_dir, "README.md"), "a", encoding="utf-8") as handle:
-            handle.write(section)
+        if self.is_world_process_zero():
+            paper.append_card_section(self.args, get_objective(self.args.algorithm).settings(self.args))

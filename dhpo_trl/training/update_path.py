@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from . import batching, packing, shared_prompts
+from . import batching, cuda_attention, packing, shared_prompts
 
 
 @dataclass(frozen=True)
@@ -66,8 +66,9 @@ class UpdatePath:
     micro-batches and forwards, said once."""
 
     path: Path
-    note: str | None = None  # one line for the main process: why the automatic choice is not the default path
+    note: str | None = None  # for the main process: why the automatic choice is not the default path, and the below
     warned: bool = False
+    attention: Callable = contextlib.nullcontext  # around each training step: CUDA leaves cuDNN out (cuda_attention.py)
 
     @property
     def padding_free(self) -> bool:
@@ -98,7 +99,15 @@ class UpdatePath:
 def choose(padding_free: bool | None, share_prompts: bool, dynamic_batching: bool | None, models: dict,
            device_type: str, trl_only: str | None = None) -> UpdatePath:  # fmt: skip
     """`models`: name -> model for the policy and the reference model (None where there is none). `trl_only`: why
-    dynamic batching cannot serve this run's TRL settings (`core.config.trl_batching_reason`), or None."""
+    dynamic batching cannot serve this run's TRL settings (`core.config.trl_batching_reason`), or None. Every path
+    gets the attention context of `cuda_attention.for_update(device_type)`."""
+    chosen = _choose(padding_free, share_prompts, dynamic_batching, models, device_type, trl_only)
+    chosen.attention, attention_note = cuda_attention.for_update(device_type)
+    chosen.note = "\n".join(note for note in (chosen.note, attention_note) if note) or None
+    return chosen
+
+
+def _choose(padding_free, share_prompts, dynamic_batching, models, device_type, trl_only) -> UpdatePath:
     models = {name: model for name, model in models.items() if model is not None}
     if dynamic_batching is False:
         return UpdatePath(batching.PADDED)
