@@ -31,8 +31,12 @@ def _run_one(job: tuple[str, int, Path, int | None]) -> dict:
     algorithm, seed, out_dir, max_steps = job
     run_dir = out_dir / f"{algorithm}-seed{seed}"
     summary_path = run_dir / "summary.json"
-    if summary_path.exists():
-        return json.loads(summary_path.read_text())
+    if summary_path.exists():  # a finished run (a stopped one writes no summary): reused, if it ran this budget
+        summary = json.loads(summary_path.read_text())
+        if max_steps is not None and summary.get("optimizer_steps") != max_steps:
+            raise SystemExit(f"{summary_path} ran {summary.get('optimizer_steps')} optimizer steps, not --max-steps "
+                             f"{max_steps}: remove {run_dir} (or pass its --max-steps) to run it again.")
+        return summary
     summary = run_embedded(algorithm, seed=seed, max_steps=max_steps, output_dir=run_dir, disable_tqdm=True)
     print(f"[study] {algorithm} seed {seed}: {summary['heldout_accuracy_before']:.3f} -> "
           f"{summary['heldout_accuracy_after']:.3f} in {summary['train_seconds']:.0f}s", flush=True)  # fmt: skip

@@ -154,3 +154,16 @@ def test_the_powered_pages_difference_of_means_reading_is_its_cells():
             if ma - mb > (bar := 2 * np.sqrt(sa**2 / na + sb**2 / nb)):
                 called.append(f"{a} > {b} by {ma - mb:.1%} (2 SE = {bar:.1%})")
         assert f"- k = {k}: {'; '.join(called) or 'none'}\n" in page
+
+
+def test_a_saved_run_is_reused_only_at_the_budget_asked(tmp_path):
+    """`study.py` reuses a finished run's summary; one that ran another number of optimizer steps is refused, naming
+    its folder, instead of entering the table beside runs of the asked budget."""
+    study = _load("study")
+    run_dir = tmp_path / "dhpo-seed3"
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text(json.dumps({"algorithm": "dhpo", "seed": 3, "optimizer_steps": 25}))
+    assert study._run_one(("dhpo", 3, tmp_path, None))["optimizer_steps"] == 25
+    assert study._run_one(("dhpo", 3, tmp_path, 25))["seed"] == 3
+    with pytest.raises(SystemExit, match="dhpo-seed3"):
+        study._run_one(("dhpo", 3, tmp_path, 32))
