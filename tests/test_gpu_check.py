@@ -315,6 +315,11 @@ def test_docs_block_marks_a_part_cut_short_and_an_arm_that_is_not_finite():
     assert table_row(block, "dynamic")[-2:] == ["nan, nan", "1,000 (100%)"] and table_row(block, "packed")[-1] == "0"
     assert "Not finite in the warm-up run: dynamic." in block and "packed/dynamic 0.83x [dynamic not finite]" in block
     assert table_row(block, "`aten::mm`") == ["`aten::mm`", "7", "12.3", "1.5"]
+    health = {"losses": [0.5, 0.25], "grad_norms": [1.0, 2.0], "nonfinite_update_values": 0}
+    for form in ({"grad_norms": [1.0, math.nan]}, {"losses": [math.inf, 0.0]}, {"nonfinite_update_values": 3}):
+        assert docs.unhealthy({"warm_up_run": {**health, **form}}), form  # each sign of divergence alone
+    assert not docs.unhealthy({"warm_up_run": {**health, "grad_norms": [None, 1.0]}})  # not logged is not NaN
+    assert not docs.unhealthy({}) and not docs.unhealthy({"warm_up_run": health})  # a run before the field existed
     arms["dynamic"]["timed_runs"] = 2  # one arm got its runs, the other not: each arm's count
     assert "timed runs of 2: dynamic 2, packed 1" in table_row(docs.render(gpu_report("d", "c", {
         "bench-qwen3-1.7b": part})), "bench-qwen3-1.7b")[2]  # fmt: skip
