@@ -401,9 +401,10 @@ def test_an_arm_without_a_timed_run_reports_no_speed(bench):
     """A benchmark cut short after its warm-up runs: memory and padding, but no throughput from untimed steps."""
     probe = SimpleNamespace(real=90, forwarded=120, peaks=[5, 7], kernels={"sdpa": 3}, prompts_total=0,
                             trained_tokens=60, step_seconds=2.0, score_seconds=0.5, config=None,
-                            prompt_lengths=[], completion_lengths=[], health={})  # fmt: skip
+                            prompt_lengths=[], completion_lengths=[], health={}, seconds=3.5)  # fmt: skip
     figures = bench.arm_figures([probe], None, 2, 989.0)
     assert figures["padding_fraction"] == 0.25 and figures["peak_step_memory_bytes"] == 7
+    assert figures["run_seconds"] == [3.5]
     assert figures["timed_runs"] == 0 and "trained_tokens_per_second" not in figures
 
 
@@ -429,19 +430,48 @@ def test_a_kept_probe_holds_no_trainer(bench, tmp_path, monkeypatch):
     assert kept[0][0].trained_tokens > 0  # the run trained
 
 
-def test_arms_report_health_and_a_profiled_arm_its_operators(bench, tmp_path):
+def test_arms_report_health_and_a_profiled_arm_its_operators(bench, tmp_path, monkeypatch):
     """Each arm reports its warm-up run's losses, gradient norms and non-finite update values (a NaN update gap then
-    says whether the run diverged); a profiled arm its top operators, the others none."""
-    out = tmp_path / "bench.json"
+    says whether the run diverged) and each run's seconds; a profiled arm its top operators, the others none. The
+    profiled runs come right after the warm-up runs, before the timed ones: a benchmark cut short still has them."""
+    out, order = tmp_path / "bench.json", []
+    run_once = bench.run_once
+
+    def recorded(name, *args, **kwargs):
+        measured = kwargs.get("measure_memory", args[4] if len(args) > 4 else None)
+        order.append((name, "profile" if kwargs.get("profiled") else "warm-up" if measured else "timed"))
+        return run_once(name, *args, **kwargs)
+
+    monkeypatch.setattr(bench, "run_once", recorded)
     bench.main(["--arms", "trl,packed", "--profile", "packed", "--repeats", "1", "--json", str(out), *TINY_BENCH])
+    assert order == [("trl", "warm-up"), ("packed", "warm-up"), ("packed", "profile"), ("trl", "timed"),
+                     ("packed", "timed")]  # fmt: skip
     arms = json.loads(out.read_text())["arms"]
     for arm in arms.values():
         health = arm["warm_up_run"]
         assert len(health["losses"]) == 2 and all(math.isfinite(x) for x in health["losses"] + health["grad_norms"])
         assert health["nonfinite_update_values"] == 0
+        assert len(arm["run_seconds"]) == 2 and all(seconds > 0 for seconds in arm["run_seconds"])
     operators = arms["packed"]["profile_top_operators"]
     assert "profile_top_operators" not in arms["trl"] and len(operators) == 25
     assert operators[0]["self_cpu_ms"] >= operators[-1]["self_cpu_ms"] > 0 and operators[0]["calls"] >= 1
+    assert arms["packed"]["profile_window"] == {"micro_steps": [2, 3]} and arms["packed"]["profile_run_seconds"] > 0
+
+
+def test_a_profiled_run_records_only_its_window(bench):
+    """The profiler records the window's micro-steps and nothing before or after: a fake trainer whose micro-step k
+    runs k + 1 cosines shows 3 + 4 of them for the window of steps 2 and 3 out of 0-5."""
+    trainer = SimpleNamespace(training_step=None, _generate_and_score_completions=None)
+    calls = []
+    trainer.training_step = lambda model, inputs, n=None: calls.append(torch.zeros(1)) or [
+        torch.zeros(1).cos() for _ in range(len(calls))]  # fmt: skip
+    probe = bench.Probe(trainer, "cpu", set(), "wall", range(2, 4))
+    for _ in range(6):
+        probe.step(None, None)
+    cosines = [row for row in probe.profile if row["name"] == "aten::cos"]
+    assert len(calls) == 6 and cosines and cosines[0]["calls"] == 3 + 4 and probe.profiler is None
+    probe.release()
+    assert trainer.training_step is not probe.step
 
 
 def test_profile_names_only_arms_that_run(bench, capsys):
