@@ -43,7 +43,8 @@ def test_time_boxes_hold_back_the_later_parts_minimums():
     assert check.time_box(first, later, deadline=120, now=0) == 50  # 120 - 30 - 40
     assert check.time_box(first, later, deadline=60, now=0) == 0  # nothing left: skipped
     gpu = check.plan(False, "python3", Path("/nonexistent"), ".gpu_wheels")
-    assert sum(p.minimum for p in gpu) < check.GPU_SECONDS and all(p.minimum <= p.box for p in gpu)
+    # each part's minimum is its time on one H100: together they leave a margin in the whole run's limit
+    assert sum(p.minimum for p in gpu) + 30 <= check.GPU_SECONDS and all(p.minimum <= p.box for p in gpu)
     assert check.GPU_SECONDS + check.GRACE_SECONDS + 30 <= 540  # the device command's timeout, Python's start within
     assert [p.name for p in gpu] == ["wheels", "environment", "tests", "train", "bench-qwen3-0.6b", "bench-qwen3-1.7b",
                                      "routing-overhead", "routing-rollout"]
@@ -58,10 +59,29 @@ def test_gpu_parts_ask_for_the_gpu_workload():
         assert command[command.index("--device") + 1] == "cuda" and command[command.index("--shape") + 1] == shape
         assert command[command.index("--dtype") + 1] == "bfloat16"
     assert gpu["train"][gpu["train"].index("--device") + 1] == "cuda" and "--shape" not in gpu["train"]  # 0.6B
+    for part, ratios in check.TARGETS.items():  # the arms each target compares run, twice or more
+        command = gpu[part]
+        needed = {arm for ratio in ratios for arm in ratio.split("/")}
+        assert needed <= set(command[command.index("--arms") + 1].split(","))
+        assert int(command[command.index("--repeats") + 1]) >= 2
     overhead, rollout = gpu["routing-overhead"], gpu["routing-rollout"]
     assert overhead[overhead.index("--device") + 1] == "cuda" and overhead[overhead.index("--dtype") + 1] == "bfloat16"
     assert overhead[overhead.index("--overhead-shape") + 1] == "qwen3-30b-a3b-4-layers"
     assert rollout[rollout.index("--engine") + 1] == "vllm" and rollout[rollout.index("--device") + 1] == "cuda"
+
+
+def test_a_benchmark_part_is_held_its_runs_time():
+    """A benchmark's minimum is its start and every run its command asks for (warm-up, timed, profiled at 1.5), at
+    the measured seconds of a run of its shape: read from the command, so a plan with more runs than time fails."""
+    for part in check.plan(False, "python3", Path("/nonexistent"), ".gpu_wheels"):
+        if not part.name.startswith("bench-"):
+            continue
+        value = {flag: part.command[part.command.index(flag) + 1] for flag in ("--arms", "--repeats", "--shape")}
+        profiled = part.command[part.command.index("--profile") + 1].split(",") if "--profile" in part.command else []
+        runs = len(value["--arms"].split(",")) * (1 + int(value["--repeats"])) + 1.5 * len(profiled)
+        per_run = check.BENCH_RUN_SECONDS[value["--shape"]]
+        assert part.minimum == check.BENCH_START_SECONDS + runs * per_run and part.box >= part.minimum, part.name
+    assert check.bench_seconds("qwen3-1.7b") == 12 + (3 * 3 + 1.5 * 2) * 14  # trl, dynamic, packed; 2 profiled
 
 
 def test_the_gpu_overhead_shape_is_qwen3_30b_a3b_layers():
