@@ -110,7 +110,7 @@ def render(reports: list[dict] | dict) -> str:
     chosen = latest_parts(reports)
     parts = {name: entry for name, (_, entry) in chosen.items()}
     environment = parts.get("environment", {}).get("result", {})
-    lines = ["Runs of `bash scripts/gpu_check.sh`; each part below comes from the latest run that holds it.", "",
+    lines = ["Runs of `scripts/gpu_check.sh`; each part below comes from the latest run that holds it.", "",
              *runs_lines(reports), ""]
     if environment:
         versions = environment.get("versions", {})
