@@ -442,8 +442,8 @@ def arm_figures(probes: list, gap: float | None, steps: int, peak: float | None)
 def build_report(options, arms, runs, gaps, parameters, device_name, peak, profiles=None) -> dict:
     figures = {name: arm_figures(runs[name], gaps[name], options.steps, peak) for name in arms if runs[name]}
     for name, probe in (profiles or {}).items():
-        figures[name].update(profile_top_operators=probe.profile, profile_window={"micro_steps": list(probe.profile_steps)},
-                             profile_run_seconds=probe.seconds)  # fmt: skip
+        figures[name].update(profile_top_operators=probe.profile, profile_run_seconds=probe.seconds,
+                             profile_window={"micro_steps": list(probe.profile_steps)})  # fmt: skip
     ratios = {}
     for top, bottom in (("packed", "dynamic"), ("packed", "trl"), ("dynamic", "trl"), ("shared", "packed")):
         rates = [figures.get(name, {}).get("trained_tokens_per_second") for name in (top, bottom)]

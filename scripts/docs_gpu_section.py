@@ -59,8 +59,9 @@ def bench_completeness(entry: dict) -> str:
     timed = {arm: figures.get("timed_runs", 0) for arm, figures in arms.items()}
     if set(timed.values()) != {repeats}:
         counts = sorted(set(timed.values()))
+        each = ", ".join(f"{arm} {count}" for arm, count in timed.items())
         said.append(f"{counts[0]} of {repeats} timed runs per arm" if len(counts) == 1 else
-                    "timed runs of " + str(repeats) + ": " + ", ".join(f"{a} {n}" for a, n in timed.items()))  # fmt: skip
+                    f"timed runs of {repeats}: {each}")  # fmt: skip
     asked = [arm for arm in filter(None, bench.get("options", {}).get("profile", "").split(","))]
     missing = [arm for arm in asked if "profile_top_operators" not in arms.get(arm, {})]
     if missing:
@@ -122,7 +123,8 @@ def render(reports: list[dict] | dict) -> str:
         status = (bench_completeness(entry) if name.startswith("bench-") else "") or entry["status"]
         earlier = [f"{run_label(reports, i)}: {r['parts'][name]['status']}" for i, r in enumerate(reports)
                    if i != index and name in r["parts"]]  # fmt: skip
-        lines.append(f"| {name} | {run_label(reports, index)} | {status} | {entry['seconds']} | {'; '.join(earlier)} |")
+        lines.append(f"| {name} | {run_label(reports, index)} | {status} | {entry['seconds']} | "
+                     f"{'; '.join(earlier)} |")  # fmt: skip
     notes = [*parts.get("wheels", {}).get("result", {}).get("notes", []), *environment.get("notes", [])]
     if notes:
         lines += ["", "Notes of the runs:", "", *(f"- {note}" for note in notes)]
@@ -141,7 +143,8 @@ def tests_lines(parts: dict) -> list[str]:
     tests = parts.get("tests", {}).get("result", {}).get("tests", [])
     if not tests:
         return []
-    lines = ["", "**GPU tests** (tests/test_gpu.py; errors against the float32 padded forward of the same weights)", "",
+    lines = ["", "**GPU tests** (tests/test_gpu.py; errors against the float32 padded forward of the same weights)",
+             "",
              "| test | outcome | packed logits / log-probs / gradient error | padded's own | leaking rows |",
              "|---|---|---|---|---|"]  # fmt: skip
     for test in tests:
@@ -149,7 +152,8 @@ def tests_lines(parts: dict) -> list[str]:
         packed = " / ".join(p.get(f"packed_{k}_error", "") for k in ("logits", "logps", "gradient"))
         padded = " / ".join(p.get(f"padded_{k}_error", "") for k in ("logits", "logps", "gradient"))
         outcome = test["outcome"] + (f" ({test['message']})" if test["outcome"] != "passed" else "")
-        lines.append(f"| `{test['name']}` | {outcome} | {packed} | {padded} | {p.get('leaking_rows_logits_error', '')} |")
+        leaking = p.get("leaking_rows_logits_error", "")
+        lines.append(f"| `{test['name']}` | {outcome} | {packed} | {padded} | {leaking} |")
     return lines
 
 
@@ -274,8 +278,8 @@ def main(argv=None) -> int:
                         "the latest run, by the date each JSON records, that holds it)")  # fmt: skip
     parser.add_argument("--doc", default=str(DOC))
     parser.add_argument("--commit", action="append", default=[],
-                        help="the commit each run's tree was, once per report in the order given (a copy of the tree "
-                             "without .git records none; a checkout with uncommitted changes records its HEAD)")  # fmt: skip
+                        help="the commit each run's tree was, once per report in the order given (a copy "
+                             "without .git records none; a checkout with uncommitted changes its HEAD)")
     options = parser.parse_args(argv)
     if options.commit and len(options.commit) != len(options.reports):
         parser.error(f"--commit: give it once per report ({len(options.reports)} reports, {len(options.commit)} "

@@ -38,7 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # Each benchmark's arms, timed runs per arm and profiled arms. The targets need trl, dynamic and packed at 1.7B, twice
 # each; 0.6B adds shared prompts against packed and dynamic, once each; the profiles show where the update's time goes.
-BENCH_PLAN = {"qwen3-0.6b": ("dynamic,packed,shared", 1, ""), "qwen3-1.7b": ("trl,dynamic,packed", 2, "packed,dynamic")}
+BENCH_PLAN = {"qwen3-0.6b": ("dynamic,packed,shared", 1, ""),
+              "qwen3-1.7b": ("trl,dynamic,packed", 2, "packed,dynamic")}
 # One H100, bf16, batch 4 x 8 accumulation of the long-tailed workload: a benchmark process's start (Python, imports,
 # tokenizer) and one run of it (model build, trainer, two optimizer steps: 6-10 s of update and scoring at 1.7B, as
 # docs/performance_gpu.md's figures give them, plus the set-up). A profiled run counts 1.5 runs.

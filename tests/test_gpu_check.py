@@ -294,8 +294,9 @@ def bench_arm(tokens_per_second, timed, grad_norms=(1.5, 1.25), nonfinite=0, **e
 def bench_part(status, repeats, arms, ratios, targets=None, profile=""):
     options = {"batch_size": 4, "accumulation": 8, "max_completion": 2048, "median_fraction": 0.125,
                "repeats": repeats, "profile": profile}  # fmt: skip
-    entry = {"status": status, "seconds": 99.0, "result": {"shape": "qwen3-1.7b", "parameters": 1000, "dtype":
-             "bfloat16", "peak_tflops": 989.0, "options": options, "arms": arms, "throughput_ratios": ratios}}  # fmt: skip
+    result = {"shape": "qwen3-1.7b", "parameters": 1000, "dtype": "bfloat16", "peak_tflops": 989.0, "options": options,
+              "arms": arms, "throughput_ratios": ratios}  # fmt: skip
+    entry = {"status": status, "seconds": 99.0, "result": result}
     return {**entry, **({"targets": targets} if targets else {})}
 
 

@@ -137,7 +137,8 @@ def test_docs_block_renders_the_run_and_the_cli_refuses_a_dry_run(dry_run, tmp_p
     block = docs.render(report)
     pieces = ("| trl |", "| shared |", "Training", "test_tiny_moe_trains_with_routing_and_aux_loss",
               "| tests | run 1 | ok |", "**Routing replay overhead** (mini", "| update (replay) |",
-              "**R3 against vLLM's engine** (stand-in", "| routing-rollout | run 1 | ok |", "(target >= 2.5x: ")  # fmt: skip
+              "**R3 against vLLM's engine** (stand-in", "| routing-rollout | run 1 | ok |",
+              "(target >= 2.5x: ")  # fmt: skip
     for piece in pieces:
         assert piece in block
     doc = tmp_path / "performance_gpu.md"
