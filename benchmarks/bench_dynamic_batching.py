@@ -41,7 +41,6 @@ weights; `--json` writes the figures (after every run, so a run cut short leaves
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import math
@@ -67,6 +66,10 @@ from dhpo_trl.demo.tiny import QWEN3_SHAPES, build_char_tokenizer, build_qwen3_s
 from dhpo_trl.training import attention_kernels, batching, shared_prompts  # noqa: E402
 
 TRAINERS = ("trl", "fixed", "dynamic", "packed", "shared")
+# A profiled run records this many micro-steps of its second optimizer step (no scoring inside): the update's
+# operators, in few enough events that the profiler's bookkeeping stays small; a run profiled whole at the 1.7B shape
+# outlasted the rest of its 240 s box on an H100.
+PROFILE_MICRO_STEPS = 2
 
 
 def long_tailed_rollout(tokenizer, max_completion: int, median_fraction: float, sigma: float):
@@ -122,8 +125,8 @@ def peak_tflops(device_name: str) -> float | None:
 class Probe:
     """Times `training_step` and the generation batch's scoring; measures padding and per-micro-step memory."""
 
-    def __init__(self, trainer, device: str, memory_steps: set[int], clock: str = "wall"):
-        self.trainer, self.device, self.memory_steps = trainer, device, memory_steps
+    def __init__(self, trainer, device: str, memory_steps: set[int], clock: str = "wall", profile_steps=range(0)):
+        self.trainer, self.device, self.memory_steps, self.profile_steps = trainer, device, memory_steps, profile_steps
         self.clock = time.process_time if clock == "cpu" else time.perf_counter
         self.step_inner, self.score_inner = trainer.training_step, trainer._generate_and_score_completions
         trainer.training_step, trainer._generate_and_score_completions = self.step, self.score
@@ -137,10 +140,15 @@ class Probe:
         self.completion_lengths: list[int] = []
         self.scored = False
         self.health: dict = {}
-        self.profile: list[dict] | None = None
+        self.profile: list[dict] | None = None  # top operators over `profile_steps`
+        self.profiler = None
+        self.seconds = 0.0  # the whole run's wall time: model build, trainer, training
 
     def release(self):
         """Give the trainer its own methods back and drop every reference to it (the probe is kept after the run)."""
+        if self.profiler is not None:  # the run ended inside its window
+            self.profiler.stop()
+            self.profiler = None
         self.trainer.training_step, self.trainer._generate_and_score_completions = self.step_inner, self.score_inner
         self.trainer = self.step_inner = self.score_inner = None
         self.scored = False
@@ -172,6 +180,11 @@ class Probe:
 
     def step(self, model, inputs, num_items_in_batch=None):
         call, self.calls = self.calls, self.calls + 1
+        if self.profile_steps and call == self.profile_steps[0]:
+            self._sync()
+            activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device == "cuda" else [])
+            self.profiler = profile(activities=activities)
+            self.profiler.start()
         if call in self.memory_steps:
             output = self._measured(model, inputs, num_items_in_batch)
         else:
@@ -180,6 +193,10 @@ class Probe:
             output = self.step_inner(model, inputs, num_items_in_batch)
             self._sync()
             self.step_seconds += self.clock() - start
+        if self.profiler is not None and call == self.profile_steps[-1]:
+            self._sync()
+            self.profiler.stop()
+            self.profile, self.profiler = top_operators(self.profiler, self.device), None
         if self.scored is not False:  # the buffer was just filled: the micro-batches this generation batch trains on
             parts = [p for m in self.trainer._buffered_inputs for p in (m if isinstance(m, list) else [m])]
             update = getattr(self.trainer, "_update", None)  # TRL's trainer: its padded micro-batches
@@ -218,7 +235,10 @@ class Probe:
         return output
 
 
-def run_once(name: str, options, tokenizer, dataset, output_dir: str, measure_memory: bool, profile_arms=()):
+def run_once(name: str, options, tokenizer, dataset, output_dir: str, measure_memory: bool, profiled=False):
+    """One run of one arm: a warm-up (`measure_memory`: peak step memory, the parameter change), a timed run, or a
+    profiled one (`profiled`: the operators of PROFILE_MICRO_STEPS micro-steps of its second optimizer step)."""
+    began = time.perf_counter()
     steps = options.accumulation
     common = dict(
         output_dir=output_dir, per_device_train_batch_size=options.batch_size, num_generations=options.generations,
@@ -253,15 +273,15 @@ def run_once(name: str, options, tokenizer, dataset, output_dir: str, measure_me
                           processing_class=tokenizer, rollout_func=rollout)  # fmt: skip
     trainer.remove_callback(PrinterCallback)
     # memory: the micro-steps of the second optimizer step of the first generation batch (no scoring inside)
-    probe = Probe(trainer, options.device, set(range(steps, 2 * steps)) if measure_memory else set(), options.clock)
-    with profiled(options.device, name in profile_arms) as profiler:
-        trainer.train()
+    window = range(steps, steps + min(steps, PROFILE_MICRO_STEPS)) if profiled else range(0)
+    probe = Probe(trainer, options.device, set(range(steps, 2 * steps)) if measure_memory else set(), options.clock,
+                  window)  # fmt: skip
+    trainer.train()
     change = None if start is None else [p.detach().float() - s.float() for p, s in zip(model.parameters(), start,
                                                                                       strict=True)]  # fmt: skip
     probe.kernels = dict(attention_kernels.CALLS - calls)
     probe.config = config
     probe.health = health(trainer.state.log_history, change)
-    probe.profile = None if profiler is None else top_operators(profiler, options.device)
     probe.release()
     parameters = sum(p.numel() for p in model.parameters())
     # the probe outlives the run: it must hold nothing of the trainer, or every run's model, gradients and batches
@@ -270,6 +290,7 @@ def run_once(name: str, options, tokenizer, dataset, output_dir: str, measure_me
     gc.collect()
     if options.device == "cuda":
         torch.cuda.empty_cache()
+    probe.seconds = time.perf_counter() - began
     return probe, change, parameters
 
 
@@ -281,17 +302,6 @@ def health(log_history: list[dict], change: list[torch.Tensor] | None) -> dict:
     if change is not None:
         figures["nonfinite_update_values"] = sum(int((~torch.isfinite(c)).sum()) for c in change)
     return figures
-
-
-@contextlib.contextmanager
-def profiled(device: str, active: bool):
-    """torch.profiler over a whole run (its CPU ops, and its CUDA kernels on a GPU), or nothing."""
-    if not active:
-        yield None
-        return
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
-    with profile(activities=activities) as profiler:
-        yield profiler
 
 
 def top_operators(profiler, device: str, count: int = 25) -> list[dict]:
@@ -338,8 +348,9 @@ def main(argv=None) -> None:
                         help="a released Qwen3's shape, random weights (instead of --hidden-size/--layers/--heads)")
     parser.add_argument("--arms", default=",".join(TRAINERS), help=f"comma-separated subset of {','.join(TRAINERS)}")
     parser.add_argument("--json", default=None, help="write the figures to this file (rewritten after every run)")
-    parser.add_argument("--profile", default="", help="comma-separated arms run once more under torch.profiler after "
-                        "the timed runs (untimed): their top operators by self device (CUDA) or CPU time go in --json")
+    parser.add_argument("--profile", default="", help="comma-separated arms run once more, right after the warm-up "
+                        "runs and untimed, with torch.profiler over the first micro-steps of the second optimizer "
+                        "step: their top operators by self device (CUDA) or CPU time go in --json")  # fmt: skip
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1 on cpu)")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="cpu: this process's CPU time (one thread: less sensitive to other jobs on a shared "
@@ -383,14 +394,14 @@ def main(argv=None) -> None:
             gaps[name] = None if reference is None else relative_gap(change, reference)
             del change
             write_json(options.json, report())
+        for name in profile_arms:  # before the timed runs, so a run cut short still has them; untimed
+            profiles[name] = run_once(name, options, tokenizer, dataset, output_dir, False, profiled=True)[0]
+            write_json(options.json, report())
         for repeat in range(options.repeats):
             order = arms[repeat % len(arms) :] + arms[: repeat % len(arms)]
             for name in order:
                 runs[name].append(run_once(name, options, tokenizer, dataset, output_dir, measure_memory=False)[0])
                 write_json(options.json, report())
-        for name in profile_arms:  # after the timed runs, so the profiler's overhead times nothing
-            profiles[name] = run_once(name, options, tokenizer, dataset, output_dir, False, profile_arms)[0].profile
-            write_json(options.json, report())
     print_report(report())
 
 
@@ -403,11 +414,11 @@ def write_json(path: str | None, report: dict) -> None:
 
 def arm_figures(probes: list, gap: float | None, steps: int, peak: float | None) -> dict:
     """One arm's figures: memory and padding from its warm-up run, times from the median of its timed runs (the
-    warm-up's memory-measured steps are not timed)."""
+    warm-up's memory-measured steps are not timed); each run's wall seconds, set-up included, warm-up first."""
     first = probes[0]
     figures = {"padding_fraction": 1 - first.real / first.forwarded, "peak_step_memory_bytes": max(first.peaks),
                "update_gap_to_trl": gap, "attention_kernels": first.kernels, "timed_runs": len(probes) - 1,
-               "warm_up_run": first.health}  # fmt: skip
+               "warm_up_run": first.health, "run_seconds": [p.seconds for p in probes]}  # fmt: skip
     if first.prompts_total:  # shared prompts: prompt tokens not forwarded again
         figures["prompt_tokens_saved"] = 1 - first.prompts_forwarded / first.prompts_total
         figures["old_logp_prompt_tokens_saved"] = 1 - first.old_prompts_forwarded / first.old_prompts_total
@@ -430,8 +441,9 @@ def arm_figures(probes: list, gap: float | None, steps: int, peak: float | None)
 
 def build_report(options, arms, runs, gaps, parameters, device_name, peak, profiles=None) -> dict:
     figures = {name: arm_figures(runs[name], gaps[name], options.steps, peak) for name in arms if runs[name]}
-    for name, operators in (profiles or {}).items():
-        figures[name]["profile_top_operators"] = operators
+    for name, probe in (profiles or {}).items():
+        figures[name].update(profile_top_operators=probe.profile, profile_run_seconds=probe.seconds,
+                             profile_window={"micro_steps": list(probe.profile_steps)})  # fmt: skip
     ratios = {}
     for top, bottom in (("packed", "dynamic"), ("packed", "trl"), ("dynamic", "trl"), ("shared", "packed")):
         rates = [figures.get(name, {}).get("trained_tokens_per_second") for name in (top, bottom)]

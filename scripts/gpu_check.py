@@ -8,12 +8,14 @@ writes OUTPUT_DIR/gpu_check.json (every part's status, seconds, figures or error
 Parts, in order: `wheels` (install the carried wheels), `environment` (versions against the pins, the GPU, the
 varlen kernels), `tests` (tests/test_gpu.py, marker `gpu`), `train` (DHPO-E off-policy steps with generation on a
 random Qwen3-0.6B), `bench-qwen3-0.6b` and `bench-qwen3-1.7b` (benchmarks/bench_dynamic_batching.py, bf16, the
-long-tailed workload, TRL / dynamic batching / padding-free / shared prompts interleaved), `routing-overhead` (the
+long-tailed workload, the arms of BENCH_PLAN interleaved), `routing-overhead` (the
 cost of recording and replaying MoE routing, Qwen3-30B-A3B's layers) and `routing-rollout` (R3 against vLLM's
 offline engine: routing returned, flip fraction before replay, replayed exactly). A part that fails or runs
 out of time leaves its status, its error (the last lines of its output) and whatever figures it wrote, and the next
 part runs. Each part gets its box or less: the whole run keeps inside --total-seconds, with each later part's minimum
-held back for it. Standard library only: this runs before the wheels are installed.
+held back for it; a part's minimum is the time it takes on one H100, so the planned parts fit in GPU_SECONDS with a
+margin and one that overruns takes the margin, not a later part's time. Standard library only: this runs before the
+wheels are installed.
 """
 
 from __future__ import annotations
@@ -34,7 +36,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-ARMS = "trl,dynamic,packed,shared"
+# Each benchmark's arms, timed runs per arm and profiled arms. The targets need trl, dynamic and packed at 1.7B, twice
+# each; 0.6B adds shared prompts against packed and dynamic, once each; the profiles show where the update's time goes.
+BENCH_PLAN = {"qwen3-0.6b": ("dynamic,packed,shared", 1, ""),
+              "qwen3-1.7b": ("trl,dynamic,packed", 2, "packed,dynamic")}
+# One H100, bf16, batch 4 x 8 accumulation of the long-tailed workload: a benchmark process's start (Python, imports,
+# tokenizer) and one run of it (model build, trainer, two optimizer steps: 6-10 s of update and scoring at 1.7B, as
+# docs/performance_gpu.md's figures give them, plus the set-up). A profiled run counts 1.5 runs.
+BENCH_START_SECONDS = 12
+BENCH_RUN_SECONDS = {"qwen3-0.6b": 12, "qwen3-1.7b": 14}
 GPU_SECONDS = 480  # the whole GPU run: inside a 540 s device command with the last part's grace and Python's start
 GRACE_SECONDS = 15  # a timed-out part's wait between SIGTERM and SIGKILL
 TARGETS = {"bench-qwen3-1.7b": {"packed/dynamic": 1.3, "packed/trl": 2.5}}  # padding-free update throughput ratios
@@ -52,16 +62,25 @@ class Part:
     env: dict = field(default_factory=dict)
 
 
-def bench_command(python: str, cpu: bool, shape: str, batch_size: int, out: str, profile: str = "") -> list[str]:
-    command = [python, "benchmarks/bench_dynamic_batching.py", "--arms", ARMS, "--steps", "2", "--json", out]
-    command += ["--profile", profile] if profile else []  # where the update's time goes, after the timed runs
-    if cpu:  # tiny: the same code path in seconds
+def bench_seconds(shape: str) -> float:
+    """The planned seconds of one benchmark part on one H100: its start, then every run BENCH_PLAN asks for."""
+    arms, repeats, profile = BENCH_PLAN[shape]
+    runs = len(arms.split(",")) * (1 + repeats) + 1.5 * len(list(filter(None, profile.split(","))))
+    return BENCH_START_SECONDS + runs * BENCH_RUN_SECONDS[shape]
+
+
+def bench_command(python: str, cpu: bool, shape: str, batch_size: int, out: str) -> list[str]:
+    arms, repeats, profile = BENCH_PLAN[shape]
+    command = [python, "benchmarks/bench_dynamic_batching.py", "--arms", arms, "--steps", "2", "--json", out]
+    command += ["--profile", profile] if profile else []  # where the update's time goes, after the warm-up runs
+    if cpu:  # tiny: the same arms and code path in seconds
         return [*command, "--device", "cpu", "--hidden-size", "32", "--layers", "1", "--heads", "2", "--repeats",
                 "1", "--batch-size", "2", "--generations", "2", "--accumulation", "2", "--max-completion", "16",
                 "--max-prompt", "20"]  # fmt: skip
     # the long tail at GPU scale: completions lognormal around 256 tokens, up to 2048; one generation batch per run
-    return [*command, "--device", "cuda", "--dtype", "bfloat16", "--shape", shape, "--repeats", "2", "--batch-size",
-            str(batch_size), "--generations", "8", "--accumulation", "8", "--max-completion", "2048"]  # fmt: skip
+    return [*command, "--device", "cuda", "--dtype", "bfloat16", "--shape", shape, "--repeats", str(repeats),
+            "--batch-size", str(batch_size), "--generations", "8", "--accumulation", "8", "--max-completion",
+            "2048"]  # fmt: skip
 
 
 def routing_commands(python: str, cpu: bool, work: Path) -> tuple[list[str], list[str]]:
@@ -93,18 +112,22 @@ def plan(cpu: bool, python: str, work: Path, wheels: str) -> list[Part]:
              "--output-dir", str(work / "train_run")]  # fmt: skip
     train += ["--shape", "tiny", "--steps", "2", "--batch-size", "4", "--max-completion", "8"] if cpu else []
     routing = routing_commands(python, cpu, work)
+    small, large = bench_seconds("qwen3-0.6b"), bench_seconds("qwen3-1.7b")
+    # box: the most a part may take; minimum: what it takes on one H100 (measured: wheels 2 s, environment 12, tests
+    # 37, train 58, routing-overhead 23, routing-rollout 18 without vllm), a little over
     parts = [
         Part("wheels", [python, "scripts/gpu_check_parts.py", "wheels", "--wheels", wheels, "--site",
-                        str(work / "site"), "--json", out("wheels"), *(["--check-only"] if cpu else [])], 60, 20),
+                        str(work / "site"), "--json", out("wheels"), *(["--check-only"] if cpu else [])], 30, 5),
         Part("environment", [python, "scripts/gpu_check_parts.py", "environment", "--json", out("environment"),
-                             *(["--cpu"] if cpu else [])], 60, 20),
+                             *(["--cpu"] if cpu else [])], 40, 15),
         Part("tests", [python, "-m", "pytest", "-q", "-m", "gpu", "tests/test_gpu.py", "-p", "no:cacheprovider",
-                       "-o", "addopts=", "--junitxml", str(work / "junit.xml")], 120, 40, tests_env),
-        Part("train", train, 110, 40),
-        Part("bench-qwen3-0.6b", bench_command(python, cpu, "qwen3-0.6b", 4, out("bench-qwen3-0.6b")), 120, 60),
-        Part("bench-qwen3-1.7b", bench_command(python, cpu, "qwen3-1.7b", 4, out("bench-qwen3-1.7b"),
-                                               "packed,dynamic"), 240, 90),
-        Part("routing-overhead", routing[0], 75, 25),
+                       "-o", "addopts=", "--junitxml", str(work / "junit.xml")], 80, 45, tests_env),
+        Part("train", train, 90, 65),
+        Part("bench-qwen3-0.6b", bench_command(python, cpu, "qwen3-0.6b", 4, out("bench-qwen3-0.6b")),
+             1.25 * small, small),
+        Part("bench-qwen3-1.7b", bench_command(python, cpu, "qwen3-1.7b", 4, out("bench-qwen3-1.7b")),
+             1.25 * large, large),
+        Part("routing-overhead", routing[0], 50, 30),
         Part("routing-rollout", routing[1], 100, 20),
     ]  # fmt: skip
     if cpu:  # the dry run's few CPU seconds can take minutes of wall time on a loaded machine: wide boxes

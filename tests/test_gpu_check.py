@@ -43,7 +43,8 @@ def test_time_boxes_hold_back_the_later_parts_minimums():
     assert check.time_box(first, later, deadline=120, now=0) == 50  # 120 - 30 - 40
     assert check.time_box(first, later, deadline=60, now=0) == 0  # nothing left: skipped
     gpu = check.plan(False, "python3", Path("/nonexistent"), ".gpu_wheels")
-    assert sum(p.minimum for p in gpu) < check.GPU_SECONDS and all(p.minimum <= p.box for p in gpu)
+    # each part's minimum is its time on one H100: together they leave a margin in the whole run's limit
+    assert sum(p.minimum for p in gpu) + 30 <= check.GPU_SECONDS and all(p.minimum <= p.box for p in gpu)
     assert check.GPU_SECONDS + check.GRACE_SECONDS + 30 <= 540  # the device command's timeout, Python's start within
     assert [p.name for p in gpu] == ["wheels", "environment", "tests", "train", "bench-qwen3-0.6b", "bench-qwen3-1.7b",
                                      "routing-overhead", "routing-rollout"]
@@ -58,10 +59,29 @@ def test_gpu_parts_ask_for_the_gpu_workload():
         assert command[command.index("--device") + 1] == "cuda" and command[command.index("--shape") + 1] == shape
         assert command[command.index("--dtype") + 1] == "bfloat16"
     assert gpu["train"][gpu["train"].index("--device") + 1] == "cuda" and "--shape" not in gpu["train"]  # 0.6B
+    for part, ratios in check.TARGETS.items():  # the arms each target compares run, twice or more
+        command = gpu[part]
+        needed = {arm for ratio in ratios for arm in ratio.split("/")}
+        assert needed <= set(command[command.index("--arms") + 1].split(","))
+        assert int(command[command.index("--repeats") + 1]) >= 2
     overhead, rollout = gpu["routing-overhead"], gpu["routing-rollout"]
     assert overhead[overhead.index("--device") + 1] == "cuda" and overhead[overhead.index("--dtype") + 1] == "bfloat16"
     assert overhead[overhead.index("--overhead-shape") + 1] == "qwen3-30b-a3b-4-layers"
     assert rollout[rollout.index("--engine") + 1] == "vllm" and rollout[rollout.index("--device") + 1] == "cuda"
+
+
+def test_a_benchmark_part_is_held_its_runs_time():
+    """A benchmark's minimum is its start and every run its command asks for (warm-up, timed, profiled at 1.5), at
+    the measured seconds of a run of its shape: read from the command, so a plan with more runs than time fails."""
+    for part in check.plan(False, "python3", Path("/nonexistent"), ".gpu_wheels"):
+        if not part.name.startswith("bench-"):
+            continue
+        value = {flag: part.command[part.command.index(flag) + 1] for flag in ("--arms", "--repeats", "--shape")}
+        profiled = part.command[part.command.index("--profile") + 1].split(",") if "--profile" in part.command else []
+        runs = len(value["--arms"].split(",")) * (1 + int(value["--repeats"])) + 1.5 * len(profiled)
+        per_run = check.BENCH_RUN_SECONDS[value["--shape"]]
+        assert part.minimum == check.BENCH_START_SECONDS + runs * per_run and part.box >= part.minimum, part.name
+    assert check.bench_seconds("qwen3-1.7b") == 12 + (3 * 3 + 1.5 * 2) * 14  # trl, dynamic, packed; 2 profiled
 
 
 def test_the_gpu_overhead_shape_is_qwen3_30b_a3b_layers():
@@ -263,6 +283,119 @@ def test_junit_summary(tmp_path):
     assert summary["tests"][0]["properties"] == {"e": "0.1"} and summary["tests"][1]["message"] == "needs CUDA"
 
 
+# ------------------------------------------------------------------------------------------- the docs block
+def bench_arm(tokens_per_second, timed, grad_norms=(1.5, 1.25), nonfinite=0, **extra):
+    return {"trained_tokens_per_second": tokens_per_second, "real_tokens_per_second": 2 * tokens_per_second,
+            "mfu": 0.0567, "peak_step_memory_bytes": 3 * 2**30, "padding_fraction": 0.25, "attention_kernels": {},
+            "timed_runs": timed, "warm_up_run": {"losses": [0.5, -0.25], "grad_norms": list(grad_norms),
+                                                "nonfinite_update_values": nonfinite}, **extra}  # fmt: skip
+
+
+def bench_part(status, repeats, arms, ratios, targets=None, profile=""):
+    options = {"batch_size": 4, "accumulation": 8, "max_completion": 2048, "median_fraction": 0.125,
+               "repeats": repeats, "profile": profile}  # fmt: skip
+    result = {"shape": "qwen3-1.7b", "parameters": 1000, "dtype": "bfloat16", "peak_tflops": 989.0, "options": options,
+              "arms": arms, "throughput_ratios": ratios}  # fmt: skip
+    entry = {"status": status, "seconds": 99.0, "result": result}
+    return {**entry, **({"targets": targets} if targets else {})}
+
+
+def gpu_report(date, commit, parts):
+    return {"mode": "gpu", "date": date, "commit": commit, "parts": parts}
+
+
+def table_row(block, first_cell):
+    (row,) = [line for line in block.splitlines() if line.startswith(f"| {first_cell} |")]
+    return [cell.strip() for cell in row.strip("|").split("|")]
+
+
+def test_docs_block_renders_the_benchmark_figures_and_judges_the_targets():
+    targets = {"packed/dynamic": {"value": 1.4, "target": 1.3, "met": True},
+               "packed/trl": {"value": 2.0, "target": 2.5, "met": False}}  # fmt: skip
+    arms = {"trl": bench_arm(6172.8, 2), "packed": bench_arm(12345.6, 2)}
+    part = bench_part("ok", 2, arms, {"packed/dynamic": 1.4, "packed/trl": 2.0}, targets)
+    block = docs.render([gpu_report("2026-01-01T00:00:00Z", "a" * 40, {"bench-qwen3-1.7b": part})])
+    assert table_row(block, "packed") == ["packed", "2", "12,346", "24,691", "5.7%", "3.00 GiB", "25.0%", "{}",
+                                          "0.5, -0.25", "1.5, 1.25", "0"]  # fmt: skip
+    assert "packed/dynamic 1.40x (target >= 1.3x: met), packed/trl 2.00x (target >= 2.5x: NOT met)" in block
+    assert "Not complete" not in block and table_row(block, "bench-qwen3-1.7b")[2] == "ok"
+
+
+def test_docs_block_marks_a_part_cut_short_and_an_arm_that_is_not_finite():
+    """A timed-out benchmark is shown with its status and the timed runs each arm got, never as a whole run; an arm
+    whose warm-up gradients are NaN is named next to its figures and ratios."""
+    arms = {"dynamic": bench_arm(6000.0, 1, grad_norms=(math.nan, math.nan), nonfinite=1000),
+            "packed": bench_arm(5000.0, 1, profile_top_operators=[
+                {"name": "aten::mm", "calls": 7, "self_device_ms": 12.34, "self_cpu_ms": 1.5}])}  # fmt: skip
+    part = bench_part("timeout", 2, arms, {"packed/dynamic": 5000 / 6000}, profile="packed,dynamic")
+    block = docs.render([gpu_report("2026-01-01T00:00:00Z", "a" * 40, {"bench-qwen3-1.7b": part})])
+    status = table_row(block, "bench-qwen3-1.7b")[2]
+    assert status.startswith("timeout") and "1 of 2 timed runs per arm" in status
+    assert "profiles of dynamic not run" in status and "profiles of packed" not in status
+    assert "**Not complete**: timeout: 1 of 2" in block and "Throughput ratios (timeout: 1 of 2" in block
+    assert table_row(block, "dynamic")[-2:] == ["nan, nan", "1,000 (100%)"] and table_row(block, "packed")[-1] == "0"
+    assert "Not finite in the warm-up run: dynamic." in block and "packed/dynamic 0.83x [dynamic not finite]" in block
+    assert table_row(block, "`aten::mm`") == ["`aten::mm`", "7", "12.3", "1.5"]
+    health = {"losses": [0.5, 0.25], "grad_norms": [1.0, 2.0], "nonfinite_update_values": 0}
+    for form in ({"grad_norms": [1.0, math.nan]}, {"losses": [math.inf, 0.0]}, {"nonfinite_update_values": 3}):
+        assert docs.unhealthy({"warm_up_run": {**health, **form}}), form  # each sign of divergence alone
+    assert not docs.unhealthy({"warm_up_run": {**health, "grad_norms": [None, 1.0]}})  # not logged is not NaN
+    assert not docs.unhealthy({}) and not docs.unhealthy({"warm_up_run": health})  # a run before the field existed
+    arms["dynamic"]["timed_runs"] = 2  # one arm got its runs, the other not: each arm's count
+    assert "timed runs of 2: dynamic 2, packed 1" in table_row(docs.render(gpu_report("d", "c", {
+        "bench-qwen3-1.7b": part})), "bench-qwen3-1.7b")[2]  # fmt: skip
+
+
+def test_docs_block_takes_each_part_from_the_latest_run_that_holds_it():
+    """Reports given newest first: the run order is the recorded dates', each part comes from the latest run that
+    has it, and the runs it superseded are listed."""
+    train = {"status": "ok", "seconds": 50.0, "result": {"shape": "qwen3-0.6b", "parameters": 6e8, "steps": 4,
+             "seconds": 35.0, "losses": [0.25], "metrics_logged": ["loss"], "peak_memory_bytes": 2**30,
+             "padding_free": True, "attention_kernels": {}}}  # fmt: skip
+    older = gpu_report("2026-01-01T00:00:00Z", "1" * 40, {
+        "train": train, "bench-qwen3-1.7b": bench_part("failed (exit 1)", 2, {"packed": bench_arm(1111.0, 1)}, {})})
+    newer = gpu_report("2026-01-02T00:00:00Z", "2" * 40, {
+        "bench-qwen3-1.7b": bench_part("ok", 2, {"packed": bench_arm(2222.0, 2)}, {})})
+    block = docs.render([newer, older])
+    assert table_row(block, "run 1")[2] == "`1111111111`" and table_row(block, "run 2")[2] == "`2222222222`"
+    assert table_row(block, "packed")[2] == "2,222" and "1,111" not in block
+    assert table_row(block, "bench-qwen3-1.7b")[1:3] == ["run 2", "ok"]
+    assert table_row(block, "bench-qwen3-1.7b")[4] == "run 1: failed (exit 1)"
+    assert table_row(block, "train")[1] == "run 1" and "4 steps in 35.0 s" in block
+    assert [name for name in docs.latest_parts([newer, older])] == ["train", "bench-qwen3-1.7b"]
+
+
+def test_docs_cli_takes_one_commit_per_report(tmp_path, capsys):
+    paths = []
+    for index, recorded in enumerate(["1" * 40, None]):
+        paths.append(tmp_path / f"run{index}.json")
+        paths[-1].write_text(json.dumps(gpu_report(f"2026-01-0{index + 1}T00:00:00Z", recorded, {})))
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"# head\n{docs.BEGIN}\nold\n{docs.END}\ntail\n")
+    with pytest.raises(SystemExit) as stopped:
+        docs.main([*map(str, paths), "--doc", str(doc), "--commit", "3" * 40])
+    assert stopped.value.code == 2 and "--commit" in capsys.readouterr().err.splitlines()[-1]
+    with pytest.raises(SystemExit):  # the second run recorded no commit
+        docs.main([*map(str, paths), "--doc", str(doc)])
+    assert docs.main([*map(str, paths), "--doc", str(doc), "--commit", "4" * 12, "--commit", "5" * 12]) == 0
+    text = doc.read_text()
+    assert table_row(text, "run 1")[2] == f"`{'4' * 10}` (its JSON records `{'1' * 10}`)"
+    assert table_row(text, "run 2")[2] == f"`{'5' * 10}`" and text.endswith("tail\n") and "\nold\n" not in text
+
+
+def test_the_shipped_block_is_the_rendering_of_the_committed_runs(tmp_path):
+    """docs/performance_gpu.md's figures are the script's rendering of the JSONs under docs/gpu_runs, with the
+    commits its runs table names: no figure edited by hand."""
+    shipped = (ROOT / "docs/performance_gpu.md").read_text()
+    runs = sorted((ROOT / "docs/gpu_runs").glob("*/run*.json"), key=lambda path: json.loads(path.read_text())["date"])
+    block = shipped.split(docs.BEGIN)[1].split(docs.END)[0]
+    commits = [table_row(block, f"run {n}")[2].split("`")[1] for n in range(1, len(runs) + 1)]
+    doc = tmp_path / "performance_gpu.md"
+    doc.write_text(shipped)
+    docs.main([*map(str, runs), "--doc", str(doc), *(f"--commit={c}" for c in commits)])
+    assert doc.read_text() == shipped and "H100" in block and len(runs) >= 2
+
+
 # ------------------------------------------------------------------------------------------------- benchmark
 @pytest.fixture(scope="module")
 def bench():
@@ -289,9 +422,10 @@ def test_an_arm_without_a_timed_run_reports_no_speed(bench):
     """A benchmark cut short after its warm-up runs: memory and padding, but no throughput from untimed steps."""
     probe = SimpleNamespace(real=90, forwarded=120, peaks=[5, 7], kernels={"sdpa": 3}, prompts_total=0,
                             trained_tokens=60, step_seconds=2.0, score_seconds=0.5, config=None,
-                            prompt_lengths=[], completion_lengths=[], health={})  # fmt: skip
+                            prompt_lengths=[], completion_lengths=[], health={}, seconds=3.5)  # fmt: skip
     figures = bench.arm_figures([probe], None, 2, 989.0)
     assert figures["padding_fraction"] == 0.25 and figures["peak_step_memory_bytes"] == 7
+    assert figures["run_seconds"] == [3.5]
     assert figures["timed_runs"] == 0 and "trained_tokens_per_second" not in figures
 
 
@@ -317,19 +451,48 @@ def test_a_kept_probe_holds_no_trainer(bench, tmp_path, monkeypatch):
     assert kept[0][0].trained_tokens > 0  # the run trained
 
 
-def test_arms_report_health_and_a_profiled_arm_its_operators(bench, tmp_path):
+def test_arms_report_health_and_a_profiled_arm_its_operators(bench, tmp_path, monkeypatch):
     """Each arm reports its warm-up run's losses, gradient norms and non-finite update values (a NaN update gap then
-    says whether the run diverged); a profiled arm its top operators, the others none."""
-    out = tmp_path / "bench.json"
+    says whether the run diverged) and each run's seconds; a profiled arm its top operators, the others none. The
+    profiled runs come right after the warm-up runs, before the timed ones: a benchmark cut short still has them."""
+    out, order = tmp_path / "bench.json", []
+    run_once = bench.run_once
+
+    def recorded(name, *args, **kwargs):
+        measured = kwargs.get("measure_memory", args[4] if len(args) > 4 else None)
+        order.append((name, "profile" if kwargs.get("profiled") else "warm-up" if measured else "timed"))
+        return run_once(name, *args, **kwargs)
+
+    monkeypatch.setattr(bench, "run_once", recorded)
     bench.main(["--arms", "trl,packed", "--profile", "packed", "--repeats", "1", "--json", str(out), *TINY_BENCH])
+    assert order == [("trl", "warm-up"), ("packed", "warm-up"), ("packed", "profile"), ("trl", "timed"),
+                     ("packed", "timed")]  # fmt: skip
     arms = json.loads(out.read_text())["arms"]
     for arm in arms.values():
         health = arm["warm_up_run"]
         assert len(health["losses"]) == 2 and all(math.isfinite(x) for x in health["losses"] + health["grad_norms"])
         assert health["nonfinite_update_values"] == 0
+        assert len(arm["run_seconds"]) == 2 and all(seconds > 0 for seconds in arm["run_seconds"])
     operators = arms["packed"]["profile_top_operators"]
     assert "profile_top_operators" not in arms["trl"] and len(operators) == 25
     assert operators[0]["self_cpu_ms"] >= operators[-1]["self_cpu_ms"] > 0 and operators[0]["calls"] >= 1
+    assert arms["packed"]["profile_window"] == {"micro_steps": [2, 3]} and arms["packed"]["profile_run_seconds"] > 0
+
+
+def test_a_profiled_run_records_only_its_window(bench):
+    """The profiler records the window's micro-steps and nothing before or after: a fake trainer whose micro-step k
+    runs k + 1 cosines shows 3 + 4 of them for the window of steps 2 and 3 out of 0-5."""
+    trainer = SimpleNamespace(training_step=None, _generate_and_score_completions=None)
+    calls = []
+    trainer.training_step = lambda model, inputs, n=None: calls.append(torch.zeros(1)) or [
+        torch.zeros(1).cos() for _ in range(len(calls))]  # fmt: skip
+    probe = bench.Probe(trainer, "cpu", set(), "wall", range(2, 4))
+    for _ in range(6):
+        probe.step(None, None)
+    cosines = [row for row in probe.profile if row["name"] == "aten::cos"]
+    assert len(calls) == 6 and cosines and cosines[0]["calls"] == 3 + 4 and probe.profiler is None
+    probe.release()
+    assert trainer.training_step is not probe.step
 
 
 def test_profile_names_only_arms_that_run(bench, capsys):
