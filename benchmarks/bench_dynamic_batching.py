@@ -277,6 +277,10 @@ def run_once(name: str, options, tokenizer, dataset, output_dir: str, measure_me
     probe = Probe(trainer, options.device, set(range(steps, 2 * steps)) if measure_memory else set(), options.clock,
                   window)  # fmt: skip
     trainer.train()
+    stop = getattr(trainer, "graceful_stop", None)  # DHPOTrainer ends a run early on SIGTERM / SIGUSR1
+    if stop is not None:  # a cut-short run has no figures, and the next one would outlive the caller's time box
+        raise SystemExit(f"bench_dynamic_batching: stopped by {stop['signal']} at optimizer step {stop['step']} of the "
+                         f"{name} run; --json holds the runs before it")
     change = None if start is None else [p.detach().float() - s.float() for p, s in zip(model.parameters(), start,
                                                                                       strict=True)]  # fmt: skip
     probe.kernels = dict(attention_kernels.CALLS - calls)

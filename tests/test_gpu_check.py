@@ -523,3 +523,20 @@ def test_the_default_python_is_this_interpreter_whatever_its_path(monkeypatch, t
     monkeypatch.setattr(check, "run_parts", lambda parts, *rest: planned.extend(parts))
     assert check.main([str(tmp_path / "out"), "--cpu"]) == 0
     assert planned and {p.command[0] for p in planned} == {"/opt/a venv/bin/python"}
+
+
+def test_a_stop_signal_ends_the_benchmark_not_just_its_run(bench, monkeypatch):
+    """SIGTERM (a time box's end) stops DHPOTrainer's run gracefully; the benchmark must then exit, not start the next
+    run past the box."""
+    from dhpo_trl import DHPOTrainer
+
+    started = []
+
+    def stopped(self, *args, **kwargs):
+        started.append(self)
+        self.graceful_stop = {"signal": "SIGTERM", "step": 1, "checkpoint": "checkpoint-1"}
+
+    monkeypatch.setattr(DHPOTrainer, "train", stopped)
+    with pytest.raises(SystemExit, match="SIGTERM at optimizer step 1 of the dynamic run"):
+        bench.main(["--arms", "dynamic,packed", "--repeats", "1", *TINY_BENCH])
+    assert len(started) == 1
