@@ -2,7 +2,7 @@
 
 Since torch 2.11, SDPA prefers cuDNN's attention on Hopper GPUs. Its backward returns NaN in the query gradient
 when three things hold: an explicit attention mask, a sequence length of 64 modulo 128, and a query row whose
-log-sum-exp is below ln(FLT_MAX) - which every fully masked row (a left-padded prompt's padding) has
+log-sum-exp is below -ln(FLT_MAX), about -88.7 - which every fully masked row (a left-padded prompt's padding) has
 (pytorch/pytorch#196678, huggingface/trl#7181). One such micro-batch turns every parameter into NaN. TRL's padded
 micro-batches hit it only when the generation batch's width happens to be 64 mod 128; dynamic batching trims each
 micro-batch to its own width, so over a run some micro-batch almost surely is (the H100 benchmark of 2026-11-26 hit
