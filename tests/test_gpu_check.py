@@ -332,6 +332,22 @@ def test_arms_report_health_and_a_profiled_arm_its_operators(bench, tmp_path):
     assert operators[0]["self_cpu_ms"] >= operators[-1]["self_cpu_ms"] > 0 and operators[0]["calls"] >= 1
 
 
+def test_every_arm_runs_its_steps_in_the_update_attention_context(bench, tmp_path, monkeypatch):
+    """TRL's arm too: with the context on (forced here, as on CUDA with torch >= 2.11) every SDPA call of every arm
+    runs with cuDNN attention off, so the arms differ in batching only; the report names the context."""
+    import torch.nn.functional as functional
+    from dhpo_trl.training import cuda_attention
+
+    monkeypatch.setattr(cuda_attention, "for_update", lambda device: (cuda_attention.without_cudnn, "no cuDNN"))
+    calls, sdpa = [], functional.scaled_dot_product_attention
+    monkeypatch.setattr(functional, "scaled_dot_product_attention",
+                        lambda *a, **k: calls.append(torch.backends.cuda.cudnn_sdp_enabled()) or sdpa(*a, **k))
+    out = tmp_path / "bench.json"
+    bench.main(["--arms", "trl,dynamic", "--repeats", "0", "--json", str(out), *TINY_BENCH])
+    assert calls and not any(calls) and torch.backends.cuda.cudnn_sdp_enabled()
+    assert json.loads(out.read_text())["update_attention"] == "no cuDNN"
+
+
 def test_profile_names_only_arms_that_run(bench, capsys):
     with pytest.raises(SystemExit):
         bench.main(["--arms", "trl,packed", "--profile", "dynamic", *TINY_BENCH])
