@@ -329,6 +329,7 @@ def test_arms_report_health_and_a_profiled_arm_its_operators(bench, tmp_path):
         assert health["nonfinite_update_values"] == 0
     operators = arms["packed"]["profile_top_operators"]
     assert "profile_top_operators" not in arms["trl"] and len(operators) == 25
+    assert arms["packed"]["timed_runs"] == arms["trl"]["timed_runs"] == 1  # the profiled run is not timed
     assert operators[0]["self_cpu_ms"] >= operators[-1]["self_cpu_ms"] > 0 and operators[0]["calls"] >= 1
 
 
