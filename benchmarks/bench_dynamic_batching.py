@@ -2,7 +2,8 @@
 
 Three trainers run the same locally built Qwen3, the same prompts, seed and completions, interleaved over repeats:
 
-    trl      trl.GRPOTrainer (the GRPO row's clip settings)
+    trl      trl.GRPOTrainer (the GRPO row's clip settings), each step in DHPOTrainer's attention context (on CUDA
+             with torch >= 2.11 without cuDNN attention, as the other arms: they differ in batching only)
     fixed    DHPOTrainer, the chosen row, dynamic_batching=False (TRL's batching)
     dynamic  DHPOTrainer, the chosen row, dynamic_batching=True, padding_free=False (and --max-tokens as its token
              budget)
@@ -63,13 +64,21 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 from dhpo_trl import DHPOTrainer  # noqa: E402
 from dhpo_trl.core.presets import PAPER_ALGORITHMS, config_for  # noqa: E402
 from dhpo_trl.demo.tiny import QWEN3_SHAPES, build_char_tokenizer, build_qwen3_shape, build_tiny_qwen3  # noqa: E402
-from dhpo_trl.training import attention_kernels, batching, shared_prompts  # noqa: E402
+from dhpo_trl.training import attention_kernels, batching, cuda_attention, shared_prompts  # noqa: E402
 
 TRAINERS = ("trl", "fixed", "dynamic", "packed", "shared")
 # A profiled run records this many micro-steps of its second optimizer step (no scoring inside): the update's
 # operators, in few enough events that the profiler's bookkeeping stays small; a run profiled whole at the 1.7B shape
 # outlasted the rest of its 240 s box on an H100.
 PROFILE_MICRO_STEPS = 2
+
+
+class TRLTrainer(GRPOTrainer):
+    """trl.GRPOTrainer, its steps in the SDPA context DHPOTrainer's steps run in (`cuda_attention.for_update`)."""
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        with cuda_attention.for_update(self.accelerator.device.type)[0]():
+            return super().training_step(model, inputs, num_items_in_batch)
 
 
 def long_tailed_rollout(tokenizer, max_completion: int, median_fraction: float, sigma: float):
@@ -250,7 +259,7 @@ def run_once(name: str, options, tokenizer, dataset, output_dir: str, measure_me
     row = PAPER_ALGORITHMS["GRPO"]
     if name == "trl":
         args = GRPOConfig(loss_type="grpo", **{k: v for k, v in row.items() if k != "algorithm"}, **common)
-        trainer_cls = GRPOTrainer
+        trainer_cls = TRLTrainer
     else:
         dynamic = name in ("dynamic", "packed", "shared")
         budget = {"max_tokens_per_micro_batch": options.max_tokens} if dynamic and options.max_tokens else {}
@@ -457,6 +466,7 @@ def build_report(options, arms, runs, gaps, parameters, device_name, peak, profi
     return {
         "device": options.device, "device_name": device_name, "dtype": options.dtype, "shape": options.shape,
         "parameters": parameters, "peak_tflops": peak, "torch": torch.__version__,
+        "update_attention": cuda_attention.for_update(options.device)[1],  # every arm's steps: what SDPA leaves out
         "options": {k: v for k, v in vars(options).items() if k != "json"},
         "trained_tokens_per_run": None if first is None else first.trained_tokens,
         "arms": figures, "throughput_ratios": ratios,

@@ -13,18 +13,44 @@ from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
 from dhpo_trl.training import cuda_attention
 
 
+ALL = [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
 @pytest.mark.parametrize(
     ("device", "version", "cudnn", "left_out"),
     [("cuda", "2.11.0+cu130", True, True), ("cuda", "2.13.0", True, True), ("cuda", "2.14.0.dev20261101", True, True),
-     ("cuda", "2.10.1+cu128", True, False), ("cuda", "2.13.0", False, False), ("cpu", "2.13.0+cpu", True, False),
+     ("cuda", "2.14.0a0+git1a2b3c", True, True), ("cuda", "2.10.1+cu128", True, False),
+     ("cuda", "2.9.1+cu126", True, False), ("cuda", "2.13.0", False, False), ("cpu", "2.13.0+cpu", True, False),
      ("mps", "2.13.0", True, False)],
 )  # fmt: skip
 def test_cudnn_is_left_out_on_cuda_from_torch_2_11_unless_already_off(device, version, cudnn, left_out):
-    backends = cuda_attention.update_backends(device, version, cudnn)
+    enabled = ALL if cudnn else ALL[1:]
+    backends = cuda_attention.update_backends(device, version, enabled)
     if not left_out:
         assert backends is None
     else:  # every other backend stays: flash without a mask, memory-efficient with one, math for what neither takes
         assert set(backends) == {SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH}
+
+
+def test_a_backend_the_user_turned_off_stays_off_and_cudnn_alone_is_refused():
+    kept = cuda_attention.update_backends("cuda", "2.12.0", [SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH])
+    assert kept == [SDPBackend.MATH]
+    with pytest.raises(ValueError, match="enable_mem_efficient_sdp"):
+        cuda_attention.update_backends("cuda", "2.12.0", [SDPBackend.CUDNN_ATTENTION])
+
+
+def test_the_context_turns_off_cudnn_only_and_restores_it_on_error():
+    """Inside: cuDNN off, a flag the user turned off (flash) still off, the others on; after, even after an error
+    raised inside, every flag as before."""
+    torch.backends.cuda.enable_flash_sdp(False)
+    try:
+        with pytest.raises(RuntimeError, match="inside"), cuda_attention.without_cudnn():
+            assert cuda_attention.enabled_backends() == [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+            raise RuntimeError("inside")
+        assert cuda_attention.enabled_backends() == [SDPBackend.CUDNN_ATTENTION, *ALL[2:]]
+    finally:
+        torch.backends.cuda.enable_flash_sdp(True)
+    assert cuda_attention.enabled_backends() == ALL
 
 
 def test_on_cpu_nothing_is_left_out_and_nothing_said():
@@ -39,7 +65,7 @@ def sdpa_flags():
 
 
 def trainer_forwards(tmp_path, gradient_checkpointing: bool, **dynamic):
-    """Train 2 off-policy steps; return (the note printed, the (grad enabled, cuDNN allowed) of every model forward)."""
+    """Train 2 off-policy steps; return the (grad enabled, cuDNN allowed) of every forward of the first layer."""
     tokenizer = build_char_tokenizer()
     model = build_tiny_qwen3(tokenizer, hidden_size=32, num_layers=2, seed=0)
     seen = []
@@ -57,17 +83,19 @@ def trainer_forwards(tmp_path, gradient_checkpointing: bool, **dynamic):
 
 
 @pytest.mark.parametrize("gradient_checkpointing", [False, True])
-@pytest.mark.parametrize("padding_free", [False, True])
-def test_every_gradient_forward_runs_without_cudnn_and_nothing_else_does(tmp_path, monkeypatch, capsys,
-                                                                        gradient_checkpointing, padding_free):  # fmt: skip
-    """With the guard on (as on CUDA with torch >= 2.11; forced here on CPU): every forward that takes gradients -
-    the policy passes and, under gradient checkpointing, their recomputation in backward - runs with cuDNN attention
-    off; the flags are back on after training, and the note names the setting that acts."""
+@pytest.mark.parametrize(("dynamic_batching", "padding_free"), [(False, False), (True, False), (True, True)])
+def test_every_forward_of_a_training_step_runs_without_cudnn(tmp_path, monkeypatch, capsys, gradient_checkpointing,
+                                                             dynamic_batching, padding_free):  # fmt: skip
+    """With the guard on (as on CUDA with torch >= 2.11; forced here on CPU), on every update path: every forward
+    that takes gradients - the policy passes and, under gradient checkpointing, their recomputation in backward -
+    runs with cuDNN attention off, and so do the step's no-gradient passes (generation, old log-probs); the flags are
+    back on after training, and the note names the setting that acts."""
     monkeypatch.setattr(cuda_attention, "update_backends", lambda *a: [SDPBackend.FLASH_ATTENTION, SDPBackend.MATH])
-    seen = trainer_forwards(tmp_path, gradient_checkpointing, dynamic_batching=True, padding_free=padding_free)
+    seen = trainer_forwards(tmp_path, gradient_checkpointing, dynamic_batching=dynamic_batching,
+                            padding_free=padding_free)  # fmt: skip
     gradient = [cudnn for grad, cudnn in seen if grad]
     assert len(gradient) >= 4 * (2 if gradient_checkpointing else 1)  # 2 steps x 2 micro-steps, recomputed or not
-    assert not any(gradient)
+    assert len(seen) > len(gradient) and not any(cudnn for _, cudnn in seen)
     assert sdpa_flags() == (True, True)
     assert "cuDNN" in capsys.readouterr().out
 

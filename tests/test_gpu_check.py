@@ -475,6 +475,7 @@ def test_arms_report_health_and_a_profiled_arm_its_operators(bench, tmp_path, mo
         assert len(arm["run_seconds"]) == 2 and all(seconds > 0 for seconds in arm["run_seconds"])
     operators = arms["packed"]["profile_top_operators"]
     assert "profile_top_operators" not in arms["trl"] and len(operators) == 25
+    assert arms["packed"]["timed_runs"] == arms["trl"]["timed_runs"] == 1  # the profiled run is not timed
     assert operators[0]["self_cpu_ms"] >= operators[-1]["self_cpu_ms"] > 0 and operators[0]["calls"] >= 1
     assert arms["packed"]["profile_window"] == {"micro_steps": [2, 3]} and arms["packed"]["profile_run_seconds"] > 0
 
@@ -493,6 +494,22 @@ def test_a_profiled_run_records_only_its_window(bench):
     assert len(calls) == 6 and cosines and cosines[0]["calls"] == 3 + 4 and probe.profiler is None
     probe.release()
     assert trainer.training_step is not probe.step
+
+
+def test_every_arm_runs_its_steps_in_the_update_attention_context(bench, tmp_path, monkeypatch):
+    """TRL's arm too: with the context on (forced here, as on CUDA with torch >= 2.11) every SDPA call of every arm
+    runs with cuDNN attention off, so the arms differ in batching only; the report names the context."""
+    import torch.nn.functional as functional
+    from dhpo_trl.training import cuda_attention
+
+    monkeypatch.setattr(cuda_attention, "for_update", lambda device: (cuda_attention.without_cudnn, "no cuDNN"))
+    calls, sdpa = [], functional.scaled_dot_product_attention
+    monkeypatch.setattr(functional, "scaled_dot_product_attention",
+                        lambda *a, **k: calls.append(torch.backends.cuda.cudnn_sdp_enabled()) or sdpa(*a, **k))
+    out = tmp_path / "bench.json"
+    bench.main(["--arms", "trl,dynamic", "--repeats", "0", "--json", str(out), *TINY_BENCH])
+    assert calls and not any(calls) and torch.backends.cuda.cudnn_sdp_enabled()
+    assert json.loads(out.read_text())["update_attention"] == "no cuDNN"
 
 
 def test_profile_names_only_arms_that_run(bench, capsys):
