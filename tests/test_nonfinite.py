@@ -2,8 +2,11 @@
 (`stop_on_nonfinite_gradients`, `dhpo_trl/training/nonfinite.py`): the step is named, the parameters are the previous
 step's, the last checkpoint resumes; with the setting off the run trains on and the weights go NaN."""
 
+import json
 import os
+from pathlib import Path
 
+import processes
 import pytest
 import torch
 from datasets import Dataset
@@ -12,6 +15,7 @@ from transformers import TrainerCallback
 from dhpo_trl import DHPOConfig, DHPOTrainer, NonFiniteGradientError
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
 
+SCRIPT = Path(__file__).parent / "dist_scripts" / "nonfinite_distributed.py"
 POISONED_STEP = 2  # the optimizer step (1-based, as checkpoint-<step>) whose gradient forwards return NaN
 
 
@@ -97,3 +101,12 @@ def test_with_the_check_off_the_run_trains_on_into_nan(tmp_path):
     trainer.train()
     assert trainer.state.global_step == POISONED_STEP
     assert not all_finite(model)
+
+
+def test_two_processes_stop_at_the_same_step_when_one_sees_the_nan(tmp_path):
+    """DDP on 2 CPU processes, the NaN in rank 1's forwards only: both ranks raise for step 2, before the step."""
+    result = processes.forked_ranks(SCRIPT, tmp_path, timeout=240)
+    dumps = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)
+             if (tmp_path / f"rank{rank}.json").exists()]  # fmt: skip
+    assert [(d["stopped"], d["unchanged"]) for d in dumps] == [(POISONED_STEP, True)] * 2, result.stderr[-3000:]
+    assert result.returncode == 0, result.stderr[-3000:]
