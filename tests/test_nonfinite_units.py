@@ -114,7 +114,9 @@ def test_loss_scaling_is_read_from_the_accelerator(acc, fp16, scaled):
 def test_the_trainer_check_refuses_true_under_a_scaler_the_config_could_not_see(tmp_path):
     """fp16 from accelerate's own settings (`accelerate launch --mixed_precision fp16`) with `fp16` False in the
     config: the scaler is on the accelerator, and an explicit True is refused when the trainer is built."""
-    args = SimpleNamespace(stop_on_nonfinite_gradients=True, fp16=False, fp16_full_eval=False, output_dir=str(tmp_path))
+    args = SimpleNamespace(
+        stop_on_nonfinite_gradients=True, fp16=False, fp16_full_eval=False, output_dir=str(tmp_path)
+    )
     with pytest.raises(ValueError, match=NONFINITE_SETTING):
         nonfinite.StepCheck.of(args, accelerator(scaler=object()))
     args.stop_on_nonfinite_gradients = None

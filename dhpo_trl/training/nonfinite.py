@@ -25,9 +25,9 @@ from collections.abc import Callable
 
 from accelerate.utils import DistributedType
 
-from ..core.config import NONFINITE_SETTING as SETTING
-from ..core.config import nonfinite_check_applies
+from ..core.config import NONFINITE_SETTING as SETTING, nonfinite_check_applies
 from .resume import newest_complete_checkpoint
+
 
 class NonFiniteGradientError(RuntimeError):
     """The gradient norm of optimizer `step` is not finite; `checkpoint` is the newest complete one, or None."""
@@ -36,13 +36,13 @@ class NonFiniteGradientError(RuntimeError):
         self.step, self.norm, self.checkpoint, self.setting = step, norm, checkpoint, SETTING
         before = "the initial parameters" if step <= 1 else f"the parameters after step {step - 1}"
         if stepped:  # DeepSpeed's engine steps inside backward, before transformers reads its norm
-            state = (f"DeepSpeed took the step inside backward: it kept {before} only if its overflow check skipped "
-                     "the step (ZeRO's default, inf norm)")  # fmt: skip
+            state = (f"stopped after DeepSpeed's step, taken inside backward: the model holds {before} only if its "
+                     "overflow check skipped the step (ZeRO's default, inf norm)")  # fmt: skip
         else:
-            state = f"the optimizer step did not run: the model holds {before}"
+            state = f"stopped before the optimizer step: the model holds {before}"
         where = (f"the last checkpoint is {checkpoint} (resume_from_checkpoint='latest' continues from it)"
                  if checkpoint else "no checkpoint has been saved")  # fmt: skip
-        super().__init__(f"Gradient norm {norm} at optimizer step {step}: training stopped; {state}; {where}. "
+        super().__init__(f"Non-finite gradient norm {norm} at optimizer step {step}, {state}; {where}. "
                          f"Set {SETTING}=False to train on regardless.")  # fmt: skip
 
 
