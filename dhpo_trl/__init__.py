@@ -15,6 +15,7 @@ __version__ = "0.2.0"
 from .core.config import DHPOConfig  # noqa: E402
 from .core.losses import dhpo_per_token_loss, gmpo_per_token_loss  # noqa: E402
 from .scoring.rewards import math_verify_reward  # noqa: E402
+from .training.nonfinite import NonFiniteGradientError  # noqa: E402
 from .training.trainer import DHPOTrainer  # noqa: E402
 
-__all__ = ["DHPOConfig", "DHPOTrainer", "__version__", "dhpo_per_token_loss", "gmpo_per_token_loss", "math_verify_reward"]
+__all__ = ["DHPOConfig", "DHPOTrainer", "NonFiniteGradientError", "__version__", "dhpo_per_token_loss", "gmpo_per_token_loss", "math_verify_reward"]

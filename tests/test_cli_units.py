@@ -470,3 +470,29 @@ def test_train_builds_then_runs_with_the_script_arguments(monkeypatch):
     monkeypatch.setattr(cli, "run_training", lambda *args: calls.append(("run", args)) or "the result")
     assert cli.train("script", "training", "model") == "the result"
     assert calls == [("build", ("script", "training", "model")), ("run", ("the trainer", "script"))]
+
+
+@pytest.mark.parametrize(("rank", "printed"), [("0", True), ("1", False)])
+def test_a_nonfinite_gradient_is_one_line_and_status_1(monkeypatch, capsys, rank, printed):
+    """`DHPOTrainer.train()` raises `NonFiniteGradientError` on every process at the same step: the main process
+    prints it on one line, every process exits 1 (the process groups released without a barrier)."""
+    from dhpo_trl import NonFiniteGradientError
+
+    class Raising(FakeTrainer):
+        def train(self, **kwargs):
+            raise NonFiniteGradientError(5, float("nan"), "out/checkpoint-4")
+
+    trainer = Raising(resume_from_checkpoint=None, output_dir="out", push_to_hub=False)
+    released = []
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setattr(cli, "parse_args", lambda argv: (DHPOScriptArguments(dataset_name="org/math"), None, None))
+    monkeypatch.setattr(cli, "build_trainer", lambda *args: trainer)
+    monkeypatch.setattr(cli, "release_process_groups", lambda barrier: released.append(barrier) or [])
+    assert cli.main([]) == 1
+    assert released == [False] and trainer.calls == []  # no final model, card or push
+    lines = capsys.readouterr().err.splitlines()
+    if not printed:
+        assert lines == []
+        return
+    assert len(lines) == 1 and lines[0].startswith("dhpo-train: error: ")
+    assert "step 5" in lines[0] and "out/checkpoint-4" in lines[0] and "stop_on_nonfinite_gradients" in lines[0]

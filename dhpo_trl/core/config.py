@@ -26,6 +26,7 @@ TRL_ROW_FIELDS = ("sapo_temperature_pos", "sapo_temperature_neg", "vespo_k_pos",
 NUMBER_FIELDS = ("token_weight", *EPSILON_FIELDS, "delta", *TRL_ROW_FIELDS)
 OPTIONAL_NUMBER_FIELDS = ("epsilon_high", "delta")
 ROUTING_REPLAY_MODES = ("none", "old", "rollout")  # MoE routing replay: live, pi_old (R2), rollout (R3)
+NONFINITE_SETTING = "stop_on_nonfinite_gradients"
 
 
 @dataclass
@@ -188,6 +189,15 @@ class DHPOConfig(GRPOConfig):
             every objective but GMPO and LUSPO; `"luspo"` (per-response token sum, mean over responses) is LUSPO's,
             set for `algorithm="luspo"`. TRL's objective names `"cispo"`, `"sapo"`, `"luspo"` and `"vespo"` select
             their rows (see `algorithm`).
+        stop_on_nonfinite_gradients (`bool` or `None`, *optional*, defaults to `None`):
+            Stop training at the first optimizer step whose gradient norm (transformers' global norm, after
+            clipping) is NaN or inf, before the optimizer step writes it into the weights: `DHPOTrainer.train()`
+            raises `NonFiniteGradientError` (one line: the step, the norm, the last checkpoint, which
+            `resume_from_checkpoint="latest"` continues from). `None` (automatic): on, except with fp16, whose loss
+            scaler skips inf steps by design and lowers the scale. `True`: on, refused with fp16. `False`: off, as
+            transformers' Trainer (the optimizer steps whatever the norm). Under DeepSpeed the engine steps inside
+            backward, before the norm is read: the run stops at that step, and the parameters are the previous
+            step's where DeepSpeed's overflow check skipped it (ZeRO's default). See docs/resume.md.
     """
 
     algorithm: str = field(
@@ -264,6 +274,13 @@ class DHPOConfig(GRPOConfig):
                           "'none' (default): live routing."},
     )  # fmt: skip
 
+    stop_on_nonfinite_gradients: bool | None = field(
+        default=None,
+        metadata={"help": "Stop at the first NaN/inf gradient norm, before the optimizer step writes it into the "
+                          "weights (an error naming the step and the last checkpoint). None (default): on unless "
+                          "fp16 (its loss scaler skips inf steps). True: on, refused with fp16. False: off."},
+    )  # fmt: skip
+
     def __post_init__(self):
         self._apply_trl_spelling()
         self._validate_dhpo_fields()
@@ -272,6 +289,7 @@ class DHPOConfig(GRPOConfig):
         super().__post_init__()  # TRL resolves steps_per_generation here
         self._validate_batching()
         self._validate_routing_replay()
+        nonfinite_check_applies(self.stop_on_nonfinite_gradients, self.fp16)
         self._warn_if_on_policy()
 
     @cached_property
@@ -288,6 +306,7 @@ class DHPOConfig(GRPOConfig):
         refuse_deepspeed_dropped_by_accelerate(self.deepspeed, os.environ)
         self._validate_batching()
         self._validate_routing_replay()
+        nonfinite_check_applies(self.stop_on_nonfinite_gradients, self.fp16)
         self._warn_if_on_policy()
 
     def _apply_trl_spelling(self) -> None:
@@ -516,6 +535,21 @@ def trl_batching_reason(config) -> str | None:
                 f"gradient_accumulation_steps ({config.gradient_accumulation_steps}), and dynamic batching regroups "
                 "sequences within each optimizer step's accumulation window")  # fmt: skip
     return None
+
+
+def nonfinite_check_applies(setting, loss_scaled: bool) -> bool:
+    """Whether `stop_on_nonfinite_gradients` checks each step's gradient norm: `None` unless an fp16 loss scaler
+    skips inf steps itself (there an inf norm is routine), `True` always (refused under such a scaler), `False`
+    never. The config asks with `fp16`, the trainer again with its accelerator's scaler."""
+    if setting is not None and not isinstance(setting, bool):
+        raise ValueError(f"DHPOConfig.{NONFINITE_SETTING}={setting!r} must be True, False or None (automatic).")
+    if setting is True and loss_scaled:
+        raise ValueError(
+            f"DHPOConfig.{NONFINITE_SETTING}=True cannot act with fp16: its loss scaler skips the steps whose "
+            f"gradients overflow and lowers the scale, by design. Leave {NONFINITE_SETTING}=None (automatic: off "
+            "with fp16), or train in bf16."
+        )
+    return setting is not False and not loss_scaled
 
 
 def uses_dynamic_batching(config) -> bool:

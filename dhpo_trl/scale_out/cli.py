@@ -10,7 +10,9 @@ number of processes actually launched (`WORLD_SIZE`), so one recipe serves 8 and
 
 Input is read cheapest first (flags and YAML keys, the device, the batch plan, the config values, the model path, the
 data, then the tokenizer and the model); a mistake in it is one `dhpo-train: error: ...` line with exit status 2
-(`dhpo_trl.user_errors`), a failure during training keeps its traceback.
+(`dhpo_trl.user_errors`), a failure during training keeps its traceback. A non-finite gradient norm
+(`stop_on_nonfinite_gradients`) stops every process at the same step: one `dhpo-train: error: ...` line naming the
+step and the checkpoint to resume, exit status 1.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_qu
 from ..core.config import DHPOConfig
 from ..scoring.data import load_math_dataset
 from ..scoring.rewards import math_verify_reward
+from ..training.nonfinite import NonFiniteGradientError
 from ..training.teardown import release_process_groups
 from ..user_errors import check_model_path, make_folder, pop_debug_flag, run_command
 
@@ -412,7 +415,8 @@ def _is_hub_id(name) -> bool:
 def main(argv=None) -> int:
     """Console entry point (`dhpo-train`): parse `argv` (default: sys.argv), build the trainer, train.
 
-    Returns 0, or 2 after a one-line `dhpo-train: error: ...` for bad input (see `dhpo_trl.user_errors`).
+    Returns 0, 2 after a one-line `dhpo-train: error: ...` for bad input (see `dhpo_trl.user_errors`), or 1 after
+    one for a non-finite gradient norm (`stop_on_nonfinite_gradients`).
     """
     argv, debug = pop_debug_flag(sys.argv[1:] if argv is None else argv)
     from ..training import trainer  # noqa: F401 - imported outside the input checks: an ImportError in it is a bug
@@ -421,7 +425,12 @@ def main(argv=None) -> int:
         script_args, training_args, model_args = parse_args(argv)
         return build_trainer(script_args, training_args, model_args), script_args
 
-    status = run_command("dhpo-train", setup, lambda built: run_training(*built), debug=debug)
+    try:
+        status = run_command("dhpo-train", setup, lambda built: run_training(*built), debug=debug)
+    except NonFiniteGradientError as error:  # raised on every process at the same step (training/nonfinite.py)
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"dhpo-train: error: {error}", file=sys.stderr, flush=True)
+        status = 1
     # The trainer is out of reach now: every process group and what holds it go before the interpreter finalises
     # (see dhpo_trl.training.teardown); a group left to finalisation can hang or abort a finished run. No barrier
     # after an input error: it may be this process's alone, and its peers would never arrive.

@@ -707,3 +707,12 @@ class GracefulStopCallback(TrainerCallback):
             control.should_training_stop = True
             self.stopped_at = state.global_step
         return control
+
+    def record(self, max_steps: int, output_dir: str) -> dict | None:
+        """`DHPOTrainer.graceful_stop`: the signal, step and checkpoint of the stop; None without one, or when it came
+        at the last step (the run had finished)."""
+        if self.stopped_at is None or self.stopped_at >= max_steps:
+            return None
+        signalled = self.request.name if self.request is not None and self.request.requested else None
+        return {"signal": signalled or "a signal to another process", "step": self.stopped_at,
+                "checkpoint": os.path.join(output_dir, f"checkpoint-{self.stopped_at}")}  # fmt: skip

@@ -44,6 +44,12 @@ class EpochRepeatSampler(RepeatSampler):
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
 
+    @staticmethod
+    def tell(sampler: EpochRepeatSampler | None, epoch_loop_kwargs: dict) -> None:
+        """Tell `sampler` (None: the trainer built none) the epoch of transformers' `_run_epoch` call, if it names one."""
+        if sampler is not None and "epoch" in epoch_loop_kwargs:
+            sampler.set_epoch(epoch_loop_kwargs["epoch"])
+
     def __iter__(self):
         epoch, self.epoch = self.epoch, self.epoch + 1
         if not self.shuffle:

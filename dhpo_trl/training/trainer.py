@@ -20,7 +20,7 @@ from ..core.losses import masked_log_ratio
 from ..core.objectives import get_objective
 from .moe import maybe_set_zero3_leaf_modules, zero3_leaf_modules_for_trl_prepared_models
 from .vllm_utils import check_vllm_setup
-from . import batching, collectives, resume, routing_replay, trl_mirror, update_path
+from . import batching, collectives, nonfinite, resume, routing_replay, trl_mirror, update_path
 from ..scoring.rewards import pop_grading_counts
 from .reward_checks import check_reward_functions
 from .sampler import EpochRepeatSampler
@@ -63,6 +63,7 @@ class DHPOTrainer(GRPOTrainer):
         if self._update.note and self.accelerator.is_main_process:
             print(self._update.note)
         self._routing = routing_replay.TrainerRouting.of(self)  # `routing_replay`: MoE only
+        self._gradient_check = nonfinite.StepCheck.of(args, self.accelerator)  # fp16 + explicit True: refused here
 
     def _generate_and_score_completions(self, inputs):
         """TRL's generation batch; with `routing_replay` on, the routing to replay added to it as rows. Logs
@@ -115,6 +116,10 @@ class DHPOTrainer(GRPOTrainer):
 
         return self._update.forward(model, trl, input_ids, attention_mask, logits_to_keep, batch_size,
                                     compute_entropy, compute_aux_loss, multimodal, self._run())  # fmt: skip
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        """transformers' global norm of the step's gradients, checked before `optimizer.step()` (nonfinite.py)."""
+        return self._gradient_check(super()._get_grad_norm(model, grad_norm), self.state.global_step + 1)
 
     def _all_reduce(self, tensor: torch.Tensor, op: str) -> torch.Tensor:  # every metric and agreement's collective
         return collectives.all_reduce(tensor, op, self.accelerator.device, self.accelerator.num_processes)
@@ -259,10 +264,7 @@ class DHPOTrainer(GRPOTrainer):
                 for callback in callbacks:
                     self.remove_callback(callback)
                 self._stop_callback = None
-        if stop.stopped_at is not None and stop.stopped_at < self.state.max_steps:  # not if it had finished
-            path = os.path.join(self._get_output_dir(trial=trial), f"checkpoint-{stop.stopped_at}")
-            signalled = request.name if request is not None and request.requested else "a signal to another process"
-            self.graceful_stop = {"signal": signalled, "step": stop.stopped_at, "checkpoint": path}
+        self.graceful_stop = stop.record(self.state.max_steps, self._get_output_dir(trial=trial))
         return output
 
     def _save_checkpoint(self, model, trial):
@@ -288,9 +290,7 @@ class DHPOTrainer(GRPOTrainer):
 
     def _run_epoch(self, *args, **kwargs):
         """transformers' epoch loop, the sampler told its epoch first (a batch skip hides it from accelerate)."""
-        sampler = getattr(self, "_epoch_sampler", None)
-        if sampler is not None and "epoch" in kwargs:
-            sampler.set_epoch(kwargs["epoch"])
+        EpochRepeatSampler.tell(getattr(self, "_epoch_sampler", None), kwargs)
         return super()._run_epoch(*args, **kwargs)
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):

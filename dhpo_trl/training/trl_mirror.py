@@ -162,6 +162,8 @@ PRIVATE: tuple[Private, ...] = (
     Private(_TRAINER, "_save_rng_state", "reads", "transformers/trainer.py", (3322, 3371), "resume.write_checkpoint"),
     Private(_TRAINER, "_push_from_checkpoint", "reads", "transformers/trainer.py", (4259, 4326),
             "resume.write_checkpoint"),
+    Private(_TRAINER, "_get_grad_norm", "overrides", "transformers/trainer.py", (2672, 2684),
+            "DHPOTrainer._get_grad_norm (nonfinite.StepCheck: a NaN/inf norm stops the run before optimizer.step())"),
     Private(_TRAINER, "_run_epoch", "overrides", "transformers/trainer.py", (1755, 1924),
             "DHPOTrainer._run_epoch (the sampler told its epoch)"),
     # transformers' loss accumulators, reset by _inner_training_loop after the restore: put back when training begins
