@@ -104,3 +104,17 @@ def test_without_the_guard_the_flags_are_untouched(tmp_path, capsys):
     seen = trainer_forwards(tmp_path, False, dynamic_batching=True, padding_free=False)
     assert seen and all(cudnn for _, cudnn in seen)
     assert "cuDNN" not in capsys.readouterr().out
+
+
+def test_the_path_note_and_the_attention_note_are_kept_apart_and_printed_together():
+    """On CUDA the attention's line comes beside the path's own note (which says why the automatic choice did not
+    pack), never in it; the trainer prints both."""
+    from dhpo_trl.training import update_path
+
+    tokenizer = build_char_tokenizer()
+    chosen = update_path.choose(False, False, True, {"model": build_tiny_qwen3(tokenizer, hidden_size=32)}, "cuda")
+    assert chosen.note is None and "cuDNN" in chosen.attention_note
+    assert chosen.notes == chosen.attention_note
+    chosen.note = "DHPOConfig.padding_free=None (automatic): dynamic batching"
+    assert chosen.notes.split("\n") == [chosen.note, chosen.attention_note]
+    assert update_path.choose(False, False, True, {"model": None}, "cpu").notes is None

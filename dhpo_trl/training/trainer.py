@@ -60,8 +60,8 @@ class DHPOTrainer(GRPOTrainer):
         self._update = update_path.choose(args.padding_free, args.share_prompts, args.dynamic_batching,
                                           {"model": self.model, "ref_model": self.ref_model},
                                           self.accelerator.device.type, trl_batching_reason(args))  # fmt: skip
-        if self._update.note and self.accelerator.is_main_process:
-            print(self._update.note)
+        if self._update.notes and self.accelerator.is_main_process:
+            print(self._update.notes)
         self._routing = routing_replay.TrainerRouting.of(self)  # `routing_replay`: MoE only
         self._gradient_check = nonfinite.StepCheck.of(args, self.accelerator)  # fp16 + explicit True: refused here
 

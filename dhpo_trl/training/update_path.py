@@ -66,9 +66,15 @@ class UpdatePath:
     micro-batches and forwards, said once."""
 
     path: Path
-    note: str | None = None  # for the main process: why the automatic choice is not the default path, and the below
+    note: str | None = None  # for the main process: why the automatic choice is not the default path
     warned: bool = False
     attention: Callable = contextlib.nullcontext  # around each training step: CUDA leaves cuDNN out (cuda_attention.py)
+    attention_note: str | None = None  # the line saying so
+
+    @property
+    def notes(self) -> str | None:
+        """The lines the main process prints once: the path's note, then the attention's."""
+        return "\n".join(note for note in (self.note, self.attention_note) if note) or None
 
     @property
     def padding_free(self) -> bool:
@@ -102,8 +108,7 @@ def choose(padding_free: bool | None, share_prompts: bool, dynamic_batching: boo
     dynamic batching cannot serve this run's TRL settings (`core.config.trl_batching_reason`), or None. Every path
     gets the attention context of `cuda_attention.for_update(device_type)`."""
     chosen = _choose(padding_free, share_prompts, dynamic_batching, models, device_type, trl_only)
-    chosen.attention, attention_note = cuda_attention.for_update(device_type)
-    chosen.note = "\n".join(note for note in (chosen.note, attention_note) if note) or None
+    chosen.attention, chosen.attention_note = cuda_attention.for_update(device_type)
     return chosen
 
 
