@@ -2,9 +2,9 @@
 
 transformers' Trainer computes the gradient norm of every optimizer step (`Trainer._get_grad_norm`: the norm before
 clipping, handed over after clipping and before `optimizer.step()`) and steps whatever it is: one NaN gradient makes
-every parameter NaN and the run goes on training nothing. `DHPOTrainer._get_grad_norm` hands the norm to `StepCheck`, which returns it or raises
-`NonFiniteGradientError` naming the step, the norm, the state of the parameters and the last checkpoint, which
-`resume_from_checkpoint="latest"` continues from.
+every parameter NaN and the run goes on training nothing. `DHPOTrainer._get_grad_norm` hands the norm to
+`StepCheck`, which returns it or raises `NonFiniteGradientError` naming the step, the norm, the state of the
+parameters and the last checkpoint, which `resume_from_checkpoint="latest"` continues from.
 
 Every process takes the same decision without a collective of its own: the norm transformers returns is the global
 one on each. Under DDP every process holds the same all-reduced gradients and computes the same norm from them;
