@@ -114,7 +114,7 @@ def test_two_processes_stop_at_the_same_step_when_one_sees_the_nan(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-def test_under_deepspeed_the_skipped_step_stops_and_a_missing_norm_refuses_true(tmp_path):
+def test_two_processes_under_deepspeed_stop_at_the_skipped_step_and_refuse_true_without_a_norm(tmp_path):
     """DeepSpeed on 2 CPU processes, the NaN in rank 1's forwards at step 2. ZeRO-2: the engine skips the step inside
     backward and reports an inf norm; both ranks raise for step 2, the message naming DeepSpeed, step 1's weights
     kept. No ZeRO in fp32 (no norm): `True` cannot act and is refused naming the setting on both ranks."""

@@ -54,7 +54,8 @@ def run(out_dir, stage: int, setting) -> dict:
 
     model.model.norm.register_forward_hook(nan_on_rank_1)
     deepspeed = {"zero_optimization": {"stage": stage}, "train_micro_batch_size_per_gpu": "auto",
-                 "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "bf16": {"enabled": False}}  # fmt: skip
+                 "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
+                 "bf16": {"enabled": False}}  # fmt: skip
     args = DHPOConfig(
         os.path.join(out_dir, f"zero{stage}"), use_cpu=True, bf16=False, report_to="none", save_strategy="no",
         max_steps=2, logging_steps=1, per_device_train_batch_size=2, num_generations=2, gradient_accumulation_steps=2,
@@ -75,7 +76,9 @@ def run(out_dir, stage: int, setting) -> dict:
     except ValueError as error:
         result.update(outcome="refused", refused_setting="stop_on_nonfinite_gradients" in str(error))
     parameters = dict(trainer.model.named_parameters())
-    result["unchanged"] = bool(after.after) and all(torch.equal(parameters[n].detach(), p) for n, p in after.after.items())
+    result["unchanged"] = bool(after.after) and all(
+        torch.equal(parameters[name].detach(), kept) for name, kept in after.after.items()
+    )
     result["finite"] = all(bool(torch.isfinite(p).all()) for p in parameters.values())
     return result
 
