@@ -16,6 +16,8 @@ from dhpo_trl import DHPOConfig, DHPOTrainer, NonFiniteGradientError
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
 
 SCRIPT = Path(__file__).parent / "dist_scripts" / "nonfinite_distributed.py"
+DEEPSPEED_SCRIPT = Path(__file__).parent / "dist_scripts" / "nonfinite_deepspeed.py"
+REPO = Path(__file__).parent.parent
 POISONED_STEP = 2  # the optimizer step (1-based, as checkpoint-<step>) whose gradient forwards return NaN
 
 
@@ -110,3 +112,20 @@ def test_two_processes_stop_at_the_same_step_when_one_sees_the_nan(tmp_path):
              if (tmp_path / f"rank{rank}.json").exists()]  # fmt: skip
     assert [(d["stopped"], d["unchanged"]) for d in dumps] == [(POISONED_STEP, True)] * 2, result.stderr[-3000:]
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_two_processes_under_deepspeed_stop_at_the_skipped_step_and_refuse_true_without_a_norm(tmp_path):
+    """DeepSpeed on 2 CPU processes, the NaN in rank 1's forwards at step 2. ZeRO-2: the engine skips the step inside
+    backward and reports an inf norm; both ranks raise for step 2, the message naming DeepSpeed, step 1's weights
+    kept. No ZeRO in fp32 (no norm): `True` cannot act and is refused naming the setting on both ranks."""
+    pytest.importorskip("deepspeed")
+    env = {**{k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"},
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    result = processes.forked_ranks(DEEPSPEED_SCRIPT, tmp_path, timeout=300, accelerate_cpu=False, env=env, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    dumps = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    for dump in dumps:
+        zero2, zero0 = dump["zero2"], dump["zero0_true"]
+        assert (zero2["outcome"], zero2["step"], zero2["norm"]) == ("stopped", POISONED_STEP, float("inf")), zero2
+        assert zero2["deepspeed_named"] and zero2["unchanged"] and zero2["finite"], zero2
+        assert (zero0["outcome"], zero0["refused_setting"]) == ("refused", True), zero0

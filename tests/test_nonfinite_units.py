@@ -138,3 +138,30 @@ def test_the_last_checkpoint_is_the_one_latest_resumes(tmp_path):
     with pytest.raises(NonFiniteGradientError) as raised:
         check(torch.tensor(float("nan")), 4)
     assert raised.value.checkpoint == str(complete) and raised.value.step == 4
+
+
+def test_without_a_norm_an_explicit_true_is_refused_and_automatic_says_once_that_it_is_off(capsys):
+    """DeepSpeed without a norm (ZeRO stage 0 in fp32, or `compute_grad_norm` false) hands over None at every step:
+    the check cannot act, so `True` is refused naming the setting, and `None` prints one line that the check is off."""
+    explicit = nonfinite.StepCheck(True, "out", stepped=True, explicit=True)
+    with pytest.raises(ValueError, match=NONFINITE_SETTING):
+        explicit(None, 1)
+    lines = []
+    automatic = nonfinite.StepCheck(True, "out", stepped=True, say=lines.append)
+    assert automatic(None, 1) is None and automatic(None, 2) is None
+    assert len(lines) == 1 and NONFINITE_SETTING in lines[0] and not automatic.check
+    with pytest.raises(NonFiniteGradientError):  # a norm, when there is one, is still checked by an active check
+        nonfinite.StepCheck(True, "out", stepped=True, say=lines.append)(float("inf"), 1)
+    off = nonfinite.StepCheck(False, "out", stepped=True, explicit=False, say=lines.append)
+    assert off(None, 1) is None and len(lines) == 1  # off (False, or fp16): nothing to say
+
+
+def test_the_trainer_check_knows_an_explicit_true_and_speaks_on_the_main_process_only(tmp_path, capsys):
+    args = SimpleNamespace(stop_on_nonfinite_gradients=True, fp16=False, fp16_full_eval=False, output_dir=str(tmp_path))
+    with pytest.raises(ValueError, match=NONFINITE_SETTING):
+        nonfinite.StepCheck.of(args, accelerator(DistributedType.DEEPSPEED))(None, 1)
+    args.stop_on_nonfinite_gradients = None
+    for main, printed in ((True, 1), (False, 0)):
+        acc = SimpleNamespace(distributed_type=DistributedType.DEEPSPEED, scaler=None, is_main_process=main)
+        nonfinite.StepCheck.of(args, acc)(None, 1)
+        assert len([line for line in capsys.readouterr().out.splitlines() if NONFINITE_SETTING in line]) == printed

@@ -190,14 +190,16 @@ class DHPOConfig(GRPOConfig):
             set for `algorithm="luspo"`. TRL's objective names `"cispo"`, `"sapo"`, `"luspo"` and `"vespo"` select
             their rows (see `algorithm`).
         stop_on_nonfinite_gradients (`bool` or `None`, *optional*, defaults to `None`):
-            Stop training at the first optimizer step whose gradient norm (transformers' global norm, after
+            Stop training at the first optimizer step whose gradient norm (transformers' global norm, before
             clipping) is NaN or inf, before the optimizer step writes it into the weights: `DHPOTrainer.train()`
             raises `NonFiniteGradientError` (one line: the step, the norm, the last checkpoint, which
             `resume_from_checkpoint="latest"` continues from). `None` (automatic): on, except with fp16, whose loss
             scaler skips inf steps by design and lowers the scale. `True`: on, refused with fp16. `False`: off, as
             transformers' Trainer (the optimizer steps whatever the norm). Under DeepSpeed the engine steps inside
             backward, before the norm is read: the run stops at that step, and the parameters are the previous
-            step's where DeepSpeed's overflow check skipped it (ZeRO's default). See docs/resume.md.
+            step's where DeepSpeed's overflow check skipped it (ZeRO's default). Where DeepSpeed computes no norm
+            (ZeRO stage 0 in fp32, `compute_grad_norm` false), `None` prints that the check is off and `True` is
+            refused at the first step. See docs/resume.md.
     """
 
     algorithm: str = field(

@@ -1,10 +1,10 @@
 """Stop a run at the first non-finite gradient norm, before the optimizer step writes NaN into the weights.
 
-transformers' Trainer computes the gradient norm of every optimizer step (`Trainer._get_grad_norm`, after clipping,
-before `optimizer.step()`) and steps whatever it is: one NaN gradient makes every parameter NaN and the run goes on
-training nothing. `DHPOTrainer._get_grad_norm` hands the norm to `StepCheck`, which returns it or raises
-`NonFiniteGradientError` naming the step, the norm, the state of the parameters and the last checkpoint, which
-`resume_from_checkpoint="latest"` continues from.
+transformers' Trainer computes the gradient norm of every optimizer step (`Trainer._get_grad_norm`: the norm before
+clipping, handed over after clipping and before `optimizer.step()`) and steps whatever it is: one NaN gradient makes
+every parameter NaN and the run goes on training nothing. `DHPOTrainer._get_grad_norm` hands the norm to
+`StepCheck`, which returns it or raises `NonFiniteGradientError` naming the step, the norm, the state of the
+parameters and the last checkpoint, which `resume_from_checkpoint="latest"` continues from.
 
 Every process takes the same decision without a collective of its own: the norm transformers returns is the global
 one on each. Under DDP every process holds the same all-reduced gradients and computes the same norm from them;
@@ -66,20 +66,39 @@ def loss_scaled(accelerator, fp16: bool) -> bool:
     return getattr(accelerator, "scaler", None) is not None or (deepspeed and bool(fp16))
 
 
-class StepCheck:
-    """The trainer's check: what `applies` decided once, and where the last checkpoint is looked for."""
+def without_norm(explicit: bool) -> str:
+    """The line saying that no step can be checked, when transformers hands over no norm: DeepSpeed's engine computes
+    none in ZeRO stage 0 with fp32 (a plain torch optimizer) or with `zero_optimization.compute_grad_norm` false. An
+    explicit `True` cannot act there and is refused, naming the setting."""
+    reason = (f"{SETTING}: DeepSpeed reports no gradient norm (ZeRO stage 0 in fp32, or "
+              "zero_optimization.compute_grad_norm=false), so no optimizer step can be checked")  # fmt: skip
+    if explicit:
+        raise ValueError(f"DHPOConfig.{reason}. Train in bf16 or with ZeRO stage 1-3, the norm computed, or leave "
+                         f"{SETTING}=None (automatic: off here).")  # fmt: skip
+    return f"{reason}; the check is off."
 
-    def __init__(self, check: bool, output_dir: str, stepped: bool):
-        self.check, self.output_dir, self.stepped = check, output_dir, stepped
+
+class StepCheck:
+    """The trainer's check: what `applies` decided once, whether the setting asked for it explicitly (`True`), and
+    where the last checkpoint is looked for. `say` prints (the main process's) one line."""
+
+    def __init__(self, check: bool, output_dir: str, stepped: bool, explicit: bool = False, say=print):
+        self.check, self.output_dir, self.stepped, self.explicit, self.say = check, output_dir, stepped, explicit, say
 
     @classmethod
     def of(cls, args, accelerator) -> StepCheck:
         # transformers turns DeepSpeed's fp16 on for fp16_full_eval too (`HfTrainerDeepSpeedConfig`)
         fp16 = args.fp16 or args.fp16_full_eval
-        check = nonfinite_check_applies(getattr(args, SETTING), loss_scaled(accelerator, fp16))
-        return cls(check, args.output_dir, accelerator.distributed_type == DistributedType.DEEPSPEED)
+        setting = getattr(args, SETTING)
+        check = nonfinite_check_applies(setting, loss_scaled(accelerator, fp16))
+        say = print if getattr(accelerator, "is_main_process", True) else (lambda line: None)
+        return cls(check, args.output_dir, accelerator.distributed_type == DistributedType.DEEPSPEED,
+                   explicit=setting is True, say=say)  # fmt: skip
 
     def __call__(self, norm, step: int):
+        if norm is None and self.check:  # the engine's configuration decides it: the same on every process, every step
+            self.say(without_norm(self.explicit))
+            self.check = False
         return checked(norm, step, self.check, self.last_checkpoint, self.stepped)
 
     def last_checkpoint(self) -> str | None:
