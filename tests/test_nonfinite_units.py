@@ -2,6 +2,7 @@
 a run, for which step, and where the setting acts or is refused."""
 
 import math
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -60,11 +61,29 @@ def test_a_sharded_norm_is_made_whole_before_it_is_read():
 
 def test_the_message_says_what_the_parameters_hold():
     first = NonFiniteGradientError(1, float("nan"), None)
+    second = NonFiniteGradientError(2, float("nan"), None)
     later = NonFiniteGradientError(5, float("inf"), "o/checkpoint-4")
     deepspeed = NonFiniteGradientError(5, float("inf"), None, stepped=True)
     assert "initial parameters" in str(first) and "no checkpoint" in str(first)
+    assert "after step 1" in str(second) and "initial" not in str(second)
     assert "after step 4" in str(later) and "o/checkpoint-4" in str(later)
     assert "DeepSpeed" in str(deepspeed) and "DeepSpeed" not in str(later)
+
+
+@pytest.mark.parametrize("stepped", [False, True])
+def test_the_error_says_whether_deepspeed_stepped_through_every_entry_point(tmp_path, stepped):
+    """`stepped` reaches the message from `checked` and from the trainer's `StepCheck`; `checked` without it is a
+    check before the optimizer step (every backend but DeepSpeed)."""
+    errors = []
+    for call in (lambda: nonfinite.checked(float("nan"), 3, True, stepped=stepped),
+                 lambda: nonfinite.StepCheck(True, str(tmp_path), stepped=stepped)(torch.tensor(float("inf")), 3)):
+        with pytest.raises(NonFiniteGradientError) as raised:
+            call()
+        errors.append(str(raised.value))
+    with pytest.raises(NonFiniteGradientError) as default:
+        nonfinite.checked(float("nan"), 3, True)
+    assert ["DeepSpeed" in error for error in errors] == [stepped, stepped]
+    assert "DeepSpeed" not in str(default.value) and "before the optimizer step" in str(default.value)
 
 
 @pytest.mark.parametrize(
@@ -125,16 +144,45 @@ def test_the_trainer_check_refuses_true_under_a_scaler_the_config_could_not_see(
     assert check.check and check.stepped
 
 
+@pytest.mark.parametrize(("fp16", "fp16_full_eval"), [(True, False), (False, True), (True, True)])
+def test_under_deepspeed_fp16_or_fp16_full_eval_leaves_inf_steps_to_its_loss_scaler(tmp_path, fp16, fp16_full_eval):
+    """transformers turns DeepSpeed's fp16 (and its loss scaler) on for either flag: the automatic check is off and
+    an explicit True is refused; without either flag the check is on (the test above)."""
+    args = SimpleNamespace(stop_on_nonfinite_gradients=None, fp16=fp16, fp16_full_eval=fp16_full_eval,
+                           output_dir=str(tmp_path))  # fmt: skip
+    assert not nonfinite.StepCheck.of(args, accelerator(DistributedType.DEEPSPEED)).check
+    args.stop_on_nonfinite_gradients = True
+    with pytest.raises(ValueError, match=NONFINITE_SETTING):
+        nonfinite.StepCheck.of(args, accelerator(DistributedType.DEEPSPEED))
+
+
+def test_an_accelerator_without_a_scaler_or_a_process_rank_is_unscaled_and_speaks(tmp_path, capsys):
+    """A stand-in accelerator holding only its `distributed_type` (no `scaler`, no `is_main_process`): no loss
+    scaler, and it is the main process, so the automatic check's line is printed."""
+    bare = SimpleNamespace(distributed_type=DistributedType.DEEPSPEED)
+    assert nonfinite.loss_scaled(bare, False) is False
+    args = SimpleNamespace(stop_on_nonfinite_gradients=None, fp16=False, fp16_full_eval=False, output_dir=str(tmp_path))
+    check = nonfinite.StepCheck.of(args, bare)
+    assert check.check and check(None, 1) is None
+    assert NONFINITE_SETTING in capsys.readouterr().out
+
+
 def test_the_last_checkpoint_is_the_one_latest_resumes(tmp_path):
     check = nonfinite.StepCheck(True, str(tmp_path), stepped=False)
     assert check.last_checkpoint() is None  # no checkpoint
     (tmp_path / "checkpoint-3").mkdir()  # half-written: not resumable, and `latest` refuses the folder
     assert check.last_checkpoint() is None
+    with warnings.catch_warnings():  # the half-written folder is skipped silently: the error names what resumes
+        warnings.simplefilter("error")
+        assert check.last_checkpoint() is None
     complete = tmp_path / "checkpoint-2"
     complete.mkdir()
     (complete / "optimizer.pt").write_bytes(b"x")
     resume.mark_complete(str(complete), {}, 2)
-    assert check.last_checkpoint() == resume.newest_complete_checkpoint(str(tmp_path), lambda _: None) == str(complete)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert check.last_checkpoint() == str(complete)
+    assert resume.newest_complete_checkpoint(str(tmp_path), lambda _: None) == str(complete)
     with pytest.raises(NonFiniteGradientError) as raised:
         check(torch.tensor(float("nan")), 4)
     assert raised.value.checkpoint == str(complete) and raised.value.step == 4
@@ -150,6 +198,7 @@ def test_without_a_norm_an_explicit_true_is_refused_and_automatic_says_once_that
     automatic = nonfinite.StepCheck(True, "out", stepped=True, say=lines.append)
     assert automatic(None, 1) is None and automatic(None, 2) is None
     assert len(lines) == 1 and NONFINITE_SETTING in lines[0] and not automatic.check
+    assert "zero_optimization.compute_grad_norm" in lines[0]
     with pytest.raises(NonFiniteGradientError):  # a norm, when there is one, is still checked by an active check
         nonfinite.StepCheck(True, "out", stepped=True, say=lines.append)(float("inf"), 1)
     off = nonfinite.StepCheck(False, "out", stepped=True, explicit=False, say=lines.append)
