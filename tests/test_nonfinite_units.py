@@ -75,8 +75,10 @@ def test_the_error_says_whether_deepspeed_stepped_through_every_entry_point(tmp_
     """`stepped` reaches the message from `checked` and from the trainer's `StepCheck`; `checked` without it is a
     check before the optimizer step (every backend but DeepSpeed)."""
     errors = []
-    for call in (lambda: nonfinite.checked(float("nan"), 3, True, stepped=stepped),
-                 lambda: nonfinite.StepCheck(True, str(tmp_path), stepped=stepped)(torch.tensor(float("inf")), 3)):
+    for call in (
+        lambda: nonfinite.checked(float("nan"), 3, True, stepped=stepped),
+        lambda: nonfinite.StepCheck(True, str(tmp_path), stepped=stepped)(torch.tensor(float("inf")), 3),
+    ):
         with pytest.raises(NonFiniteGradientError) as raised:
             call()
         errors.append(str(raised.value))
@@ -161,7 +163,9 @@ def test_an_accelerator_without_a_scaler_or_a_process_rank_is_unscaled_and_speak
     scaler, and it is the main process, so the automatic check's line is printed."""
     bare = SimpleNamespace(distributed_type=DistributedType.DEEPSPEED)
     assert nonfinite.loss_scaled(bare, False) is False
-    args = SimpleNamespace(stop_on_nonfinite_gradients=None, fp16=False, fp16_full_eval=False, output_dir=str(tmp_path))
+    args = SimpleNamespace(
+        stop_on_nonfinite_gradients=None, fp16=False, fp16_full_eval=False, output_dir=str(tmp_path)
+    )
     check = nonfinite.StepCheck.of(args, bare)
     assert check.check and check(None, 1) is None
     assert NONFINITE_SETTING in capsys.readouterr().out
@@ -206,7 +210,9 @@ def test_without_a_norm_an_explicit_true_is_refused_and_automatic_says_once_that
 
 
 def test_the_trainer_check_knows_an_explicit_true_and_speaks_on_the_main_process_only(tmp_path, capsys):
-    args = SimpleNamespace(stop_on_nonfinite_gradients=True, fp16=False, fp16_full_eval=False, output_dir=str(tmp_path))
+    args = SimpleNamespace(
+        stop_on_nonfinite_gradients=True, fp16=False, fp16_full_eval=False, output_dir=str(tmp_path)
+    )
     with pytest.raises(ValueError, match=NONFINITE_SETTING):
         nonfinite.StepCheck.of(args, accelerator(DistributedType.DEEPSPEED))(None, 1)
     args.stop_on_nonfinite_gradients = None
