@@ -3,6 +3,8 @@ and the trainer running every gradient forward, recomputed ones included, inside
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from datasets import Dataset
@@ -35,7 +37,7 @@ def test_cudnn_is_left_out_on_cuda_from_torch_2_11_unless_already_off(device, ve
 def test_a_backend_the_user_turned_off_stays_off_and_cudnn_alone_is_refused():
     kept = cuda_attention.update_backends("cuda", "2.12.0", [SDPBackend.CUDNN_ATTENTION, SDPBackend.MATH])
     assert kept == [SDPBackend.MATH]
-    with pytest.raises(ValueError, match="enable_mem_efficient_sdp"):
+    with pytest.raises(ValueError, match=re.escape("torch.backends.cuda.enable_mem_efficient_sdp(True)")):
         cuda_attention.update_backends("cuda", "2.12.0", [SDPBackend.CUDNN_ATTENTION])
 
 
@@ -58,6 +60,13 @@ def test_on_cpu_nothing_is_left_out_and_nothing_said():
     assert note is None
     with context():
         assert torch.backends.cuda.cudnn_sdp_enabled()
+
+
+def test_on_cuda_the_guard_is_the_context_and_the_note_names_torch_and_the_doc():
+    """SDPA's flags are on by default on a CPU build too, so the decision for "cuda" is the one a GPU run takes."""
+    context, note = cuda_attention.for_update("cuda")
+    assert context is cuda_attention.without_cudnn
+    assert torch.__version__ in note and "docs/cuda_attention.md" in note and "pytorch/pytorch#196678" in note
 
 
 def sdpa_flags():
