@@ -184,3 +184,20 @@ def test_the_cli_reports_a_stop_in_one_line_with_the_signals_status(tmp_path, mo
     assert exited.value.code == 128 + signal.SIGTERM
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "SIGTERM after step 3" in err[0]
+
+
+def test_the_cli_reports_a_nonfinite_gradient_in_one_line_with_status_1(tmp_path, monkeypatch, capsys):
+    """As `dhpo-train`: the error's one line (the step it names) and exit status 1, no traceback; `--debug` re-raises."""
+    from dhpo_trl import NonFiniteGradientError
+
+    def diverged(*args, **kwargs):
+        raise NonFiniteGradientError(7, float("nan"), None, False)
+
+    monkeypatch.setattr(embedded, "run_embedded", diverged)
+    with pytest.raises(SystemExit) as exited:
+        main(["--output-dir", str(tmp_path / "out")])
+    assert exited.value.code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("python -m dhpo_trl: error: ") and "step 7" in err[0]
+    with pytest.raises(NonFiniteGradientError):
+        main(["--output-dir", str(tmp_path / "out"), "--debug"])

@@ -31,7 +31,8 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
 from ..core.presets import PAPER_ALGORITHMS, config_for
 from ..scoring.rewards import math_verify_reward
-from ..user_errors import DEBUG_FLAG, DEBUG_HELP, make_folder, positive_int, run_command
+from ..training.nonfinite import NonFiniteGradientError
+from ..user_errors import DEBUG_FLAG, DEBUG_HELP, make_folder, one_line, positive_int, run_command
 from .arithmetic import Problem, make_splits, to_dataset
 from .warmstart import WarmStartSettings, greedy_completions, load_or_warm_start
 
@@ -498,6 +499,11 @@ def main(argv: list[str] | None = None) -> int:
             )  # fmt: skip
         except TrainingStopped as stopped:
             raise SystemExit(stopped.report("python -m dhpo_trl:")) from None
+        except NonFiniteGradientError as error:  # one line and status 1, as dhpo-train says it
+            if options.debug:
+                raise
+            print(f"python -m dhpo_trl: error: {one_line(error)}", file=sys.stderr)
+            raise SystemExit(1) from None
         _print_summary(summary)
 
     return run_command("python -m dhpo_trl", setup, work, debug=options.debug)
