@@ -24,50 +24,18 @@ from dhpo_trl.demo.tiny import use_deepspeed_on_cpu  # noqa: E402
 use_deepspeed_on_cpu()  # before deepspeed is first imported
 
 import torch  # noqa: E402
-from datasets import Dataset  # noqa: E402
-from transformers import TrainerCallback  # noqa: E402
+from nonfinite_distributed import nonfinite_trainer  # noqa: E402  (this script's folder is first on sys.path)
 
-from dhpo_trl import DHPOConfig, DHPOTrainer, NonFiniteGradientError  # noqa: E402
-from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3  # noqa: E402
+from dhpo_trl import NonFiniteGradientError  # noqa: E402
 from dhpo_trl.training.teardown import release_process_groups  # noqa: E402
 
 
-class AfterStep1(TrainerCallback):
-    def __init__(self, trainer):
-        self.trainer, self.after = trainer, {}
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == 1:  # the engine's module: ZeRO-2 keeps every parameter whole on every rank
-            self.after = {name: p.detach().clone() for name, p in self.trainer.model.named_parameters()}
-
-
 def run(out_dir, stage: int, setting) -> dict:
-    rank = int(os.environ["RANK"])
-    tokenizer = build_char_tokenizer()
-    model = build_tiny_qwen3(tokenizer, hidden_size=32, num_layers=2, seed=0)
-    box = []
-
-    def nan_on_rank_1(module, inputs, output):
-        if rank == 1 and torch.is_grad_enabled() and box[0].state.global_step == 1:
-            return output * float("nan")
-        return None
-
-    model.model.norm.register_forward_hook(nan_on_rank_1)
     deepspeed = {"zero_optimization": {"stage": stage}, "train_micro_batch_size_per_gpu": "auto",
                  "gradient_accumulation_steps": "auto", "gradient_clipping": "auto",
                  "bf16": {"enabled": False}}  # fmt: skip
-    args = DHPOConfig(
-        os.path.join(out_dir, f"zero{stage}"), use_cpu=True, bf16=False, report_to="none", save_strategy="no",
-        max_steps=2, logging_steps=1, per_device_train_batch_size=2, num_generations=2, gradient_accumulation_steps=2,
-        steps_per_generation=4, max_completion_length=6, learning_rate=1e-2, deepspeed=deepspeed,
-        stop_on_nonfinite_gradients=setting,
-    )  # fmt: skip
-    trainer = DHPOTrainer(model, lambda completions, **kw: [float(sum(map(ord, c)) % 7) for c in completions],
-                          args=args, train_dataset=Dataset.from_dict({"prompt": ["1+1=", "2+3=", "4+4=", "9+1="] * 2}),
-                          processing_class=tokenizer)  # fmt: skip
-    box.append(trainer)
-    after = AfterStep1(trainer)
-    trainer.add_callback(after)
+    trainer, after = nonfinite_trainer(os.path.join(out_dir, f"zero{stage}"), max_steps=2, deepspeed=deepspeed,
+                                       stop_on_nonfinite_gradients=setting)  # fmt: skip
     result = {"outcome": "finished", "step": None, "norm": None, "deepspeed_named": False, "refused_setting": None}
     try:
         trainer.train()
@@ -75,11 +43,8 @@ def run(out_dir, stage: int, setting) -> dict:
         result.update(outcome="stopped", step=error.step, norm=error.norm, deepspeed_named="DeepSpeed" in str(error))
     except ValueError as error:
         result.update(outcome="refused", refused_setting="stop_on_nonfinite_gradients" in str(error))
-    parameters = dict(trainer.model.named_parameters())
-    result["unchanged"] = bool(after.after) and all(
-        torch.equal(parameters[name].detach(), kept) for name, kept in after.after.items()
-    )
-    result["finite"] = all(bool(torch.isfinite(p).all()) for p in parameters.values())
+    result["unchanged"] = after.unchanged()
+    result["finite"] = all(bool(torch.isfinite(p).all()) for p in trainer.model.parameters())
     return result
 
 

@@ -27,17 +27,27 @@ from dhpo_trl.training.teardown import release_process_groups  # noqa: E402
 
 
 class AfterStep1(TrainerCallback):
-    def __init__(self, model):
-        self.model, self.after = model, {}
+    """Keeps the trainer's parameters after optimizer step 1 (under DeepSpeed the engine's module: ZeRO-2 keeps every
+    parameter whole on every rank)."""
+
+    def __init__(self, trainer):
+        self.trainer, self.after = trainer, {}
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == 1:
-            self.after = {name: p.detach().clone() for name, p in self.model.named_parameters()}
+            self.after = {name: p.detach().clone() for name, p in self.trainer.model.named_parameters()}
+
+    def unchanged(self) -> bool:
+        """Whether the parameters are still those after step 1 (False if step 1 never ended)."""
+        parameters = dict(self.trainer.model.named_parameters())
+        return bool(self.after) and all(torch.equal(parameters[n].detach(), kept) for n, kept in self.after.items())
 
 
-def run(out_dir) -> dict:
+def nonfinite_trainer(output_dir: str, **settings) -> tuple[DHPOTrainer, AfterStep1]:
+    """A tiny off-policy DHPO trainer whose rank 1 returns NaN from the model's final norm in every forward that takes
+    gradients during optimizer step 2, and the callback keeping its parameters after step 1. `settings` go to
+    `DHPOConfig` (max_steps, ddp_timeout, deepspeed, stop_on_nonfinite_gradients)."""
     rank = int(os.environ["RANK"])
-    torch.set_num_threads(1)
     tokenizer = build_char_tokenizer()
     model = build_tiny_qwen3(tokenizer, hidden_size=32, num_layers=2, seed=0)
     box = []
@@ -49,24 +59,30 @@ def run(out_dir) -> dict:
 
     model.model.norm.register_forward_hook(nan_on_rank_1)
     args = DHPOConfig(
-        out_dir, use_cpu=True, bf16=False, report_to="none", save_strategy="no", max_steps=3, logging_steps=1,
+        output_dir, use_cpu=True, bf16=False, report_to="none", save_strategy="no", logging_steps=1,
         per_device_train_batch_size=2, num_generations=2, gradient_accumulation_steps=2, steps_per_generation=4,
-        max_completion_length=6, learning_rate=1e-2, ddp_timeout=60,
+        max_completion_length=6, learning_rate=1e-2, **settings,
     )  # fmt: skip
     trainer = DHPOTrainer(model, lambda completions, **kw: [float(sum(map(ord, c)) % 7) for c in completions],
                           args=args, train_dataset=Dataset.from_dict({"prompt": ["1+1=", "2+3=", "4+4=", "9+1="] * 2}),
                           processing_class=tokenizer)  # fmt: skip
-    assert trainer.accelerator.num_processes == 2
     box.append(trainer)
-    after = AfterStep1(model)
+    after = AfterStep1(trainer)
     trainer.add_callback(after)
+    return trainer, after
+
+
+def run(out_dir) -> dict:
+    rank = int(os.environ["RANK"])
+    torch.set_num_threads(1)
+    trainer, after = nonfinite_trainer(out_dir, max_steps=3, ddp_timeout=60)
+    assert trainer.accelerator.num_processes == 2
     try:
         trainer.train()
         stopped = None
     except NonFiniteGradientError as error:
         stopped = error.step
-    unchanged = bool(after.after) and all(torch.equal(p.detach(), after.after[n]) for n, p in model.named_parameters())
-    result = {"rank": rank, "stopped": stopped, "unchanged": unchanged}
+    result = {"rank": rank, "stopped": stopped, "unchanged": after.unchanged()}
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as handle:
         json.dump(result, handle)
     return result
