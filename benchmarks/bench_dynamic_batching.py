@@ -76,8 +76,12 @@ PROFILE_MICRO_STEPS = 2
 class TRLTrainer(GRPOTrainer):
     """trl.GRPOTrainer, its steps in the SDPA context DHPOTrainer's steps run in (`cuda_attention.for_update`)."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._update_attention = cuda_attention.for_update(self.accelerator.device.type)[0]  # decided once, as ours
+
     def training_step(self, model, inputs, num_items_in_batch=None):
-        with cuda_attention.for_update(self.accelerator.device.type)[0]():
+        with self._update_attention():
             return super().training_step(model, inputs, num_items_in_batch)
 
 
@@ -298,7 +302,7 @@ def run_once(name: str, options, tokenizer, dataset, output_dir: str, measure_me
     probe.release()
     parameters = sum(p.numel() for p in model.parameters())
     # the probe outlives the run: it must hold nothing of the trainer, or every run's model, gradients and batches
-    # stay on the GPU (the 1.7B shape ran out of an H100's 80 GB by the fifth run that way)
+    # stay on the GPU (at the 1.7B shape, an H100's 80 GB hold four such runs)
     del trainer, model, start
     gc.collect()
     if options.device == "cuda":
