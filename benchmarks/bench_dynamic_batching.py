@@ -11,6 +11,11 @@ Three trainers run the same locally built Qwen3, the same prompts, seed and comp
              real tokens of one packed row)
     shared   as packed, with share_prompts=True: a prompt shared by sequences of one packed row is forwarded once
 
+An arm written `NAME@BxA` (`packed@16x2`) trains at B rows per micro-step and A accumulation steps instead of
+--batch-size x --accumulation, B x A equal to the base shape's: steps_per_generation 2 x A keeps the generation batch,
+so every optimizer step trains the same sequences and the update gap to TRL still says whether the update is the same.
+Fewer, larger micro-steps test whether per-micro-step cost bounds the update; its timed runs are --wide-repeats.
+
 Completions come from a `rollout_func` with the long tail of RLVR responses: lognormal lengths with median
 max/8 (--median-fraction), some cut at the maximum; prompts of 16 to --max-prompt (64) tokens. Sampling costs
 nothing here, so the figures are the policy update's. Two optimizer steps per generation batch (the paper's
@@ -28,7 +33,12 @@ Figures per trainer (medians over repeats):
 * shared: prompt tokens its update rows forward / the same sequences' prompt tokens, as TRL's shuffle left them in
   each accumulation window (and the same for the old-log-prob pass's rows over the whole generation batch);
 * the packed attention calls per kernel (`dhpo_trl.training.attention_kernels`: a varlen kernel or the
-  per-sequence SDPA loop).
+  per-sequence SDPA loop);
+* each arm's shape (rows, accumulation, steps_per_generation, token budget) and its largest update pass in
+  forwarded tokens (what bounds a micro-step's activation memory);
+* a profiled arm (--profile): its top operators and, per micro-step of the profiled window
+  (`dhpo_trl.training.step_profile`), wall seconds, aten operators, kernel launches, host-device synchronisations,
+  the device-busy fraction (CUDA) and the attention operators' share of host time.
 On CUDA also MFU: the update's model FLOPs (`update_flops`: matrix products, the LM head on completion tokens, causal
 attention; forward + backward, padding not counted) / update time / the GPU's dense bf16 peak (`--peak-tflops`, or
 `peak_tflops` of the device's name). `--shape qwen3-0.6b|qwen3-1.7b` trains a released Qwen3's shape with random
@@ -50,6 +60,7 @@ import random
 import statistics
 import tempfile
 import time
+from contextlib import nullcontext
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRL_DISABLE_TELEMETRY", "1")
@@ -64,13 +75,36 @@ from trl import GRPOConfig, GRPOTrainer  # noqa: E402
 from dhpo_trl import DHPOTrainer  # noqa: E402
 from dhpo_trl.core.presets import PAPER_ALGORITHMS, config_for  # noqa: E402
 from dhpo_trl.demo.tiny import QWEN3_SHAPES, build_char_tokenizer, build_qwen3_shape, build_tiny_qwen3  # noqa: E402
-from dhpo_trl.training import attention_kernels, batching, cuda_attention, shared_prompts  # noqa: E402
+from dhpo_trl.training import attention_kernels, batching, cuda_attention, shared_prompts, step_profile  # noqa: E402
 
 TRAINERS = ("trl", "fixed", "dynamic", "packed", "shared")
 # A profiled run records this many micro-steps of its second optimizer step (no scoring inside): the update's
 # operators, in few enough events that the profiler's bookkeeping stays small; a run profiled whole at the 1.7B shape
 # outlasted the rest of its 240 s box on an H100.
 PROFILE_MICRO_STEPS = 2
+PROFILE_MARKER = "bench_micro_step"  # the record_function range around each profiled micro-step
+
+
+def arm_shape(label: str, batch_size: int, accumulation: int) -> dict:
+    """An arm of `--arms`: `NAME` trains at the base shape (--batch-size x --accumulation), `NAME@BxA` at B rows per
+    micro-step and A micro-steps per optimizer step, with the same generation batch (steps_per_generation 2 x A, so
+    2 optimizer steps of the same sequences each). Raises ValueError naming --arms."""
+    name, at, shape = label.partition("@")
+    if name not in TRAINERS:
+        raise ValueError(f"--arms: {label!r} names no arm; each is one of {','.join(TRAINERS)}, optionally @BxA")
+    rows, steps = batch_size, accumulation
+    if at:
+        pieces = shape.split("x")
+        if len(pieces) != 2 or not all(p.isdigit() and int(p) > 0 for p in pieces):
+            raise ValueError(f"--arms: {label!r}: write the shape as NAME@BxA with positive integers, e.g. {name}@16x2")
+        rows, steps = map(int, pieces)
+    # B x A sequences an optimizer step, as the base shape: then steps_per_generation 2 x A gives B x 2A, the base
+    # shape's generation batch, and TRL's sampler and shuffle give each optimizer step the same sequences
+    if rows * steps != batch_size * accumulation:
+        raise ValueError(f"--arms: {label!r} trains {rows} x {steps} = {rows * steps} sequences an optimizer step; "
+                         f"the base shape trains {batch_size} x {accumulation} = {batch_size * accumulation} "
+                         f"(--batch-size x --accumulation): give B x A = {batch_size * accumulation}")  # fmt: skip
+    return {"name": name, "batch_size": rows, "accumulation": steps, "steps_per_generation": 2 * steps}
 
 
 class TRLTrainer(GRPOTrainer):
@@ -154,6 +188,8 @@ class Probe:
         self.scored = False
         self.health: dict = {}
         self.profile: list[dict] | None = None  # top operators over `profile_steps`
+        self.profile_summary: dict | None = None  # per micro-step figures of `profile_steps` (`step_profile`)
+        self.largest_pass = 0  # forwarded tokens (rows x widths, or a packed row's) of the largest update pass
         self.profiler = None
         self.seconds = 0.0  # the whole run's wall time: model build, trainer, training
 
@@ -198,23 +234,31 @@ class Probe:
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device == "cuda" else [])
             self.profiler = profile(activities=activities)
             self.profiler.start()
-        if call in self.memory_steps:
-            output = self._measured(model, inputs, num_items_in_batch)
-        else:
-            self._sync()
-            start = self.clock()
-            output = self.step_inner(model, inputs, num_items_in_batch)
-            self._sync()
-            self.step_seconds += self.clock() - start
+        # a profiled micro-step, its closing synchronisation included, is one marked range of the summary
+        marked = torch.profiler.record_function(PROFILE_MARKER) if self.profiler is not None else nullcontext()
+        with marked:
+            if call in self.memory_steps:
+                output = self._measured(model, inputs, num_items_in_batch)
+            else:
+                self._sync()
+                start = self.clock()
+                output = self.step_inner(model, inputs, num_items_in_batch)
+                self._sync()
+                self.step_seconds += self.clock() - start
         if self.profiler is not None and call == self.profile_steps[-1]:
             self._sync()
             self.profiler.stop()
-            self.profile, self.profiler = top_operators(self.profiler, self.device), None
+            self.profile = top_operators(self.profiler, self.device)
+            self.profile_summary = step_profile.summarise(step_profile.records(self.profiler.events()),
+                                                          PROFILE_MARKER, self.device == "cuda")  # fmt: skip
+            self.profiler = None
         if self.scored is not False:  # the buffer was just filled: the micro-batches this generation batch trains on
             parts = [p for m in self.trainer._buffered_inputs for p in (m if isinstance(m, list) else [m])]
             update = getattr(self.trainer, "_update", None)  # TRL's trainer: its padded micro-batches
-            sums = (update.path if update is not None else batching.PADDED).sums(parts)  # the path's own count
+            path = update.path if update is not None else batching.PADDED
+            sums = path.sums(parts)  # the path's own count
             real, forwarded = int(sums["padding_real"]), int(sums["padding_forwarded"])
+            self.largest_pass = max(self.largest_pass, *(int(path.sums([p])["padding_forwarded"]) for p in parts))
             for part in parts:
                 self.prompt_lengths += part["prompt_mask"].sum(1).tolist()
                 self.completion_lengths += part["completion_mask"].sum(1).tolist()
@@ -252,10 +296,12 @@ def run_once(name: str, options, tokenizer, dataset, output_dir: str, measure_me
     """One run of one arm: a warm-up (`measure_memory`: peak step memory, the parameter change), a timed run, or a
     profiled one (`profiled`: the operators of PROFILE_MICRO_STEPS micro-steps of its second optimizer step)."""
     began = time.perf_counter()
-    steps = options.accumulation
+    shape = arm_shape(name, options.batch_size, options.accumulation)
+    label, name, steps = name, shape["name"], shape["accumulation"]
     common = dict(
-        output_dir=output_dir, per_device_train_batch_size=options.batch_size, num_generations=options.generations,
-        gradient_accumulation_steps=steps, steps_per_generation=2 * steps, max_completion_length=options.max_completion,
+        output_dir=output_dir, per_device_train_batch_size=shape["batch_size"], num_generations=options.generations,
+        gradient_accumulation_steps=steps, steps_per_generation=shape["steps_per_generation"],
+        max_completion_length=options.max_completion,
         max_steps=options.steps, optim="sgd", learning_rate=1e-3, logging_steps=1, save_strategy="no",
         report_to="none", seed=0, bf16=options.dtype == "bfloat16", use_cpu=options.device == "cpu",
         disable_tqdm=True,
@@ -267,6 +313,7 @@ def run_once(name: str, options, tokenizer, dataset, output_dir: str, measure_me
     else:
         dynamic = name in ("dynamic", "packed", "shared")
         budget = {"max_tokens_per_micro_batch": options.max_tokens} if dynamic and options.max_tokens else {}
+        shape["max_tokens_per_micro_batch"] = budget.get("max_tokens_per_micro_batch")
         args = config_for(options.algorithm, dynamic_batching=dynamic, padding_free=name in ("packed", "shared"),
                           share_prompts=name == "shared", **budget, **common)  # fmt: skip
         trainer_cls = DHPOTrainer
@@ -293,11 +340,11 @@ def run_once(name: str, options, tokenizer, dataset, output_dir: str, measure_me
     stop = getattr(trainer, "graceful_stop", None)  # DHPOTrainer ends a run early on SIGTERM / SIGUSR1
     if stop is not None:  # a cut-short run has no figures, and the next one would outlive the caller's time box
         raise SystemExit(f"bench_dynamic_batching: stopped by {stop['signal']} at optimizer step {stop['step']} of the "
-                         f"{name} run; --json holds the runs before it")
+                         f"{label} run; --json holds the runs before it")
     change = None if start is None else [p.detach().float() - s.float() for p, s in zip(model.parameters(), start,
                                                                                       strict=True)]  # fmt: skip
     probe.kernels = dict(attention_kernels.CALLS - calls)
-    probe.config = config
+    probe.config, probe.shape = config, shape
     probe.health = health(trainer.state.log_history, change)
     probe.release()
     parameters = sum(p.numel() for p in model.parameters())
@@ -347,6 +394,8 @@ def main(argv=None) -> None:
     parser.add_argument("--algorithm", default="GRPO", choices=list(PAPER_ALGORITHMS),
                         help="row trained by DHPOTrainer; the update gap to TRL is meaningful for GRPO")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per trainer, interleaved")
+    parser.add_argument("--wide-repeats", type=int, default=None,
+                        help="timed runs of each arm written NAME@BxA (default: --repeats)")
     parser.add_argument("--steps", type=int, default=4, help="optimizer steps per run (2 per generation batch)")
     parser.add_argument("--batch-size", type=int, default=8, help="per_device_train_batch_size")
     parser.add_argument("--generations", type=int, default=8, help="completions per prompt")
@@ -355,7 +404,8 @@ def main(argv=None) -> None:
     parser.add_argument("--max-prompt", type=int, default=64, help="longest prompt, in tokens (shortest: 16)")
     parser.add_argument("--median-fraction", type=float, default=1 / 8, help="median completion length / max")
     parser.add_argument("--sigma", type=float, default=1.0, help="lognormal sigma of completion lengths")
-    parser.add_argument("--max-tokens", type=int, default=None, help="dynamic run's max_tokens_per_micro_batch")
+    parser.add_argument("--max-tokens", type=int, default=None, help="max_tokens_per_micro_batch of every dynamic, "
+                        "packed and shared arm, at its own shape")  # fmt: skip
     parser.add_argument("--hidden-size", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=4)
@@ -363,7 +413,9 @@ def main(argv=None) -> None:
                         help="CUDA: the GPU's dense bf16 peak for MFU (default: peak_tflops of the device's name)")
     parser.add_argument("--shape", choices=sorted(QWEN3_SHAPES), default=None,
                         help="a released Qwen3's shape, random weights (instead of --hidden-size/--layers/--heads)")
-    parser.add_argument("--arms", default=",".join(TRAINERS), help=f"comma-separated subset of {','.join(TRAINERS)}")
+    parser.add_argument("--arms", default=",".join(TRAINERS), help=f"comma-separated subset of {','.join(TRAINERS)}; "
+                        "NAME@BxA trains that arm at B rows x A accumulation steps, the same sequences an optimizer "
+                        "step and the same generation batch as --batch-size x --accumulation (B x A equal)")  # fmt: skip
     parser.add_argument("--json", default=None, help="write the figures to this file (rewritten after every run)")
     parser.add_argument("--profile", default="", help="comma-separated arms run once more, right after the warm-up "
                         "runs and untimed, with torch.profiler over the first micro-steps of the second optimizer "
@@ -374,8 +426,14 @@ def main(argv=None) -> None:
                              "machine than wall time); --device cpu only")  # fmt: skip
     options = parser.parse_args(argv)
     arms = tuple(options.arms.split(","))
-    if not arms or set(arms) - set(TRAINERS) or len(set(arms)) != len(arms):
-        parser.error(f"--arms {options.arms!r}: a comma-separated subset of {','.join(TRAINERS)}, each once")
+    try:
+        arm_shapes = [arm_shape(arm, options.batch_size, options.accumulation) for arm in arms]
+    except ValueError as error:
+        parser.error(str(error))
+    if len({(s["name"], s["batch_size"], s["accumulation"]) for s in arm_shapes}) != len(arms):
+        parser.error(f"--arms {options.arms!r}: each arm once (NAME is NAME@{options.batch_size}x{options.accumulation})")
+    if options.wide_repeats is not None and not any("@" in arm for arm in arms):
+        parser.error(f"--wide-repeats {options.wide_repeats}: no arm of --arms {options.arms!r} is written NAME@BxA")
     profile_arms = tuple(filter(None, options.profile.split(",")))
     if set(profile_arms) - set(arms):
         parser.error(f"--profile {options.profile!r}: a comma-separated subset of --arms ({options.arms})")
@@ -414,12 +472,18 @@ def main(argv=None) -> None:
         for name in profile_arms:  # before the timed runs, so a run cut short still has them; untimed
             profiles[name] = run_once(name, options, tokenizer, dataset, output_dir, False, profiled=True)[0]
             write_json(options.json, report())
-        for repeat in range(options.repeats):
+        for repeat in range(max(repeats_of(name, options) for name in arms)):
             order = arms[repeat % len(arms) :] + arms[: repeat % len(arms)]
-            for name in order:
+            for name in (name for name in order if repeat < repeats_of(name, options)):
                 runs[name].append(run_once(name, options, tokenizer, dataset, output_dir, measure_memory=False)[0])
                 write_json(options.json, report())
     print_report(report())
+
+
+def repeats_of(name: str, options) -> int:
+    """Timed runs of an arm: --wide-repeats for one written NAME@BxA (when given), --repeats otherwise."""
+    wide = "@" in name and options.wide_repeats is not None
+    return options.wide_repeats if wide else options.repeats
 
 
 def write_json(path: str | None, report: dict) -> None:
@@ -435,7 +499,8 @@ def arm_figures(probes: list, gap: float | None, steps: int, peak: float | None)
     first = probes[0]
     figures = {"padding_fraction": 1 - first.real / first.forwarded, "peak_step_memory_bytes": max(first.peaks),
                "update_gap_to_trl": gap, "attention_kernels": first.kernels, "timed_runs": len(probes) - 1,
-               "warm_up_run": first.health, "run_seconds": [p.seconds for p in probes]}  # fmt: skip
+               "warm_up_run": first.health, "run_seconds": [p.seconds for p in probes], "shape": first.shape,
+               "largest_pass_tokens": first.largest_pass}  # fmt: skip
     if first.prompts_total:  # shared prompts: prompt tokens not forwarded again
         figures["prompt_tokens_saved"] = 1 - first.prompts_forwarded / first.prompts_total
         figures["old_logp_prompt_tokens_saved"] = 1 - first.old_prompts_forwarded / first.old_prompts_total
@@ -458,11 +523,16 @@ def arm_figures(probes: list, gap: float | None, steps: int, peak: float | None)
 
 def build_report(options, arms, runs, gaps, parameters, device_name, peak, profiles=None) -> dict:
     figures = {name: arm_figures(runs[name], gaps[name], options.steps, peak) for name in arms if runs[name]}
+    for name in figures:
+        figures[name]["timed_runs_asked"] = repeats_of(name, options)
     for name, probe in (profiles or {}).items():
         figures[name].update(profile_top_operators=probe.profile, profile_run_seconds=probe.seconds,
-                             profile_window={"micro_steps": list(probe.profile_steps)})  # fmt: skip
+                             profile_window={"micro_steps": list(probe.profile_steps)},
+                             profile_summary=probe.profile_summary)  # fmt: skip
     ratios = {}
-    for top, bottom in (("packed", "dynamic"), ("packed", "trl"), ("dynamic", "trl"), ("shared", "packed")):
+    pairs = [("packed", "dynamic"), ("packed", "trl"), ("dynamic", "trl"), ("shared", "packed")]
+    pairs += [(name, name.partition("@")[0]) for name in arms if "@" in name]  # a shape against the base shape
+    for top, bottom in pairs:
         rates = [figures.get(name, {}).get("trained_tokens_per_second") for name in (top, bottom)]
         if None not in rates:
             ratios[f"{top}/{bottom}"] = rates[0] / rates[1]
@@ -500,6 +570,16 @@ def print_report(report: dict) -> None:
         print(line)
     for ratio, value in report["throughput_ratios"].items():
         print(f"update throughput {ratio}: {value:.2f}x")
+    for name, arm in report["arms"].items():
+        summary = arm.get("profile_summary")
+        if summary:
+            busy = summary["device_busy_fraction"]
+            print(f"profile {name}: per micro-step {summary['wall_seconds_per_micro_step'] * 1e3:.1f} ms, "
+                  f"{summary['aten_ops_per_micro_step']:.0f} aten ops, {summary['kernel_launches_per_micro_step']:.0f} "
+                  f"launches, {summary['synchronisations_per_micro_step']:.1f} synchronisations; device busy "
+                  f"{'-' if busy is None else f'{100 * busy:.0f}%'}, host in operators "
+                  f"{100 * summary['host_in_operators_fraction']:.0f}%, attention "
+                  f"{100 * summary['attention_host_fraction']:.0f}% of host time")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,0 +1,104 @@
+"""Where a profiled training micro-step's time goes, from torch.profiler's events, as pure functions.
+
+`records(profiler.events())` turns torch.profiler's events into plain records (name, host or device side, start and
+end in microseconds on the profiler's one clock); `summarise(records, marker)` reads the micro-steps a
+`torch.profiler.record_function(marker)` range wraps and returns per micro-step figures:
+
+* wall seconds (the marked ranges' own time: what runs between micro-steps is not counted);
+* aten operator events (nested calls counted each: what the dispatcher runs), kernel launches (the CUDA runtime's
+  and driver's launch calls) and kernels run on the device;
+* host-device synchronisations: on CUDA the runtime's synchronising calls, on a CPU `aten::_local_scalar_dense`
+  (every `.item()` and tensor-to-Python read, where a GPU would wait); that count is reported on both;
+* the device-busy fraction on CUDA: the union of device activity (kernels, copies, sets) inside the marked ranges
+  over their wall time. A low fraction with the host busy in operators most of the wall time says the step waits on
+  the host (launch overhead); the attention operators' host share says how much of that is attention, where cuDNN
+  builds an execution plan for every new shape.
+
+A host event belongs to the micro-step in whose range it starts; device activity counts where it overlaps a range.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+# What the CUDA runtime and driver call to start a kernel (a CUDA graph launches many at once: counted once).
+LAUNCHES = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
+                      "cudaLaunchCooperativeKernel", "cudaGraphLaunch"})  # fmt: skip
+# Runtime calls that block the host until the device catches up (`cudaMemcpy` without Async is synchronous).
+SYNCHRONISATIONS = frozenset({"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy"})
+LOCAL_SCALAR = "aten::_local_scalar_dense"
+
+
+def records(events) -> list[dict]:
+    """torch.profiler's `FunctionEvent`s (`profile.events()`) as plain records. Device-side records of a
+    `record_function` range (user annotations) are not device work and are marked so."""
+    out = []
+    for event in events:
+        device = str(getattr(event.device_type, "name", event.device_type)).upper() != "CPU"
+        out.append({"name": event.name, "device": device, "start": float(event.time_range.start),
+                    "end": float(event.time_range.end),
+                    "annotation": bool(getattr(event, "is_user_annotation", False))})  # fmt: skip
+    return out
+
+
+def union_length(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of (start, end) intervals: overlapping activity (two streams, nested calls) once."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
+def clip(intervals, windows: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The parts of `intervals` inside the sorted, disjoint `windows`."""
+    out = []
+    for start, end in intervals:
+        for low, high in windows[max(0, bisect.bisect_right(windows, (start, float("inf"))) - 1) :]:
+            if low >= end:
+                break
+            if high > start:
+                out.append((max(start, low), min(end, high)))
+    return out
+
+
+def is_attention(name: str) -> bool:
+    """An attention operator, forward or backward: SDPA and each of its kernels' ops, the flash/varlen ops."""
+    return name.startswith("aten::") and "attention" in name
+
+
+def summarise(events: list[dict], marker: str, cuda: bool) -> dict | None:
+    """Per micro-step figures of the micro-steps marked `marker` (None when no range is marked)."""
+    windows = sorted((e["start"], e["end"]) for e in events if e["name"] == marker and not e["device"])
+    if not windows:
+        return None
+    starts = [start for start, _ in windows]
+
+    def inside(event) -> bool:
+        index = bisect.bisect_right(starts, event["start"]) - 1
+        return index >= 0 and event["start"] < windows[index][1]
+
+    host = [e for e in events if not e["device"] and e["name"] != marker and inside(e)]
+    device = [(e["start"], e["end"]) for e in events if e["device"] and not e["annotation"] and e["name"] != marker]
+    device = [interval for interval in device if clip([interval], windows)]  # overlapping a micro-step
+    wall = sum(end - start for start, end in windows)  # microseconds
+    steps = len(windows)
+    aten = clip([(e["start"], e["end"]) for e in host if e["name"].startswith("aten::")], windows)
+    attention = clip([(e["start"], e["end"]) for e in host if is_attention(e["name"])], windows)
+    local_scalar = sum(e["name"] == LOCAL_SCALAR for e in host)
+    synchronisations = sum(e["name"] in SYNCHRONISATIONS for e in host) if cuda else local_scalar
+    busy = union_length(clip(device, windows)) / wall if cuda and wall > 0 else None
+    return {
+        "micro_steps": steps,
+        "wall_seconds_per_micro_step": wall / steps / 1e6,
+        "aten_ops_per_micro_step": sum(e["name"].startswith("aten::") for e in host) / steps,
+        "kernel_launches_per_micro_step": sum(e["name"] in LAUNCHES for e in host) / steps,
+        "device_kernels_per_micro_step": len(device) / steps,
+        "synchronisations_per_micro_step": synchronisations / steps,
+        "local_scalar_reads_per_micro_step": local_scalar / steps,
+        "device_busy_fraction": busy,
+        "host_in_operators_fraction": union_length(aten) / wall if wall > 0 else None,
+        "attention_host_fraction": union_length(attention) / wall if wall > 0 else None,
+        "attention_host_seconds_per_micro_step": union_length(attention) / steps / 1e6,
+    }

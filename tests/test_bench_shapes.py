@@ -1,0 +1,84 @@
+"""benchmarks/bench_dynamic_batching.py's per-arm batch shapes (`NAME@BxA`): the shape an arm trains at, refused
+where it would change the sequences of an optimizer step, and the same update as TRL's arm at the base shape,
+measured by the benchmark's own `update_gap_to_trl`.
+"""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_shapes_under_test", ROOT / "benchmarks/bench_dynamic_batching.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+# A base shape of 4 x 8 (the GPU run's), tiny otherwise: 64 sequences a generation batch, two optimizer steps.
+BASE = ["--hidden-size", "32", "--layers", "1", "--heads", "2", "--batch-size", "4", "--generations", "2",
+        "--accumulation", "8", "--max-completion", "16", "--max-prompt", "20", "--steps", "2"]  # fmt: skip
+
+
+def test_an_arm_shape_keeps_the_generation_batch(bench):
+    assert bench.arm_shape("packed", 4, 8) == {"name": "packed", "batch_size": 4, "accumulation": 8,
+                                               "steps_per_generation": 16}  # fmt: skip
+    for label, rows, steps in (("packed@16x2", 16, 2), ("dynamic@32x1", 32, 1), ("trl@2x16", 2, 16)):
+        shape = bench.arm_shape(label, 4, 8)
+        assert (shape["batch_size"], shape["accumulation"]) == (rows, steps)
+        assert shape["batch_size"] * shape["steps_per_generation"] == 4 * 2 * 8  # the base generation batch
+        assert shape["steps_per_generation"] == 2 * shape["accumulation"]  # two optimizer steps of it
+
+
+@pytest.mark.parametrize("label", ["packed@16x4", "packed@3x8", "packed@16", "packed@0x32", "packed@16x2x1",
+                                   "wide@16x2", "packed@x2", "packed@-16x-2", ""])  # fmt: skip
+def test_a_shape_that_changes_the_optimizer_step_is_refused(bench, label, capsys):
+    with pytest.raises(ValueError, match="^--arms"):
+        bench.arm_shape(label, 4, 8)
+    with pytest.raises(SystemExit) as stopped:
+        bench.main(["--arms", f"trl,{label}", "--repeats", "0", *BASE])
+    assert stopped.value.code == 2 and "--arms" in capsys.readouterr().err.splitlines()[-1]
+
+
+@pytest.mark.parametrize("argv, named", [
+    (["--arms", "packed,packed@4x8"], "--arms"),  # the same arm twice
+    (["--arms", "trl,packed", "--wide-repeats", "1"], "--wide-repeats"),  # no arm it would act on
+    (["--arms", "trl,packed@16x2", "--profile", "packed"], "--profile"),  # a shape is an arm of its own
+])  # fmt: skip
+def test_arm_options_that_would_not_act_are_refused(bench, argv, named, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        bench.main([*argv, "--repeats", "0", *BASE])
+    assert stopped.value.code == 2 and named in capsys.readouterr().err.splitlines()[-1]
+
+
+def test_wide_arms_train_the_same_update_as_trl(bench, tmp_path, monkeypatch):
+    """`packed@16x2` and `dynamic@16x2` against TRL at 4 x 8: the same sequences per optimizer step, so the same
+    summed gradient (plain SGD: the parameter change) up to float32 rounding. The check can fail: an arm whose
+    accumulation is applied wrongly (16 rows x 8 steps, generation batch kept) trains another update, far outside
+    the tolerance. Each arm reports the shape it ran and its timed runs asked."""
+    shape = bench.arm_shape
+
+    def misapplied(label, batch_size, accumulation):
+        found = shape(label, batch_size, accumulation)
+        return {**found, "accumulation": 8} if label == "packed@8x4" else found  # 8 x 8: twice the sequences
+
+    monkeypatch.setattr(bench, "arm_shape", misapplied)
+    monkeypatch.setattr(bench, "print_report", lambda report: None)
+    out = tmp_path / "bench.json"
+    bench.main(["--arms", "trl,packed@16x2,dynamic@16x2,packed@8x4", "--repeats", "0", "--wide-repeats", "0",
+                "--json", str(out), *BASE])  # fmt: skip
+    arms = json.loads(out.read_text())["arms"]
+    assert arms["trl"]["update_gap_to_trl"] == 0
+    for label in ("packed@16x2", "dynamic@16x2"):
+        assert arms[label]["update_gap_to_trl"] < 1e-4, label
+    assert arms["packed@8x4"]["update_gap_to_trl"] > 1e-2
+    assert arms["packed@16x2"]["shape"] == {"name": "packed", "batch_size": 16, "accumulation": 2,
+                                            "steps_per_generation": 4, "max_tokens_per_micro_batch": None}  # fmt: skip
+    assert arms["trl"]["shape"]["batch_size"] == 4 and arms["trl"]["timed_runs_asked"] == 0

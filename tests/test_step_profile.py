@@ -1,0 +1,97 @@
+"""dhpo_trl/training/step_profile.py: per micro-step figures from profiler events, on synthetic event lists of
+different forms (host only; host and device with overlapping streams, work outside the marked ranges and device
+annotations; torch.profiler-like objects), and end to end through torch.profiler on a CPU.
+"""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from dhpo_trl.training import step_profile
+
+MARK = "step"
+
+
+def host(name, start, end):
+    return {"name": name, "device": False, "start": start, "end": end, "annotation": False}
+
+
+def device(name, start, end, annotation=False):
+    return {"name": name, "device": True, "start": start, "end": end, "annotation": annotation}
+
+
+def test_a_cpu_profile_counts_operators_and_scalar_reads_per_micro_step():
+    """Two micro-steps of 100 and 300 us with a 600 us gap between them: wall is what the ranges hold (200 us a
+    micro-step), not the span; an operator before the first range is not counted."""
+    events = [host(MARK, 0, 100), host(MARK, 700, 1000),
+              host("aten::mm", 10, 60), host("aten::add", 20, 30),  # nested in mm: counted, time once
+              host("aten::_local_scalar_dense", 70, 80), host("aten::item", 69, 81),
+              host("aten::mm", 710, 910), host("aten::_scaled_dot_product_flash_attention_for_cpu", 920, 980),
+              host("aten::mm", -50, -10), host("aten::_local_scalar_dense", 400, 410)]  # outside both ranges
+    summary = step_profile.summarise(events, MARK, cuda=False)
+    assert summary["micro_steps"] == 2 and summary["wall_seconds_per_micro_step"] == pytest.approx(200e-6)
+    assert summary["aten_ops_per_micro_step"] == 6 / 2  # mm, add, scalar, item; mm, attention
+    assert summary["synchronisations_per_micro_step"] == summary["local_scalar_reads_per_micro_step"] == 0.5
+    assert summary["kernel_launches_per_micro_step"] == summary["device_kernels_per_micro_step"] == 0
+    assert summary["device_busy_fraction"] is None
+    assert summary["host_in_operators_fraction"] == pytest.approx((50 + 12 + 200 + 60) / 400)
+    assert summary["attention_host_fraction"] == pytest.approx(60 / 400)
+    assert summary["attention_host_seconds_per_micro_step"] == pytest.approx(30e-6)
+    assert step_profile.summarise(events[2:], MARK, cuda=False) is None  # nothing marked
+
+
+def test_a_cuda_profile_counts_launches_synchronisations_and_device_busy_time():
+    """Device work on two overlapping streams counts once; a kernel that ran on past the range's end counts only
+    inside it; kernels outside every range and the ranges' own device annotations do not count."""
+    events = [host(MARK, 0, 1000), host(MARK, 2000, 3000), device(MARK, 0, 1000, annotation=True),
+              device("gpu_user_annotation", 2000, 3000, annotation=True),
+              host("aten::mm", 10, 100), host("cudaLaunchKernel", 20, 30), host("cuLaunchKernel", 40, 45),
+              host("aten::_local_scalar_dense", 110, 300), host("cudaMemcpyAsync", 120, 290),
+              host("cudaStreamSynchronize", 130, 290), host("cudaDeviceSynchronize", 2950, 2999),
+              host("cudaLaunchKernelExC", 2010, 2020),
+              device("sm90_gemm", 100, 400), device("other_stream_kernel", 300, 500),  # union 100-500
+              device("Memcpy DtoH (Device -> Pageable)", 500, 520),
+              device("late_kernel", 2900, 3100),  # 100 us of it inside the second range
+              device("between_steps", 1200, 1800)]  # fmt: skip
+    summary = step_profile.summarise(events, MARK, cuda=True)
+    assert summary["micro_steps"] == 2
+    assert summary["kernel_launches_per_micro_step"] == 3 / 2
+    assert summary["device_kernels_per_micro_step"] == 4 / 2  # gemm, other stream, memcpy, late kernel
+    assert summary["synchronisations_per_micro_step"] == 2 / 2  # the runtime's: stream and device
+    assert summary["local_scalar_reads_per_micro_step"] == 1 / 2
+    assert summary["device_busy_fraction"] == pytest.approx((400 + 20 + 100) / 2000)
+    assert summary["host_in_operators_fraction"] == pytest.approx((90 + 190) / 2000)
+
+
+def test_records_read_torch_profiler_events():
+    """`records` takes what `profile.events()` gives: names, a device type, a time range and the annotation flag
+    (absent on older events)."""
+    cpu, cuda = SimpleNamespace(name="CPU"), SimpleNamespace(name="CUDA")
+    events = [SimpleNamespace(name=MARK, device_type=cpu, time_range=SimpleNamespace(start=5, end=25)),
+              SimpleNamespace(name="k", device_type=cuda, time_range=SimpleNamespace(start=6, end=16),
+                              is_user_annotation=False),
+              SimpleNamespace(name=MARK, device_type=cuda, time_range=SimpleNamespace(start=5, end=25),
+                              is_user_annotation=True)]  # fmt: skip
+    found = step_profile.records(events)
+    assert [(r["device"], r["annotation"]) for r in found] == [(False, False), (True, False), (True, True)]
+    assert step_profile.summarise(found, MARK, cuda=True)["device_busy_fraction"] == pytest.approx(0.5)
+
+
+def test_a_real_cpu_profile_counts_what_each_micro_step_ran():
+    """torch.profiler end to end: micro-step k runs k + 1 cosines and reads k + 1 scalars, each inside its marked
+    range; the work between ranges is not counted."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        x = torch.ones(4)
+        for k in range(3):
+            with torch.profiler.record_function(MARK):
+                for _ in range(k + 1):
+                    x.cos().sum().item()
+            x.sin()  # between micro-steps
+    events = step_profile.records(profiler.events())
+    summary = step_profile.summarise(events, MARK, cuda=False)
+    cosines = [e for e in events if e["name"] == "aten::cos"]
+    assert summary["micro_steps"] == 3 and len(cosines) == 6
+    assert summary["local_scalar_reads_per_micro_step"] == summary["synchronisations_per_micro_step"] == 6 / 3
+    assert summary["aten_ops_per_micro_step"] >= 3 * 6 / 3  # cos, sum, item at least; no sin
+    assert 0 < summary["host_in_operators_fraction"] <= 1 and summary["wall_seconds_per_micro_step"] > 0
