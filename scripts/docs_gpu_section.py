@@ -57,11 +57,15 @@ def bench_completeness(entry: dict) -> str:
     bench, said = entry.get("result") or {}, []
     repeats, arms = bench.get("options", {}).get("repeats"), bench.get("arms", {})
     timed = {arm: figures.get("timed_runs", 0) for arm, figures in arms.items()}
-    if set(timed.values()) != {repeats}:
+    wanted = {arm: figures.get("timed_runs_asked", repeats) for arm, figures in arms.items()}  # per arm: shapes
+    if timed != wanted:
         counts = sorted(set(timed.values()))
-        each = ", ".join(f"{arm} {count}" for arm, count in timed.items())
-        said.append(f"{counts[0]} of {repeats} timed runs per arm" if len(counts) == 1 else
-                    f"timed runs of {repeats}: {each}")  # fmt: skip
+        if len(set(wanted.values())) > 1:
+            said.append("timed runs: " + ", ".join(f"{arm} {timed[arm]} of {wanted[arm]}" for arm in arms))
+        else:
+            each = ", ".join(f"{arm} {count}" for arm, count in timed.items())
+            said.append(f"{counts[0]} of {repeats} timed runs per arm" if len(counts) == 1 else
+                        f"timed runs of {repeats}: {each}")  # fmt: skip
     asked = [arm for arm in filter(None, bench.get("options", {}).get("profile", "").split(","))]
     missing = [arm for arm in asked if "profile_top_operators" not in arms.get(arm, {})]
     if missing:
@@ -213,9 +217,33 @@ def bench_lines(name: str, entry: dict, label: str) -> list[str]:
     return lines + profile_lines(bench)
 
 
+def profile_summary_lines(bench: dict) -> list[str]:
+    """Per micro-step figures of each profiled arm's window (`dhpo_trl.training.step_profile`): what decides whether
+    the host (launches, synchronisations, cuDNN's plan building inside attention) or the device bounds a micro-step."""
+    rows = [(arm, figures["profile_summary"]) for arm, figures in bench["arms"].items()
+            if figures.get("profile_summary")]  # fmt: skip
+    if not rows:
+        return []
+    lines = ["", "Profiled micro-steps (per micro-step of each profiled window; device busy: device activity over wall "
+             "time; host in operators and attention: shares of wall time the host spends in aten operators, and in "
+             "the attention operators among them):", "",
+             "| arm | micro-steps | wall ms | aten ops | kernel launches | synchronisations | device busy | host in "
+             "operators | attention (host) |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for arm, summary in rows:
+        lines.append(f"| {arm} | {summary['micro_steps']} | {_number(summary['wall_seconds_per_micro_step'], 1, 1e3)} | "
+                     f"{_number(summary['aten_ops_per_micro_step'])} | "
+                     f"{_number(summary['kernel_launches_per_micro_step'])} | "
+                     f"{_number(summary['synchronisations_per_micro_step'], 1)} | "
+                     f"{_number(summary['device_busy_fraction'], 0, 100, '%')} | "
+                     f"{_number(summary['host_in_operators_fraction'], 0, 100, '%')} | "
+                     f"{_number(summary['attention_host_fraction'], 0, 100, '%')} |")  # fmt: skip
+    return lines
+
+
 def profile_lines(bench: dict, count: int = 8) -> list[str]:
-    """The profiled arms' top operators by self device time (CPU time on a CPU run)."""
-    lines = []
+    """The profiled arms' per micro-step figures, then their top operators by self device time (CPU time on a CPU
+    run)."""
+    lines = profile_summary_lines(bench)
     for arm, figures in bench["arms"].items():
         operators = figures.get("profile_top_operators")
         if not operators:

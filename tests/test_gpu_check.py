@@ -46,18 +46,24 @@ def test_time_boxes_hold_back_the_later_parts_minimums():
     # each part's minimum is its time on one H100: together they leave a margin in the whole run's limit
     assert sum(p.minimum for p in gpu) + 30 <= check.GPU_SECONDS and all(p.minimum <= p.box for p in gpu)
     assert check.GPU_SECONDS + check.GRACE_SECONDS + 30 <= 540  # the device command's timeout, Python's start within
-    assert [p.name for p in gpu] == ["wheels", "environment", "tests", "train", "bench-qwen3-0.6b", "bench-qwen3-1.7b",
-                                     "routing-overhead", "routing-rollout"]
+    assert [p.name for p in gpu] == ["wheels", "environment", "tests", "train", "bench-qwen3-1.7b", "routing-overhead",
+                                     "routing-rollout"]
     tests = next(p for p in gpu if p.name == "tests")
     assert tests.env["CUDA_VISIBLE_DEVICES"]  # tests/conftest.py would hide the GPU otherwise
 
 
 def test_gpu_parts_ask_for_the_gpu_workload():
     gpu = {p.name: p.command for p in check.plan(False, "python3", Path("/nonexistent"), ".gpu_wheels")}
-    for shape in ("qwen3-0.6b", "qwen3-1.7b"):
+    for shape in check.BENCH_PLAN:
         command = gpu[f"bench-{shape}"]
         assert command[command.index("--device") + 1] == "cuda" and command[command.index("--shape") + 1] == shape
         assert command[command.index("--dtype") + 1] == "bfloat16"
+        value = {flag: command[command.index(flag) + 1] for flag in ("--arms", "--batch-size", "--accumulation")}
+        wide = [arm.split("@") for arm in value["--arms"].split(",") if "@" in arm]
+        assert {name for name, _ in wide} == {"packed", "dynamic"}  # no TRL arm at 16 rows: its memory for nothing
+        for _, shape_written in wide:  # fewer, larger micro-steps of the same sequences
+            rows, steps = map(int, shape_written.split("x"))
+            assert rows * steps == int(value["--batch-size"]) * int(value["--accumulation"]) and rows > 4
     assert gpu["train"][gpu["train"].index("--device") + 1] == "cuda" and "--shape" not in gpu["train"]  # 0.6B
     for part, ratios in check.TARGETS.items():  # the arms each target compares run, twice or more
         command = gpu[part]
@@ -73,15 +79,19 @@ def test_gpu_parts_ask_for_the_gpu_workload():
 def test_a_benchmark_part_is_held_its_runs_time():
     """A benchmark's minimum is its start and every run its command asks for (warm-up, timed, profiled at 1.5), at
     the measured seconds of a run of its shape: read from the command, so a plan with more runs than time fails."""
-    for part in check.plan(False, "python3", Path("/nonexistent"), ".gpu_wheels"):
-        if not part.name.startswith("bench-"):
-            continue
-        value = {flag: part.command[part.command.index(flag) + 1] for flag in ("--arms", "--repeats", "--shape")}
+    benches = [p for p in check.plan(False, "python3", Path("/nonexistent"), ".gpu_wheels") if p.name.startswith("bench-")]
+    for part in benches:
+        value = {flag: part.command[part.command.index(flag) + 1]
+                 for flag in ("--arms", "--repeats", "--wide-repeats", "--shape")}  # fmt: skip
         profiled = part.command[part.command.index("--profile") + 1].split(",") if "--profile" in part.command else []
-        runs = len(value["--arms"].split(",")) * (1 + int(value["--repeats"])) + 1.5 * len(profiled)
+        arms = value["--arms"].split(",")
+        runs = sum(1 + int(value["--wide-repeats" if "@" in arm else "--repeats"]) for arm in arms)
+        runs += 1.5 * len(profiled)
         per_run = check.BENCH_RUN_SECONDS[value["--shape"]]
         assert part.minimum == check.BENCH_START_SECONDS + runs * per_run and part.box >= part.minimum, part.name
-    assert check.bench_seconds("qwen3-1.7b") == 12 + (3 * 3 + 1.5 * 2) * 14  # trl, dynamic, packed; 2 profiled
+    # trl, dynamic, packed with 2 timed runs; packed and dynamic at 16 x 2 with 1; 3 profiled
+    assert [p.name for p in benches] == ["bench-qwen3-1.7b"]
+    assert check.bench_seconds("qwen3-1.7b") == 12 + (3 * 3 + 2 * 2 + 1.5 * 3) * 14
 
 
 def test_the_gpu_overhead_shape_is_qwen3_30b_a3b_layers():
@@ -346,6 +356,28 @@ def test_docs_block_marks_a_part_cut_short_and_an_arm_that_is_not_finite():
         "bench-qwen3-1.7b": part})), "bench-qwen3-1.7b")[2]  # fmt: skip
 
 
+def test_docs_block_renders_each_profiled_window_and_the_timed_runs_each_arm_asked():
+    """A profiled arm's per micro-step figures are a row of their own (device busy empty on a CPU window); an arm at
+    its own shape asks for its own timed runs, so a benchmark whose arms got what each asked is whole, and one cut
+    short names each arm's count against its own."""
+    summary = {"micro_steps": 2, "wall_seconds_per_micro_step": 0.2504, "aten_ops_per_micro_step": 4321.0,
+               "kernel_launches_per_micro_step": 2345.0, "synchronisations_per_micro_step": 3.5,
+               "device_busy_fraction": 0.123, "host_in_operators_fraction": 0.91, "attention_host_fraction": 0.456}
+    arms = {"packed": bench_arm(5000.0, 2, profile_top_operators=[], profile_summary=summary, timed_runs_asked=2),
+            "packed@16x2": bench_arm(7000.0, 1, timed_runs_asked=1, profile_top_operators=[],
+                                     profile_summary={**summary, "device_busy_fraction": None})}  # fmt: skip
+    part = bench_part("ok", 2, arms, {"packed@16x2/packed": 1.4}, profile="packed,packed@16x2")
+    block = docs.render([gpu_report("2026-01-01T00:00:00Z", "a" * 40, {"bench-qwen3-1.7b": part})])
+    profiled = [[cell.strip() for cell in line.strip("|").split("|")] for line in block.splitlines()
+                if line.startswith("| packed") and "| 4,321 |" in line]  # fmt: skip
+    figures = ["2", "250.4", "4,321", "2,345", "3.5"]
+    assert profiled == [["packed", *figures, "12%", "91%", "46%"], ["packed@16x2", *figures, "", "91%", "46%"]]
+    assert table_row(block, "bench-qwen3-1.7b")[2] == "ok" and "packed@16x2/packed 1.40x" in block
+    arms["packed@16x2"]["timed_runs"] = 0
+    status = table_row(docs.render(gpu_report("d", "c", {"bench-qwen3-1.7b": part})), "bench-qwen3-1.7b")[2]
+    assert status == "ok: timed runs: packed 2 of 2, packed@16x2 0 of 1"
+
+
 def test_docs_block_takes_each_part_from_the_latest_run_that_holds_it():
     """Reports given newest first: the run order is the recorded dates', each part comes from the latest run that
     has it, and the runs it superseded are listed."""
@@ -422,9 +454,11 @@ def test_an_arm_without_a_timed_run_reports_no_speed(bench):
     """A benchmark cut short after its warm-up runs: memory and padding, but no throughput from untimed steps."""
     probe = SimpleNamespace(real=90, forwarded=120, peaks=[5, 7], kernels={"sdpa": 3}, prompts_total=0,
                             trained_tokens=60, step_seconds=2.0, score_seconds=0.5, config=None,
-                            prompt_lengths=[], completion_lengths=[], health={}, seconds=3.5)  # fmt: skip
+                            prompt_lengths=[], completion_lengths=[], health={}, seconds=3.5,
+                            shape={"batch_size": 16, "accumulation": 2}, largest_pass=48)  # fmt: skip
     figures = bench.arm_figures([probe], None, 2, 989.0)
     assert figures["padding_fraction"] == 0.25 and figures["peak_step_memory_bytes"] == 7
+    assert figures["shape"] == {"batch_size": 16, "accumulation": 2} and figures["largest_pass_tokens"] == 48
     assert figures["run_seconds"] == [3.5]
     assert figures["timed_runs"] == 0 and "trained_tokens_per_second" not in figures
 
@@ -492,6 +526,9 @@ def test_a_profiled_run_records_only_its_window(bench):
         probe.step(None, None)
     cosines = [row for row in probe.profile if row["name"] == "aten::cos"]
     assert len(calls) == 6 and cosines and cosines[0]["calls"] == 3 + 4 and probe.profiler is None
+    # each micro-step of the window one marked range, holding every operator the profiler's own table counts
+    summary, table = probe.profile_summary, [row for row in probe.profile if row["name"].startswith("aten::")]
+    assert summary["micro_steps"] == 2 and summary["aten_ops_per_micro_step"] == sum(r["calls"] for r in table) / 2
     probe.release()
     assert trainer.training_step is not probe.step
 
