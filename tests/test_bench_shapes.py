@@ -7,15 +7,19 @@ import importlib.util
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_shapes_under_test", ROOT / "benchmarks/bench_dynamic_batching.py")
+    spec = importlib.util.spec_from_file_location(
+        "bench_shapes_under_test", ROOT / "benchmarks/bench_dynamic_batching.py"
+    )
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -82,3 +86,35 @@ def test_wide_arms_train_the_same_update_as_trl(bench, tmp_path, monkeypatch):
     assert arms["packed@16x2"]["shape"] == {"name": "packed", "batch_size": 16, "accumulation": 2,
                                             "steps_per_generation": 4, "max_tokens_per_micro_batch": None}  # fmt: skip
     assert arms["trl"]["shape"]["batch_size"] == 4 and arms["trl"]["timed_runs_asked"] == 0
+
+
+def test_wide_repeats_time_each_shaped_arm_its_own_runs(bench, tmp_path, monkeypatch):
+    """--wide-repeats sets the timed runs of the arms written NAME@BxA, fewer or more than --repeats, interleaved
+    with the others; each arm's figures say how many it asked and got. Runs are stand-ins here (no training)."""
+    config = SimpleNamespace(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                             head_dim=4, intermediate_size=16, vocab_size=10)  # fmt: skip
+    order = []
+
+    def stand_in(name, options, *rest, measure_memory=False, profiled=False):
+        order.append(name if measure_memory else f"timed {name}")
+        probe = SimpleNamespace(real=9, forwarded=10, peaks=[1], kernels={}, prompts_total=0, trained_tokens=6,
+                                step_seconds=2.0, score_seconds=1.0, config=config, prompt_lengths=[2],
+                                completion_lengths=[3], health={}, seconds=1.0, largest_pass=5,
+                                shape=bench.arm_shape(name, options.batch_size, options.accumulation))  # fmt: skip
+        return probe, [torch.ones(2)] if measure_memory else None, 100
+
+    monkeypatch.setattr(bench, "run_once", stand_in)
+    monkeypatch.setattr(bench, "print_report", lambda report: None)
+    out = tmp_path / "bench.json"
+    for repeats, wide, timed in (
+        ("2", "1", ["trl", "packed", "packed@16x2", "packed", "trl"]),
+        ("1", "3", ["trl", "packed", "packed@16x2", "packed@16x2", "packed@16x2"]),
+    ):
+        order.clear()
+        bench.main(["--arms", "trl,packed,packed@16x2", "--repeats", repeats, "--wide-repeats", wide, "--json",
+                    str(out), *BASE])  # fmt: skip
+        assert order == ["trl", "packed", "packed@16x2", *(f"timed {name}" for name in timed)]
+        arms = json.loads(out.read_text())["arms"]
+        for name, figures in arms.items():
+            asked = int(wide if "@" in name else repeats)
+            assert figures["timed_runs"] == figures["timed_runs_asked"] == asked, name

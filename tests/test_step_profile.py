@@ -24,11 +24,18 @@ def device(name, start, end, annotation=False):
 def test_a_cpu_profile_counts_operators_and_scalar_reads_per_micro_step():
     """Two micro-steps of 100 and 300 us with a 600 us gap between them: wall is what the ranges hold (200 us a
     micro-step), not the span; an operator before the first range is not counted."""
-    events = [host(MARK, 0, 100), host(MARK, 700, 1000),
-              host("aten::mm", 10, 60), host("aten::add", 20, 30),  # nested in mm: counted, time once
-              host("aten::_local_scalar_dense", 70, 80), host("aten::item", 69, 81),
-              host("aten::mm", 710, 910), host("aten::_scaled_dot_product_flash_attention_for_cpu", 920, 980),
-              host("aten::mm", -50, -10), host("aten::_local_scalar_dense", 400, 410)]  # outside both ranges
+    events = [
+        host(MARK, 0, 100),
+        host(MARK, 700, 1000),
+        host("aten::mm", 10, 60),
+        host("aten::add", 20, 30),  # nested in mm: counted, time once
+        host("aten::_local_scalar_dense", 70, 80),
+        host("aten::item", 69, 81),
+        host("aten::mm", 710, 910),
+        host("aten::_scaled_dot_product_flash_attention_for_cpu", 920, 980),
+        host("aten::mm", -50, -10),
+        host("aten::_local_scalar_dense", 400, 410),
+    ]  # outside both ranges
     summary = step_profile.summarise(events, MARK, cuda=False)
     assert summary["micro_steps"] == 2 and summary["wall_seconds_per_micro_step"] == pytest.approx(200e-6)
     assert summary["aten_ops_per_micro_step"] == 6 / 2  # mm, add, scalar, item; mm, attention
