@@ -307,6 +307,7 @@ def run_once(name: str, options, tokenizer, dataset, output_dir: str, measure_me
         disable_tqdm=True,
     )  # fmt: skip
     row = PAPER_ALGORITHMS["GRPO"]
+    shape["max_tokens_per_micro_batch"] = None  # TRL's arm and the fixed one: no budget
     if name == "trl":
         args = GRPOConfig(loss_type="grpo", **{k: v for k, v in row.items() if k != "algorithm"}, **common)
         trainer_cls = TRLTrainer
