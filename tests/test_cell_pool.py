@@ -8,7 +8,6 @@ hanging stop fails this test by its timeout instead of hanging pytest."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path

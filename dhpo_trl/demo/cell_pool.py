@@ -76,8 +76,9 @@ def pool_workers(started: multiprocessing.queues.SimpleQueue) -> list[multiproce
     return [process for process in multiprocessing.active_children() if process.pid in pids]
 
 
-def close(pool: multiprocessing.pool.Pool, started: multiprocessing.queues.SimpleQueue,
-          grace: float = GRACE_SECONDS) -> None:
+def close(
+    pool: multiprocessing.pool.Pool, started: multiprocessing.queues.SimpleQueue, grace: float = GRACE_SECONDS
+) -> None:
     """`pool.terminate()` in a thread; after `grace` seconds, SIGKILL for the pool's workers still alive (those that
     took its SIGTERM as a graceful stop and wait for a task), so that it returns. `started`: the pids the workers
     put there through `report_pid`."""
