@@ -280,15 +280,9 @@ class DHPOConfig(GRPOConfig):
     )
 
     def __post_init__(self):
-        self._apply_trl_spelling()
-        self._validate_dhpo_fields()
-        self._apply_algorithm()
-        refuse_deepspeed_dropped_by_accelerate(self.deepspeed, os.environ)  # before transformers builds its DeepSpeed config
+        self._check_before_trl()
         super().__post_init__()  # TRL resolves steps_per_generation here
-        self._validate_batching()
-        self._validate_routing_replay()
-        nonfinite_check_applies(self.stop_on_nonfinite_gradients, self.fp16)
-        self._warn_if_on_policy()
+        self._check_after_trl()
 
     @cached_property
     def _setup_devices(self):
@@ -297,11 +291,20 @@ class DHPOConfig(GRPOConfig):
 
     def validate(self) -> None:
         """Check the objective's settings again (`DHPOTrainer.__init__` calls this: the config may have been
-        mutated after construction) and re-apply what `algorithm` implies."""
+        mutated after construction) and re-apply what `algorithm` implies: the constructor's checks, in its order."""
+        self._check_before_trl()
+        self._check_after_trl()
+
+    def _check_before_trl(self) -> None:
+        """The objective's fields and what `algorithm` sets, and a DeepSpeed config accelerate would drop: settled
+        before TRL's and transformers' `__post_init__` read them (transformers builds its DeepSpeed config there)."""
         self._apply_trl_spelling()
         self._validate_dhpo_fields()
         self._apply_algorithm()
         refuse_deepspeed_dropped_by_accelerate(self.deepspeed, os.environ)
+
+    def _check_after_trl(self) -> None:
+        """The checks that read what TRL's `__post_init__` resolves (`steps_per_generation`)."""
         self._validate_batching()
         self._validate_routing_replay()
         nonfinite_check_applies(self.stop_on_nonfinite_gradients, self.fp16)
@@ -456,7 +459,7 @@ class DHPOConfig(GRPOConfig):
                 "gradient_accumulation_steps with k >= 2 (the paper: 2) or num_iterations > 1. vLLM alone does not "
                 "change this: TRL recomputes pi_old with the training model.",
                 UserWarning,
-                stacklevel=4,  # the caller of DHPOConfig(...) or of DHPOTrainer(...)
+                stacklevel=5,  # the caller of DHPOConfig(...) or of DHPOTrainer(...), through _check_after_trl
             )
 
     def _validate_batching(self) -> None:
