@@ -1,6 +1,6 @@
 """`dhpo_trl.demo.cell_pool`: an error in the block ends every worker of the pool, a replacement for a worker that
 died included, even those that took the pool's SIGTERM as a graceful stop (as `run_embedded` does), and the block
-does not hang on them.
+does not hang on them; another child of the main process is left alone.
 
 The pool runs in a driver script of its own (the spawned workers import it, as `__mp_main__`, for the task), so a
 hanging stop fails this test by its timeout instead of hanging pytest."""
@@ -16,7 +16,7 @@ import processes
 
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = """
-import os, signal, sys, time
+import multiprocessing, os, signal, sys, time
 from pathlib import Path
 sys.path[:0] = [{repo!r}]
 from dhpo_trl.demo.cell_pool import cell_pool
@@ -40,6 +40,8 @@ def wait_for(folder, count):
 
 if __name__ == "__main__":
     folder = sys.argv[1]
+    bystander = multiprocessing.get_context("fork").Process(target=time.sleep, args=(300,), daemon=True)
+    bystander.start()  # a child of this process that is none of the pool's
     try:
         with cell_pool(2) as pool:
             pool.map_async(stop_gracefully, [folder, folder], chunksize=1)
@@ -49,7 +51,9 @@ if __name__ == "__main__":
             wait_for(folder, 3)  # the replacement is in a task
             raise RuntimeError("a cell failed")
     except RuntimeError:
-        sys.exit(3)
+        alive = bystander.is_alive()
+        bystander.kill()
+        sys.exit(3 if alive else 4)
 """
 
 
@@ -66,7 +70,8 @@ def test_an_error_in_the_block_ends_every_worker_a_replacement_included(tmp_path
                            stderr=subprocess.PIPE, text=True)  # fmt: skip
     try:
         _, stderr = pool.communicate(timeout=240)  # a stop that waits for its gracefully stopped workers never ends
-        assert pool.returncode == 3, stderr  # the block's error, raised after the workers are gone
+        assert pool.returncode == 3, stderr  # the block's error, raised after the workers are gone; 4: the stop
+        # killed a child of the main process that was not the pool's
         workers = [int(name) for name in os.listdir(folder)]
         assert len(workers) == 3, workers  # two workers and the replacement ran a task
         assert [pid for pid in workers if _alive(pid)] == []  # the driver exited: none of them outlives it
