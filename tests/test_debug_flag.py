@@ -9,6 +9,7 @@ import re
 from types import SimpleNamespace
 
 import pytest
+import tiny_cli
 
 from dhpo_trl.demo import embedded
 from dhpo_trl.scale_out import cli
@@ -37,15 +38,21 @@ class DivergingTrainer:
         diverge()
 
 
+def dhpo_train_main(argv):
+    """`dhpo-train`'s status, exiting as the command does (no heap scan of this process: tests/tiny_cli.py)."""
+    with tiny_cli.exits_as_the_command():
+        return cli.main(argv)
+
+
 def dhpo_train_input_error(tmp_path, monkeypatch, debug):
-    return cli.main(["--config", str(tmp_path / "missing.yaml"), *debug]), "_read_config"
+    return dhpo_train_main(["--config", str(tmp_path / "missing.yaml"), *debug]), "_read_config"
 
 
 def dhpo_train_nonfinite(tmp_path, monkeypatch, debug):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setattr(cli, "parse_args", lambda argv: (SimpleNamespace(dataset_name="org/math"), None, None))
     monkeypatch.setattr(cli, "build_trainer", lambda *args: DivergingTrainer())
-    return cli.main(debug), "checked"
+    return dhpo_train_main(debug), "checked"
 
 
 def embedded_main(argv):
