@@ -4,8 +4,9 @@ A user error is an exception of `USER_ERROR_TYPES` raised while a command reads 
 the arguments and config files, the data, the model and tokenizer, an optional package, the vLLM server. It is
 printed as one `<prog>: error: <message>` line on stderr with exit status 2, as argparse does. Whatever is raised
 during the work itself (training, sampling, plotting) and any other exception type (KeyError, TypeError,
-RuntimeError...) is a bug, or a failure that needs its whole stack: it keeps its traceback. `--debug` keeps the
-traceback of user errors too.
+RuntimeError...) is a bug, or a failure that needs its whole stack: it keeps its traceback. `--debug` prints the whole
+traceback of every error a command reports on one line (`report`), with the same exit status, so that a script
+reading the status sees no difference and `dhpo-train` still releases its process groups before it exits.
 
 Each command splits itself in two for `run_command`: `setup` (parse, validate, load) and `work`.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,22 +26,29 @@ USER_ERROR_TYPES = (
     ImportError,  # an optional package that is not installed (vllm, deepspeed), named with its install command
 )
 DEBUG_FLAG = "--debug"
-DEBUG_HELP = "show the Python traceback of an input error instead of the one-line message"
+DEBUG_HELP = "show the Python traceback of an error instead of its one-line message"
 
 
 def run_command(prog: str, setup: Callable[[], object], work: Callable[[object], object] | None = None, *,
                 debug: bool = False) -> int:  # fmt: skip
-    """`work(setup())`; a `USER_ERROR_TYPES` exception from `setup` prints `prog: error: ...` and returns 2."""
+    """`work(setup())`; a `USER_ERROR_TYPES` exception from `setup` is reported (`report`) and returns 2."""
     try:
         prepared = setup()
     except USER_ERROR_TYPES as error:
-        if debug:
-            raise
-        print(f"{prog}: error: {one_line(error)}", file=sys.stderr)
+        report(prog, error, debug=debug)
         return 2
     if work is not None:
         work(prepared)
     return 0
+
+
+def report(prog: str, error: BaseException, *, debug: bool = False) -> None:
+    """`prog: error: <one line>` on stderr; with `debug`, the error's traceback instead, as the interpreter prints it."""
+    if debug:
+        traceback.print_exception(error, file=sys.stderr)
+    else:
+        print(f"{prog}: error: {one_line(error)}", file=sys.stderr)
+    sys.stderr.flush()  # before a distributed run's teardown, which may block
 
 
 def one_line(error: BaseException) -> str:

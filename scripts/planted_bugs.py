@@ -636,6 +636,37 @@ BUGS = {
         ["tests/test_teardown.py::test_release_in_a_process_that_holds_no_group_scans_nothing"],
         "an input error's exit scans the heap three times (seconds in a large process)",
     ),
+    "debug-keeps-the-nonfinite-line": (
+        "dhpo_trl/scale_out/cli.py",
+        'report("dhpo-train", error, debug=debug)',
+        'report("dhpo-train", error)',
+        ["tests/test_debug_flag.py"], "dhpo-train --debug prints a non-finite gradient norm on one line, no traceback",
+    ),
+    "debug-prints-the-line-instead": (
+        "dhpo_trl/user_errors.py",
+        "        traceback.print_exception(error, file=sys.stderr)",
+        '        print(f"{prog}: error: {one_line(error)}", file=sys.stderr)',
+        ["tests/test_debug_flag.py"], "--debug shows the one-line message, no traceback, on every command",
+    ),
+    "config-help-dropped": (
+        "dhpo_trl/core/config.py",
+        'return field(default=default, metadata={"help": help})',
+        "return field(default=default)",
+        ["tests/test_cli_units.py::test_help_shows_every_dhpo_field_with_its_own_help"],
+        "DHPOConfig's own fields lose their --help text",
+    ),
+    "cell-pool-kills-every-child": (
+        "dhpo_trl/demo/cell_pool.py",
+        "return [process for process in multiprocessing.active_children() if process.pid in pids]",
+        "return multiprocessing.active_children()",
+        ["tests/test_cell_pool.py"], "a study's stop kills every child of the main process, not only the pool's",
+    ),
+    "cell-pool-reads-one-pid": (
+        "dhpo_trl/demo/cell_pool.py",
+        "    while not started.empty():",
+        "    if not started.empty():",
+        ["tests/test_cell_pool.py"], "a study's stop kills one worker: the others, stopped gracefully, hang the pool",
+    ),
 }
 
 

@@ -35,7 +35,7 @@ PURE |= {"test_teardown_units", "test_routing_replay_counts", "test_rollout_rout
 PROCESSES = {
     "test_distributed", "test_metrics_distributed", "test_evaluation_callback_distributed", "test_resume_processes",
     "test_resume_zero3", "test_processes", "test_scale_out_scripts", "test_notebook", "test_accelerate_configs",
-    "test_printed_commands", "test_cli", "test_zero3_forwards",
+    "test_printed_commands", "test_cli", "test_zero3_forwards", "test_cell_pool",
 }  # fmt: skip
 
 

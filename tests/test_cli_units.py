@@ -2,9 +2,11 @@
 messages a mistake gets, what `build_trainer` hands to the tokenizer and the trainer (the trainer itself stubbed),
 the rows that reach it, and what `run_training` saves and pushes. tests/test_cli.py runs the script end to end."""
 
+import dataclasses
 import json
 import logging
 import os
+import re
 import sys
 from functools import partial
 from types import SimpleNamespace
@@ -12,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 from datasets import Dataset, DatasetDict
 
+from dhpo_trl.core.config import NONFINITE_SETTING, DHPOConfig
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
 from dhpo_trl.scale_out import cli
 from dhpo_trl.scale_out.cli import (
@@ -203,9 +206,26 @@ def test_help_shows_the_usage_and_the_error_conventions(monkeypatch, capsys):
     )
     assert " ".join(out.split()).endswith(
         "Input errors (flags, config values, files, data columns, the model path, missing packages, the vLLM "
-        "server) are reported on one line with exit status 2; --debug (no value) shows their traceback. "
-        "`--debug VALUE` stays transformers' debug option."
+        "server) are reported on one line with exit status 2, a non-finite gradient norm with 1; --debug (no value) "
+        "shows their traceback instead, with the same status. `--debug VALUE` stays transformers' debug option."
     )
+
+
+def test_help_shows_every_dhpo_field_with_its_own_help(monkeypatch, capsys):
+    """Each field DHPOConfig defines (its own, and TRL's it redefines: `epsilon`, `loss_type`...) is a `--FIELD`
+    flag of `dhpo-train --help`, followed by its own help text and its default."""
+    monkeypatch.setenv("COLUMNS", "200")
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    defined = set(vars(DHPOConfig)["__annotations__"])  # the class body's fields, not the inherited ones
+    ours = [field for field in dataclasses.fields(DHPOConfig) if field.name in defined]
+    assert {"algorithm", "epsilon", "loss_type", "routing_replay", NONFINITE_SETTING} <= defined and len(ours) >= 20
+    for field in ours:
+        text = " ".join(field.metadata.get("help", "").split())
+        flags = rf"--{field.name} \S+(, --{field.name.replace('_', '-')} \S+)?"
+        default = rf"\(default: {re.escape(str(field.default))}\)"
+        assert len(text) > 20 and re.search(rf"{flags} {re.escape(text)} {default}", shown), field.name
 
 
 # ------------------------------------------------------------------ batch plan

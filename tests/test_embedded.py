@@ -187,7 +187,8 @@ def test_the_cli_reports_a_stop_in_one_line_with_the_signals_status(tmp_path, mo
 
 
 def test_the_cli_reports_a_nonfinite_gradient_in_one_line_with_status_1(tmp_path, monkeypatch, capsys):
-    """As `dhpo-train`: the error's one line (the step it names) and exit status 1, no traceback; `--debug` re-raises."""
+    """As `dhpo-train`: the error's one line (the step it names) and exit status 1, no traceback; `--debug` prints
+    the traceback instead, with the same status."""
     from dhpo_trl import NonFiniteGradientError
 
     def diverged(*args, **kwargs):
@@ -199,5 +200,6 @@ def test_the_cli_reports_a_nonfinite_gradient_in_one_line_with_status_1(tmp_path
     assert exited.value.code == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("python -m dhpo_trl: error: ") and "step 7" in err[0]
-    with pytest.raises(NonFiniteGradientError):
+    with pytest.raises(SystemExit) as exited:
         main(["--output-dir", str(tmp_path / "out"), "--debug"])
+    assert exited.value.code == 1 and capsys.readouterr().err.startswith("Traceback (most recent call last):\n")

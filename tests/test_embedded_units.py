@@ -426,15 +426,15 @@ def test_command_line_options_reach_the_run_and_the_summary(monkeypatch, tmp_pat
     assert (tmp_path / "outputs" / "embedded").is_dir()
 
 
-def test_command_line_errors_are_one_line_and_debug_raises(monkeypatch, tmp_path, capsys):
+def test_command_line_errors_are_one_line_and_debug_shows_their_traceback(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(embedded, "run_embedded", lambda *args, **kwargs: pytest.fail("must not run"))
     (tmp_path / "file").write_text("")
     assert embedded.main(["--output-dir", str(tmp_path / "file" / "x")]) == 2
     assert capsys.readouterr().err.startswith(
         f"python -m dhpo_trl: error: --output-dir: cannot create the folder {tmp_path / 'file' / 'x'} ("
     )
-    with pytest.raises(ValueError, match="^--output-dir: cannot create the folder"):
-        embedded.main(["--output-dir", str(tmp_path / "file" / "x"), "--debug"])
+    assert embedded.main(["--output-dir", str(tmp_path / "file" / "x"), "--debug"]) == 2
+    assert capsys.readouterr().err.startswith("Traceback (most recent call last):\n")
     for flag in ("--max-steps", "--eval-every", "--num-heldout"):
         with pytest.raises(SystemExit) as exit_:
             embedded.main([flag, "0"])
@@ -453,7 +453,7 @@ def test_command_line_errors_are_one_line_and_debug_raises(monkeypatch, tmp_path
         "--num-heldout NUM_HELDOUT (200)",
         "--cache-dir CACHE_DIR warm-start cache (default ~/.cache/dhpo_trl)",
         "--no-cache always retrain the warm start, save nothing",
-        "--debug show the Python traceback of an input error instead of the one-line message",
+        "--debug show the Python traceback of an error instead of its one-line message",
     ):
         assert text in help_text, text
 

@@ -29,6 +29,11 @@ ROUTING_REPLAY_MODES = ("none", "old", "rollout")  # MoE routing replay: live, p
 NONFINITE_SETTING = "stop_on_nonfinite_gradients"
 
 
+def option(default, help: str):
+    """A config field with its `--help` text (`HfArgumentParser` reads `metadata["help"]`, as for TRL's fields)."""
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass
 class DHPOConfig(GRPOConfig):
     r"""
@@ -202,97 +207,82 @@ class DHPOConfig(GRPOConfig):
             refused at the first step. See docs/resume.md.
     """
 
-    algorithm: str = field(
-        default="dhpo",
-        metadata={"help": "Policy objective: 'dhpo', a baseline 'grpo', 'gspo', 'gmpo', 'cispo', or TRL's 'sapo', "
-                          "'luspo', 'vespo'."},
+    algorithm: str = option(
+        "dhpo",
+        "Policy objective: 'dhpo', a baseline 'grpo', 'gspo', 'gmpo', 'cispo', or TRL's 'sapo', 'luspo', 'vespo'.",
     )
-    mixing: str = field(
-        default="entropy",
-        metadata={"help": "Mixing weight of token and sequence ratios: 'entropy' (DHPO-E) or 'averaged' (DHPO-A)."},
+    mixing: str = option(
+        "entropy", "Mixing weight of token and sequence ratios: 'entropy' (DHPO-E) or 'averaged' (DHPO-A)."
     )
-    token_weight: float = field(
-        default=AVERAGED_TOKEN_WEIGHT, metadata={"help": "Weight w of the token ratio for mixing='averaged', in [0, 1]."}
+    token_weight: float = option(
+        AVERAGED_TOKEN_WEIGHT, "Weight w of the token ratio for mixing='averaged', in [0, 1]."
     )
-    clipping: str = field(
-        default="branch",
-        metadata={"help": "'branch' (clip each ratio before mixing, eq. 11) or 'unified' (clip the mixed ratio)."},
+    clipping: str = option(
+        "branch", "'branch' (clip each ratio before mixing, eq. 11) or 'unified' (clip the mixed ratio)."
     )
-    epsilon_low_token: float = field(default=EPSILON_LOW, metadata={"help": "Token branch lower clip: 1 - epsilon."})
-    epsilon_high_token: float = field(default=EPSILON_HIGH, metadata={"help": "Token branch upper clip: 1 + epsilon."})
-    epsilon_low_seq: float = field(default=EPSILON_LOW, metadata={"help": "Sequence branch lower clip: 1 - epsilon."})
-    epsilon_high_seq: float = field(default=EPSILON_HIGH, metadata={"help": "Sequence branch upper clip: 1 + epsilon."})
-    entropy_norm_scope: str = field(
-        default="batch",
-        metadata={"help": "Where the entropy min-max is taken: 'batch', 'sequence' or 'global' (all processes)."},
+    epsilon_low_token: float = option(EPSILON_LOW, "Token branch lower clip: 1 - epsilon.")
+    epsilon_high_token: float = option(EPSILON_HIGH, "Token branch upper clip: 1 + epsilon.")
+    epsilon_low_seq: float = option(EPSILON_LOW, "Sequence branch lower clip: 1 - epsilon.")
+    epsilon_high_seq: float = option(EPSILON_HIGH, "Sequence branch upper clip: 1 + epsilon.")
+    entropy_norm_scope: str = option(
+        "batch", "Where the entropy min-max is taken: 'batch', 'sequence' or 'global' (all processes)."
     )
-    gmpo_epsilon_low: float = field(default=GMPO_EPSILON, metadata={"help": "GMPO: lower clip of the token log-ratio."})
-    gmpo_epsilon_high: float = field(default=GMPO_EPSILON, metadata={"help": "GMPO: upper clip of the token log-ratio."})
-    epsilon: float = field(
-        default=GRPO_EPSILON, metadata={"help": "GRPO/GSPO: lower clip 1 - epsilon (DHPO and GMPO have their own fields)."}
+    gmpo_epsilon_low: float = option(GMPO_EPSILON, "GMPO: lower clip of the token log-ratio.")
+    gmpo_epsilon_high: float = option(GMPO_EPSILON, "GMPO: upper clip of the token log-ratio.")
+    epsilon: float = option(GRPO_EPSILON, "GRPO/GSPO: lower clip 1 - epsilon (DHPO and GMPO have their own fields).")
+    epsilon_high: float | None = option(
+        None, "GRPO/GSPO: upper clip 1 + epsilon_high (None: epsilon). CISPO: weight cap (None: 1.2)."
     )
-    epsilon_high: float | None = field(
-        default=None,
-        metadata={"help": "GRPO/GSPO: upper clip 1 + epsilon_high (None: epsilon). CISPO: weight cap (None: 1.2)."},
+    delta: float | None = option(
+        None, "Dual clip (> 1) for GRPO/GSPO (TRL's; 3 = VERL's vanilla) and DHPO (A < 0 tokens)."
     )
-    delta: float | None = field(
-        default=None,
-        metadata={"help": "Dual clip (> 1) for GRPO/GSPO (TRL's; 3 = VERL's vanilla) and DHPO (A < 0 tokens)."},
+    dynamic_batching: bool | None = option(
+        None,
+        "Length-sorted, trimmed micro-batches within each accumulation window (same update as TRL's batching, less "
+        "padding). False: TRL's batching exactly. None (default): on unless loss_type='bnpo' or steps_per_generation "
+        "is not a multiple of gradient_accumulation_steps.",
     )
-    dynamic_batching: bool | None = field(
-        default=None,
-        metadata={"help": "Length-sorted, trimmed micro-batches within each accumulation window (same update as "
-                          "TRL's batching, less padding). False: TRL's batching exactly. None (default): on unless "
-                          "loss_type='bnpo' or steps_per_generation is not a multiple of gradient_accumulation_steps."},
-    )  # fmt: skip
-    max_tokens_per_micro_batch: int | None = field(
-        default=None,
-        metadata={"help": "With dynamic_batching: the padded-token budget of one forward pass; larger micro-batches "
-                          "run as several passes in the same optimizer step. None: one pass per micro-step."},
-    )  # fmt: skip
-    padding_free: bool | None = field(
-        default=None,
-        metadata={"help": "With dynamic_batching: pack each forward's sequences end to end (no padding, attention "
-                          "per sequence); max_tokens_per_micro_batch then counts real tokens per packed row. None "
-                          "(default): packed on CPU and on CUDA with flash attention, dynamic batching elsewhere."},
-    )  # fmt: skip
-    share_prompts: bool = field(
-        default=False,
-        metadata={"help": "With padding_free: a prompt shared by several sequences of a packed row is forwarded once; "
-                          "each completion attends to it (same update to float rounding). Needs an sdpa/eager model."},
-    )  # fmt: skip
-    loss_type: str = field(
-        default="grpo",
-        metadata={"help": "Aggregation for every objective: 'grpo' (eq. 7, default), 'bnpo', 'dr_grpo', 'dapo' "
-                          "('luspo': LUSPO's). TRL's 'cispo', 'sapo', 'luspo', 'vespo' select those objectives."},
+    max_tokens_per_micro_batch: int | None = option(
+        None,
+        "With dynamic_batching: the padded-token budget of one forward pass; larger micro-batches run as several "
+        "passes in the same optimizer step. None: one pass per micro-step.",
+    )
+    padding_free: bool | None = option(
+        None,
+        "With dynamic_batching: pack each forward's sequences end to end (no padding, attention per sequence); "
+        "max_tokens_per_micro_batch then counts real tokens per packed row. None (default): packed on CPU and on "
+        "CUDA with flash attention, dynamic batching elsewhere.",
+    )
+    share_prompts: bool = option(
+        False,
+        "With padding_free: a prompt shared by several sequences of a packed row is forwarded once; each completion "
+        "attends to it (same update to float rounding). Needs an sdpa/eager model.",
+    )
+    loss_type: str = option(
+        "grpo",
+        "Aggregation for every objective: 'grpo' (eq. 7, default), 'bnpo', 'dr_grpo', 'dapo' ('luspo': LUSPO's). "
+        "TRL's 'cispo', 'sapo', 'luspo', 'vespo' select those objectives.",
     )
     # ---- mixture-of-experts routing replay (dhpo_trl/training/routing_replay.py)
-    routing_replay: str = field(
-        default="none",
-        metadata={"help": "MoE models: 'old' (R2) records each token's top-k experts in the pi_old pass and every "
-                          "policy and reference pass of that generation batch routes it through them (gate weights "
-                          "from the live router); 'rollout' (R3) replays the routing vLLM returns with each completion (a "
-                          "server started with --enable-return-routed-experts, or colocated) in every pass; "
-                          "'none' (default): live routing."},
-    )  # fmt: skip
+    routing_replay: str = option(
+        "none",
+        "MoE models: 'old' (R2) records each token's top-k experts in the pi_old pass and every policy and reference "
+        "pass of that generation batch routes it through them (gate weights from the live router); 'rollout' (R3) "
+        "replays the routing vLLM returns with each completion (a server started with "
+        "--enable-return-routed-experts, or colocated) in every pass; 'none' (default): live routing.",
+    )
 
-    stop_on_nonfinite_gradients: bool | None = field(
-        default=None,
-        metadata={"help": "Stop at the first NaN/inf gradient norm, before the optimizer step writes it into the "
-                          "weights (an error naming the step and the last checkpoint). None (default): on unless "
-                          "fp16 (its loss scaler skips inf steps). True: on, refused with fp16. False: off."},
-    )  # fmt: skip
+    stop_on_nonfinite_gradients: bool | None = option(
+        None,
+        "Stop at the first NaN/inf gradient norm, before the optimizer step writes it into the weights (an error "
+        "naming the step and the last checkpoint). None (default): on unless fp16 (its loss scaler skips inf steps). "
+        "True: on, refused with fp16. False: off.",
+    )
 
     def __post_init__(self):
-        self._apply_trl_spelling()
-        self._validate_dhpo_fields()
-        self._apply_algorithm()
-        refuse_deepspeed_dropped_by_accelerate(self.deepspeed, os.environ)  # before transformers builds its DeepSpeed config
+        self._check_before_trl()
         super().__post_init__()  # TRL resolves steps_per_generation here
-        self._validate_batching()
-        self._validate_routing_replay()
-        nonfinite_check_applies(self.stop_on_nonfinite_gradients, self.fp16)
-        self._warn_if_on_policy()
+        self._check_after_trl()
 
     @cached_property
     def _setup_devices(self):
@@ -301,11 +291,20 @@ class DHPOConfig(GRPOConfig):
 
     def validate(self) -> None:
         """Check the objective's settings again (`DHPOTrainer.__init__` calls this: the config may have been
-        mutated after construction) and re-apply what `algorithm` implies."""
+        mutated after construction) and re-apply what `algorithm` implies: the constructor's checks, in its order."""
+        self._check_before_trl()
+        self._check_after_trl()
+
+    def _check_before_trl(self) -> None:
+        """The objective's fields and what `algorithm` sets, and a DeepSpeed config accelerate would drop: settled
+        before TRL's and transformers' `__post_init__` read them (transformers builds its DeepSpeed config there)."""
         self._apply_trl_spelling()
         self._validate_dhpo_fields()
         self._apply_algorithm()
         refuse_deepspeed_dropped_by_accelerate(self.deepspeed, os.environ)
+
+    def _check_after_trl(self) -> None:
+        """The checks that read what TRL's `__post_init__` resolves (`steps_per_generation`)."""
         self._validate_batching()
         self._validate_routing_replay()
         nonfinite_check_applies(self.stop_on_nonfinite_gradients, self.fp16)
@@ -460,7 +459,7 @@ class DHPOConfig(GRPOConfig):
                 "gradient_accumulation_steps with k >= 2 (the paper: 2) or num_iterations > 1. vLLM alone does not "
                 "change this: TRL recomputes pi_old with the training model.",
                 UserWarning,
-                stacklevel=4,  # the caller of DHPOConfig(...) or of DHPOTrainer(...)
+                stacklevel=5,  # the caller of DHPOConfig(...) or of DHPOTrainer(...), through _check_after_trl
             )
 
     def _validate_batching(self) -> None:

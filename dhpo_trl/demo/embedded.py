@@ -32,7 +32,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from ..core.presets import PAPER_ALGORITHMS, config_for
 from ..scoring.rewards import math_verify_reward
 from ..training.nonfinite import NonFiniteGradientError
-from ..user_errors import DEBUG_FLAG, DEBUG_HELP, make_folder, one_line, positive_int, run_command
+from ..user_errors import DEBUG_FLAG, DEBUG_HELP, make_folder, positive_int, report, run_command
 from .arithmetic import Problem, make_splits, to_dataset
 from .warmstart import WarmStartSettings, greedy_completions, load_or_warm_start
 
@@ -462,7 +462,8 @@ def _print_summary(summary: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m dhpo_trl`: 0, or 2 after a one-line error for bad input (see `dhpo_trl.user_errors`)."""
+    """`python -m dhpo_trl`: 0, 2 after a one-line error for bad input (see `dhpo_trl.user_errors`), or 1 after one
+    for a non-finite gradient norm; `--debug` prints the traceback instead of the line, with the same status."""
     parser = argparse.ArgumentParser(
         prog="python -m dhpo_trl",
         description="Train DHPO (or a paper baseline) on CPU, offline: a warm-started tiny Qwen3 on synthetic addition.",
@@ -499,10 +500,8 @@ def main(argv: list[str] | None = None) -> int:
             )  # fmt: skip
         except TrainingStopped as stopped:
             raise SystemExit(stopped.report("python -m dhpo_trl:")) from None
-        except NonFiniteGradientError as error:  # one line and status 1, as dhpo-train says it
-            if options.debug:
-                raise
-            print(f"python -m dhpo_trl: error: {one_line(error)}", file=sys.stderr)
+        except NonFiniteGradientError as error:  # one line (--debug: its traceback) and status 1, as dhpo-train
+            report("python -m dhpo_trl", error, debug=options.debug)
             raise SystemExit(1) from None
         _print_summary(summary)
 

@@ -31,7 +31,7 @@ from ..scoring.data import load_math_dataset
 from ..scoring.rewards import math_verify_reward
 from ..training.nonfinite import NonFiniteGradientError
 from ..training.teardown import release_process_groups
-from ..user_errors import check_model_path, make_folder, pop_debug_flag, run_command
+from ..user_errors import check_model_path, make_folder, pop_debug_flag, report, run_command
 
 # The paper's training data and its subset (a folder of the repository); the subset is the default only for it.
 PAPER_DATASET, PAPER_SUBSET = "hkust-nlp/SimpleRL-Zoo-Data", "simplelr_qwen_level3to5"
@@ -84,8 +84,8 @@ _STRATEGY_FIELDS = ("save_strategy", "eval_strategy", "logging_strategy")
 USAGE = "%(prog)s [--config FILE.yaml] [--overlay FILE.yaml ...] [--debug] [--FIELD VALUE ...]"
 EPILOG = (
     "Input errors (flags, config values, files, data columns, the model path, missing packages, the vLLM server) are "
-    "reported on one line with exit status 2; --debug (no value) shows their traceback. `--debug VALUE` stays "
-    "transformers' debug option."
+    "reported on one line with exit status 2, a non-finite gradient norm with 1; --debug (no value) shows their "
+    "traceback instead, with the same status. `--debug VALUE` stays transformers' debug option."
 )
 
 
@@ -416,7 +416,8 @@ def main(argv=None) -> int:
     """Console entry point (`dhpo-train`): parse `argv` (default: sys.argv), build the trainer, train.
 
     Returns 0, 2 after a one-line `dhpo-train: error: ...` for bad input (see `dhpo_trl.user_errors`), or 1 after
-    one for a non-finite gradient norm (`stop_on_nonfinite_gradients`).
+    one for a non-finite gradient norm (`stop_on_nonfinite_gradients`); `--debug` prints the traceback instead of
+    the line, with the same status.
     """
     argv, debug = pop_debug_flag(sys.argv[1:] if argv is None else argv)
     from ..training import trainer  # noqa: F401 - imported outside the input checks: an ImportError in it is a bug
@@ -429,7 +430,7 @@ def main(argv=None) -> int:
         status = run_command("dhpo-train", setup, lambda built: run_training(*built), debug=debug)
     except NonFiniteGradientError as error:  # raised on every process at the same step (training/nonfinite.py)
         if int(os.environ.get("RANK", "0")) == 0:
-            print(f"dhpo-train: error: {error}", file=sys.stderr, flush=True)
+            report("dhpo-train", error, debug=debug)
         status = 1
     # The trainer is out of reach now: every process group and what holds it go before the interpreter finalises
     # (see dhpo_trl.training.teardown); a group left to finalisation can hang or abort a finished run. No barrier
