@@ -488,7 +488,7 @@ def test_a_kept_probe_holds_no_trainer(bench, tmp_path, monkeypatch):
 def test_arms_report_health_and_a_profiled_arm_its_operators(bench, tmp_path, monkeypatch):
     """Each arm reports its warm-up run's losses, gradient norms and non-finite update values (a NaN update gap then
     says whether the run diverged) and each run's seconds; a profiled arm its top operators, the others none. The
-    profiled runs come right after the warm-up runs, before the timed ones: a benchmark cut short still has them."""
+    profiled runs come after the first timed round: a benchmark cut short keeps every arm's speed first."""
     out, order = tmp_path / "bench.json", []
     run_once = bench.run_once
 
@@ -499,8 +499,8 @@ def test_arms_report_health_and_a_profiled_arm_its_operators(bench, tmp_path, mo
 
     monkeypatch.setattr(bench, "run_once", recorded)
     bench.main(["--arms", "trl,packed", "--profile", "packed", "--repeats", "1", "--json", str(out), *TINY_BENCH])
-    assert order == [("trl", "warm-up"), ("packed", "warm-up"), ("packed", "profile"), ("trl", "timed"),
-                     ("packed", "timed")]  # fmt: skip
+    assert order == [("trl", "warm-up"), ("packed", "warm-up"), ("trl", "timed"), ("packed", "timed"),
+                     ("packed", "profile")]  # fmt: skip
     arms = json.loads(out.read_text())["arms"]
     for arm in arms.values():
         health = arm["warm_up_run"]
@@ -531,6 +531,31 @@ def test_a_profiled_run_records_only_its_window(bench):
     assert summary["micro_steps"] == 2 and summary["aten_ops_per_micro_step"] == sum(r["calls"] for r in table) / 2
     probe.release()
     assert trainer.training_step is not probe.step
+
+
+def test_a_profiled_micro_step_starts_synchronised_and_holds_its_closing_synchronisation(bench, monkeypatch):
+    """On CUDA a profiled micro-step is marked from an idle device to its closing synchronisation: the summary counts
+    the benchmark's closing cudaDeviceSynchronize once a micro-step, never the one before the range. The runtime call
+    is stood in for by a host range of its name (no GPU here)."""
+    def synchronize():
+        with torch.profiler.record_function("cudaDeviceSynchronize"):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
+    def micro_step(model, inputs, n=None):
+        return torch.zeros(1).cos()
+
+    trainer = SimpleNamespace(training_step=micro_step, _generate_and_score_completions=None)
+    probe = bench.Probe(trainer, "cuda", set(), "wall", range(1, 3))
+    with pytest.warns(UserWarning, match="CUDA"):  # a CPU build's profiler drops the CUDA activity
+        for _ in range(4):
+            probe.step(None, None)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as alone:
+        micro_step(None, None)
+    summary, operators = probe.profile_summary, [e for e in alone.events() if e.name.startswith("aten::")]
+    assert summary["micro_steps"] == 2 and summary["synchronisations_per_micro_step"] == 1
+    assert summary["aten_ops_per_micro_step"] == len(operators) and summary["kernel_launches_per_micro_step"] == 0
+    probe.release()
 
 
 def test_every_arm_runs_its_steps_in_the_update_attention_context(bench, tmp_path, monkeypatch):
