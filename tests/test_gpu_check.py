@@ -94,6 +94,20 @@ def test_a_benchmark_part_is_held_its_runs_time():
     assert check.bench_seconds("qwen3-1.7b") == 12 + (3 * 3 + 2 * 2 + 1.5 * 3) * 14
 
 
+def test_a_benchmark_cut_to_its_least_box_keeps_every_arms_first_timed_run():
+    """The least time a benchmark part gets is what is left when every earlier part takes its whole box and every
+    later part's minimum is held back. Its start, every arm's warm-up and the first timed round (which come before
+    the profiled runs and the other rounds) fit in it at the planned seconds a run."""
+    parts = check.plan(False, "python3", Path("/nonexistent"), ".gpu_wheels")
+    for index, part in enumerate(parts):
+        if not part.name.startswith("bench-"):
+            continue
+        least = check.time_box(part, parts[index + 1 :], check.GPU_SECONDS, sum(p.box for p in parts[:index]))
+        arms = part.command[part.command.index("--arms") + 1].split(",")
+        per_run = check.BENCH_RUN_SECONDS[part.command[part.command.index("--shape") + 1]]
+        assert check.BENCH_START_SECONDS + 2 * len(arms) * per_run <= least, part.name
+
+
 def test_the_gpu_overhead_shape_is_qwen3_30b_a3b_layers():
     """The shape `routing-overhead` times on a GPU, built on the meta device: Qwen3-30B-A3B's layer, counted by hand."""
     import torch
