@@ -125,8 +125,9 @@ def test_kernels_without_a_recognised_launch_give_no_launch_count():
 
 
 def test_records_leave_out_device_records_that_are_no_device_work():
-    """Kineto's activity types (torch's `FunctionEvent.activity_type`): a range's span on the device, under the
-    spelling older kineto gives it and without the annotation flag, and the CUDA sync events
+    """Kineto's activity types (torch's `FunctionEvent.activity_type`): a range's span on the device (the marked
+    range's and a range inside it, under the spelling older kineto gives it) without the annotation flag, and the
+    CUDA sync events
     (`enable_cuda_sync_events`: `Context Sync` spans the host's wait) are no device work; kernels and copies are."""
     cpu, cuda = SimpleNamespace(name="CPU"), SimpleNamespace(name="CUDA")
 
@@ -134,7 +135,9 @@ def test_records_leave_out_device_records_that_are_no_device_work():
         return SimpleNamespace(name=name, device_type=device_type, activity_type=activity,
                                time_range=SimpleNamespace(start=start, end=end))  # fmt: skip
 
-    events = [event(MARK, cpu, 0, 100, "user_annotation"), event(MARK, cuda, 0, 100, "gpu_user_Annotation"),
+    events = [event(MARK, cpu, 0, 100, "user_annotation"), event(MARK, cuda, 0, 100, "gpu_user_annotation"),
+              event("inner range", cpu, 5, 95, "user_annotation"),
+              event("inner range", cuda, 5, 95, "gpu_user_Annotation"),
               event("Context Sync", cuda, 10, 90, "cuda_sync"), event("gemm", cuda, 20, 30, "kernel"),
               event("Memcpy DtoH (Device -> Pageable)", cuda, 40, 45, "gpu_memcpy"),
               event("Memset (Device)", cuda, 50, 55, "gpu_memset")]  # fmt: skip
