@@ -581,10 +581,12 @@ def print_report(report: dict) -> None:
         summary = arm.get("profile_summary")
         if summary:
             busy, launches = summary["device_busy_fraction"], summary["kernel_launches_per_micro_step"]
+            waiting = summary["host_waiting_fraction"]
             print(f"profile {name}: per micro-step {summary['wall_seconds_per_micro_step'] * 1e3:.1f} ms, "
                   f"{summary['aten_ops_per_micro_step']:.0f} aten ops, {'?' if launches is None else f'{launches:.0f}'} "
                   f"launches, {summary['synchronisations_per_micro_step']:.1f} synchronisations; device busy "
-                  f"{'-' if busy is None else f'{100 * busy:.0f}%'}, host in operators "
+                  f"{'-' if busy is None else f'{100 * busy:.0f}%'}, host waiting "
+                  f"{'-' if waiting is None else f'{100 * waiting:.0f}%'}, host in operators "
                   f"{100 * summary['host_in_operators_fraction']:.0f}%, attention "
                   f"{100 * summary['attention_host_fraction']:.0f}% of host time")  # fmt: skip
 

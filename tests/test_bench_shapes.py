@@ -122,3 +122,27 @@ def test_wide_repeats_time_each_shaped_arm_its_own_runs(bench, tmp_path, monkeyp
         for name, figures in arms.items():
             asked = int(wide if "@" in name else repeats)
             assert figures["timed_runs"] == figures["timed_runs_asked"] == asked, name
+
+
+def test_the_printed_profile_line_says_what_a_cuda_window_could_not_count(bench, capsys):
+    """A CUDA window whose launches were not recognised prints `?` launches, never 0, next to its busy and waiting
+    shares; a CPU window prints `-` for the device's figures."""
+    from dhpo_trl.training import step_profile
+
+    def host(name, start, end):
+        return {"name": name, "device": False, "start": start, "end": end, "annotation": False}
+
+    cuda = [host("m", 0, 1000), host("cudaLaunchUnknown", 1, 2), host("cudaStreamSynchronize", 500, 750),
+            {"name": "k", "device": True, "start": 10, "end": 260, "annotation": False}]  # fmt: skip
+    summaries = {"dynamic@16x2": step_profile.summarise(cuda, "m", cuda=True),
+                 "packed": step_profile.summarise(cuda[:1], "m", cuda=False)}  # fmt: skip
+    arm = {"padding_fraction": 0.0, "peak_step_memory_bytes": 0, "attention_kernels": {}, "update_gap_to_trl": None}
+    options = {key: 0 for key in ("algorithm", "batch_size", "accumulation", "max_prompt", "max_completion",
+                                  "median_fraction", "sigma", "max_tokens", "steps", "repeats")}  # fmt: skip
+    bench.print_report({"options": options, "device_name": "d", "dtype": "t", "shape": None, "parameters": 0,
+                        "trained_tokens_per_run": 0, "throughput_ratios": {},
+                        "arms": {name: {**arm, "profile_summary": s} for name, s in summaries.items()}})  # fmt: skip
+    lines = {line.split(":")[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith("profile")}
+    assert "? launches" in lines["profile dynamic@16x2"] and "device busy 25%" in lines["profile dynamic@16x2"]
+    assert "host waiting 25%" in lines["profile dynamic@16x2"]
+    assert "0 launches" in lines["profile packed"] and "device busy -, host waiting -" in lines["profile packed"]

@@ -376,16 +376,18 @@ def test_docs_block_renders_each_profiled_window_and_the_timed_runs_each_arm_ask
     short names each arm's count against its own."""
     summary = {"micro_steps": 2, "wall_seconds_per_micro_step": 0.2504, "aten_ops_per_micro_step": 4321.0,
                "kernel_launches_per_micro_step": 2345.0, "synchronisations_per_micro_step": 3.5,
-               "device_busy_fraction": 0.123, "host_in_operators_fraction": 0.91, "attention_host_fraction": 0.456}
+               "device_busy_fraction": 0.123, "host_waiting_fraction": 0.052, "host_in_operators_fraction": 0.91,
+               "attention_host_fraction": 0.456}
     arms = {"packed": bench_arm(5000.0, 2, profile_top_operators=[], profile_summary=summary, timed_runs_asked=2),
             "packed@16x2": bench_arm(7000.0, 1, timed_runs_asked=1, profile_top_operators=[],
-                                     profile_summary={**summary, "device_busy_fraction": None})}  # fmt: skip
+                                     profile_summary={**summary, "device_busy_fraction": None,
+                                                      "host_waiting_fraction": None})}  # fmt: skip
     part = bench_part("ok", 2, arms, {"packed@16x2/packed": 1.4}, profile="packed,packed@16x2")
     block = docs.render([gpu_report("2026-01-01T00:00:00Z", "a" * 40, {"bench-qwen3-1.7b": part})])
     profiled = [[cell.strip() for cell in line.strip("|").split("|")] for line in block.splitlines()
                 if line.startswith("| packed") and "| 4,321 |" in line]  # fmt: skip
     figures = ["2", "250.4", "4,321", "2,345", "3.5"]
-    assert profiled == [["packed", *figures, "12%", "91%", "46%"], ["packed@16x2", *figures, "", "91%", "46%"]]
+    assert profiled == [["packed", *figures, "12%", "5%", "91%", "46%"], ["packed@16x2", *figures, "", "", "91%", "46%"]]
     assert table_row(block, "bench-qwen3-1.7b")[2] == "ok" and "packed@16x2/packed 1.40x" in block
     arms["packed@16x2"]["timed_runs"] = 0
     status = table_row(docs.render(gpu_report("d", "c", {"bench-qwen3-1.7b": part})), "bench-qwen3-1.7b")[2]

@@ -41,7 +41,7 @@ def test_a_cpu_profile_counts_operators_and_scalar_reads_per_micro_step():
     assert summary["aten_ops_per_micro_step"] == 6 / 2  # mm, add, scalar, item; mm, attention
     assert summary["synchronisations_per_micro_step"] == summary["local_scalar_reads_per_micro_step"] == 0.5
     assert summary["kernel_launches_per_micro_step"] == summary["device_kernels_per_micro_step"] == 0
-    assert summary["device_busy_fraction"] is None
+    assert summary["device_busy_fraction"] is None and summary["host_waiting_fraction"] is None
     assert summary["host_in_operators_fraction"] == pytest.approx((50 + 12 + 200 + 60) / 400)
     assert summary["attention_host_fraction"] == pytest.approx(60 / 400)
     assert summary["attention_host_seconds_per_micro_step"] == pytest.approx(30e-6)
@@ -69,6 +69,7 @@ def test_a_cuda_profile_counts_launches_synchronisations_and_device_busy_time():
     assert summary["local_scalar_reads_per_micro_step"] == 1 / 2
     assert summary["device_busy_fraction"] == pytest.approx((400 + 20 + 100) / 2000)
     assert summary["host_in_operators_fraction"] == pytest.approx((90 + 190) / 2000)
+    assert summary["host_waiting_fraction"] == pytest.approx((160 + 49) / 2000)  # the two syncs, not the copy
 
 
 def test_records_read_torch_profiler_events():

@@ -11,9 +11,10 @@ end in microseconds on the profiler's one clock); `summarise(records, marker)` r
 * host-device synchronisations: on CUDA the runtime's synchronising calls, on a CPU `aten::_local_scalar_dense`
   (every `.item()` and tensor-to-Python read, where a GPU would wait); that count is reported on both;
 * the device-busy fraction on CUDA: the union of device activity (kernels, copies, sets) inside the marked ranges
-  over their wall time. A low fraction with the host busy in operators most of the wall time says the step waits on
-  the host (launch overhead); the attention operators' host share says how much of that is attention, where cuDNN
-  builds an execution plan for every new shape.
+  over their wall time, and the host-waiting fraction: the union of the synchronising calls over the wall time (the
+  host blocked on the device, inside `.item()`'s operator or not). A low busy fraction with the host in operators
+  most of the wall time and seldom waiting says the step waits on the host (launch overhead); the attention
+  operators' host share says how much of that is attention, where a per-shape cost (cuDNN's execution plans) shows.
 
 A host event belongs to the micro-step in whose range it starts; device activity counts where it overlaps a range.
 """
@@ -103,6 +104,7 @@ def summarise(events: list[dict], marker: str, cuda: bool) -> dict | None:
     attention = clip([(e["start"], e["end"]) for e in host if is_attention(e["name"])], windows)
     local_scalar = sum(e["name"] == LOCAL_SCALAR for e in host)
     calls = [api_name(e["name"]) for e in host]
+    waits = clip([(e["start"], e["end"]) for e, name in zip(host, calls) if name in SYNCHRONISATIONS], windows)
     synchronisations = sum(name in SYNCHRONISATIONS for name in calls) if cuda else local_scalar
     launches = sum(name in LAUNCHES for name in calls)
     busy = union_length(clip(device, windows)) / wall if cuda and wall > 0 else None
@@ -117,6 +119,7 @@ def summarise(events: list[dict], marker: str, cuda: bool) -> dict | None:
         "local_scalar_reads_per_micro_step": local_scalar / steps,
         "device_busy_fraction": busy,
         "host_in_operators_fraction": union_length(aten) / wall if wall > 0 else None,
+        "host_waiting_fraction": union_length(waits) / wall if cuda and wall > 0 else None,
         "attention_host_fraction": union_length(attention) / wall if wall > 0 else None,
         "attention_host_seconds_per_micro_step": union_length(attention) / steps / 1e6,
     }
