@@ -436,6 +436,9 @@ def main(argv=None) -> None:
         parser.error(str(error))
     if len({(s["name"], s["batch_size"], s["accumulation"]) for s in arm_shapes}) != len(arms):
         parser.error(f"--arms {options.arms!r}: each arm once (NAME is NAME@{options.batch_size}x{options.accumulation})")
+    for flag, value in (("--repeats", options.repeats), ("--wide-repeats", options.wide_repeats)):
+        if value is not None and value < 0:
+            parser.error(f"{flag} {value}: timed runs per arm, 0 or more")
     if options.wide_repeats is not None and not any("@" in arm for arm in arms):
         parser.error(f"--wide-repeats {options.wide_repeats}: no arm of --arms {options.arms!r} is written NAME@BxA")
     profile_arms = tuple(filter(None, options.profile.split(",")))

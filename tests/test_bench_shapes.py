@@ -55,6 +55,7 @@ def test_a_shape_that_changes_the_optimizer_step_is_refused(bench, label, capsys
     (["--arms", "packed,packed@4x8"], "--arms"),  # the same arm twice
     (["--arms", "trl,packed", "--wide-repeats", "1"], "--wide-repeats"),  # no arm it would act on
     (["--arms", "trl,packed@16x2", "--profile", "packed"], "--profile"),  # a shape is an arm of its own
+    (["--arms", "trl,packed@16x2", "--wide-repeats", "-1"], "--wide-repeats"),  # no run, silently
 ])  # fmt: skip
 def test_arm_options_that_would_not_act_are_refused(bench, argv, named, capsys):
     with pytest.raises(SystemExit) as stopped:
