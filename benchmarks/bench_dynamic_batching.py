@@ -584,9 +584,9 @@ def print_report(report: dict) -> None:
         summary = arm.get("profile_summary")
         if summary:
             busy, launches = summary["device_busy_fraction"], summary["kernel_launches_per_micro_step"]
-            waiting = summary["host_waiting_fraction"]
+            waiting, launched = summary["host_waiting_fraction"], "?" if launches is None else f"{launches:.0f}"
             print(f"profile {name}: per micro-step {summary['wall_seconds_per_micro_step'] * 1e3:.1f} ms, "
-                  f"{summary['aten_ops_per_micro_step']:.0f} aten ops, {'?' if launches is None else f'{launches:.0f}'} "
+                  f"{summary['aten_ops_per_micro_step']:.0f} aten ops, {launched} "
                   f"launches, {summary['synchronisations_per_micro_step']:.1f} synchronisations; device busy "
                   f"{'-' if busy is None else f'{100 * busy:.0f}%'}, host waiting "
                   f"{'-' if waiting is None else f'{100 * waiting:.0f}%'}, host in operators "

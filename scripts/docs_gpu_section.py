@@ -229,7 +229,8 @@ def profile_summary_lines(bench: dict) -> list[str]:
              "wall time the host spends in aten operators, waits inside them included, and in the attention "
              "operators among them):", "",
              "| arm | micro-steps | wall ms | aten ops | kernel launches | synchronisations | device busy | host "
-             "waiting | host in operators | attention (host) |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "waiting | host in operators | attention (host) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for arm, summary in rows:
         lines.append(f"| {arm} | {summary['micro_steps']} | {_number(summary['wall_seconds_per_micro_step'], 1, 1e3)} | "
                      f"{_number(summary['aten_ops_per_micro_step'])} | "

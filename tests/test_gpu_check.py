@@ -377,7 +377,7 @@ def test_docs_block_renders_each_profiled_window_and_the_timed_runs_each_arm_ask
     summary = {"micro_steps": 2, "wall_seconds_per_micro_step": 0.2504, "aten_ops_per_micro_step": 4321.0,
                "kernel_launches_per_micro_step": 2345.0, "synchronisations_per_micro_step": 3.5,
                "device_busy_fraction": 0.123, "host_waiting_fraction": 0.052, "host_in_operators_fraction": 0.91,
-               "attention_host_fraction": 0.456}
+               "attention_host_fraction": 0.456}  # fmt: skip
     arms = {"packed": bench_arm(5000.0, 2, profile_top_operators=[], profile_summary=summary, timed_runs_asked=2),
             "packed@16x2": bench_arm(7000.0, 1, timed_runs_asked=1, profile_top_operators=[],
                                      profile_summary={**summary, "device_busy_fraction": None,
@@ -387,7 +387,8 @@ def test_docs_block_renders_each_profiled_window_and_the_timed_runs_each_arm_ask
     profiled = [[cell.strip() for cell in line.strip("|").split("|")] for line in block.splitlines()
                 if line.startswith("| packed") and "| 4,321 |" in line]  # fmt: skip
     figures = ["2", "250.4", "4,321", "2,345", "3.5"]
-    assert profiled == [["packed", *figures, "12%", "5%", "91%", "46%"], ["packed@16x2", *figures, "", "", "91%", "46%"]]
+    assert profiled == [["packed", *figures, "12%", "5%", "91%", "46%"],
+                        ["packed@16x2", *figures, "", "", "91%", "46%"]]  # fmt: skip
     assert table_row(block, "bench-qwen3-1.7b")[2] == "ok" and "packed@16x2/packed 1.40x" in block
     arms["packed@16x2"]["timed_runs"] = 0
     status = table_row(docs.render(gpu_report("d", "c", {"bench-qwen3-1.7b": part})), "bench-qwen3-1.7b")[2]
