@@ -234,13 +234,15 @@ class Probe:
             activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device == "cuda" else [])
             self.profiler = profile(activities=activities)
             self.profiler.start()
-        # a profiled micro-step, its closing synchronisation included, is one marked range of the summary
+        # a profiled micro-step is one marked range of the summary: from an idle device (synchronised before the
+        # range, so earlier work is not its own) to its closing synchronisation (inside, so its kernels are; one
+        # cudaDeviceSynchronize a micro-step of the summary's count is the benchmark's)
+        self._sync()
         marked = torch.profiler.record_function(PROFILE_MARKER) if self.profiler is not None else nullcontext()
         with marked:
             if call in self.memory_steps:
                 output = self._measured(model, inputs, num_items_in_batch)
             else:
-                self._sync()
                 start = self.clock()
                 output = self.step_inner(model, inputs, num_items_in_batch)
                 self._sync()
@@ -418,9 +420,10 @@ def main(argv=None) -> None:
                         "NAME@BxA trains that arm at B rows x A accumulation steps, the same sequences an optimizer "
                         "step and the same generation batch as --batch-size x --accumulation (B x A equal)")  # fmt: skip
     parser.add_argument("--json", default=None, help="write the figures to this file (rewritten after every run)")
-    parser.add_argument("--profile", default="", help="comma-separated arms run once more, right after the warm-up "
-                        "runs and untimed, with torch.profiler over the first micro-steps of the second optimizer "
-                        "step: their top operators by self device (CUDA) or CPU time go in --json")  # fmt: skip
+    parser.add_argument("--profile", default="", help="comma-separated arms run once more, after the first timed "
+                        "round and untimed, with torch.profiler over the first micro-steps of the second optimizer "
+                        "step: their top operators by self device (CUDA) or CPU time and per micro-step figures go "
+                        "in --json")  # fmt: skip
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1 on cpu)")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="cpu: this process's CPU time (one thread: less sensitive to other jobs on a shared "
@@ -433,6 +436,9 @@ def main(argv=None) -> None:
         parser.error(str(error))
     if len({(s["name"], s["batch_size"], s["accumulation"]) for s in arm_shapes}) != len(arms):
         parser.error(f"--arms {options.arms!r}: each arm once (NAME is NAME@{options.batch_size}x{options.accumulation})")
+    for flag, value in (("--repeats", options.repeats), ("--wide-repeats", options.wide_repeats)):
+        if value is not None and value < 0:
+            parser.error(f"{flag} {value}: timed runs per arm, 0 or more")
     if options.wide_repeats is not None and not any("@" in arm for arm in arms):
         parser.error(f"--wide-repeats {options.wide_repeats}: no arm of --arms {options.arms!r} is written NAME@BxA")
     profile_arms = tuple(filter(None, options.profile.split(",")))
@@ -470,13 +476,16 @@ def main(argv=None) -> None:
             gaps[name] = None if reference is None else relative_gap(change, reference)
             del change
             write_json(options.json, report())
-        for name in profile_arms:  # before the timed runs, so a run cut short still has them; untimed
-            profiles[name] = run_once(name, options, tokenizer, dataset, output_dir, False, profiled=True)[0]
-            write_json(options.json, report())
-        for repeat in range(max(repeats_of(name, options) for name in arms)):
+        rounds = max(repeats_of(name, options) for name in arms)
+        for repeat in range(max(rounds, 1)):
             order = arms[repeat % len(arms) :] + arms[: repeat % len(arms)]
             for name in (name for name in order if repeat < repeats_of(name, options)):
                 runs[name].append(run_once(name, options, tokenizer, dataset, output_dir, measure_memory=False)[0])
+                write_json(options.json, report())
+            # the profiled runs (untimed) after the first timed round and before the others: a benchmark cut short
+            # keeps every arm's speed first, then the profiles, whose run time is the least certain
+            for name in profile_arms if repeat == 0 else ():
+                profiles[name] = run_once(name, options, tokenizer, dataset, output_dir, False, profiled=True)[0]
                 write_json(options.json, report())
     print_report(report())
 
@@ -574,11 +583,13 @@ def print_report(report: dict) -> None:
     for name, arm in report["arms"].items():
         summary = arm.get("profile_summary")
         if summary:
-            busy = summary["device_busy_fraction"]
+            busy, launches = summary["device_busy_fraction"], summary["kernel_launches_per_micro_step"]
+            waiting, launched = summary["host_waiting_fraction"], "?" if launches is None else f"{launches:.0f}"
             print(f"profile {name}: per micro-step {summary['wall_seconds_per_micro_step'] * 1e3:.1f} ms, "
-                  f"{summary['aten_ops_per_micro_step']:.0f} aten ops, {summary['kernel_launches_per_micro_step']:.0f} "
+                  f"{summary['aten_ops_per_micro_step']:.0f} aten ops, {launched} "
                   f"launches, {summary['synchronisations_per_micro_step']:.1f} synchronisations; device busy "
-                  f"{'-' if busy is None else f'{100 * busy:.0f}%'}, host in operators "
+                  f"{'-' if busy is None else f'{100 * busy:.0f}%'}, host waiting "
+                  f"{'-' if waiting is None else f'{100 * waiting:.0f}%'}, host in operators "
                   f"{100 * summary['host_in_operators_fraction']:.0f}%, attention "
                   f"{100 * summary['attention_host_fraction']:.0f}% of host time")  # fmt: skip
 

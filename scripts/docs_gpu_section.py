@@ -225,16 +225,19 @@ def profile_summary_lines(bench: dict) -> list[str]:
     if not rows:
         return []
     lines = ["", "Profiled micro-steps (per micro-step of each profiled window; device busy: device activity over wall "
-             "time; host in operators and attention: shares of wall time the host spends in aten operators, and in "
-             "the attention operators among them):", "",
-             "| arm | micro-steps | wall ms | aten ops | kernel launches | synchronisations | device busy | host in "
-             "operators | attention (host) |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "time; host waiting: the host inside synchronising calls; host in operators and attention: shares of "
+             "wall time the host spends in aten operators, waits inside them included, and in the attention "
+             "operators among them):", "",
+             "| arm | micro-steps | wall ms | aten ops | kernel launches | synchronisations | device busy | host "
+             "waiting | host in operators | attention (host) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for arm, summary in rows:
         lines.append(f"| {arm} | {summary['micro_steps']} | {_number(summary['wall_seconds_per_micro_step'], 1, 1e3)} | "
                      f"{_number(summary['aten_ops_per_micro_step'])} | "
                      f"{_number(summary['kernel_launches_per_micro_step'])} | "
                      f"{_number(summary['synchronisations_per_micro_step'], 1)} | "
                      f"{_number(summary['device_busy_fraction'], 0, 100, '%')} | "
+                     f"{_number(summary.get('host_waiting_fraction'), 0, 100, '%')} | "
                      f"{_number(summary['host_in_operators_fraction'], 0, 100, '%')} | "
                      f"{_number(summary['attention_host_fraction'], 0, 100, '%')} |")  # fmt: skip
     return lines

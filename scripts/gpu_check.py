@@ -90,7 +90,7 @@ def bench_command(python: str, cpu: bool, shape: str, batch_size: int, out: str)
     plan = BENCH_PLAN[shape]
     arms, profile = (tiny_arms(plan["arms"], 4), tiny_arms(plan["profile"], 4)) if cpu else (plan["arms"], plan["profile"])
     command = [python, "benchmarks/bench_dynamic_batching.py", "--arms", arms, "--steps", "2", "--json", out]
-    command += ["--profile", profile] if profile else []  # where the update's time goes, after the warm-up runs
+    command += ["--profile", profile] if profile else []  # where the update's time goes, after the first timed round
     if cpu:  # tiny: the same arms and code path in seconds
         return [*command, "--device", "cpu", "--hidden-size", "32", "--layers", "1", "--heads", "2", "--repeats",
                 "1", "--wide-repeats", "1", "--batch-size", "2", "--generations", "2", "--accumulation", "2",

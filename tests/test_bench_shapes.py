@@ -55,6 +55,7 @@ def test_a_shape_that_changes_the_optimizer_step_is_refused(bench, label, capsys
     (["--arms", "packed,packed@4x8"], "--arms"),  # the same arm twice
     (["--arms", "trl,packed", "--wide-repeats", "1"], "--wide-repeats"),  # no arm it would act on
     (["--arms", "trl,packed@16x2", "--profile", "packed"], "--profile"),  # a shape is an arm of its own
+    (["--arms", "trl,packed@16x2", "--wide-repeats", "-1"], "--wide-repeats"),  # no run, silently
 ])  # fmt: skip
 def test_arm_options_that_would_not_act_are_refused(bench, argv, named, capsys):
     with pytest.raises(SystemExit) as stopped:
@@ -90,31 +91,59 @@ def test_wide_arms_train_the_same_update_as_trl(bench, tmp_path, monkeypatch):
 
 def test_wide_repeats_time_each_shaped_arm_its_own_runs(bench, tmp_path, monkeypatch):
     """--wide-repeats sets the timed runs of the arms written NAME@BxA, fewer or more than --repeats, interleaved
-    with the others; each arm's figures say how many it asked and got. Runs are stand-ins here (no training)."""
+    with the others; each arm's figures say how many it asked and got. The profiled run comes after the first timed
+    round, before the others: a benchmark cut short keeps every arm's speed first. Runs are stand-ins here."""
     config = SimpleNamespace(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                              head_dim=4, intermediate_size=16, vocab_size=10)  # fmt: skip
     order = []
 
     def stand_in(name, options, *rest, measure_memory=False, profiled=False):
-        order.append(name if measure_memory else f"timed {name}")
+        order.append(name if measure_memory else f"{'profile' if profiled else 'timed'} {name}")
         probe = SimpleNamespace(real=9, forwarded=10, peaks=[1], kernels={}, prompts_total=0, trained_tokens=6,
                                 step_seconds=2.0, score_seconds=1.0, config=config, prompt_lengths=[2],
                                 completion_lengths=[3], health={}, seconds=1.0, largest_pass=5,
-                                shape=bench.arm_shape(name, options.batch_size, options.accumulation))  # fmt: skip
+                                shape=bench.arm_shape(name, options.batch_size, options.accumulation),
+                                profile=[], profile_steps=range(2, 4), profile_summary=None)  # fmt: skip
         return probe, [torch.ones(2)] if measure_memory else None, 100
 
     monkeypatch.setattr(bench, "run_once", stand_in)
     monkeypatch.setattr(bench, "print_report", lambda report: None)
     out = tmp_path / "bench.json"
     for repeats, wide, timed in (
-        ("2", "1", ["trl", "packed", "packed@16x2", "packed", "trl"]),
-        ("1", "3", ["trl", "packed", "packed@16x2", "packed@16x2", "packed@16x2"]),
+        ("2", "1", ["trl", "packed", "packed@16x2", "profile", "packed", "trl"]),
+        ("1", "3", ["trl", "packed", "packed@16x2", "profile", "packed@16x2", "packed@16x2"]),
+        ("0", "0", ["profile"]),
     ):
         order.clear()
         bench.main(["--arms", "trl,packed,packed@16x2", "--repeats", repeats, "--wide-repeats", wide, "--json",
-                    str(out), *BASE])  # fmt: skip
-        assert order == ["trl", "packed", "packed@16x2", *(f"timed {name}" for name in timed)]
+                    str(out), "--profile", "packed@16x2", *BASE])  # fmt: skip
+        runs = ("profile packed@16x2" if name == "profile" else f"timed {name}" for name in timed)
+        assert order == ["trl", "packed", "packed@16x2", *runs]
         arms = json.loads(out.read_text())["arms"]
         for name, figures in arms.items():
             asked = int(wide if "@" in name else repeats)
             assert figures["timed_runs"] == figures["timed_runs_asked"] == asked, name
+
+
+def test_the_printed_profile_line_says_what_a_cuda_window_could_not_count(bench, capsys):
+    """A CUDA window whose launches were not recognised prints `?` launches, never 0, next to its busy and waiting
+    shares; a CPU window prints `-` for the device's figures."""
+    from dhpo_trl.training import step_profile
+
+    def host(name, start, end):
+        return {"name": name, "device": False, "start": start, "end": end, "annotation": False}
+
+    cuda = [host("m", 0, 1000), host("cudaLaunchUnknown", 1, 2), host("cudaStreamSynchronize", 500, 750),
+            {"name": "k", "device": True, "start": 10, "end": 260, "annotation": False}]  # fmt: skip
+    summaries = {"dynamic@16x2": step_profile.summarise(cuda, "m", cuda=True),
+                 "packed": step_profile.summarise(cuda[:1], "m", cuda=False)}  # fmt: skip
+    arm = {"padding_fraction": 0.0, "peak_step_memory_bytes": 0, "attention_kernels": {}, "update_gap_to_trl": None}
+    options = {key: 0 for key in ("algorithm", "batch_size", "accumulation", "max_prompt", "max_completion",
+                                  "median_fraction", "sigma", "max_tokens", "steps", "repeats")}  # fmt: skip
+    bench.print_report({"options": options, "device_name": "d", "dtype": "t", "shape": None, "parameters": 0,
+                        "trained_tokens_per_run": 0, "throughput_ratios": {},
+                        "arms": {name: {**arm, "profile_summary": s} for name, s in summaries.items()}})  # fmt: skip
+    lines = {line.split(":")[0]: line for line in capsys.readouterr().out.splitlines() if line.startswith("profile")}
+    assert "? launches" in lines["profile dynamic@16x2"] and "device busy 25%" in lines["profile dynamic@16x2"]
+    assert "host waiting 25%" in lines["profile dynamic@16x2"]
+    assert "0 launches" in lines["profile packed"] and "device busy -, host waiting -" in lines["profile packed"]

@@ -94,6 +94,20 @@ def test_a_benchmark_part_is_held_its_runs_time():
     assert check.bench_seconds("qwen3-1.7b") == 12 + (3 * 3 + 2 * 2 + 1.5 * 3) * 14
 
 
+def test_a_benchmark_cut_to_its_least_box_keeps_every_arms_first_timed_run():
+    """The least time a benchmark part gets is what is left when every earlier part takes its whole box and every
+    later part's minimum is held back. Its start, every arm's warm-up and the first timed round (which come before
+    the profiled runs and the other rounds) fit in it at the planned seconds a run."""
+    parts = check.plan(False, "python3", Path("/nonexistent"), ".gpu_wheels")
+    for index, part in enumerate(parts):
+        if not part.name.startswith("bench-"):
+            continue
+        least = check.time_box(part, parts[index + 1 :], check.GPU_SECONDS, sum(p.box for p in parts[:index]))
+        arms = part.command[part.command.index("--arms") + 1].split(",")
+        per_run = check.BENCH_RUN_SECONDS[part.command[part.command.index("--shape") + 1]]
+        assert check.BENCH_START_SECONDS + 2 * len(arms) * per_run <= least, part.name
+
+
 def test_the_gpu_overhead_shape_is_qwen3_30b_a3b_layers():
     """The shape `routing-overhead` times on a GPU, built on the meta device: Qwen3-30B-A3B's layer, counted by hand."""
     import torch
@@ -362,16 +376,19 @@ def test_docs_block_renders_each_profiled_window_and_the_timed_runs_each_arm_ask
     short names each arm's count against its own."""
     summary = {"micro_steps": 2, "wall_seconds_per_micro_step": 0.2504, "aten_ops_per_micro_step": 4321.0,
                "kernel_launches_per_micro_step": 2345.0, "synchronisations_per_micro_step": 3.5,
-               "device_busy_fraction": 0.123, "host_in_operators_fraction": 0.91, "attention_host_fraction": 0.456}
+               "device_busy_fraction": 0.123, "host_waiting_fraction": 0.052, "host_in_operators_fraction": 0.91,
+               "attention_host_fraction": 0.456}  # fmt: skip
     arms = {"packed": bench_arm(5000.0, 2, profile_top_operators=[], profile_summary=summary, timed_runs_asked=2),
             "packed@16x2": bench_arm(7000.0, 1, timed_runs_asked=1, profile_top_operators=[],
-                                     profile_summary={**summary, "device_busy_fraction": None})}  # fmt: skip
+                                     profile_summary={**summary, "device_busy_fraction": None,
+                                                      "host_waiting_fraction": None})}  # fmt: skip
     part = bench_part("ok", 2, arms, {"packed@16x2/packed": 1.4}, profile="packed,packed@16x2")
     block = docs.render([gpu_report("2026-01-01T00:00:00Z", "a" * 40, {"bench-qwen3-1.7b": part})])
     profiled = [[cell.strip() for cell in line.strip("|").split("|")] for line in block.splitlines()
                 if line.startswith("| packed") and "| 4,321 |" in line]  # fmt: skip
     figures = ["2", "250.4", "4,321", "2,345", "3.5"]
-    assert profiled == [["packed", *figures, "12%", "91%", "46%"], ["packed@16x2", *figures, "", "91%", "46%"]]
+    assert profiled == [["packed", *figures, "12%", "5%", "91%", "46%"],
+                        ["packed@16x2", *figures, "", "", "91%", "46%"]]  # fmt: skip
     assert table_row(block, "bench-qwen3-1.7b")[2] == "ok" and "packed@16x2/packed 1.40x" in block
     arms["packed@16x2"]["timed_runs"] = 0
     status = table_row(docs.render(gpu_report("d", "c", {"bench-qwen3-1.7b": part})), "bench-qwen3-1.7b")[2]
@@ -488,7 +505,7 @@ def test_a_kept_probe_holds_no_trainer(bench, tmp_path, monkeypatch):
 def test_arms_report_health_and_a_profiled_arm_its_operators(bench, tmp_path, monkeypatch):
     """Each arm reports its warm-up run's losses, gradient norms and non-finite update values (a NaN update gap then
     says whether the run diverged) and each run's seconds; a profiled arm its top operators, the others none. The
-    profiled runs come right after the warm-up runs, before the timed ones: a benchmark cut short still has them."""
+    profiled runs come after the first timed round: a benchmark cut short keeps every arm's speed first."""
     out, order = tmp_path / "bench.json", []
     run_once = bench.run_once
 
@@ -499,8 +516,8 @@ def test_arms_report_health_and_a_profiled_arm_its_operators(bench, tmp_path, mo
 
     monkeypatch.setattr(bench, "run_once", recorded)
     bench.main(["--arms", "trl,packed", "--profile", "packed", "--repeats", "1", "--json", str(out), *TINY_BENCH])
-    assert order == [("trl", "warm-up"), ("packed", "warm-up"), ("packed", "profile"), ("trl", "timed"),
-                     ("packed", "timed")]  # fmt: skip
+    assert order == [("trl", "warm-up"), ("packed", "warm-up"), ("trl", "timed"), ("packed", "timed"),
+                     ("packed", "profile")]  # fmt: skip
     arms = json.loads(out.read_text())["arms"]
     for arm in arms.values():
         health = arm["warm_up_run"]
@@ -531,6 +548,31 @@ def test_a_profiled_run_records_only_its_window(bench):
     assert summary["micro_steps"] == 2 and summary["aten_ops_per_micro_step"] == sum(r["calls"] for r in table) / 2
     probe.release()
     assert trainer.training_step is not probe.step
+
+
+def test_a_profiled_micro_step_starts_synchronised_and_holds_its_closing_synchronisation(bench, monkeypatch):
+    """On CUDA a profiled micro-step is marked from an idle device to its closing synchronisation: the summary counts
+    the benchmark's closing cudaDeviceSynchronize once a micro-step, never the one before the range. The runtime call
+    is stood in for by a host range of its name (no GPU here)."""
+    def synchronize():
+        with torch.profiler.record_function("cudaDeviceSynchronize"):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
+    def micro_step(model, inputs, n=None):
+        return torch.zeros(1).cos()
+
+    trainer = SimpleNamespace(training_step=micro_step, _generate_and_score_completions=None)
+    probe = bench.Probe(trainer, "cuda", set(), "wall", range(1, 3))
+    with pytest.warns(UserWarning, match="CUDA"):  # a CPU build's profiler drops the CUDA activity
+        for _ in range(4):
+            probe.step(None, None)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as alone:
+        micro_step(None, None)
+    summary, operators = probe.profile_summary, [e for e in alone.events() if e.name.startswith("aten::")]
+    assert summary["micro_steps"] == 2 and summary["synchronisations_per_micro_step"] == 1
+    assert summary["aten_ops_per_micro_step"] == len(operators) and summary["kernel_launches_per_micro_step"] == 0
+    probe.release()
 
 
 def test_every_arm_runs_its_steps_in_the_update_attention_context(bench, tmp_path, monkeypatch):

@@ -41,7 +41,7 @@ def test_a_cpu_profile_counts_operators_and_scalar_reads_per_micro_step():
     assert summary["aten_ops_per_micro_step"] == 6 / 2  # mm, add, scalar, item; mm, attention
     assert summary["synchronisations_per_micro_step"] == summary["local_scalar_reads_per_micro_step"] == 0.5
     assert summary["kernel_launches_per_micro_step"] == summary["device_kernels_per_micro_step"] == 0
-    assert summary["device_busy_fraction"] is None
+    assert summary["device_busy_fraction"] is None and summary["host_waiting_fraction"] is None
     assert summary["host_in_operators_fraction"] == pytest.approx((50 + 12 + 200 + 60) / 400)
     assert summary["attention_host_fraction"] == pytest.approx(60 / 400)
     assert summary["attention_host_seconds_per_micro_step"] == pytest.approx(30e-6)
@@ -69,6 +69,7 @@ def test_a_cuda_profile_counts_launches_synchronisations_and_device_busy_time():
     assert summary["local_scalar_reads_per_micro_step"] == 1 / 2
     assert summary["device_busy_fraction"] == pytest.approx((400 + 20 + 100) / 2000)
     assert summary["host_in_operators_fraction"] == pytest.approx((90 + 190) / 2000)
+    assert summary["host_waiting_fraction"] == pytest.approx((160 + 49) / 2000)  # the two syncs, not the copy
 
 
 def test_records_read_torch_profiler_events():
@@ -102,3 +103,45 @@ def test_a_real_cpu_profile_counts_what_each_micro_step_ran():
     assert summary["local_scalar_reads_per_micro_step"] == summary["synchronisations_per_micro_step"] == 6 / 3
     assert summary["aten_ops_per_micro_step"] >= 3 * 6 / 3  # cos, sum, item at least; no sin
     assert 0 < summary["host_in_operators_fraction"] <= 1 and summary["wall_seconds_per_micro_step"] > 0
+
+
+def test_runtime_calls_count_under_every_name_cupti_gives_them():
+    """CUPTI's callback names with their API version (`cudaLaunchKernel_v7000`, as Nsight keeps them) and a
+    per-thread-stream build's `_ptsz` count as the plain calls; a launch of a host function is no kernel launch."""
+    events = [host(MARK, 0, 100), device("kernel_a", 10, 20), device("kernel_b", 30, 40),
+              host("cudaLaunchKernel_v7000", 1, 2), host("cudaLaunchKernel_ptsz_v7000", 3, 4),
+              host("cuLaunchKernelEx", 5, 6), host("cudaLaunchHostFunc_v10000", 7, 8),
+              host("cudaStreamSynchronize_v3020", 50, 60), host("cudaEventSynchronize_ptsz", 61, 62),
+              host("cudaMemcpyAsync_v3020", 63, 64)]  # fmt: skip
+    summary = step_profile.summarise(events, MARK, cuda=True)
+    assert summary["kernel_launches_per_micro_step"] == 3 and summary["synchronisations_per_micro_step"] == 2
+
+
+def test_kernels_without_a_recognised_launch_give_no_launch_count():
+    """On CUDA, kernels on the device and no launch call recognised means the runtime's names were not these: the
+    count is unknown (None), not 0 launches. With no kernels either, 0 is a count."""
+    events = [host(MARK, 0, 100), device("kernel", 10, 20), host("cudaLaunchSomethingNew", 1, 2)]
+    assert step_profile.summarise(events, MARK, cuda=True)["kernel_launches_per_micro_step"] is None
+    assert step_profile.summarise(events[:1] + events[2:], MARK, cuda=True)["kernel_launches_per_micro_step"] == 0
+
+
+def test_records_leave_out_device_records_that_are_no_device_work():
+    """Kineto's activity types (torch's `FunctionEvent.activity_type`): a range's span on the device (the marked
+    range's and a range inside it, under the spelling older kineto gives it) without the annotation flag, and the
+    CUDA sync events
+    (`enable_cuda_sync_events`: `Context Sync` spans the host's wait) are no device work; kernels and copies are."""
+    cpu, cuda = SimpleNamespace(name="CPU"), SimpleNamespace(name="CUDA")
+
+    def event(name, device_type, start, end, activity):
+        return SimpleNamespace(name=name, device_type=device_type, activity_type=activity,
+                               time_range=SimpleNamespace(start=start, end=end))  # fmt: skip
+
+    events = [event(MARK, cpu, 0, 100, "user_annotation"), event(MARK, cuda, 0, 100, "gpu_user_annotation"),
+              event("inner range", cpu, 5, 95, "user_annotation"),
+              event("inner range", cuda, 5, 95, "gpu_user_Annotation"),
+              event("Context Sync", cuda, 10, 90, "cuda_sync"), event("gemm", cuda, 20, 30, "kernel"),
+              event("Memcpy DtoH (Device -> Pageable)", cuda, 40, 45, "gpu_memcpy"),
+              event("Memset (Device)", cuda, 50, 55, "gpu_memset")]  # fmt: skip
+    summary = step_profile.summarise(step_profile.records(events), MARK, cuda=True)
+    assert summary["device_kernels_per_micro_step"] == 3
+    assert summary["device_busy_fraction"] == pytest.approx((10 + 5 + 5) / 100)
