@@ -9,11 +9,8 @@ stopped command runs in a process served by the fork server of the two ranks' la
 
 import json
 import os
-import sys
 from pathlib import Path
 
-import fork_server
-import forked_ranks
 import processes
 import pytest
 import tiny_cli
@@ -117,10 +114,10 @@ def cli_args(model, data, output_dir, *extra):
 def test_sigterm_stops_the_command_with_a_checkpoint_and_latest_resumes_it(local_model, local_jsonl, tmp_path):
     main(cli_args(local_model, local_jsonl, tmp_path / "full"))
     stopped = tmp_path / "stopped"
-    command = [sys.executable, str(TESTS / "served_python.py"), str(TESTS / "dist_scripts" / "signal_at_step.py"), "2",
+    python, env = processes.served_python(ENV, timeout=240)  # the server of the two ranks' launch above
+    command = [*python, str(TESTS / "dist_scripts" / "signal_at_step.py"), "2",
                *cli_args(local_model, local_jsonl, stopped)]  # fmt: skip
-    server = fork_server.server(",".join(forked_ranks.PRELOAD), ENV, timeout=240)
-    code, out, err = run_own_group(command, env={**ENV, "DHPO_FORK_SERVER_SOCKET": server.path})
+    code, out, err = run_own_group(command, env=env)
     assert code == 0, err[-4000:]
     lines = [line for line in out.splitlines() if line.startswith("dhpo-train: stopped")]
     assert len(lines) == 1 and "SIGTERM" in lines[0] and str(stopped / "checkpoint-2") in lines[0], out[-2000:]

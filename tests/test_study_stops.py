@@ -13,17 +13,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-import fork_server
-import forked_ranks
 import processes
 import pytest
 
-TESTS = Path(__file__).resolve().parent
-REPO = TESTS.parent
+REPO = Path(__file__).resolve().parents[1]
 DRIVER = """
 import json, os, sys, time
 from pathlib import Path
@@ -70,13 +66,12 @@ def test_a_stop_signal_ends_a_two_worker_study_with_nothing_saved_and_no_worker_
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER.format(benchmarks=str(REPO / "benchmarks"), repo=str(REPO)))
     log = tmp_path / "cells.log"
-    env = processes._rank_variables(False, {"CELL_LOG": str(log)})  # one OpenMP thread: a fork server's condition
-    server = fork_server.server(",".join(forked_ranks.PRELOAD), env, timeout=240)
-    command = [sys.executable, str(TESTS / "served_python.py"), str(driver), "--objectives", "GRPO", "--ks", "2",
-               "--seeds", "0", "1", "2", "--generation-batches", "500", "--workers", "2",
-               "--out-dir", str(tmp_path / "out"), "--docs-dir", str(tmp_path / "docs")]  # fmt: skip
-    study = processes.popen(command, env={**env, "DHPO_FORK_SERVER_SOCKET": server.path},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    # One OpenMP thread, which a fork server needs (the stand-in cells compute nothing).
+    python, env = processes.served_python(processes._rank_variables(False, {"CELL_LOG": str(log)}), timeout=240)
+    command = [*python, str(driver), "--objectives", "GRPO", "--ks", "2", "--seeds", "0", "1", "2",
+               "--generation-batches", "500", "--workers", "2", "--out-dir", str(tmp_path / "out"),
+               "--docs-dir", str(tmp_path / "docs")]  # fmt: skip
+    study = processes.popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 240
         while len(log.read_text().splitlines() if log.exists() else []) < 2:  # both workers are in a cell
