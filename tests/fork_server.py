@@ -288,19 +288,24 @@ class Answers:
 
 
 def launch(modules: str, argv: list[str], env: dict, cwd, timeout: float) -> subprocess.CompletedProcess:
-    """`forked_ranks.py ARGV` launched by this process's server for `modules` and `env`'s import variables (started
-    on the first launch that needs it; the least recently used one stopped beyond MAX_SERVERS)."""
+    """`forked_ranks.py ARGV` launched by this process's server for `modules` and `env`'s import variables."""
+    return server(modules, env, timeout).launch(argv, env, cwd, timeout)
+
+
+def server(modules: str, env: dict, timeout: float) -> Server:
+    """This process's server for `modules` and `env`'s import variables (started on the first launch that needs it;
+    the least recently used one stopped beyond MAX_SERVERS): also what a `served_python.py` command names."""
     key = (modules, import_environment(env))
-    server = SERVERS.pop(key, None)
-    if server is not None and server.process.poll() is not None:
-        server.stop()
-        server = None
-    if server is None:
+    found = SERVERS.pop(key, None)
+    if found is not None and found.process.poll() is not None:
+        found.stop()
+        found = None
+    if found is None:
         while len(SERVERS) >= MAX_SERVERS:
             SERVERS.popitem(last=False)[1].stop()
-        server = Server(modules, env, timeout)
-    SERVERS[key] = server
-    return server.launch(argv, env, cwd, timeout)
+        found = Server(modules, env, timeout)
+    SERVERS[key] = found
+    return found
 
 
 @atexit.register

@@ -183,6 +183,21 @@ def forked_ranks(script, *args, timeout: float, accelerate_cpu: bool = True, npr
     return fork_server.launch(modules, argv, variables, cwd, timeout)
 
 
+def served_python(env: dict, timeout: float) -> tuple[list[str], dict]:
+    """(command, environment) for `python ARGS` run as `tests/served_python.py ARGS`: forked from this process's fork
+    server for the default preload and `env`'s import variables (started if none runs), so that it pays no import;
+    `[*command, SCRIPT, ...]` with the environment returned. Its exit status and output are those of `python ARGS`;
+    a signal meant for it goes to the served process (the server's child), not to the command's own. As for
+    `forked_ranks`, DHPO_FORK_SERVER=0 or an OMP_NUM_THREADS other than 1 runs a new interpreter instead."""
+    import fork_server  # imports this module: not at the top
+    from forked_ranks import PRELOAD
+
+    if os.environ.get("DHPO_FORK_SERVER") == "0" or env.get("OMP_NUM_THREADS") != "1":
+        return [sys.executable], dict(env)
+    server = fork_server.server(",".join(PRELOAD), env, timeout)
+    return [sys.executable, SERVED_PYTHON], {**env, "DHPO_FORK_SERVER_SOCKET": server.path}
+
+
 def free_port() -> int:
     """A local TCP port free at the time of the call (the OS picks it)."""
     with socket.socket() as sock:
@@ -192,6 +207,7 @@ def free_port() -> int:
 
 FORKED_RANKS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forked_ranks.py")
 FORK_SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fork_server.py")
+SERVED_PYTHON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "served_python.py")
 
 
 def _rank_variables(accelerate_cpu: bool, env: dict | None) -> dict:

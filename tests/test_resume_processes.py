@@ -2,12 +2,13 @@
 `dhpo-train` stopped by SIGTERM (exit status 0, one line naming the checkpoint) then resumed with
 `--resume_from_checkpoint latest`.
 
-Every process is started in its own session and its whole group is killed if the test fails or times out.
+Every process is started in its own session and its whole group is killed if the test fails or times out. The
+stopped command runs in a process served by the fork server of the two ranks' launch (`tests/served_python.py`:
+`python SCRIPT ARGS` without the package's import), its own exit status and output.
 """
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import processes
@@ -25,9 +26,9 @@ ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1", "OMP_NUM
        "ACCELERATE_USE_CPU": "1", "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
 
 
-def run_own_group(command, timeout=240):
+def run_own_group(command, timeout=240, env=ENV):
     """Run `command` in a new session; its whole process group is stopped on the way out (tests/processes.py)."""
-    result = processes.run(command, timeout=timeout, env=ENV, cwd=REPO)
+    result = processes.run(command, timeout=timeout, env=env, cwd=REPO)
     return result.returncode, result.stdout, result.stderr
 
 
@@ -113,9 +114,10 @@ def cli_args(model, data, output_dir, *extra):
 def test_sigterm_stops_the_command_with_a_checkpoint_and_latest_resumes_it(local_model, local_jsonl, tmp_path):
     main(cli_args(local_model, local_jsonl, tmp_path / "full"))
     stopped = tmp_path / "stopped"
-    command = [sys.executable, str(TESTS / "dist_scripts" / "signal_at_step.py"), "2",
+    python, env = processes.served_python(ENV, timeout=240)  # the server of the two ranks' launch above
+    command = [*python, str(TESTS / "dist_scripts" / "signal_at_step.py"), "2",
                *cli_args(local_model, local_jsonl, stopped)]  # fmt: skip
-    code, out, err = run_own_group(command)
+    code, out, err = run_own_group(command, env=env)
     assert code == 0, err[-4000:]
     lines = [line for line in out.splitlines() if line.startswith("dhpo-train: stopped")]
     assert len(lines) == 1 and "SIGTERM" in lines[0] and str(stopped / "checkpoint-2") in lines[0], out[-2000:]

@@ -3,14 +3,16 @@ signal's number, saves no cell in progress and leaves no worker behind, whicheve
 
 The cells are a stand-in for `run_embedded` that stops on the same signals as `DHPOTrainer.train()` (through
 `resume.stop_on_signals`), so a run takes seconds: the script is this test's driver, which the spawned workers
-import too (as `__mp_main__`), so they see the stand-in."""
+import too (as `__mp_main__`), so they see the stand-in. The study's main process is served by a fork server that
+imported the package (`tests/served_python.py`: `python DRIVER ARGS` without the import, 6-8 s of CPU a study); the
+signals go to it, the parent of the workers, not to the `served_python.py` client, and its exit status is the
+client's. The spawned workers are new interpreters, as in a real study."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -32,7 +34,7 @@ def cell(objective, seed, output_dir, disable_tqdm, settings, max_steps, eval_ev
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     with open(os.environ["CELL_LOG"], "a") as log:
-        log.write(f"{{os.getpid()}}\\n")
+        log.write(f"{{os.getpid()}} {{os.getppid()}}\\n")
     with resume.stop_on_signals() as request:
         for step in range(1, max_steps + 1):
             time.sleep(0.2)
@@ -64,22 +66,25 @@ def test_a_stop_signal_ends_a_two_worker_study_with_nothing_saved_and_no_worker_
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER.format(benchmarks=str(REPO / "benchmarks"), repo=str(REPO)))
     log = tmp_path / "cells.log"
-    command = [sys.executable, str(driver), "--objectives", "GRPO", "--ks", "2", "--seeds", "0", "1", "2",
+    # One OpenMP thread, which a fork server needs (the stand-in cells compute nothing).
+    python, env = processes.served_python(processes._rank_variables(False, {"CELL_LOG": str(log)}), timeout=240)
+    command = [*python, str(driver), "--objectives", "GRPO", "--ks", "2", "--seeds", "0", "1", "2",
                "--generation-batches", "500", "--workers", "2", "--out-dir", str(tmp_path / "out"),
                "--docs-dir", str(tmp_path / "docs")]  # fmt: skip
-    study = processes.popen(command, env={**os.environ, "CELL_LOG": str(log)}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    study = processes.popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 240
-        while len(log.read_text().split() if log.exists() else []) < 2:  # both workers are in a cell
+        while len(log.read_text().splitlines() if log.exists() else []) < 2:  # both workers are in a cell
             assert study.poll() is None and time.monotonic() < deadline, "the study did not start its cells"
             time.sleep(0.2)
-        workers = [int(pid) for pid in log.read_text().split()]
+        cells = [[int(pid) for pid in line.split()] for line in log.read_text().splitlines()]
+        workers = [worker for worker, _ in cells]
+        (main,) = {parent for _, parent in cells}  # the study's main process (the served one)
         time.sleep(0.5)
         if target == "group":
-            os.killpg(study.pid, signal.SIGTERM)
+            os.killpg(main, signal.SIGTERM)  # a session of its own, as the study started by itself
         else:
-            os.kill(study.pid if target == "main" else workers[0], signal.SIGTERM)
+            os.kill(main if target == "main" else workers[0], signal.SIGTERM)
         _, stderr = study.communicate(timeout=60)  # a pool that waits for its stopped workers never returns
         assert study.returncode == 128 + signal.SIGTERM, stderr
         left = time.monotonic() + 10
@@ -88,7 +93,7 @@ def test_a_stop_signal_ends_a_two_worker_study_with_nothing_saved_and_no_worker_
         assert not [pid for pid in workers if _alive(pid)]  # no worker goes on with its cell as an orphan
         assert not list((tmp_path / "out").rglob("summary.json"))
     finally:
-        processes.kill_tree(study, grace=1)
+        processes.kill_tree(study, grace=1)  # the client: the server then stops the served study's tree
         for pid in workers if "workers" in locals() else []:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)

@@ -101,25 +101,19 @@ print(json.dumps({"before": before, "after": hooks(layer), "initialized": dist.i
 """
 
 
-# The heap a forked rank starts with (`tests/forked_ranks.py`): the preloaded imports, frozen, so that a collection
-# skips them and `gc.get_objects()`, which the release's scans use, does not list them.
-FORKED_RANK_HEAP = f"""
-import sys
-sys.path.insert(0, {str(Path(__file__).parent)!r})
-import forked_ranks
-forked_ranks.preload(",".join(forked_ranks.PRELOAD))
-forked_ranks.freeze_heap()
-"""
-
-
 @pytest.mark.parametrize("heap", ["new-interpreter", "forked-rank"])
-def test_release_destroys_every_deepspeed_engine(heap):
+def test_release_destroys_every_deepspeed_engine(heap, tmp_path):
     """An engine still alive at the release (a trainer in a reference cycle) is destroyed: ZeRO-3's hooks on the
     module go, and with them the cycle through autograd that keeps the engine, its optimizer and their groups; also
-    in a process whose imports are frozen, as a forked rank's are (the engine is built afterwards, as in a rank)."""
+    in a forked rank (`processes.forked_ranks`, one rank), whose preloaded imports are frozen (the engine is built
+    afterwards, as in a rank)."""
     pytest.importorskip("deepspeed")
-    child = (FORKED_RANK_HEAP if heap == "forked-rank" else "") + DEEPSPEED_CHILD
-    result = processes.run([sys.executable, "-c", child], timeout=180)
+    if heap == "forked-rank":
+        child = tmp_path / "child.py"
+        child.write_text(DEEPSPEED_CHILD)
+        result = processes.forked_ranks(child, timeout=180, accelerate_cpu=False, nproc=1)
+    else:
+        result = processes.run([sys.executable, "-c", DEEPSPEED_CHILD], timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     seen = json.loads(result.stdout.strip().splitlines()[-1])
     assert seen["before"] > 0  # ZeRO-3 hooked the module, so the check below can fail
