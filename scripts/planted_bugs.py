@@ -657,7 +657,7 @@ BUGS = {
     ),
     "cell-pool-kills-every-child": (
         "dhpo_trl/demo/cell_pool.py",
-        "return [process for process in multiprocessing.active_children() if process.pid in pids]",
+        "return [process for process in multiprocessing.active_children() if (process.pid, process.name) in workers]",
         "return multiprocessing.active_children()",
         ["tests/test_cell_pool.py"], "a study's stop kills every child of the main process, not only the pool's",
     ),
