@@ -298,6 +298,17 @@ def test_on_policy_dhpo_and_gmpo_warn(tmp_path, algorithm, setup):
     assert "vLLM alone does not change this" in messages[0]
 
 
+def test_the_checks_after_trls_post_init_read_the_steps_per_generation_it_resolves(tmp_path):
+    """`steps_per_generation` left unset is resolved by TRL's `__post_init__` to `gradient_accumulation_steps`: the
+    batching check and the on-policy warning run after it, on that value."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config = DHPOConfig(output_dir=str(tmp_path), **CPU, gradient_accumulation_steps=3, dynamic_batching=True)
+    assert (config.steps_per_generation, config.dynamic_batching) == (3, True)  # 3 is a multiple of 3: accepted
+    (warning,) = user_warnings(caught)
+    assert "gradient_accumulation_steps=3 is a multiple of steps_per_generation=3" in str(warning.message)
+
+
 def test_on_policy_warning_is_given_once_per_setup(tmp_path):
     config = DHPOConfig(output_dir=str(tmp_path), **CPU, **ON_POLICY[0])
     assert warnings_of(config.validate) == []  # the trainer's re-validation does not repeat it
