@@ -657,7 +657,7 @@ BUGS = {
     ),
     "cell-pool-kills-every-child": (
         "dhpo_trl/demo/cell_pool.py",
-        "return [process for process in multiprocessing.active_children() if process.pid in pids]",
+        "return [process for process in multiprocessing.active_children() if (process.pid, process.name) in workers]",
         "return multiprocessing.active_children()",
         ["tests/test_cell_pool.py"], "a study's stop kills every child of the main process, not only the pool's",
     ),
@@ -666,6 +666,30 @@ BUGS = {
         "    while not started.empty():",
         "    if not started.empty():",
         ["tests/test_cell_pool.py"], "a study's stop kills one worker: the others, stopped gracefully, hang the pool",
+    ),
+    "cell-pool-matches-the-pid-only": (
+        "dhpo_trl/demo/cell_pool.py",
+        "if (process.pid, process.name) in workers]",
+        "if process.pid in {pid for pid, _ in workers}]",
+        ["tests/test_cell_pool.py"], "a stop kills a child of the main process that got a dead worker's pid",
+    ),
+    "debug-reports-every-error": (
+        "dhpo_trl/user_errors.py",
+        "    except USER_ERROR_TYPES as error:",
+        "    except (Exception if debug else USER_ERROR_TYPES) as error:",
+        ["tests/test_user_errors.py"], "--debug turns a bug in a command's setup into an input error's status 2",
+    ),
+    "config-warning-one-frame-too-far": (
+        "dhpo_trl/core/config.py",
+        "stacklevel=5,  # the caller of DHPOConfig(...)",
+        "stacklevel=6,  # the caller of DHPOConfig(...)",
+        ["tests/test_config.py"], "the on-policy warning names the line above the one that built the config",
+    ),
+    "config-checks-before-trl-resolves": (
+        "dhpo_trl/core/config.py",
+        "        super().__post_init__()  # TRL resolves steps_per_generation here\n        self._check_after_trl()",
+        "        self._check_after_trl()\n        super().__post_init__()  # TRL resolves steps_per_generation here",
+        ["tests/test_config.py"], "the batching check and the on-policy warning read steps_per_generation before TRL sets it",
     ),
 }
 

@@ -7,12 +7,16 @@ hanging stop fails this test by its timeout instead of hanging pytest."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import processes
+
+from dhpo_trl.demo.cell_pool import pool_workers
 
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = """
@@ -77,3 +81,22 @@ def test_an_error_in_the_block_ends_every_worker_a_replacement_included(tmp_path
         assert [pid for pid in workers if _alive(pid)] == []  # the driver exited: none of them outlives it
     finally:
         processes.kill_tree(pool, grace=1)
+
+
+def test_the_workers_to_kill_are_the_children_whose_pid_and_name_a_worker_reported():
+    """`pool_workers` picks a child only by the pid and the name together: a pid a dead worker reported and another
+    child got since (a pid reused) is left alone, and so is a process that is no child of this one."""
+    context = multiprocessing.get_context("fork")
+    child = context.Process(target=time.sleep, args=(60,), daemon=True)
+    child.start()
+    started = context.SimpleQueue()
+    try:
+        for reported in [(child.pid, "SpawnPoolWorker-1"), (os.getppid(), multiprocessing.current_process().name)]:
+            started.put(reported)  # the pid of a child under another name; a process that is not a child
+        assert pool_workers(started) == [] and started.empty()
+        started.put((child.pid, child.name))
+        assert pool_workers(started) == [child] and started.empty()
+    finally:
+        child.kill()
+        child.join()
+        started.close()

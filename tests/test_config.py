@@ -1,6 +1,7 @@
 """`DHPOConfig` defaults follow the paper, bad values fail early naming the field, settings that would not act are
 refused naming the setting that would make them act, on-policy DHPO warns, presets map the seven rows."""
 
+import inspect
 import warnings
 
 from datetime import timedelta
@@ -297,6 +298,17 @@ def test_on_policy_dhpo_and_gmpo_warn(tmp_path, algorithm, setup):
     assert "vLLM alone does not change this" in messages[0]
 
 
+def test_the_checks_after_trls_post_init_read_the_steps_per_generation_it_resolves(tmp_path):
+    """`steps_per_generation` left unset is resolved by TRL's `__post_init__` to `gradient_accumulation_steps`: the
+    batching check and the on-policy warning run after it, on that value."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config = DHPOConfig(output_dir=str(tmp_path), **CPU, gradient_accumulation_steps=3, dynamic_batching=True)
+    assert (config.steps_per_generation, config.dynamic_batching) == (3, True)  # 3 is a multiple of 3: accepted
+    (warning,) = user_warnings(caught)
+    assert "gradient_accumulation_steps=3 is a multiple of steps_per_generation=3" in str(warning.message)
+
+
 def test_on_policy_warning_is_given_once_per_setup(tmp_path):
     config = DHPOConfig(output_dir=str(tmp_path), **CPU, **ON_POLICY[0])
     assert warnings_of(config.validate) == []  # the trainer's re-validation does not repeat it
@@ -379,17 +391,41 @@ def test_validate_applies_the_algorithm_again(tmp_path):
     assert config.importance_sampling_level == "sequence"
 
 
-def on_policy_warning(tmp_path):
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        DHPOConfig(output_dir=str(tmp_path), **CPU, gradient_accumulation_steps=2, steps_per_generation=2)
-    (warning,) = [w for w in caught if issubclass(w.category, UserWarning)]
-    return warning
+def user_warnings(caught) -> list[warnings.WarningMessage]:
+    return [w for w in caught if issubclass(w.category, UserWarning)]
 
 
 def test_on_policy_warning_points_at_the_caller(tmp_path):
     # Counts stack frames: left out of the mutation run, whose trampolines add one (pyproject.toml).
-    assert on_policy_warning(tmp_path).filename == __file__  # the line that built the config, not inside dhpo_trl
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line = inspect.currentframe().f_lineno + 1
+        DHPOConfig(output_dir=str(tmp_path), **CPU, gradient_accumulation_steps=2, steps_per_generation=2)
+    (warning,) = user_warnings(caught)
+    assert (warning.filename, warning.lineno) == (__file__, line)  # the line that built the config
+
+
+def test_on_policy_warning_from_the_trainer_points_at_the_caller(tmp_path, monkeypatch):
+    """A config made on-policy after it was built warns when `DHPOTrainer(...)` validates it, at that call's line."""
+    from dhpo_trl import DHPOTrainer
+    from dhpo_trl.training import trainer
+
+    class Validated(Exception):
+        """Raised by the step after `validate()`: no model is loaded."""
+
+    def stop(*args, **kwargs):
+        raise Validated
+
+    config = DHPOConfig(output_dir=str(tmp_path), **CPU, **OFF_POLICY)
+    config.gradient_accumulation_steps = config.steps_per_generation = 2
+    monkeypatch.setattr(trainer, "check_vllm_setup", stop)
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(Validated):
+        warnings.simplefilter("always")
+        line = inspect.currentframe().f_lineno + 1
+        DHPOTrainer("tiny-model", [len], args=config)
+    (warning,) = user_warnings(caught)
+    assert "runs on-policy" in str(warning.message)
+    assert (warning.filename, warning.lineno) == (__file__, line)  # the line that built the trainer
 
 
 @pytest.mark.parametrize("algorithm", ["grpo", "gspo", "cispo"])

@@ -1,6 +1,7 @@
 """`--debug` on both training commands, `dhpo-train` and `python -m dhpo_trl`, through their `main(argv)`: every
 error they report on one line (an input error, status 2; a non-finite gradient norm, status 1) is printed with its
-whole traceback instead, down to the frame that raised it, and the exit status stays the same."""
+whole traceback instead, down to the frame that raised it, and the exit status stays the same; `dhpo-train` releases
+its process groups (without the barrier: a peer may be gone) either way."""
 
 from __future__ import annotations
 
@@ -75,22 +76,28 @@ def embedded_nonfinite(tmp_path, monkeypatch, debug):
 
 
 CASES = {
-    "dhpo-train input error": (dhpo_train_input_error, "dhpo-train", 2),
-    "dhpo-train non-finite": (dhpo_train_nonfinite, "dhpo-train", 1),
-    "python -m dhpo_trl input error": (embedded_input_error, "python -m dhpo_trl", 2),
-    "python -m dhpo_trl non-finite": (embedded_nonfinite, "python -m dhpo_trl", 1),
+    "dhpo-train input error": (dhpo_train_input_error, "dhpo-train", 2, [False]),
+    "dhpo-train non-finite": (dhpo_train_nonfinite, "dhpo-train", 1, [False]),
+    "python -m dhpo_trl input error": (embedded_input_error, "python -m dhpo_trl", 2, []),
+    "python -m dhpo_trl non-finite": (embedded_nonfinite, "python -m dhpo_trl", 1, []),
 }
 
 
 @pytest.mark.parametrize("case", CASES)
 def test_debug_prints_the_whole_traceback_with_the_same_exit_status(case, tmp_path, monkeypatch, capsys):
-    run, prog, status = CASES[case]
+    run, prog, status, releases = CASES[case]
+    released = []  # the `barrier` of each release of the process groups, which still runs
+    release = cli.release_process_groups
+    monkeypatch.setattr(
+        cli, "release_process_groups", lambda barrier: released.append(barrier) or release(barrier=barrier)
+    )
     plain, _ = run(tmp_path, monkeypatch, [])
-    assert plain == status
+    assert plain == status and released == releases
     line = capsys.readouterr().err
     assert line.count("\n") == 1 and line.startswith(f"{prog}: error: ")  # one line, no traceback
+    released.clear()
     shown, frame = run(tmp_path, monkeypatch, ["--debug"])
-    assert shown == status  # a script reading the status sees no difference
+    assert shown == status and released == releases  # a script reading the status sees no difference
     err = capsys.readouterr().err
     assert err.startswith(TRACEBACK) and raised_in(err, frame), err[-2000:]
     assert f"{prog}: error: " not in err  # the traceback instead of the line, not both

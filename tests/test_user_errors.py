@@ -52,6 +52,23 @@ def test_run_command_classifies_by_phase_and_type(capsys):
     assert one_line(ValueError()) == "ValueError"
 
 
+@pytest.mark.parametrize("debug", [False, True])
+@pytest.mark.parametrize(
+    ("setup_error", "work_error"),
+    [(KeyError("prompt"), None), (None, ValueError("late")), (KeyboardInterrupt(), None), (None, KeyboardInterrupt()),
+     (SystemExit(5), None), (None, SystemExit(5))],
+)  # fmt: skip
+def test_run_command_reports_no_bug_and_no_interrupt_with_or_without_debug(setup_error, work_error, debug, capsys):
+    """What is no input error leaves `run_command` as it was raised, the very object, and nothing is printed: a bug
+    (another type, or raised by the work), Ctrl-C, an exit."""
+    raised = setup_error or work_error
+    setup = _fail(setup_error) if setup_error else lambda: 1
+    work = _fail(work_error) if work_error else print
+    with pytest.raises(BaseException) as caught:
+        run_command("tool", setup, work, debug=debug)
+    assert caught.value is raised and capsys.readouterr().err == ""
+
+
 def test_model_paths(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "full").mkdir()

@@ -12,8 +12,15 @@ So here:
   (`run_embedded` writes its summary last, atomically) and the same command reruns it.
 
 The workers to kill are found without reading the pool's private state: the pool's initializer has each worker,
-a replacement for one that died included, put its pid on a queue, and those pids pick the pool's workers out of
-`multiprocessing.active_children()` (the main process's own children, so a pid there is never a reused one).
+a replacement for one that died included, put its pid and process name on a queue, and those pick the pool's workers
+out of `multiprocessing.active_children()` (the main process's own children, not yet reaped, so no unrelated process
+holds their pids). The name as well as the pid: a worker that died has its pid free for reuse, and another child of
+the main process that gets it has another name (the names are numbered per process started).
+
+The queue is read at the stop only: its pipe (64 KiB, about 47 bytes a worker) holds the reports of some 1,400
+worker starts before a new worker's report blocks it. The pool starts a worker only in place of one that died, and a
+worker that dies in a cell loses that cell's result, so that `Pool.map` waits for it until a stop signal: a study
+never gets near that many.
 """
 
 from __future__ import annotations
@@ -36,7 +43,7 @@ def cell_pool(workers: int) -> Iterator[multiprocessing.pool.Pool]:
     """A spawn pool of `workers` processes, stopped as the module docstring says. Call from the main thread."""
     context = multiprocessing.get_context("spawn")
     started = context.SimpleQueue()  # each worker's pid, put there by the worker as it starts
-    pool = context.Pool(workers, initializer=report_pid, initargs=(started,))
+    pool = context.Pool(workers, initializer=report_worker, initargs=(started,))
     previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
 
     def restore() -> None:
@@ -63,25 +70,26 @@ def cell_pool(workers: int) -> Iterator[multiprocessing.pool.Pool]:
         started.close()
 
 
-def report_pid(started: multiprocessing.queues.SimpleQueue) -> None:
-    """The pool's initializer: the worker's pid, put synchronously, so it is on the queue before any task runs."""
-    started.put(os.getpid())
+def report_worker(started: multiprocessing.queues.SimpleQueue) -> None:
+    """The pool's initializer: the worker's pid and name, put synchronously, so they are on the queue before any task
+    runs."""
+    started.put((os.getpid(), multiprocessing.current_process().name))
 
 
 def pool_workers(started: multiprocessing.queues.SimpleQueue) -> list[multiprocessing.process.BaseProcess]:
-    """The live children of this process whose pids the pool's workers put on `started` (which this empties)."""
-    pids = set()
+    """The live children of this process whose pid and name a pool's worker put on `started` (which this empties)."""
+    workers = set()
     while not started.empty():
-        pids.add(started.get())
-    return [process for process in multiprocessing.active_children() if process.pid in pids]
+        workers.add(started.get())
+    return [process for process in multiprocessing.active_children() if (process.pid, process.name) in workers]
 
 
 def close(
     pool: multiprocessing.pool.Pool, started: multiprocessing.queues.SimpleQueue, grace: float = GRACE_SECONDS
 ) -> None:
     """`pool.terminate()` in a thread; after `grace` seconds, SIGKILL for the pool's workers still alive (those that
-    took its SIGTERM as a graceful stop and wait for a task), so that it returns. `started`: the pids the workers
-    put there through `report_pid`."""
+    took its SIGTERM as a graceful stop and wait for a task), so that it returns. `started`: what the workers
+    put there through `report_worker`."""
     closing = threading.Thread(target=pool.terminate, daemon=True)
     closing.start()
     closing.join(grace)
