@@ -101,3 +101,26 @@ def test_debug_prints_the_whole_traceback_with_the_same_exit_status(case, tmp_pa
     err = capsys.readouterr().err
     assert err.startswith(TRACEBACK) and raised_in(err, frame), err[-2000:]
     assert f"{prog}: error: " not in err  # the traceback instead of the line, not both
+
+
+class CrashingTrainer(DivergingTrainer):
+    """What `build_trainer` returns: its `train()` raises `error`, a bug or an interrupt rather than a user error."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+    def train(self, **kwargs):
+        raise self.error
+
+
+@pytest.mark.parametrize("error", [RuntimeError("a bug in training"), KeyboardInterrupt()], ids=["bug", "interrupt"])
+@pytest.mark.parametrize("debug", [[], ["--debug"]], ids=["plain", "debug"])
+def test_dhpo_train_releases_its_process_groups_before_a_bug_or_an_interrupt_leaves(error, debug, monkeypatch):
+    released = []  # the `barrier` of each release of the process groups
+    monkeypatch.setattr(cli, "release_process_groups", lambda barrier: released.append(barrier) or [])
+    monkeypatch.setattr(cli, "parse_args", lambda argv: (SimpleNamespace(dataset_name="org/math"), None, None))
+    monkeypatch.setattr(cli, "build_trainer", lambda *args: CrashingTrainer(error))
+    with pytest.raises(type(error)) as raised:
+        cli.main(debug)
+    assert raised.value is error  # the same error leaves main, with its traceback, for the interpreter to print
+    assert released == [False]  # released once, without a barrier: the crashed peer may never arrive

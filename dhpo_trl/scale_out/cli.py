@@ -432,6 +432,9 @@ def main(argv=None) -> int:
         if int(os.environ.get("RANK", "0")) == 0:
             report("dhpo-train", error, debug=debug)
         status = 1
+    except BaseException:  # a bug or an interrupt: the groups go before the error leaves (a group left to the
+        release_process_groups(barrier=False)  # interpreter's exit can hang it), with no barrier: a peer may be gone
+        raise
     # The trainer is out of reach now: every process group and what holds it go before the interpreter finalises
     # (see dhpo_trl.training.teardown); a group left to finalisation can hang or abort a finished run. No barrier
     # after an input error: it may be this process's alone, and its peers would never arrive.
