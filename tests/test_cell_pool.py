@@ -50,9 +50,10 @@ def exit_normally(folder):
     os._exit(0)
 
 
-def wait_then_return(folder):
+def run_until_terminated(folder):
+    # A cell with no stop handler: the pool's SIGTERM at the stop ends its worker (-15), which is no death.
     Path(folder, str(os.getpid())).touch()
-    wait_for(folder, 3)  # the replacement took the graceful task, not this worker
+    time.sleep(300)
 
 
 def wait_for(folder, count):
@@ -68,11 +69,11 @@ if __name__ == "__main__":
         with cell_pool(2) as pool:
             if case == "error":
                 pool.apply_async(exit_normally, (folder,))  # the pool starts a replacement
-                pool.apply_async(wait_then_return, (folder,))
+                pool.apply_async(run_until_terminated, (folder,))  # the replacement takes the next task
                 pool.apply_async(stop_gracefully, (folder,))
                 wait_for(folder, 3)  # the replacement is in a graceful task
                 time.sleep(3 * POLL_SECONDS)  # the watchdog saw the ended worker
-                raise RuntimeError("a cell failed")
+                raise RuntimeError("a cell failed")  # the stop's grace outlasts a poll: the SIGTERMed worker is seen
             result = pool.map_async(stop_gracefully, [folder, folder], chunksize=1)
             wait_for(folder, 2)  # both workers are in a task
             os.kill(int(sorted(os.listdir(folder))[0]), signal.SIGKILL)  # its task is lost
