@@ -66,19 +66,24 @@ if __name__ == "__main__":
     bystander = multiprocessing.get_context("fork").Process(target=time.sleep, args=(300,), daemon=True)
     bystander.start()  # a child of this process that is none of the pool's
     try:
-        with cell_pool(2) as pool:
-            if case == "error":
+        with cell_pool(1 if case == "end" else 2) as pool:
+            if case == "end":  # a block that ends normally, its worker idle: no error, the results kept
+                print(pool.map(abs, [-2, 3], chunksize=1))
+                time.sleep(3 * POLL_SECONDS)  # the watchdog polls the idle worker
+            elif case == "error":
                 pool.apply_async(exit_normally, (folder,))  # the pool starts a replacement
-                pool.apply_async(run_until_terminated, (folder,))  # the replacement takes the next task
+                pool.apply_async(run_until_terminated, (folder,))  # the other worker; the replacement takes the next
                 pool.apply_async(stop_gracefully, (folder,))
                 wait_for(folder, 3)  # the replacement is in a graceful task
                 time.sleep(3 * POLL_SECONDS)  # the watchdog saw the ended worker
                 raise RuntimeError("a cell failed")  # the stop's grace outlasts a poll: the SIGTERMed worker is seen
-            result = pool.map_async(stop_gracefully, [folder, folder], chunksize=1)
-            wait_for(folder, 2)  # both workers are in a task
-            os.kill(int(sorted(os.listdir(folder))[0]), signal.SIGKILL)  # its task is lost
-            killed = time.monotonic()
-            result.get()  # waits forever for the lost task, but for the watchdog
+            else:
+                result = pool.map_async(stop_gracefully, [folder, folder], chunksize=1)
+                wait_for(folder, 2)  # both workers are in a task
+                os.kill(int(sorted(os.listdir(folder))[0]), signal.SIGKILL)  # its task is lost
+                killed = time.monotonic()
+                result.get()  # waits forever for the lost task, but for the watchdog
+        code = 0
     except WorkerDied:
         print(time.monotonic() - killed if case == "death" else -1.0)
         code = 5
@@ -134,6 +139,12 @@ def test_an_error_in_the_block_ends_every_worker_a_replacement_included(tmp_path
     # killed a child of the main process that was not the pool's
     assert status == 3, stderr
     assert len(workers) == 3, workers  # two workers and the replacement ran a task
+
+
+def test_a_block_that_ends_normally_keeps_its_results_and_leaves_no_worker(tmp_path):
+    status, stdout, stderr, _ = _drive(tmp_path, "end")
+    assert status == 0, stderr  # 5: the pool's end taken for a death
+    assert stdout.split("\n")[0] == "[2, 3]"
 
 
 def test_a_worker_killed_in_a_task_ends_the_block_with_worker_died(tmp_path):

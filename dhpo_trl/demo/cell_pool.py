@@ -63,8 +63,8 @@ def death_message(name: str, pid: int, exitcode: int | None) -> str:
         how = f"signal {signal.Signals(-exitcode).name}" if -exitcode in signal.valid_signals() else f"signal {-exitcode}"
     else:
         how = f"exit status {exitcode}"
-    return (f"cell_pool: worker {name} (pid {pid}) died ({how}) while the pool ran: the cell it ran was not saved; "
-            "rerun the same command to resume (finished cells are kept)")
+    return (f"cell_pool: worker {name} (pid {pid}) died ({how}) while the pool ran: the cell it ran, if any, was not "
+            "saved; rerun the same command to resume (finished cells are kept)")
 
 
 @contextlib.contextmanager
@@ -105,6 +105,7 @@ def cell_pool(workers: int) -> Iterator[multiprocessing.pool.Pool]:
             watchdog.join()  # the one reader of `started` until then
             restore()
             close(pool, started, watchdog.reported)  # kills what a graceful stop or a cell would leave waiting
+            pool.join()
             started.close()
 
 
