@@ -60,7 +60,10 @@ def death_message(name: str, pid: int, exitcode: int | None) -> str:
     if exitcode is None:
         how = "exit status unknown"
     elif exitcode < 0:
-        how = f"signal {signal.Signals(-exitcode).name}" if -exitcode in signal.valid_signals() else f"signal {-exitcode}"
+        try:
+            how = f"signal {signal.Signals(-exitcode).name}"
+        except ValueError:  # a real-time signal: no name
+            how = f"signal {-exitcode}"
     else:
         how = f"exit status {exitcode}"
     return (f"cell_pool: worker {name} (pid {pid}) died ({how}) while the pool ran: the cell it ran, if any, was not "
