@@ -225,7 +225,7 @@ def test_a_death_names_the_worker_and_how_it_ended():
     """`death_message`: the worker's name and pid, then its signal (by name, by number for a real-time one), its exit
     status, or that it is unknown."""
     realtime = signal.SIGRTMIN + 2
-    for exitcode, named in [(-signal.SIGKILL, "signal SIGKILL"), (-realtime, f"signal {realtime}"), (1, "exit status 1"),
-                            (None, "exit status unknown")]:  # fmt: skip
+    for exitcode, named in [(-signal.SIGKILL, "signal SIGKILL"), (-realtime, f"signal {realtime}"),
+                            (1, "exit status 1"), (None, "exit status unknown")]:  # fmt: skip
         message = death_message("SpawnPoolWorker-3", 4321, exitcode)
         assert "SpawnPoolWorker-3 (pid 4321)" in message and f"({named})" in message and "\n" not in message, message
