@@ -6,7 +6,7 @@ pool's `maxtasksperchild` ends one) and the pool's own SIGTERMs at the end are n
 
 The pool runs in a driver script of its own (the spawned workers import it, as `__mp_main__`, for the task), so a
 hanging stop fails this test by its timeout instead of hanging pytest. Two workers: one to end (or die), one in a
-graceful task that only a SIGKILL ends."""
+graceful task that only a SIGKILL ends; one for a block that ends normally."""
 
 from __future__ import annotations
 
