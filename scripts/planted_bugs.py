@@ -673,6 +673,39 @@ BUGS = {
         "if process.pid in {pid for pid, _ in workers}]",
         ["tests/test_cell_pool.py"], "a stop kills a child of the main process that got a dead worker's pid",
     ),
+    "cell-pool-exit-zero-is-a-death": (
+        "dhpo_trl/demo/cell_pool.py",
+        "exitcode not in (None, 0):",
+        "exitcode is not None:",
+        ["tests/test_cell_pool.py"], "a worker that ended normally (exit status 0, maxtasksperchild) ends the study",
+    ),
+    "cell-pool-reaped-worker-not-a-death": (
+        "dhpo_trl/demo/cell_pool.py",
+        "if process is None or exitcode not in (None, 0):",
+        "if process is not None and exitcode not in (None, 0):",
+        ["tests/test_cell_pool.py::test_the_watchdog_reports_a_reported_worker_that_died_and_nothing_else"],
+        "a worker that dies before the watchdog's first look (reaped by the pool) leaves the study waiting forever",
+    ),
+    "cell-pool-watchdog-during-terminate": (
+        "dhpo_trl/demo/cell_pool.py",
+        """        try:
+            watchdog.stop()  # before the pool's SIGTERMs: those are no death
+        finally:
+            # Also when a death found as the block ended is raised in `stop` (at most once: `take_death`).
+            watchdog.join()  # the one reader of `started` until then
+            restore()
+            close(pool, started, watchdog.reported)  # kills what a graceful stop or a cell would leave waiting
+            started.close()""",
+        """        try:
+            close(pool, started, watchdog.reported)  # kills what a graceful stop or a cell would leave waiting
+        finally:
+            watchdog.stop()
+            watchdog.join()
+            restore()
+            started.close()""",
+        ["tests/test_cell_pool.py::test_an_error_in_the_block_ends_every_worker_a_replacement_included"],
+        "the pool's own SIGTERMs at the end of the block are reported as a dead worker",
+    ),
     "debug-reports-every-error": (
         "dhpo_trl/user_errors.py",
         "    except USER_ERROR_TYPES as error:",

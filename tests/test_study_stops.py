@@ -48,11 +48,7 @@ staleness.run_embedded = cell
 staleness.load_task = lambda settings: None
 
 if __name__ == "__main__":
-    try:
-        sys.exit(staleness.main())
-    except TrainingStopped as stopped:
-        print(f"[staleness] {{stopped}}", file=sys.stderr, flush=True)
-        sys.exit(stopped.exit_status)
+    sys.exit(staleness.cli())
 """
 
 
@@ -61,8 +57,10 @@ def _alive(pid: int) -> bool:
     return stat is not None and stat[2] != "Z"
 
 
-@pytest.mark.parametrize("target", ["group", "main", "one worker"])
+@pytest.mark.parametrize("target", ["group", "main", "one worker", "a worker killed"])
 def test_a_stop_signal_ends_a_two_worker_study_with_nothing_saved_and_no_worker_left(tmp_path, target):
+    """"a worker killed": SIGKILL, which no cell can take as a stop, to one worker (an OOM kill): the study ends with
+    one line naming it and exit status 1, as the other worker and the pool's replacement for the killed one end."""
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER.format(benchmarks=str(REPO / "benchmarks"), repo=str(REPO)))
     log = tmp_path / "cells.log"
@@ -83,10 +81,17 @@ def test_a_stop_signal_ends_a_two_worker_study_with_nothing_saved_and_no_worker_
         time.sleep(0.5)
         if target == "group":
             os.killpg(main, signal.SIGTERM)  # a session of its own, as the study started by itself
+        elif target == "a worker killed":
+            os.kill(workers[0], signal.SIGKILL)
         else:
             os.kill(main if target == "main" else workers[0], signal.SIGTERM)
         _, stderr = study.communicate(timeout=60)  # a pool that waits for its stopped workers never returns
-        assert study.returncode == 128 + signal.SIGTERM, stderr
+        if target == "a worker killed":  # cell_pool.WorkerDied, reported on one line, not a stop nor a traceback
+            (line,) = [line for line in stderr.splitlines() if line.startswith("[staleness] ")]
+            assert study.returncode == 1 and f"(pid {workers[0]})" in line, stderr
+            assert "WorkerDied" not in stderr, stderr
+        else:
+            assert study.returncode == 128 + signal.SIGTERM, stderr
         left = time.monotonic() + 10
         while any(_alive(pid) for pid in workers) and time.monotonic() < left:
             time.sleep(0.2)

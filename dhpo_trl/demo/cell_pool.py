@@ -7,9 +7,10 @@ to the main process alone ends it at once (the default action), leaving the work
 So here:
 
 * the first SIGTERM / SIGUSR1 to the main process raises `TrainingStopped` in it (a second one ends it at once);
-* whatever leaves the block with an error (that, a worker's `TrainingStopped`, a failing cell) terminates the pool,
-  and kills (SIGKILL) the workers still there after `GRACE_SECONDS`: a cell in progress is not saved either way
-  (`run_embedded` writes its summary last, atomically) and the same command reruns it.
+* whatever ends the block (that, a worker's `TrainingStopped`, a failing cell, a dead worker, its end) terminates the
+  pool, and kills (SIGKILL) the workers still there after `GRACE_SECONDS`: a cell in progress is not saved either
+  way (`run_embedded` writes its summary last, atomically) and the same command reruns it. The block itself does not
+  close or terminate the pool.
 
 The workers to kill are found without reading the pool's private state: the pool's initializer has each worker,
 a replacement for one that died included, put its pid and process name on a queue, and those pick the pool's workers
@@ -17,10 +18,19 @@ out of `multiprocessing.active_children()` (the main process's own children, not
 holds their pids). The name as well as the pid: a worker that died has its pid free for reuse, and another child of
 the main process that gets it has another name (the names are numbered per process started).
 
-The queue is read at the stop only: its pipe (64 KiB, about 47 bytes a worker) holds the reports of some 1,400
-worker starts before a new worker's report blocks it. The pool starts a worker only in place of one that died, and a
-worker that dies in a cell loses that cell's result, so that `Pool.map` waits for it until a stop signal: a study
-never gets near that many.
+A worker that dies while the block runs (an OOM kill, a SIGKILL from a cluster, a `SystemExit` in a cell) takes its
+task with it, and `Pool.map` would wait for that task forever. A watchdog thread reads the reports as they come and
+polls the reported workers every `POLL_SECONDS`; the first one it finds ended with a non-zero exit status (a signal,
+an error) has `WorkerDied` raised in the main thread, wherever it waits, and the block ends as on an error above. The
+finished cells are saved by their workers, so the same command resumes. The watchdog is stopped before the pool is
+terminated, so the pool's own SIGTERMs are no death; exit status 0 is a worker that ended normally (the pool's
+end-of-work sentinel, `maxtasksperchild`), replaced by the pool. A worker that dies before it reports took no task
+(the initializer runs first), so nothing waits for it and the pool replaces it. To reach the main thread where it
+waits on a lock, the watchdog sends it SIGCHLD (`signal.pthread_kill`): a real signal interrupts the wait, which
+`_thread.interrupt_main` does not, and SIGCHLD's default action is to ignore it, so one that arrives after the
+block leaves its handler is harmless.
+
+The queue's pipe (64 KiB, about 47 bytes a worker) holds some 1,400 reports, and the watchdog empties it as they come.
 """
 
 from __future__ import annotations
@@ -36,6 +46,28 @@ from .embedded import TrainingStopped
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # those DHPOTrainer.train() stops on (training/resume.py)
 GRACE_SECONDS = 2.0  # for the idle workers to take the pool's end-of-work sentinel and exit
+POLL_SECONDS = 0.5  # how often the watchdog looks for a dead worker
+
+
+class WorkerDied(RuntimeError):
+    """A pool's worker died while the block ran: the cell it ran is lost (not saved), the finished ones are kept.
+    Not a `TrainingStopped`: no stop was asked for."""
+
+
+def death_message(name: str, pid: int, exitcode: int | None) -> str:
+    """The one-line report of a worker that died with `exitcode` (`Process.exitcode`: -N for signal N; None when it
+    was reaped before the watchdog saw its exit status)."""
+    if exitcode is None:
+        how = "exit status unknown"
+    elif exitcode < 0:
+        try:
+            how = f"signal {signal.Signals(-exitcode).name}"
+        except ValueError:  # a real-time signal: no name
+            how = f"signal {-exitcode}"
+    else:
+        how = f"exit status {exitcode}"
+    return (f"cell_pool: worker {name} (pid {pid}) died ({how}) while the pool ran: the cell it ran, if any, was not "
+            "saved; rerun the same command to resume (finished cells are kept)")
 
 
 @contextlib.contextmanager
@@ -44,7 +76,8 @@ def cell_pool(workers: int) -> Iterator[multiprocessing.pool.Pool]:
     context = multiprocessing.get_context("spawn")
     started = context.SimpleQueue()  # each worker's pid, put there by the worker as it starts
     pool = context.Pool(workers, initializer=report_worker, initargs=(started,))
-    previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
+    watchdog = Watchdog(started, threading.main_thread().ident)
+    previous = {signum: signal.getsignal(signum) for signum in (*STOP_SIGNALS, signal.SIGCHLD)}
 
     def restore() -> None:
         for signum, handler in previous.items():
@@ -55,19 +88,80 @@ def cell_pool(workers: int) -> Iterator[multiprocessing.pool.Pool]:
         name = signal.Signals(signum).name
         raise TrainingStopped(f"stopped by {name}: the cells in progress are not saved", {"signal": name})
 
+    def on_child(signum, frame) -> None:
+        if callable(previous[signal.SIGCHLD]):
+            previous[signal.SIGCHLD](signum, frame)
+        if (message := watchdog.take_death()) is not None:
+            raise WorkerDied(message)
+
     for signum in STOP_SIGNALS:
         signal.signal(signum, handle)
+    signal.signal(signal.SIGCHLD, on_child)
+    watchdog.start()
     try:
         yield pool
-    except BaseException:
-        restore()
-        close(pool, started)
-        raise
     finally:
-        restore()
-        pool.terminate()  # idempotent; the workers have nothing left to do
-        pool.join()
-        started.close()
+        try:
+            watchdog.stop()  # before the pool's SIGTERMs: those are no death
+        finally:
+            # Also when a death found as the block ended is raised in `stop` (at most once: `take_death`).
+            watchdog.join()  # the one reader of `started` until then
+            restore()
+            close(pool, started, watchdog.reported)  # kills what a graceful stop or a cell would leave waiting
+            pool.join()
+            started.close()
+
+
+class Watchdog(threading.Thread):
+    """Reads the workers' reports from `started` into `reported` and, every `POLL_SECONDS`, has the thread `main`
+    raise `WorkerDied` (through SIGCHLD; see the module docstring) for the first reported worker that ended with a
+    non-zero exit status, or that the pool reaped before it was seen (a worker that reported took tasks until the
+    pool's end-of-work sentinel, which the block does not send), until `stop`."""
+
+    def __init__(self, started: multiprocessing.queues.SimpleQueue, main: int) -> None:
+        super().__init__(name="cell_pool-watchdog", daemon=True)
+        self.started, self.main = started, main
+        self.reported: set[tuple[int, str]] = set()
+        self.seen: dict[tuple[int, str], multiprocessing.process.BaseProcess] = {}  # every child, kept once ended
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.death: str | None = None  # the report to raise, until the main thread takes it
+
+    def run(self) -> None:
+        while not self.stopping.wait(POLL_SECONDS):
+            death = self.check()
+            with self.lock:  # no signal once `stop` began: the pool's own SIGTERMs end its workers then
+                if death is not None and not self.stopping.is_set():
+                    self.death = death
+                    signal.pthread_kill(self.main, signal.SIGCHLD)
+                    return  # one death ends the block
+
+    def check(self) -> str | None:
+        """The report of a reported worker that died, or None."""
+        drain(self.started, self.reported)
+        # After the reports: a worker was started before it reported, so it is among the children unless it ended
+        # and the pool reaped it already (its exit status is then unknown).
+        for process in multiprocessing.active_children():
+            self.seen.setdefault((process.pid, process.name), process)
+        for key in sorted(self.reported):
+            process = self.seen.get(key)
+            exitcode = None if process is None else process.exitcode
+            if process is None or exitcode not in (None, 0):
+                return death_message(key[1], key[0], exitcode)
+        return None
+
+    def take_death(self) -> str | None:
+        """The death to raise in the main thread, once; None after `stop` (the block is ending already)."""
+        with self.lock:
+            death, self.death = (None if self.stopping.is_set() else self.death), None
+            if death is not None:
+                self.stopping.set()
+            return death
+
+    def stop(self) -> None:
+        """No death is raised after this; the thread ends within a check (`join` it)."""
+        with self.lock:
+            self.stopping.set()
 
 
 def report_worker(started: multiprocessing.queues.SimpleQueue) -> None:
@@ -76,23 +170,34 @@ def report_worker(started: multiprocessing.queues.SimpleQueue) -> None:
     started.put((os.getpid(), multiprocessing.current_process().name))
 
 
-def pool_workers(started: multiprocessing.queues.SimpleQueue) -> list[multiprocessing.process.BaseProcess]:
-    """The live children of this process whose pid and name a pool's worker put on `started` (which this empties)."""
-    workers = set()
+def drain(started: multiprocessing.queues.SimpleQueue, reported: set[tuple[int, str]]) -> set[tuple[int, str]]:
+    """`reported` with the (pid, name) reports waiting on `started` (which this empties) added."""
     while not started.empty():
-        workers.add(started.get())
+        reported.add(started.get())
+    return reported
+
+
+def pool_workers(
+    started: multiprocessing.queues.SimpleQueue, reported: set[tuple[int, str]] | None = None
+) -> list[multiprocessing.process.BaseProcess]:
+    """The live children of this process whose pid and name a pool's worker put on `started` (which this empties),
+    or that are in `reported` (the reports read from it before)."""
+    workers = drain(started, set() if reported is None else reported)
     return [process for process in multiprocessing.active_children() if (process.pid, process.name) in workers]
 
 
 def close(
-    pool: multiprocessing.pool.Pool, started: multiprocessing.queues.SimpleQueue, grace: float = GRACE_SECONDS
+    pool: multiprocessing.pool.Pool,
+    started: multiprocessing.queues.SimpleQueue,
+    reported: set[tuple[int, str]] | None = None,
+    grace: float = GRACE_SECONDS,
 ) -> None:
     """`pool.terminate()` in a thread; after `grace` seconds, SIGKILL for the pool's workers still alive (those that
     took its SIGTERM as a graceful stop and wait for a task), so that it returns. `started`: what the workers
-    put there through `report_worker`."""
+    put there through `report_worker`; `reported`: the reports read from it before."""
     closing = threading.Thread(target=pool.terminate, daemon=True)
     closing.start()
     closing.join(grace)
-    for process in pool_workers(started):
+    for process in pool_workers(started, reported):
         process.kill()
     closing.join()
