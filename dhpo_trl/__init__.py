@@ -10,6 +10,9 @@ The package, layer by layer (each imports only the ones above it, and `user_erro
     evaluation/  benchmarks, the evaluation callback, `dhpo-evaluate` and `dhpo-plot`
 """
 
+import importlib as _importlib
+import sys as _sys
+
 __version__ = "0.2.0"
 
 # Each public name and the module that defines it. They are imported on first use (PEP 562), so that `import dhpo_trl`
@@ -30,10 +33,8 @@ def __getattr__(name: str):
     """Import a public name's module on first use and keep the name in the package's globals (later lookups do not
     come here)."""
     if name not in _PUBLIC:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(_PUBLIC[name], __name__), name)
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}", name=name, obj=_sys.modules[__name__])
+    value = getattr(_importlib.import_module(_PUBLIC[name], __name__), name)
     globals()[name] = value
     return value
 
