@@ -34,9 +34,10 @@ INHERITED_HANDLERS = {number: signal.getsignal(number) for number in FORWARDED}
 # Imported before the fork. DeepSpeed with its CPU accelerator (`dhpo_trl.demo.tiny.use_deepspeed_on_cpu`, which the
 # ZeRO-3 scripts call first themselves): it keeps the accelerator it is first imported with, the CPU one is the only
 # one these CPU launches use, and a DDP run does not read it (accelerate picks DeepSpeed from its variables and
-# plugin, not from what is imported). Preloaded, a ZeRO-3 rank does not import it again (2-3 s of CPU a rank).
-PRELOAD = ("torch", "torch.distributed", "datasets", "transformers", "trl", "dhpo_trl", "dhpo_trl.demo.tiny",
-           "dhpo_trl.demo.tiny:use_deepspeed_on_cpu", "deepspeed")  # fmt: skip
+# plugin, not from what is imported). Preloaded, a ZeRO-3 rank does not import it again (2-3 s of CPU a rank). The
+# trainer is named: `import dhpo_trl` imports its public names on first use, so it would preload none of them.
+PRELOAD = ("torch", "torch.distributed", "datasets", "transformers", "trl", "dhpo_trl.training.trainer",
+           "dhpo_trl.demo.tiny", "dhpo_trl.demo.tiny:use_deepspeed_on_cpu", "deepspeed")  # fmt: skip
 
 
 def rank_environment(rank: int, nproc: int, port: int) -> dict[str, str]:

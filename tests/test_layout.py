@@ -5,12 +5,17 @@
     2  training (and the package face) DHPOTrainer and its update engine
     3  scale_out, demo, evaluation     commands and programs built on the trainer
 
-Imports are read from the source (relative ones resolved), so a lazy import inside a function counts too.
+Imports are read from the source (relative ones resolved), so a lazy import inside a function counts too. The package
+face imports its public names on first use, so that `import dhpo_trl` and the light modules below import no torch.
 """
 
 import ast
+import importlib
+import json
+import sys
 from pathlib import Path
 
+import processes
 import pytest
 
 import dhpo_trl
@@ -104,3 +109,70 @@ def test_the_trainer_only_wires_and_training_functions_stay_short():
             for node in ast.walk(ast.parse(path.read_text()))
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= 60]
     assert long == []
+
+
+def test_the_lazily_imported_public_names_lie_no_higher_than_the_package_face():
+    """The package face names its modules as strings (imported on first use), which the source check cannot read."""
+    modules = [importlib.util.resolve_name(module, "dhpo_trl") for module in dhpo_trl._PUBLIC.values()]
+    assert all(is_module(module) for module in modules), modules
+    assert [module for module in modules if LAYERS[part(module)] > LAYERS["__init__"]] == []
+    assert set(dhpo_trl.__all__) == set(dhpo_trl._PUBLIC) | {"__version__"}
+
+
+def test_each_public_name_is_imported_on_first_use_and_kept(monkeypatch):
+    for name in dhpo_trl._PUBLIC:
+        monkeypatch.delitem(vars(dhpo_trl), name, raising=False)  # as in a fresh interpreter; restored after the test
+    assert set(dir(dhpo_trl)) >= set(dhpo_trl.__all__)
+    from dhpo_trl import DHPOTrainer
+
+    assert DHPOTrainer is importlib.import_module("dhpo_trl.training.trainer").DHPOTrainer
+    for name, module in dhpo_trl._PUBLIC.items():
+        value = getattr(dhpo_trl, name)
+        assert value is getattr(importlib.import_module(module, "dhpo_trl"), name)
+        assert vars(dhpo_trl)[name] is value  # kept in the globals: later lookups do not reach `__getattr__`
+
+
+def test_a_name_the_package_does_not_have_is_an_attribute_error():
+    assert not hasattr(dhpo_trl, "DHPOTrainers")
+    assert getattr(dhpo_trl, "__wrapped__", None) is None  # what `inspect` and `doctest` probe
+    with pytest.raises(AttributeError) as missing:
+        dhpo_trl.training_loss  # noqa: B018
+    assert (missing.value.name, missing.value.obj) == ("training_loss", dhpo_trl)
+    with pytest.raises(ImportError):
+        from dhpo_trl import DHPOTrainers  # noqa: F401
+
+
+HEAVY = ("torch", "transformers", "trl", "accelerate", "datasets")
+PROBE = """
+import json, sys
+import {modules}
+light = sorted(name for name in {heavy!r} if name in sys.modules)
+dhpo_trl.dhpo_per_token_loss  # a public name, imported on first use: torch and nothing else heavy
+print(json.dumps([light, sorted(name for name in {heavy!r} if name in sys.modules)]))
+"""
+
+
+def test_the_package_and_a_cell_pool_import_no_heavy_library():
+    """A fresh interpreter that imports the package and what a cell pool's workers import as they start (they
+    unpickle the pool's initializer, `cell_pool.report_pid`) has no torch, TRL or transformers in `sys.modules`; a
+    public name used next brings in torch, so the probe sees an import when there is one."""
+    modules = "dhpo_trl, dhpo_trl.demo.cell_pool, dhpo_trl.demo.stops, dhpo_trl.user_errors"
+    result = processes.run([sys.executable, "-c", PROBE.format(modules=modules, heavy=HEAVY)], timeout=120,
+                           cwd=PACKAGE.parent)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == [[], ["torch"]]
+
+
+def test_training_stopped_is_one_class_in_a_standard_library_module():
+    """The class `cell_pool` raises is the one the studies catch (`from dhpo_trl.demo.embedded import ...`), defined
+    in a module that imports only the standard library."""
+    from dhpo_trl.demo import cell_pool, embedded, stops
+
+    assert embedded.TrainingStopped is stops.TrainingStopped is cell_pool.TrainingStopped
+    source = ast.parse((PACKAGE / "demo" / "stops.py").read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(source) if isinstance(node, ast.Import)
+                for alias in node.names}  # fmt: skip
+    imported |= {node.module.split(".")[0] for node in ast.walk(source)
+                 if isinstance(node, ast.ImportFrom) and node.level == 0}  # fmt: skip
+    relative = [node.module for node in ast.walk(source) if isinstance(node, ast.ImportFrom) and node.level]
+    assert relative == [] and imported <= set(sys.stdlib_module_names) | {"__future__"}, (relative, imported)

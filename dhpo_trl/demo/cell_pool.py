@@ -42,7 +42,7 @@ import signal
 import threading
 from collections.abc import Iterator
 
-from .embedded import TrainingStopped
+from .stops import TrainingStopped
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # those DHPOTrainer.train() stops on (training/resume.py)
 GRACE_SECONDS = 2.0  # for the idle workers to take the pool's end-of-work sentinel and exit

@@ -17,9 +17,7 @@ import functools
 import json
 import os
 import shutil
-import signal
 import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -34,6 +32,7 @@ from ..scoring.rewards import math_verify_reward
 from ..training.nonfinite import NonFiniteGradientError
 from ..user_errors import DEBUG_FLAG, DEBUG_HELP, make_folder, positive_int, report, run_command
 from .arithmetic import Problem, make_splits, to_dataset
+from .stops import TrainingStopped  # re-exported: the studies and the tests import it from here
 from .warmstart import WarmStartSettings, greedy_completions, load_or_warm_start
 
 
@@ -128,26 +127,6 @@ def greedy_accuracy(model, tokenizer, problems: list[Problem], *, max_new_tokens
     scores = greedy_scores(model, tokenizer, problems, max_new_tokens=max_new_tokens, batch_size=batch_size,
                            reward=reward)  # fmt: skip
     return sum(scores) / len(scores)
-
-
-class TrainingStopped(RuntimeError):
-    """A stop signal (SIGTERM, SIGUSR1) ended `run_embedded`'s training before its last step. Raised before the final
-    evaluation and before anything that marks a finished run (the summary, the final checkpoint), so a study never
-    saves a stopped cell as done and reruns it on resume. `args`: the message, then the trainer's `graceful_stop`."""
-
-    def __str__(self) -> str:
-        return self.args[0]
-
-    @property
-    def exit_status(self) -> int:
-        """128 + the signal's number, as a shell reports a process that the signal ended."""
-        name = self.args[1]["signal"]
-        return 128 + (signal.Signals[name].value if name in signal.Signals.__members__ else signal.SIGTERM.value)
-
-    def report(self, prefix: str, then: str = "") -> int:
-        """Print the stop on one line of stderr, as `<prefix> <message><then>`; return `exit_status` for `sys.exit`."""
-        print(f"{prefix} {self}{then}", file=sys.stderr, flush=True)
-        return self.exit_status
 
 
 class HeldoutAccuracyCallback(TrainerCallback):
