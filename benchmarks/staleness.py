@@ -42,8 +42,8 @@ import time
 from pathlib import Path
 
 from dhpo_trl.core.presets import PAPER_ALGORITHMS
-from dhpo_trl.demo.cell_pool import WorkerDied, cell_pool
-from dhpo_trl.demo.embedded import EmbeddedSettings, TrainingStopped, load_task, run_embedded, write_atomically
+from dhpo_trl.demo.cell_pool import cell_pool, reported
+from dhpo_trl.demo.embedded import EmbeddedSettings, load_task, run_embedded, write_atomically
 from dhpo_trl.demo.long_arithmetic import make_chain_splits
 from dhpo_trl.demo.long_task import LongSettings
 
@@ -1021,13 +1021,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def cli(argv: list[str] | None = None) -> int:
     """`main`, with a stop or a dead worker reported on one line of stderr: the exit status."""
-    try:
-        return main(argv)
-    except TrainingStopped as stopped:  # a stop signal: the cell in progress is not saved; a resume reruns it
-        return stopped.report("[staleness]", "; the same command resumes the study")
-    except WorkerDied as died:  # a killed or crashed worker: its cell is not saved; a rerun starts it over
-        print(f"[staleness] {died}", file=sys.stderr, flush=True)
-        return 1
+    return reported(main, argv, "[staleness]")
 
 
 if __name__ == "__main__":

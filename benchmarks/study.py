@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 from dhpo_trl.core.presets import PAPER_ALGORITHMS
-from dhpo_trl.demo.cell_pool import WorkerDied, cell_pool
-from dhpo_trl.demo.embedded import TrainingStopped, run_embedded
+from dhpo_trl.demo.cell_pool import cell_pool, reported
+from dhpo_trl.demo.embedded import run_embedded
 from dhpo_trl.evaluation.plotting import plot_runs
 
 
@@ -211,13 +211,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def cli(argv: list[str] | None = None) -> int:
     """`main`, with a stop or a dead worker reported on one line of stderr: the exit status."""
-    try:
-        return main(argv)
-    except TrainingStopped as stopped:  # a stop signal: the runs in progress are not saved; a rerun starts them over
-        return stopped.report("[study]", "; the same command resumes the study")
-    except WorkerDied as died:  # a killed or crashed worker: its cell is not saved; a rerun starts it over
-        print(f"[study] {died}", file=sys.stderr, flush=True)
-        return 1
+    return reported(main, argv, "[study]")
 
 
 if __name__ == "__main__":

@@ -39,8 +39,9 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from .stops import TrainingStopped
 
@@ -52,6 +53,19 @@ POLL_SECONDS = 0.5  # how often the watchdog looks for a dead worker
 class WorkerDied(RuntimeError):
     """A pool's worker died while the block ran: the cell it ran is lost (not saved), the finished ones are kept.
     Not a `TrainingStopped`: no stop was asked for."""
+
+
+def reported(main: Callable[[list[str] | None], int], argv: list[str] | None, prefix: str) -> int:
+    """`main(argv)`'s exit status, with a stop or a dead worker reported on one line of stderr after `prefix`: a stop
+    signal's status (the cells in progress are not saved; the same command resumes), or 1 for a worker that died (its
+    cell is not saved; a rerun starts it over)."""
+    try:
+        return main(argv)
+    except TrainingStopped as stopped:
+        return stopped.report(prefix, "; the same command resumes the study")
+    except WorkerDied as died:
+        print(f"{prefix} {died}", file=sys.stderr, flush=True)
+        return 1
 
 
 def death_message(name: str, pid: int, exitcode: int | None) -> str:
