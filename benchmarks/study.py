@@ -27,16 +27,27 @@ from dhpo_trl.demo.embedded import run_embedded
 from dhpo_trl.evaluation.plotting import plot_runs
 
 
-def _run_one(job: tuple[str, int, Path, int | None]) -> dict:
+def saved_summary(job: tuple[str, int, Path, int | None]) -> dict | None:
+    """The summary of `job`'s finished run (a stopped one writes none), or None; a run of another budget is refused
+    (SystemExit naming its folder)."""
     algorithm, seed, out_dir, max_steps = job
     run_dir = out_dir / f"{algorithm}-seed{seed}"
     summary_path = run_dir / "summary.json"
-    if summary_path.exists():  # a finished run (a stopped one writes no summary): reused, if it ran this budget
-        summary = json.loads(summary_path.read_text())
-        if max_steps is not None and summary.get("optimizer_steps") != max_steps:
-            raise SystemExit(f"{summary_path} ran {summary.get('optimizer_steps')} optimizer steps, not --max-steps "
-                             f"{max_steps}: remove {run_dir} (or pass its --max-steps) to run it again.")
+    if not summary_path.exists():
+        return None
+    summary = json.loads(summary_path.read_text())
+    if max_steps is not None and summary.get("optimizer_steps") != max_steps:
+        raise SystemExit(f"{summary_path} ran {summary.get('optimizer_steps')} optimizer steps, not --max-steps "
+                         f"{max_steps}: remove {run_dir} (or pass its --max-steps) to run it again.")
+    return summary
+
+
+def _run_one(job: tuple[str, int, Path, int | None]) -> dict:
+    summary = saved_summary(job)  # a finished run is reused
+    if summary is not None:
         return summary
+    algorithm, seed, out_dir, max_steps = job
+    run_dir = out_dir / f"{algorithm}-seed{seed}"
     summary = run_embedded(algorithm, seed=seed, max_steps=max_steps, output_dir=run_dir, disable_tqdm=True)
     print(f"[study] {algorithm} seed {seed}: {summary['heldout_accuracy_before']:.3f} -> "
           f"{summary['heldout_accuracy_after']:.3f} in {summary['train_seconds']:.0f}s", flush=True)  # fmt: skip
@@ -167,11 +178,13 @@ def main(argv: list[str] | None = None) -> int:
     if len(args.seeds) < 1 or args.workers < 1:
         parser.error("--seeds needs at least one seed and --workers must be >= 1")
 
+    jobs = [(algorithm, seed, args.out_dir, args.max_steps) for seed in args.seeds for algorithm in args.algorithms]
+    for job in jobs:  # here, before anything trains: a saved run of another budget is refused by the main process
+        saved_summary(job)
     started = time.perf_counter()
     # Warm start once, before the workers, so they all load it from the cache instead of racing to train it.
     run_embedded(args.algorithms[0], seed=args.seeds[0], max_steps=1, output_dir=args.out_dir / "_warmup",
                  num_heldout=1, disable_tqdm=True)  # fmt: skip
-    jobs = [(algorithm, seed, args.out_dir, args.max_steps) for seed in args.seeds for algorithm in args.algorithms]
     with cell_pool(args.workers) as pool:  # a stop signal or an error ends the workers too (dhpo_trl/demo/cell_pool.py)
         summaries = pool.map(_run_one, jobs, chunksize=1)
     wall_minutes = (time.perf_counter() - started) / 60

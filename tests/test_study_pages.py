@@ -167,3 +167,17 @@ def test_a_saved_run_is_reused_only_at_the_budget_asked(tmp_path):
     assert study._run_one(("dhpo", 3, tmp_path, 25))["seed"] == 3
     with pytest.raises(SystemExit, match="dhpo-seed3"):
         study._run_one(("dhpo", 3, tmp_path, 32))
+
+
+def test_a_saved_run_of_another_budget_is_refused_before_anything_trains(tmp_path, monkeypatch):
+    """`study.py` checks every saved run's budget in its own process at start: a worker that raised it in a cell would
+    end the study as a dead worker, after the warm start and other cells had run."""
+    study = _load("study")
+    run_dir = tmp_path / "GRPO-seed3"
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text(json.dumps({"algorithm": "GRPO", "seed": 3, "optimizer_steps": 25}))
+    monkeypatch.setattr(study, "run_embedded", lambda *args, **kwargs: pytest.fail("trained despite a stale run"))
+    monkeypatch.setattr(study, "cell_pool", lambda workers: pytest.fail("started workers despite a stale run"))
+    with pytest.raises(SystemExit, match="GRPO-seed3"):
+        study.main(["--algorithms", "GRPO", "--seeds", "3", "--max-steps", "32", "--out-dir", str(tmp_path),
+                    "--docs-dir", str(tmp_path / "docs")])  # fmt: skip
