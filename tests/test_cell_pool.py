@@ -1,12 +1,12 @@
 """`dhpo_trl.demo.cell_pool`: an error in the block ends every worker of the pool, a replacement for a worker that
 ended included, even those that took the pool's SIGTERM as a graceful stop (as `run_embedded` does), and the block
-does not hang on them; another child of the main process is left alone. A worker that dies in a task (SIGKILL) ends
-the block with `WorkerDied` instead of a `Pool.map` that waits forever; one that ends with exit status 0 (as the
-pool's `maxtasksperchild` ends one) and the pool's own SIGTERMs at the end are no death.
+does not hang on them; another child of the main process is left alone. A cell lost in a task (its worker SIGKILLed,
+its `os._exit(0)`, its `SystemExit(0)`) ends the block with one line from `reported` and status 1 instead of a
+`Pool.map` that waits forever; the pool's own SIGTERMs at the end are no death, and `close` is refused.
 
 The pool runs in a driver script of its own (the spawned workers import it, as `__mp_main__`, for the task), so a
-hanging stop fails this test by its timeout instead of hanging pytest. Two workers: one to end (or die), one in a
-graceful task that only a SIGKILL ends; one for a block that ends normally."""
+hanging stop fails this test by its timeout instead of hanging pytest. Two workers: one to end (or die, or lose its
+cell), one in a graceful task that only a SIGKILL ends, or idle."""
 
 from __future__ import annotations
 
@@ -21,15 +21,26 @@ import uuid
 from pathlib import Path
 
 import processes
+import pytest
 
-from dhpo_trl.demo.cell_pool import Watchdog, death_message, pool_workers, report_worker
+from dhpo_trl.demo.cell_pool import (
+    NAME_CHARACTERS,
+    Cell,
+    CellExited,
+    Watchdog,
+    WorkerDied,
+    death_message,
+    pool_workers,
+    report_worker,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = """
-import multiprocessing, os, signal, sys, time
+import argparse, multiprocessing, os, signal, sys, time
 from pathlib import Path
 sys.path[:0] = [{repo!r}]
-from dhpo_trl.demo.cell_pool import POLL_SECONDS, WorkerDied, cell_pool
+import dhpo_trl.demo.cell_pool as cell_pool_module
+from dhpo_trl.demo.cell_pool import POLL_SECONDS, CellExited, cell_pool, reported
 
 
 def stop_gracefully(folder):
@@ -43,11 +54,16 @@ def stop_gracefully(folder):
     return os.getpid()
 
 
-def exit_normally(folder):
-    # A worker that ends with exit status 0, as the pool's maxtasksperchild ends one (after the watchdog saw it).
+def exit_zero(folder):
+    # A cell that ends its worker with exit status 0, as os._exit(0) in a library does.
     Path(folder, str(os.getpid())).touch()
-    time.sleep(3 * POLL_SECONDS)
     os._exit(0)
+
+
+def parse_help(folder, name="cell"):
+    # A cell that parses a command line with argparse: --help raises SystemExit(0).
+    Path(folder, str(os.getpid())).touch()
+    argparse.ArgumentParser(prog=name).parse_args(["--help"])
 
 
 def run_until_terminated(folder):
@@ -61,34 +77,72 @@ def wait_for(folder, count):
         time.sleep(0.1)
 
 
+def block(folder, case):
+    global lost
+    if case == "error":  # no poll: a worker's end leaves a replacement for the stop to kill
+        cell_pool_module.POLL_SECONDS = 300
+    with cell_pool(2) as pool:
+        if case == "end":  # a block that ends normally, a worker in a task, one idle: no error, the results kept
+            print(pool.map(abs, [-2, 3], chunksize=1))
+            try:
+                pool.close()  # the workers would end while the block runs
+            except RuntimeError:
+                print("close refused")
+            print(pool.map(abs, [-4], chunksize=1))  # the pool runs on
+            time.sleep(3 * POLL_SECONDS)  # the watchdog polls the idle workers
+            pool.apply_async(stop_gracefully, (folder,))
+            wait_for(folder, 1)  # the stop waits the grace for it: a watchdog running on would see the idle one end
+        elif case == "error":
+            pool.apply_async(exit_zero, (folder,))  # the pool starts a replacement
+            pool.apply_async(run_until_terminated, (folder,))  # the other worker; the replacement takes the next
+            pool.apply_async(stop_gracefully, (folder,))
+            wait_for(folder, 3)  # the replacement is in a graceful task
+            raise RuntimeError("a cell failed")
+        elif case == "system exit":  # argparse's --help in a cell, through each of the pool's ways to run a task
+            pool.apply_async(stop_gracefully, (folder,))
+            wait_for(folder, 1)
+            for name, call in [
+                ("apply", lambda: pool.apply(parse_help, (folder,))),
+                ("apply_async", lambda: pool.apply_async(parse_help, (folder,)).get()),
+                ("map", lambda: pool.map(parse_help, [folder])),
+                ("map_async", lambda: pool.map_async(parse_help, [folder]).get()),
+                ("imap", lambda: list(pool.imap(parse_help, [folder]))),
+                ("imap_unordered", lambda: list(pool.imap_unordered(parse_help, [folder]))),
+                ("starmap_async", lambda: pool.starmap_async(parse_help, [(folder,)]).get()),
+            ]:
+                try:
+                    call()
+                except CellExited:  # the worker lives on and takes the next task
+                    print("exited", name)
+            lost = time.monotonic()
+            pool.starmap(parse_help, [(folder, "cell-7")])
+        else:  # a worker killed (SIGKILL) or ended (exit status 0) in a task, which `Pool.map` waits for forever
+            if case == "exit 0":
+                pool.apply_async(stop_gracefully, (folder,))
+                wait_for(folder, 1)
+                time.sleep(3 * POLL_SECONDS)  # the watchdog saw both workers: the exit status it reads is 0
+                lost = time.monotonic()
+                result = pool.imap_unordered(exit_zero, [folder])
+            else:
+                result = pool.map_async(stop_gracefully, [folder, folder], chunksize=1)
+            wait_for(folder, 2)  # the cells are in their tasks
+            if case == "death":
+                lost = time.monotonic()
+                os.kill(int(sorted(os.listdir(folder))[0]), signal.SIGKILL)
+            result.get() if case == "death" else list(result)
+    return 0
+
+
 if __name__ == "__main__":
     folder, case = sys.argv[1:]
+    lost = None
     bystander = multiprocessing.get_context("fork").Process(target=time.sleep, args=(300,), daemon=True)
     bystander.start()  # a child of this process that is none of the pool's
     try:
-        with cell_pool(1 if case == "end" else 2) as pool:
-            if case == "end":  # a block that ends normally, its worker idle: no error, the results kept
-                print(pool.map(abs, [-2, 3], chunksize=1))
-                time.sleep(3 * POLL_SECONDS)  # the watchdog polls the idle worker
-            elif case == "error":
-                pool.apply_async(exit_normally, (folder,))  # the pool starts a replacement
-                pool.apply_async(run_until_terminated, (folder,))  # the other worker; the replacement takes the next
-                pool.apply_async(stop_gracefully, (folder,))
-                wait_for(folder, 3)  # the replacement is in a graceful task
-                time.sleep(3 * POLL_SECONDS)  # the watchdog saw the ended worker
-                raise RuntimeError("a cell failed")  # the stop's grace outlasts a poll: the SIGTERMed worker is seen
-            else:
-                result = pool.map_async(stop_gracefully, [folder, folder], chunksize=1)
-                wait_for(folder, 2)  # both workers are in a task
-                os.kill(int(sorted(os.listdir(folder))[0]), signal.SIGKILL)  # its task is lost
-                killed = time.monotonic()
-                result.get()  # waits forever for the lost task, but for the watchdog
-        code = 0
-    except WorkerDied:
-        print(time.monotonic() - killed if case == "death" else -1.0)
-        code = 5
+        code = reported(lambda argv: block(folder, case), None, "[driver]")  # 1: a cell lost, reported on one line
     except RuntimeError:
         code = 3
+    print(-1.0 if lost is None else time.monotonic() - lost)
     alive = bystander.is_alive()
     bystander.kill()
     sys.exit(code if alive else 4)
@@ -135,23 +189,44 @@ def _drive(tmp_path, case: str) -> tuple[int, str, str, list[int]]:
 
 def test_an_error_in_the_block_ends_every_worker_a_replacement_included(tmp_path):
     status, _, stderr, workers = _drive(tmp_path, "error")
-    # 3: the block's error, raised after the workers are gone; 5: the ended worker taken for a death; 4: the stop
-    # killed a child of the main process that was not the pool's
+    # 3: the block's error, raised after the workers are gone; 4: the stop killed a child of the main process that was
+    # not the pool's
     assert status == 3, stderr
     assert len(workers) == 3, workers  # two workers and the replacement ran a task
 
 
 def test_a_block_that_ends_normally_keeps_its_results_and_leaves_no_worker(tmp_path):
+    """Its results kept; `close` refused, the pool running on; the pool's own SIGTERMs and sentinels at the end,
+    during the stop's grace for a worker in a graceful task, are no death."""
     status, stdout, stderr, _ = _drive(tmp_path, "end")
-    assert status == 0, stderr  # 5: the pool's end taken for a death
-    assert stdout.split("\n")[0] == "[2, 3]"
+    assert status == 0, stderr  # 1: the pool's end, or a close, taken for a death
+    assert stdout.split("\n")[:3] == ["[2, 3]", "close refused", "[4]"], stdout
 
 
-def test_a_worker_killed_in_a_task_ends_the_block_with_worker_died(tmp_path):
-    status, stdout, stderr, workers = _drive(tmp_path, "death")
-    assert status == 5, stderr  # WorkerDied, not a hang (the timeout) nor another error; 4: a bystander killed
+@pytest.mark.parametrize("case", ["death", "exit 0", "system exit"])
+def test_a_cell_lost_in_a_task_ends_the_block_on_one_line_with_status_1(tmp_path, case):
+    """A worker SIGKILLed in a task, a cell's `os._exit(0)` (through `imap_unordered`) and its `SystemExit(0)`
+    (argparse's --help, through `starmap`): `reported` prints one line naming the worker, its exit status, or the cell
+    and what it raised, and returns 1 within seconds, not a `Pool.map` that waits forever; the other worker, in a
+    graceful task, is ended too. Before the last, the `SystemExit(0)` of a cell run each other way the pool has
+    reaches the block as `CellExited`, its worker living on."""
+    status, stdout, stderr, workers = _drive(tmp_path, case)
+    lines = [line for line in stderr.splitlines() if line.startswith("[driver] ")]
+    assert status == 1 and len(lines) == 1, stderr  # not a hang (the timeout) nor a traceback; 4: a bystander killed
+    assert 0 <= float(stdout.split()[-1]) < 30  # from the loss to the block's end: a poll, the stop's grace, the joins
     assert len(workers) == 2, workers
-    assert float(stdout.split()[-1]) < 30  # from the SIGKILL to the block's end: a poll, the stop's grace, the joins
+    if case == "system exit":
+        exited = [line.removeprefix("exited ") for line in stdout.splitlines() if line.startswith("exited ")]
+        assert exited == ["apply", "apply_async", "map", "map_async", "imap", "imap_unordered", "starmap_async"]
+        assert "parse_help(" in lines[0] and "'cell-7'" in lines[0] and "SystemExit(0)" in lines[0], lines
+    else:
+        lost = [sorted(workers)[0]] if case == "death" else workers  # the pid killed; either cell's for exit 0
+        exitcode = -signal.SIGKILL if case == "death" else 0
+        # The workers are the driver's second and third processes (the bystander is its first).
+        died = [death_message(f"SpawnPoolWorker-{n}", pid, code) for n in (2, 3) for pid in lost
+                for code in (exitcode, None)]  # fmt: skip
+        # Its exit status, or unknown when the pool reaped it before the watchdog saw it.
+        assert lines[0].removeprefix("[driver] ") in died, lines
 
 
 def test_the_workers_to_kill_are_the_children_whose_pid_and_name_a_worker_reported():
@@ -184,14 +259,14 @@ def _reported_child(context, started, then):
 
 
 def test_the_watchdog_reports_a_reported_worker_that_died_and_nothing_else():
-    """`Watchdog.check` (its polls, called directly): a reported worker that ended with exit status 0 or that lives
-    is no death; one that a signal ended is, with its signal, also when the pool reaped it before any poll saw it
-    (status unknown); a child that never reported is none of the pool's."""
+    """`Watchdog.check` (its polls, called directly): a reported worker that lives is no death; one that ended is,
+    with its exit status 0 or its signal, also when the pool reaped it before any poll saw it (status unknown); a child
+    that never reported is none of the pool's."""
     context = multiprocessing.get_context("fork")
     main, children = threading.main_thread().ident, []
     try:
         for then, kill, seen_first, expected in [
-            (lambda: time.sleep(0.3), False, True, None),  # ends normally
+            (lambda: time.sleep(0.3), False, True, 0),  # ends with exit status 0: no worker ends in the block
             (lambda: time.sleep(60), False, True, None),  # lives
             (lambda: time.sleep(60), True, True, -signal.SIGKILL),  # killed after a poll saw it
             (lambda: time.sleep(60), True, False, "unknown"),  # killed and reaped before any poll
@@ -229,3 +304,36 @@ def test_a_death_names_the_worker_and_how_it_ended():
                             (1, "exit status 1"), (None, "exit status unknown")]:  # fmt: skip
         message = death_message("SpawnPoolWorker-3", 4321, exitcode)
         assert "SpawnPoolWorker-3 (pid 4321)" in message and f"({named})" in message and "\n" not in message, message
+
+
+def _raise(error: BaseException):
+    def cell(*args, **kwargs):
+        raise error
+
+    return cell
+
+
+def test_a_cell_raises_what_would_end_its_worker_as_cell_exited_naming_itself():
+    """`Cell`, called here as a worker calls a task: its value and an `Exception` pass through unchanged; a
+    `SystemExit` (status 0, no status, a message), a `KeyboardInterrupt` or a `GeneratorExit` is raised as
+    `CellExited` from it (what `reported` reports), naming the function, its arguments and what it raised; the message
+    stays one line of bounded length whatever the arguments."""
+    assert Cell(divmod)(7, 2) == (3, 1) and Cell(dict)(a=1) == {"a": 1}
+    bug = KeyError("a bug")
+    with pytest.raises(KeyError) as raised:
+        Cell(_raise(bug))(1)
+    assert raised.value is bug
+    for error in [SystemExit(0), SystemExit(), SystemExit("usage: cell"), KeyboardInterrupt(), GeneratorExit()]:
+        cell = _raise(error)
+        with pytest.raises(CellExited) as raised:
+            Cell(cell)(("GRPO", 2, 0), seed=1)
+        message = str(raised.value)
+        assert isinstance(raised.value, WorkerDied) and raised.value.__cause__ is error
+        assert f"{cell.__qualname__}(('GRPO', 2, 0), seed=1)" in message and repr(error) in message, message
+    hostile = "x\n" * 100_000
+    for args, error in [((hostile,), SystemExit(0)), ((1,), SystemExit(hostile))]:
+        with pytest.raises(CellExited) as raised:
+            Cell(_raise(error))(*args)
+        message = str(raised.value)
+        assert "\n" not in message and len(message) < 3 * NAME_CHARACTERS, len(message)
+        assert (f"({repr(hostile)[:20]}" if args != (1,) else "SystemExit(...)") in message, message

@@ -10,7 +10,7 @@ So here:
 * whatever ends the block (that, a worker's `TrainingStopped`, a failing cell, a dead worker, its end) terminates the
   pool, and kills (SIGKILL) the workers still there after `GRACE_SECONDS`: a cell in progress is not saved either
   way (`run_embedded` writes its summary last, atomically) and the same command reruns it. The block itself does not
-  close or terminate the pool.
+  terminate the pool, and may not close it (below).
 
 The workers to kill are found without reading the pool's private state: the pool's initializer has each worker,
 a replacement for one that died included, put its pid and process name on a queue, and those pick the pool's workers
@@ -18,17 +18,22 @@ out of `multiprocessing.active_children()` (the main process's own children, not
 holds their pids). The name as well as the pid: a worker that died has its pid free for reuse, and another child of
 the main process that gets it has another name (the names are numbered per process started).
 
-A worker that dies while the block runs (an OOM kill, a SIGKILL from a cluster, a `SystemExit` in a cell) takes its
-task with it, and `Pool.map` would wait for that task forever. A watchdog thread reads the reports as they come and
-polls the reported workers every `POLL_SECONDS`; the first one it finds ended with a non-zero exit status (a signal,
-an error) has `WorkerDied` raised in the main thread, wherever it waits, and the block ends as on an error above. The
-finished cells are saved by their workers, so the same command resumes. The watchdog is stopped before the pool is
-terminated, so the pool's own SIGTERMs are no death; exit status 0 is a worker that ended normally (the pool's
-end-of-work sentinel, `maxtasksperchild`), replaced by the pool. A worker that dies before it reports took no task
-(the initializer runs first), so nothing waits for it and the pool replaces it. To reach the main thread where it
-waits on a lock, the watchdog sends it SIGCHLD (`signal.pthread_kill`): a real signal interrupts the wait, which
-`_thread.interrupt_main` does not, and SIGCHLD's default action is to ignore it, so one that arrives after the
-block leaves its handler is harmless.
+A cell that raises a `BaseException` that is not an `Exception` (`SystemExit` from argparse in a cell or a library's
+`sys.exit()`, `KeyboardInterrupt`) would end its worker, with exit status 0 for `SystemExit(0)`: the pool's tasks run
+as `Cell`s, which raise `CellExited` instead, naming the cell; the pool carries it back as any error of a task, and it
+ends the block (`reported`: one line, exit status 1).
+
+A worker that dies while the block runs (an OOM kill, a SIGKILL from a cluster, `os._exit` in a cell) takes its task
+with it, and `Pool.map` would wait for that task forever. A worker of this pool has no legitimate end while the block
+runs: the pool has no `maxtasksperchild`, and its end-of-work sentinel is sent only by `close` (refused here) and
+`terminate` (after the block). So any end is a death, exit status 0 included. A watchdog thread reads the reports as
+they come and polls the reported workers every `POLL_SECONDS`; the first one it finds ended has `WorkerDied` raised in
+the main thread, wherever it waits, and the block ends as on an error above. The finished cells are saved by their
+workers, so the same command resumes. The watchdog is stopped before the pool is terminated, so the pool's own
+SIGTERMs and sentinels are no death. A worker that dies before it reports took no task (the initializer runs first),
+so nothing waits for it and the pool replaces it. To reach the main thread where it waits on a lock, the watchdog
+sends it SIGCHLD (`signal.pthread_kill`): a real signal interrupts the wait, which `_thread.interrupt_main` does not,
+and SIGCHLD's default action is to ignore it, so one that arrives after the block leaves its handler is harmless.
 
 The queue's pipe (64 KiB, about 47 bytes a worker) holds some 1,400 reports, and the watchdog empties it as they come.
 """
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import multiprocessing.pool
 import os
 import signal
 import sys
@@ -48,6 +54,7 @@ from .stops import TrainingStopped
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # those DHPOTrainer.train() stops on (training/resume.py)
 GRACE_SECONDS = 2.0  # for the idle workers to take the pool's end-of-work sentinel and exit
 POLL_SECONDS = 0.5  # how often the watchdog looks for a dead worker
+NAME_CHARACTERS = 300  # of a cell's arguments in `CellExited`'s message: one line, whatever the arguments
 
 
 class WorkerDied(RuntimeError):
@@ -55,10 +62,79 @@ class WorkerDied(RuntimeError):
     Not a `TrainingStopped`: no stop was asked for."""
 
 
+class CellExited(WorkerDied):
+    """A cell raised a `BaseException` that is not an `Exception` (`SystemExit`, `KeyboardInterrupt`) in its worker,
+    where it would have ended the worker: raised by `Cell` instead, so the pool carries it back to the block. Its cell
+    is lost as a dead worker's is, and `reported` reports it the same way."""
+
+
+class Cell:
+    """`func` as a pool's task: a `BaseException` that is not an `Exception` escaping it is raised as `CellExited`,
+    naming `func` and its arguments, from the original (whose traceback the pool's remote traceback then shows)."""
+
+    def __init__(self, func: Callable) -> None:
+        self.func = func
+
+    def __call__(self, *args, **kwargs):
+        try:
+            return self.func(*args, **kwargs)
+        except Exception:
+            raise
+        except BaseException as error:
+            raise CellExited(exit_message(self.func, args, kwargs, error)) from error
+
+
+def exit_message(func: Callable, args: tuple, kwargs: dict, error: BaseException) -> str:
+    """The one-line report of the cell `func(*args, **kwargs)` that raised `error`, its arguments cut to
+    `NAME_CHARACTERS`."""
+    call = ", ".join([*map(repr, args), *(f"{key}={value!r}" for key, value in kwargs.items())])
+    if len(call) > NAME_CHARACTERS:
+        call = call[: NAME_CHARACTERS - 3] + "..."
+    raised = repr(error) if len(repr(error)) <= NAME_CHARACTERS else f"{type(error).__name__}(...)"
+    name = getattr(func, "__qualname__", type(func).__qualname__)
+    return (
+        f"cell_pool: the cell {name}({call}) raised {raised} in its worker: it was not saved; rerun the same "
+        "command to resume (finished cells are kept)"
+    )
+
+
+class CellPool(multiprocessing.pool.Pool):
+    """A `multiprocessing.pool.Pool` whose tasks run as `Cell`s and that only `cell_pool` ends: `close` is refused,
+    since it would end the workers while the block runs, which the watchdog takes for deaths."""
+
+    def apply_async(self, func, *args, **kwargs):
+        return super().apply_async(Cell(func), *args, **kwargs)
+
+    def map(self, func, *args, **kwargs):
+        return super().map(Cell(func), *args, **kwargs)
+
+    def map_async(self, func, *args, **kwargs):
+        return super().map_async(Cell(func), *args, **kwargs)
+
+    def starmap(self, func, *args, **kwargs):
+        return super().starmap(Cell(func), *args, **kwargs)
+
+    def starmap_async(self, func, *args, **kwargs):
+        return super().starmap_async(Cell(func), *args, **kwargs)
+
+    def imap(self, func, *args, **kwargs):
+        return super().imap(Cell(func), *args, **kwargs)
+
+    def imap_unordered(self, func, *args, **kwargs):
+        return super().imap_unordered(Cell(func), *args, **kwargs)
+
+    def close(self) -> None:
+        raise RuntimeError(
+            "cell_pool: the block does not close its pool (its workers' ends would be taken for deaths): wait for "
+            "the results with map() or get(); the block's end ends the pool"
+        )
+
+
 def reported(main: Callable[[list[str] | None], int], argv: list[str] | None, prefix: str) -> int:
-    """`main(argv)`'s exit status, with a stop or a dead worker reported on one line of stderr after `prefix`: a stop
-    signal's status (the cells in progress are not saved; the same command resumes), or 1 for a worker that died (its
-    cell is not saved; a rerun starts it over)."""
+    """`main(argv)`'s exit status, with a stop or a lost cell reported on one line of stderr after `prefix`: a stop
+    signal's status (the cells in progress are not saved; the same command resumes), or 1 for a worker that died or a
+    cell that raised `SystemExit` or another non-`Exception` (`WorkerDied`, `CellExited`: its cell is not saved; a
+    rerun starts it over)."""
     try:
         return main(argv)
     except TrainingStopped as stopped:
@@ -85,11 +161,11 @@ def death_message(name: str, pid: int, exitcode: int | None) -> str:
 
 
 @contextlib.contextmanager
-def cell_pool(workers: int) -> Iterator[multiprocessing.pool.Pool]:
+def cell_pool(workers: int) -> Iterator[CellPool]:
     """A spawn pool of `workers` processes, stopped as the module docstring says. Call from the main thread."""
     context = multiprocessing.get_context("spawn")
     started = context.SimpleQueue()  # each worker's pid, put there by the worker as it starts
-    pool = context.Pool(workers, initializer=report_worker, initargs=(started,))
+    pool = CellPool(workers, initializer=report_worker, initargs=(started,), context=context)
     watchdog = Watchdog(started, threading.main_thread().ident)
     previous = {signum: signal.getsignal(signum) for signum in (*STOP_SIGNALS, signal.SIGCHLD)}
 
@@ -128,9 +204,9 @@ def cell_pool(workers: int) -> Iterator[multiprocessing.pool.Pool]:
 
 class Watchdog(threading.Thread):
     """Reads the workers' reports from `started` into `reported` and, every `POLL_SECONDS`, has the thread `main`
-    raise `WorkerDied` (through SIGCHLD; see the module docstring) for the first reported worker that ended with a
-    non-zero exit status, or that the pool reaped before it was seen (a worker that reported took tasks until the
-    pool's end-of-work sentinel, which the block does not send), until `stop`."""
+    raise `WorkerDied` (through SIGCHLD; see the module docstring) for the first reported worker that ended, whatever
+    its exit status, or that the pool reaped before it was seen (no worker ends while the block runs), until
+    `stop`."""
 
     def __init__(self, started: multiprocessing.queues.SimpleQueue, main: int) -> None:
         super().__init__(name="cell_pool-watchdog", daemon=True)
@@ -160,7 +236,7 @@ class Watchdog(threading.Thread):
         for key in sorted(self.reported):
             process = self.seen.get(key)
             exitcode = None if process is None else process.exitcode
-            if process is None or exitcode not in (None, 0):
+            if process is None or exitcode is not None:
                 return death_message(key[1], key[0], exitcode)
         return None
 
