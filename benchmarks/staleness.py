@@ -1020,7 +1020,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cli(argv: list[str] | None = None) -> int:
-    """`main`, with a stop or a dead worker reported on one line of stderr: the exit status."""
+    """`main`, with a stop or a lost cell (a dead worker, a cell's `SystemExit`) reported on one line of stderr: the
+    exit status."""
     return reported(main, argv, "[staleness]")
 
 
