@@ -6,7 +6,10 @@ printed as one `<prog>: error: <message>` line on stderr with exit status 2, as 
 during the work itself (training, sampling, plotting) and any other exception type (KeyError, TypeError,
 RuntimeError...) is a bug, or a failure that needs its whole stack: it keeps its traceback. `--debug` prints the whole
 traceback of every error a command reports on one line (`report`), with the same exit status, so that a script
-reading the status sees no difference and `dhpo-train` still releases its process groups before it exits.
+reading the status sees no difference and `dhpo-train` still releases its process groups before it exits. A usage
+error stays argparse's one line after the usage, with exit status 2, under `--debug` too: argparse's own (an unknown
+option, a value of the wrong type or outside the choices, a missing argument) and `UsageError` (the same mistakes
+found past argparse). Its line names the option already, and its traceback would show the parser's frames only.
 
 Each command splits itself in two for `run_command`: `setup` (parse, validate, load) and `work`.
 """
@@ -26,7 +29,15 @@ USER_ERROR_TYPES = (
     ImportError,  # an optional package that is not installed (vllm, deepspeed), named with its install command
 )
 DEBUG_FLAG = "--debug"
-DEBUG_HELP = "show the Python traceback of an error instead of its one-line message"
+DEBUG_HELP = (
+    "show the Python traceback of an error instead of its one-line message (a usage error, such as an unknown option "
+    "or a value of the wrong type, stays one line: its traceback would show the parser only)"
+)
+
+
+class UsageError(ValueError):
+    """A mistake in the command line itself that a command finds past argparse (`dhpo-train`'s unknown flags, read
+    after its config files): one line with exit status 2, as argparse's own usage errors, with or without `--debug`."""
 
 
 def run_command(prog: str, setup: Callable[[], object], work: Callable[[object], object] | None = None, *,
@@ -43,8 +54,9 @@ def run_command(prog: str, setup: Callable[[], object], work: Callable[[object],
 
 
 def report(prog: str, error: BaseException, *, debug: bool = False) -> None:
-    """`prog: error: <one line>` on stderr; with `debug`, the error's traceback instead, as the interpreter prints it."""
-    if debug:
+    """`prog: error: <one line>` on stderr; with `debug`, the error's traceback instead, as the interpreter prints it,
+    except for a `UsageError`."""
+    if debug and not isinstance(error, UsageError):
         traceback.print_exception(error, file=sys.stderr)
     else:
         print(f"{prog}: error: {one_line(error)}", file=sys.stderr)

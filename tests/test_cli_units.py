@@ -207,7 +207,8 @@ def test_help_shows_the_usage_and_the_error_conventions(monkeypatch, capsys):
     assert " ".join(out.split()).endswith(
         "Input errors (flags, config values, files, data columns, the model path, missing packages, the vLLM "
         "server) are reported on one line with exit status 2, a non-finite gradient norm with 1; --debug (no value) "
-        "shows their traceback instead, with the same status. `--debug VALUE` stays transformers' debug option."
+        "shows their traceback instead, with the same status, except for a usage error (an unknown flag, a value of "
+        "the wrong type), which stays one line. `--debug VALUE` stays transformers' debug option."
     )
 
 

@@ -1,7 +1,9 @@
 """`--debug` on both training commands, `dhpo-train` and `python -m dhpo_trl`, through their `main(argv)`: every
 error they report on one line (an input error, status 2; a non-finite gradient norm, status 1) is printed with its
 whole traceback instead, down to the frame that raised it, and the exit status stays the same; `dhpo-train` releases
-its process groups (without the barrier: a peer may be gone) either way."""
+its process groups (without the barrier: a peer may be gone) either way. On every command that takes `--debug`, a
+usage error (an unknown option, a value of the wrong type, a missing value) stays one line with status 2, with or
+without it, as the help of `--debug` says."""
 
 from __future__ import annotations
 
@@ -13,8 +15,11 @@ import pytest
 import tiny_cli
 
 from dhpo_trl.demo import embedded
+from dhpo_trl.evaluation import cli as evaluation_cli
+from dhpo_trl.evaluation import plotting
 from dhpo_trl.scale_out import cli
 from dhpo_trl.training import nonfinite
+from dhpo_trl.user_errors import DEBUG_HELP
 
 TRACEBACK = "Traceback (most recent call last):\n"
 
@@ -124,3 +129,65 @@ def test_dhpo_train_releases_its_process_groups_before_a_bug_or_an_interrupt_lea
         cli.main(debug)
     assert raised.value is error  # the same error leaves main, with its traceback, for the interpreter to print
     assert released == [False]  # released once, without a barrier: the crashed peer may never arrive
+
+
+def exit_status(main):
+    """`main(argv)`'s status: its return value, or the SystemExit code it raises (argparse's usage errors)."""
+
+    def status(argv):
+        try:
+            return main(argv)
+        except SystemExit as exited:
+            return exited.code
+
+    return status
+
+
+evaluate_main, plot_main, dhpo_train_status = map(exit_status, (evaluation_cli.main, plotting.main, dhpo_train_main))
+
+
+# command: (main(argv) -> status, its prog, the function that would start its work)
+COMMANDS = {
+    "dhpo-train": (dhpo_train_status, "dhpo-train", (cli, "build_trainer")),
+    "dhpo-evaluate": (evaluate_main, "dhpo-evaluate", (evaluation_cli, "evaluate")),
+    "dhpo-plot": (plot_main, "dhpo-plot", (plotting, "plot_runs")),
+    "python -m dhpo_trl": (embedded_main, "python -m dhpo_trl", (embedded, "run_embedded")),
+}
+# (command, argv, the option its error names): an unknown option, a value of the wrong type, a missing value
+USAGE_ERRORS = [
+    ("dhpo-train", ["--max_steps", "2", "--bogus_flag", "1"], "--bogus_flag"),  # dhpo-train's own check, past argparse
+    ("dhpo-train", ["--max_steps", "two"], "--max_steps"),
+    ("dhpo-evaluate", ["model", "--bogus-flag"], "--bogus-flag"),
+    ("dhpo-evaluate", ["model", "--batch-size", "eight"], "--batch-size"),
+    ("dhpo-plot", ["run", "--out", "plots", "--bogus-flag"], "--bogus-flag"),
+    ("dhpo-plot", ["run", "--out"], "--out"),
+    ("python -m dhpo_trl", ["--bogus-flag"], "--bogus-flag"),
+    ("python -m dhpo_trl", ["--seed", "one"], "--seed"),
+]
+
+
+@pytest.mark.parametrize("debug", [[], ["--debug"]], ids=["plain", "debug"])
+@pytest.mark.parametrize(("command", "argv", "option"), USAGE_ERRORS, ids=[f"{c} {o}" for c, _, o in USAGE_ERRORS])
+def test_a_usage_error_is_one_line_with_status_2_with_or_without_debug(command, argv, option, debug, monkeypatch,
+                                                                       capsys):  # fmt: skip
+    """Its traceback would show the parser only: the line (after argparse's usage) names the option, under the
+    command's own name, and nothing else runs."""
+    main, prog, (module, work) = COMMANDS[command]
+    monkeypatch.setattr(module, work, lambda *args, **kwargs: pytest.fail(f"{command} ran despite a usage error"))
+    assert main([*argv, *debug]) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if ": error: " in line]
+    assert "Traceback" not in err and len(errors) == 1, err
+    assert errors[0].startswith(f"{prog}: error: ") and option in errors[0] and err.endswith(errors[0] + "\n"), err
+
+
+def test_the_help_of_debug_says_a_usage_error_stays_one_line(monkeypatch, capsys):
+    """What the usage-error test checks is what `--help` promises, on each command that documents `--debug`."""
+    for main in (evaluate_main, plot_main, embedded_main):
+        assert main(["--help"]) == 0
+        help_text = " ".join(capsys.readouterr().out.split())
+        assert " ".join(DEBUG_HELP.split()) in help_text and "usage error" in DEBUG_HELP
+    monkeypatch.setattr(cli.sys, "argv", ["dhpo-train"])
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    assert "except for a usage error" in " ".join(capsys.readouterr().out.split())

@@ -31,7 +31,7 @@ from ..scoring.data import load_math_dataset
 from ..scoring.rewards import math_verify_reward
 from ..training.nonfinite import NonFiniteGradientError
 from ..training.teardown import release_process_groups
-from ..user_errors import check_model_path, make_folder, pop_debug_flag, report, run_command
+from ..user_errors import UsageError, check_model_path, make_folder, pop_debug_flag, report, run_command
 
 # The paper's training data and its subset (a folder of the repository); the subset is the default only for it.
 PAPER_DATASET, PAPER_SUBSET = "hkust-nlp/SimpleRL-Zoo-Data", "simplelr_qwen_level3to5"
@@ -85,12 +85,14 @@ USAGE = "%(prog)s [--config FILE.yaml] [--overlay FILE.yaml ...] [--debug] [--FI
 EPILOG = (
     "Input errors (flags, config values, files, data columns, the model path, missing packages, the vLLM server) are "
     "reported on one line with exit status 2, a non-finite gradient norm with 1; --debug (no value) shows their "
-    "traceback instead, with the same status. `--debug VALUE` stays transformers' debug option."
+    "traceback instead, with the same status, except for a usage error (an unknown flag, a value of the wrong type), "
+    "which stays one line. `--debug VALUE` stays transformers' debug option."
 )
 
 
 def make_parser() -> TrlParser:
-    return TrlParser((DHPOScriptArguments, DHPOConfig, ModelConfig), usage=USAGE, epilog=EPILOG)
+    # prog: the name the one-line errors carry, also when launched as a file (`accelerate launch .../cli.py`).
+    return TrlParser((DHPOScriptArguments, DHPOConfig, ModelConfig), prog="dhpo-train", usage=USAGE, epilog=EPILOG)
 
 
 def parse_args(argv=None, *, num_processes: int | None = None):
@@ -125,7 +127,7 @@ def parse_args(argv=None, *, num_processes: int | None = None):
         options = [option for action in parser._actions for option in action.option_strings]
         yaml_given = any(item.endswith((".yaml", ".yml")) for item in extra)
         hint = " (a YAML file goes after --config)" if yaml_given else ""
-        raise ValueError(f"Unrecognized argument(s): {_with_suggestions(flags, options)}{hint}.")
+        raise UsageError(f"Unrecognized argument(s): {_with_suggestions(flags, options)}{hint}.")
     for name in ("per_device_train_batch_size", "num_generations"):  # the batch plan divides by them
         value = getattr(raw, name)
         if not isinstance(value, int) or value < 1:  # None: a key left empty in the YAML
