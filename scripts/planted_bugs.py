@@ -648,6 +648,24 @@ BUGS = {
         '        print(f"{prog}: error: {one_line(error)}", file=sys.stderr)',
         ["tests/test_debug_flag.py"], "--debug shows the one-line message, no traceback, on every command",
     ),
+    "debug-traces-a-usage-error": (
+        "dhpo_trl/user_errors.py",
+        "    if debug and not isinstance(error, UsageError):",
+        "    if debug:",
+        ["tests/test_debug_flag.py"], "dhpo-train --debug prints a traceback for an unknown flag, argparse's commands one line",
+    ),
+    "unknown-flag-a-value-error": (
+        "dhpo_trl/scale_out/cli.py",
+        'raise UsageError(f"Unrecognized argument(s): {_with_suggestions(flags, options)}{hint}.")',
+        'raise ValueError(f"Unrecognized argument(s): {_with_suggestions(flags, options)}{hint}.")',
+        ["tests/test_debug_flag.py"], "dhpo-train's own unknown-flag check is not a usage error: --debug traces it",
+    ),
+    "dhpo-train-parser-named-by-argv": (
+        "dhpo_trl/scale_out/cli.py",
+        'prog="dhpo-train", usage=USAGE',
+        "usage=USAGE",
+        ["tests/test_debug_flag.py"], "argparse's errors in dhpo-train carry the launched file's name (cli.py)",
+    ),
     "config-help-dropped": (
         "dhpo_trl/core/config.py",
         'return field(default=default, metadata={"help": help})',
