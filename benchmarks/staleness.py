@@ -46,6 +46,7 @@ from dhpo_trl.demo.cell_pool import cell_pool, reported
 from dhpo_trl.demo.embedded import EmbeddedSettings, load_task, run_embedded, write_atomically
 from dhpo_trl.demo.long_arithmetic import make_chain_splits
 from dhpo_trl.demo.long_task import LongSettings
+from dhpo_trl.user_errors import DEBUG_FLAG, DEBUG_HELP
 
 TASKS = {"addition": EmbeddedSettings, "long": LongSettings}  # --task: the settings class of each embedded task
 
@@ -920,6 +921,7 @@ def main(argv: list[str] | None = None) -> int:
                              "evaluation noise than the curve's 100; the page is long_completions_power.md")  # fmt: skip
     parser.add_argument("--report-only", action="store_true",
                         help="run nothing: write the page from the cells already saved, naming the missing ones")  # fmt: skip
+    parser.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)  # acted on by `cli` (cell_pool.reported)
     args = parser.parse_args(argv)
     for name in ("generation_batches", "eval_every", "workers"):
         if getattr(args, name) < 1:
@@ -981,7 +983,7 @@ def main(argv: list[str] | None = None) -> int:
     table = {o: table[o] for o in args.objectives if o in table}
     main_summaries = [s for key, s in summaries.items() if key[3] == args.task]
     any_summary = main_summaries[0]
-    argv_text = " ".join(argv if argv is not None else sys.argv[1:])
+    argv_text = " ".join(arg for arg in (argv if argv is not None else sys.argv[1:]) if arg != DEBUG_FLAG)
     meta = {
         "command": "python benchmarks/staleness.py " + argv_text.replace(" --report-only", ""),
         "machine": f"{platform.machine()} CPU, {multiprocessing.cpu_count()} cores, {args.workers} workers",

@@ -25,6 +25,7 @@ from dhpo_trl.core.presets import PAPER_ALGORITHMS
 from dhpo_trl.demo.cell_pool import cell_pool, reported
 from dhpo_trl.demo.embedded import run_embedded
 from dhpo_trl.evaluation.plotting import plot_runs
+from dhpo_trl.user_errors import DEBUG_FLAG, DEBUG_HELP
 
 
 def saved_summary(job: tuple[str, int, Path, int | None]) -> dict | None:
@@ -174,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", type=float, default=0.80, help="held-out accuracy for 'steps to target'")
     parser.add_argument("--out-dir", type=Path, default=Path("outputs/study"))
     parser.add_argument("--docs-dir", type=Path, default=Path("docs/study"))
+    parser.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)  # acted on by `cli` (cell_pool.reported)
     args = parser.parse_args(argv)
     if len(args.seeds) < 1 or args.workers < 1:
         parser.error("--seeds needs at least one seed and --workers must be >= 1")
@@ -205,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, figure in figures.items():
         figure.savefig(args.docs_dir / f"{name}.png", dpi=100)
 
-    command = "python benchmarks/study.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    given = argv if argv is not None else sys.argv[1:]
+    command = "python benchmarks/study.py " + " ".join(arg for arg in given if arg != DEBUG_FLAG)
     fields = ("algorithm", "seed", "heldout_accuracy_before", "heldout_accuracy_after", "heldout_accuracies",
               "optimizer_steps", "train_seconds", "commit", "parameters", "num_heldout")  # fmt: skip
     runs = [{k: s.get(k) for k in fields} for s in summaries]

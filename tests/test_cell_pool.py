@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -32,7 +33,9 @@ from dhpo_trl.demo.cell_pool import (
     death_message,
     pool_workers,
     report_worker,
+    reported,
 )
+from dhpo_trl.demo.stops import TrainingStopped
 
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = """
@@ -134,7 +137,7 @@ def block(folder, case):
 
 
 if __name__ == "__main__":
-    folder, case = sys.argv[1:]
+    folder, case = sys.argv[1:3]  # then --debug, read by `reported`
     lost = None
     bystander = multiprocessing.get_context("fork").Process(target=time.sleep, args=(300,), daemon=True)
     bystander.start()  # a child of this process that is none of the pool's
@@ -166,15 +169,15 @@ def _marked(marker: str) -> list[int]:
     return [pid for pid in found if _alive(pid)]
 
 
-def _drive(tmp_path, case: str) -> tuple[int, str, str, list[int]]:
-    """Run the driver's `case`; (its exit status, stdout, stderr, the pids of the workers that ran a task). Asserts
-    that no process it started outlives it."""
+def _drive(tmp_path, case: str, *flags: str) -> tuple[int, str, str, list[int]]:
+    """Run the driver's `case` with the command-line `flags`; (its exit status, stdout, stderr, the pids of the workers
+    that ran a task). Asserts that no process it started outlives it."""
     driver, folder = tmp_path / "driver.py", tmp_path / "started"
     driver.write_text(DRIVER.format(repo=str(REPO)))
     folder.mkdir()
     marker = f"CELL_POOL_TEST={uuid.uuid4().hex}"
     env = {**os.environ, marker.split("=")[0]: marker.split("=")[1]}
-    pool = processes.popen([sys.executable, str(driver), str(folder), case], stdout=subprocess.PIPE,
+    pool = processes.popen([sys.executable, str(driver), str(folder), case, *flags], stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
     try:
         stdout, stderr = pool.communicate(timeout=240)  # a stop that waits for a worker never ends
@@ -229,6 +232,44 @@ def test_a_cell_lost_in_a_task_ends_the_block_on_one_line_with_status_1(tmp_path
         assert lines[0].removeprefix("[driver] ") in died, lines
 
 
+def test_under_debug_a_cells_system_exit_shows_where_the_cell_raised_it(tmp_path):
+    """`--debug` on the command line: `reported` prints the traceback of `CellExited` instead of the line, with the
+    same status 1, and the pool's remote traceback in it shows the frame in the worker that raised `SystemExit`."""
+    status, _, stderr, _ = _drive(tmp_path, "system exit", "--debug")
+    last = stderr.rstrip("\n").split("\n")[-1]
+    assert status == 1 and "Traceback (most recent call last):\n" in stderr and "[driver] " not in stderr, stderr
+    assert re.search(r'^  File ".+", line \d+, in parse_help$', stderr, re.MULTILINE), stderr  # in the worker
+    assert last.startswith("dhpo_trl.demo.cell_pool.CellExited: "), last  # the error, not the cause, comes last
+    assert "parse_help(" in last and "'cell-7'" in last and "SystemExit(0)" in last, last
+
+
+def _raises(error):
+    def main(argv):
+        raise error
+
+    return main
+
+
+@pytest.mark.parametrize("given", ["argv", "command line"])
+def test_reported_prints_a_lost_cell_or_a_stop_on_one_line_or_under_debug_its_traceback(given, monkeypatch, capsys):
+    """`reported`: `main`'s status; a lost cell's (`WorkerDied`, `CellExited`) 1, a stop's 128 + its signal, after
+    one line `<prefix> <message>`, or with `--debug` (in `argv`, or on the command line when `argv` is None) the
+    error's traceback instead, down to `main`'s frame, with the same status."""
+    assert reported(lambda argv: 0, [], "[study]") == 0
+    stop = TrainingStopped("stopped by SIGUSR1: the cells in progress are not saved", {"signal": "SIGUSR1"})
+    for error, status in [(CellExited("a cell raised SystemExit(0)"), 1), (WorkerDied("a worker died"), 1),
+                          (stop, 128 + signal.SIGUSR1)]:  # fmt: skip
+        for flags in ([], ["--seeds", "0", "--debug"]):
+            monkeypatch.setattr(sys, "argv", ["study.py", *flags])
+            assert reported(_raises(error), flags if given == "argv" else None, "[study]") == status
+            err = capsys.readouterr().err
+            if flags:
+                assert err.startswith("Traceback") and re.search(r", in main$", err, re.MULTILINE), err
+                assert err.endswith(f"{type(error).__name__}: {error}\n") and "[study]" not in err, err
+            else:
+                assert err.startswith(f"[study] {error}") and err.count("\n") == 1, err
+
+
 def test_the_workers_to_kill_are_the_children_whose_pid_and_name_a_worker_reported():
     """`pool_workers` picks a child only by the pid and the name together: a pid a dead worker reported and another
     child got since (a pid reused) is left alone, and so is a process that is no child of this one."""
@@ -281,7 +322,8 @@ def test_the_watchdog_reports_a_reported_worker_that_died_and_nothing_else():
                 assert watchdog.check() is None
             if kill:
                 child.kill()
-            child.join(10)
+            if expected is not None:  # a living child is left to the `finally`
+                child.join(10)
             bystander.join(10)
             if not seen_first:
                 multiprocessing.active_children()  # reaps the child, as the pool's own thread does

@@ -7,8 +7,11 @@ without it, as the help of `--debug` says."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import re
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -146,12 +149,24 @@ def exit_status(main):
 evaluate_main, plot_main, dhpo_train_status = map(exit_status, (evaluation_cli.main, plotting.main, dhpo_train_main))
 
 
-# command: (main(argv) -> status, its prog, the function that would start its work)
+def load_study(name):
+    """`benchmarks/NAME.py`, a script outside the package."""
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[1] / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+study, staleness = load_study("study"), load_study("staleness")
+# command: (main(argv) -> status, its prog, the function that would start its work); the studies' prog is their
+# file's name, as `python benchmarks/NAME.py` runs them
 COMMANDS = {
     "dhpo-train": (dhpo_train_status, "dhpo-train", (cli, "build_trainer")),
     "dhpo-evaluate": (evaluate_main, "dhpo-evaluate", (evaluation_cli, "evaluate")),
     "dhpo-plot": (plot_main, "dhpo-plot", (plotting, "plot_runs")),
     "python -m dhpo_trl": (embedded_main, "python -m dhpo_trl", (embedded, "run_embedded")),
+    "study.py": (exit_status(study.cli), "study.py", (study, "run_embedded")),
+    "staleness.py": (exit_status(staleness.cli), "staleness.py", (staleness, "run_embedded")),
 }
 # (command, argv, the option its error names): an unknown option, a value of the wrong type, a missing value
 USAGE_ERRORS = [
@@ -163,6 +178,10 @@ USAGE_ERRORS = [
     ("dhpo-plot", ["run", "--out"], "--out"),
     ("python -m dhpo_trl", ["--bogus-flag"], "--bogus-flag"),
     ("python -m dhpo_trl", ["--seed", "one"], "--seed"),
+    ("study.py", ["--bogus-flag"], "--bogus-flag"),
+    ("study.py", ["--workers", "two"], "--workers"),
+    ("staleness.py", ["--bogus-flag"], "--bogus-flag"),
+    ("staleness.py", ["--ks", "2", "four"], "--ks"),
 ]
 
 
@@ -173,6 +192,7 @@ def test_a_usage_error_is_one_line_with_status_2_with_or_without_debug(command, 
     """Its traceback would show the parser only: the line (after argparse's usage) names the option, under the
     command's own name, and nothing else runs."""
     main, prog, (module, work) = COMMANDS[command]
+    monkeypatch.setattr(sys, "argv", [f"benchmarks/{prog}"])  # a study's prog; the others name themselves
     monkeypatch.setattr(module, work, lambda *args, **kwargs: pytest.fail(f"{command} ran despite a usage error"))
     assert main([*argv, *debug]) == 2
     err = capsys.readouterr().err
@@ -183,7 +203,7 @@ def test_a_usage_error_is_one_line_with_status_2_with_or_without_debug(command, 
 
 def test_the_help_of_debug_says_a_usage_error_stays_one_line(monkeypatch, capsys):
     """What the usage-error test checks is what `--help` promises, on each command that documents `--debug`."""
-    for main in (evaluate_main, plot_main, embedded_main):
+    for main in (evaluate_main, plot_main, embedded_main, exit_status(study.cli), exit_status(staleness.cli)):
         assert main(["--help"]) == 0
         help_text = " ".join(capsys.readouterr().out.split())
         assert " ".join(DEBUG_HELP.split()) in help_text and "usage error" in DEBUG_HELP

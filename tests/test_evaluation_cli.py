@@ -51,7 +51,8 @@ def test_help_text_of_every_option():
         "max_model_len": "default: the model's own limit",
         "batch_size": "sequences per generate() call",
         "device": "default: cuda when available, else cpu",
-        "debug": "show the Python traceback of an error instead of its one-line message",
+        "debug": "show the Python traceback of an error instead of its one-line message (a usage error, such as an "
+        "unknown option or a value of the wrong type, stays one line: its traceback would show the parser only)",
     }
     assert {action.dest: action.metavar for action in parser._actions if action.metavar} == {
         "data": "NAME=PATH_OR_HUB_ID",

@@ -47,8 +47,10 @@ import os
 import signal
 import sys
 import threading
+import traceback
 from collections.abc import Callable, Iterator
 
+from ..user_errors import DEBUG_FLAG
 from .stops import TrainingStopped
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # those DHPOTrainer.train() stops on (training/resume.py)
@@ -134,13 +136,21 @@ def reported(main: Callable[[list[str] | None], int], argv: list[str] | None, pr
     """`main(argv)`'s exit status, with a stop or a lost cell reported on one line of stderr after `prefix`: a stop
     signal's status (the cells in progress are not saved; the same command resumes), or 1 for a worker that died or a
     cell that raised `SystemExit` or another non-`Exception` (`WorkerDied`, `CellExited`: its cell is not saved; a
-    rerun starts it over)."""
+    rerun starts it over). With `--debug` in `argv` (default: the command line), its traceback instead of the line,
+    with the same status: a `CellExited`'s shows where the cell raised, in the worker."""
+    debug = DEBUG_FLAG in (sys.argv[1:] if argv is None else argv)
     try:
         return main(argv)
     except TrainingStopped as stopped:
+        if debug:
+            traceback.print_exception(stopped, file=sys.stderr)
+            return stopped.exit_status
         return stopped.report(prefix, "; the same command resumes the study")
     except WorkerDied as died:
-        print(f"{prefix} {died}", file=sys.stderr, flush=True)
+        if debug:
+            traceback.print_exception(died, file=sys.stderr)
+        else:
+            print(f"{prefix} {died}", file=sys.stderr, flush=True)
         return 1
 
 
