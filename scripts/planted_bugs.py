@@ -744,6 +744,18 @@ BUGS = {
         "return super().map(func, *args, **kwargs)",
         ["tests/test_cell_pool.py"], "a cell's SystemExit(0) under Pool.map (the study's way) ends its worker",
     ),
+    "study-debug-read-from-argv-only": (
+        "dhpo_trl/demo/cell_pool.py",
+        "    debug = DEBUG_FLAG in (sys.argv[1:] if argv is None else argv)",
+        "    debug = DEBUG_FLAG in (argv or [])",
+        ["tests/test_cell_pool.py"], "a study's --debug on the command line (cli(None)) prints the line, no traceback",
+    ),
+    "staleness-parser-lacks-debug": (
+        "benchmarks/staleness.py",
+        "    parser.add_argument(DEBUG_FLAG, action=\"store_true\", help=DEBUG_HELP)  # acted on by `cli` (cell_pool.reported)",
+        "",
+        ["tests/test_debug_flag.py"], "staleness.py --debug is refused as an unrecognized argument (a command missed)",
+    ),
     "debug-reports-every-error": (
         "dhpo_trl/user_errors.py",
         "    except USER_ERROR_TYPES as error:",
