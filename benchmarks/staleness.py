@@ -46,7 +46,7 @@ from dhpo_trl.demo.cell_pool import cell_pool, reported
 from dhpo_trl.demo.embedded import EmbeddedSettings, load_task, run_embedded, write_atomically
 from dhpo_trl.demo.long_arithmetic import make_chain_splits
 from dhpo_trl.demo.long_task import LongSettings
-from dhpo_trl.user_errors import DEBUG_FLAG, DEBUG_HELP
+from dhpo_trl.user_errors import DEBUG_FLAG, DEBUG_HELP, debug_given
 
 TASKS = {"addition": EmbeddedSettings, "long": LongSettings}  # --task: the settings class of each embedded task
 
@@ -983,7 +983,7 @@ def main(argv: list[str] | None = None) -> int:
     table = {o: table[o] for o in args.objectives if o in table}
     main_summaries = [s for key, s in summaries.items() if key[3] == args.task]
     any_summary = main_summaries[0]
-    argv_text = " ".join(arg for arg in (argv if argv is not None else sys.argv[1:]) if arg != DEBUG_FLAG)
+    argv_text = " ".join(arg for arg in (argv if argv is not None else sys.argv[1:]) if not debug_given([arg]))
     meta = {
         "command": "python benchmarks/staleness.py " + argv_text.replace(" --report-only", ""),
         "machine": f"{platform.machine()} CPU, {multiprocessing.cpu_count()} cores, {args.workers} workers",

@@ -25,7 +25,7 @@ from dhpo_trl.core.presets import PAPER_ALGORITHMS
 from dhpo_trl.demo.cell_pool import cell_pool, reported
 from dhpo_trl.demo.embedded import run_embedded
 from dhpo_trl.evaluation.plotting import plot_runs
-from dhpo_trl.user_errors import DEBUG_FLAG, DEBUG_HELP
+from dhpo_trl.user_errors import DEBUG_FLAG, DEBUG_HELP, debug_given
 
 
 def saved_summary(job: tuple[str, int, Path, int | None]) -> dict | None:
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         figure.savefig(args.docs_dir / f"{name}.png", dpi=100)
 
     given = argv if argv is not None else sys.argv[1:]
-    command = "python benchmarks/study.py " + " ".join(arg for arg in given if arg != DEBUG_FLAG)
+    command = "python benchmarks/study.py " + " ".join(arg for arg in given if not debug_given([arg]))
     fields = ("algorithm", "seed", "heldout_accuracy_before", "heldout_accuracy_after", "heldout_accuracies",
               "optimizer_steps", "train_seconds", "commit", "parameters", "num_heldout")  # fmt: skip
     runs = [{k: s.get(k) for k in fields} for s in summaries]

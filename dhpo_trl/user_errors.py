@@ -71,6 +71,14 @@ def one_line(error: BaseException) -> str:
     return text or type(error).__name__
 
 
+def debug_given(argv: list[str]) -> bool:
+    """Whether an argparse parser that has `--debug` (a flag, with argparse's default `allow_abbrev`) reads it in
+    `argv`: the flag itself or a prefix of it such as `--deb`, before a `--`. A prefix the parser finds ambiguous is
+    its usage error, raised before anything reads this."""
+    options = argv[: argv.index("--")] if "--" in argv else argv
+    return any(len(arg) > 2 and DEBUG_FLAG.startswith(arg) for arg in options)
+
+
 def pop_debug_flag(argv: list[str]) -> tuple[list[str], bool]:
     """Remove a bare `--debug` from `argv`. `--debug VALUE` is left alone: it is transformers' own `debug` option."""
     argv, debug = list(argv), False

@@ -270,6 +270,24 @@ def test_reported_prints_a_lost_cell_or_a_stop_on_one_line_or_under_debug_its_tr
                 assert err.startswith(f"[study] {error}") and err.count("\n") == 1, err
 
 
+@pytest.mark.parametrize("flags", [["--debug"], ["--workers", "2", "--deb"]], ids=["debug", "abbreviated"])
+def test_under_debug_reported_traces_a_lost_cell_and_mains_own_one_line_error(flags, capsys):
+    """`--debug` as the study's argparse reads it (`--deb` too) acts: a lost cell's traceback, and `main`'s own
+    one-line error (a `SystemExit` with a message, as study.py's refusal of a run of another budget) traced with the
+    interpreter's status 1; without it that `SystemExit` leaves `reported` as it came, and argparse's usage error (a
+    number) does either way."""
+    budget = SystemExit("outputs/study/GRPO-seed0/summary.json ran 3 optimizer steps, not --max-steps 4")
+    assert reported(_raises(WorkerDied("a worker died")), flags, "[study]") == 1
+    assert capsys.readouterr().err.startswith("Traceback"), flags
+    assert reported(_raises(budget), flags, "[study]") == 1
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback") and err.endswith(f"SystemExit: {budget}\n"), err
+    for argv, error in [([], budget), (flags, SystemExit(2))]:
+        with pytest.raises(SystemExit) as raised:
+            reported(_raises(error), argv, "[study]")
+        assert raised.value is error and capsys.readouterr().err == ""
+
+
 def test_the_workers_to_kill_are_the_children_whose_pid_and_name_a_worker_reported():
     """`pool_workers` picks a child only by the pid and the name together: a pid a dead worker reported and another
     child got since (a pid reused) is left alone, and so is a process that is no child of this one."""

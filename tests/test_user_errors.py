@@ -14,6 +14,7 @@ from dhpo_trl.evaluation import plotting
 from dhpo_trl.user_errors import (
     DEBUG_FLAG,
     check_model_path,
+    debug_given,
     make_folder,
     one_line,
     pop_debug_flag,
@@ -137,6 +138,23 @@ def test_pop_debug_flag(argv, rest, debug):
     assert pop_debug_flag(argv) == (rest, debug)
     assert argv == original  # the caller's list is not edited
     assert DEBUG_FLAG == "--debug"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [[], ["--debug"], ["--deb"], ["--debu"], ["--deb", "--workers", "2"], ["--workers", "2"], ["--docs-dir", "d"],
+     ["--do", "d"], ["--", "--deb"], ["--debug", "--", "x"], ["-d"]],  # fmt: skip
+)
+def test_debug_given_reads_debug_as_argparse_does(argv):
+    """`debug_given` against argparse itself, on a parser with a flag sharing `--d` (`--docs-dir`, as study.py's):
+    the flag and the prefixes argparse takes for it, not the arguments after `--` (a positional there)."""
+    parser = argparse.ArgumentParser(prog="study.py")
+    parser.add_argument("--workers")
+    parser.add_argument("--docs-dir")
+    parser.add_argument("-d", dest="short", action="store_true")
+    parser.add_argument(DEBUG_FLAG, action="store_true")
+    parser.add_argument("rest", nargs="*")
+    assert debug_given(argv) is parser.parse_args(argv).debug
 
 
 @pytest.mark.parametrize(("text", "value"), [("1", 1), ("2", 2), ("007", 7), (" 12 ", 12), ("16384", 16384)])

@@ -50,7 +50,7 @@ import threading
 import traceback
 from collections.abc import Callable, Iterator
 
-from ..user_errors import DEBUG_FLAG
+from ..user_errors import debug_given
 from .stops import TrainingStopped
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # those DHPOTrainer.train() stops on (training/resume.py)
@@ -136,11 +136,17 @@ def reported(main: Callable[[list[str] | None], int], argv: list[str] | None, pr
     """`main(argv)`'s exit status, with a stop or a lost cell reported on one line of stderr after `prefix`: a stop
     signal's status (the cells in progress are not saved; the same command resumes), or 1 for a worker that died or a
     cell that raised `SystemExit` or another non-`Exception` (`WorkerDied`, `CellExited`: its cell is not saved; a
-    rerun starts it over). With `--debug` in `argv` (default: the command line), its traceback instead of the line,
-    with the same status: a `CellExited`'s shows where the cell raised, in the worker."""
-    debug = DEBUG_FLAG in (sys.argv[1:] if argv is None else argv)
+    rerun starts it over). With `--debug` in `argv` (default: the command line; `debug_given`), its traceback instead
+    of the line, with the same status: a `CellExited`'s shows where the cell raised, in the worker; so too for
+    `main`'s own one-line errors, a `SystemExit` with a message (status 1), which leaves `main` as it is without."""
+    debug = debug_given(sys.argv[1:] if argv is None else argv)
     try:
         return main(argv)
+    except SystemExit as exited:
+        if not (debug and isinstance(exited.code, str)):  # argparse's usage errors (a number) stay one line
+            raise
+        traceback.print_exception(exited, file=sys.stderr)
+        return 1
     except TrainingStopped as stopped:
         if debug:
             traceback.print_exception(stopped, file=sys.stderr)

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..user_errors import DEBUG_FLAG, DEBUG_HELP, check_model_path, make_folder, positive_int, run_command
+from ..user_errors import DEBUG_FLAG, DEBUG_HELP, check_model_path, debug_given, make_folder, positive_int, run_command
 from .backends import SamplingSettings, TransformersBackend, VLLMBackend, vllm_available
 from .benchmarks import BENCHMARKS, check_benchmark_keys, load_benchmark, resolve_benchmark_names, resolve_sources
 from .metrics import format_table
@@ -217,4 +217,4 @@ def run(argv: list[str] | None = None) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """`dhpo-evaluate`: 0, or 2 after a one-line error for bad input (see `dhpo_trl.user_errors`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    return run_command("dhpo-evaluate", lambda: prepare(argv), evaluate, debug=DEBUG_FLAG in argv)
+    return run_command("dhpo-evaluate", lambda: prepare(argv), evaluate, debug=debug_given(argv))
