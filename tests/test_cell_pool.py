@@ -397,3 +397,14 @@ def test_a_cell_raises_what_would_end_its_worker_as_cell_exited_naming_itself():
         message = str(raised.value)
         assert "\n" not in message and len(message) < 3 * NAME_CHARACTERS, len(message)
         assert (f"({repr(hostile)[:20]}" if args != (1,) else "SystemExit(...)") in message, message
+    table = Table()  # an argument, or an exit status, whose repr spans lines (an array's, a data frame's)
+    for args, error in [((table,), SystemExit(0)), ((1,), SystemExit(table))]:
+        with pytest.raises(CellExited) as raised:
+            Cell(_raise(error))(*args)
+        message = str(raised.value)
+        assert len(message.splitlines()) == 1 and "a b c 1 2 3" in message, message
+
+
+class Table:
+    def __repr__(self) -> str:
+        return "a b c\n1 2 3\r\n"

@@ -88,11 +88,12 @@ class Cell:
 
 def exit_message(func: Callable, args: tuple, kwargs: dict, error: BaseException) -> str:
     """The one-line report of the cell `func(*args, **kwargs)` that raised `error`, its arguments cut to
-    `NAME_CHARACTERS`."""
-    call = ", ".join([*map(repr, args), *(f"{key}={value!r}" for key, value in kwargs.items())])
+    `NAME_CHARACTERS`. One line: a `repr` may span several (an array's, a table's)."""
+    call = " ".join(", ".join([*map(repr, args), *(f"{key}={value!r}" for key, value in kwargs.items())]).splitlines())
     if len(call) > NAME_CHARACTERS:
         call = call[: NAME_CHARACTERS - 3] + "..."
-    raised = repr(error) if len(repr(error)) <= NAME_CHARACTERS else f"{type(error).__name__}(...)"
+    raised = " ".join(repr(error).splitlines())
+    raised = raised if len(raised) <= NAME_CHARACTERS else f"{type(error).__name__}(...)"
     name = getattr(func, "__qualname__", type(func).__qualname__)
     return (
         f"cell_pool: the cell {name}({call}) raised {raised} in its worker: it was not saved; rerun the same "
