@@ -2,7 +2,7 @@
 ended included, even those that took the pool's SIGTERM as a graceful stop (as `run_embedded` does), and the block
 does not hang on them; another child of the main process is left alone. A cell lost in a task (its worker SIGKILLed,
 its `os._exit(0)`, its `SystemExit(0)`) ends the block with one line from `reported` and status 1 instead of a
-`Pool.map` that waits forever; the pool's own SIGTERMs at the end are no death, and `close` is refused.
+`Pool.map` that waits forever; the pool's own SIGTERMs at the end are no death, and `close` and `terminate` are refused.
 
 The pool runs in a driver script of its own (the spawned workers import it, as `__mp_main__`, for the task), so a
 hanging stop fails this test by its timeout instead of hanging pytest. Two workers: one to end (or die, or lose its
@@ -87,10 +87,12 @@ def block(folder, case):
     with cell_pool(2) as pool:
         if case == "end":  # a block that ends normally, a worker in a task, one idle: no error, the results kept
             print(pool.map(abs, [-2, 3], chunksize=1))
-            try:
-                pool.close()  # the workers would end while the block runs
-            except RuntimeError:
-                print("close refused")
+            for name, end in [("close", pool.close), ("terminate", pool.terminate), ("with", lambda: pool.__exit__(
+                    None, None, None))]:  # each would end the workers while the block runs
+                try:
+                    end()
+                except RuntimeError:
+                    print(name, "refused")
             print(pool.map(abs, [-4], chunksize=1))  # the pool runs on
             time.sleep(3 * POLL_SECONDS)  # the watchdog polls the idle workers
             pool.apply_async(stop_gracefully, (folder,))
@@ -199,11 +201,12 @@ def test_an_error_in_the_block_ends_every_worker_a_replacement_included(tmp_path
 
 
 def test_a_block_that_ends_normally_keeps_its_results_and_leaves_no_worker(tmp_path):
-    """Its results kept; `close` refused, the pool running on; the pool's own SIGTERMs and sentinels at the end,
+    """Its results kept; `close`, `terminate` and `with pool:` refused, the pool running on; the pool's own SIGTERMs and sentinels at the end,
     during the stop's grace for a worker in a graceful task, are no death."""
     status, stdout, stderr, _ = _drive(tmp_path, "end")
     assert status == 0, stderr  # 1: the pool's end, or a close, taken for a death
-    assert stdout.split("\n")[:3] == ["[2, 3]", "close refused", "[4]"], stdout
+    refused = ["close refused", "terminate refused", "with refused"]
+    assert stdout.split("\n")[:5] == ["[2, 3]", *refused, "[4]"], stdout
 
 
 @pytest.mark.parametrize("case", ["death", "exit 0", "system exit"])

@@ -9,8 +9,8 @@ So here:
 * the first SIGTERM / SIGUSR1 to the main process raises `TrainingStopped` in it (a second one ends it at once);
 * whatever ends the block (that, a worker's `TrainingStopped`, a failing cell, a dead worker, its end) terminates the
   pool, and kills (SIGKILL) the workers still there after `GRACE_SECONDS`: a cell in progress is not saved either
-  way (`run_embedded` writes its summary last, atomically) and the same command reruns it. The block itself does not
-  terminate the pool, and may not close it (below).
+  way (`run_embedded` writes its summary last, atomically) and the same command reruns it. The block itself may not
+  close or terminate the pool (below).
 
 The workers to kill are found without reading the pool's private state: the pool's initializer has each worker,
 a replacement for one that died included, put its pid and process name on a queue, and those pick the pool's workers
@@ -25,8 +25,9 @@ ends the block (`reported`: one line, exit status 1).
 
 A worker that dies while the block runs (an OOM kill, a SIGKILL from a cluster, `os._exit` in a cell) takes its task
 with it, and `Pool.map` would wait for that task forever. A worker of this pool has no legitimate end while the block
-runs: the pool has no `maxtasksperchild`, and its end-of-work sentinel is sent only by `close` (refused here) and
-`terminate` (after the block). So any end is a death, exit status 0 included. A watchdog thread reads the reports as
+runs: the pool has no `maxtasksperchild`, and its end-of-work sentinel and SIGTERMs are sent only by `close` and
+`terminate`, which the block may not call (the block's end calls the latter). So any end is a death, exit status 0
+included. A watchdog thread reads the reports as
 they come and polls the reported workers every `POLL_SECONDS`; the first one it finds ended has `WorkerDied` raised in
 the main thread, wherever it waits, and the block ends as on an error above. The finished cells are saved by their
 workers, so the same command resumes. The watchdog is stopped before the pool is terminated, so the pool's own
@@ -102,8 +103,9 @@ def exit_message(func: Callable, args: tuple, kwargs: dict, error: BaseException
 
 
 class CellPool(multiprocessing.pool.Pool):
-    """A `multiprocessing.pool.Pool` whose tasks run as `Cell`s and that only `cell_pool` ends: `close` is refused,
-    since it would end the workers while the block runs, which the watchdog takes for deaths."""
+    """A `multiprocessing.pool.Pool` whose tasks run as `Cell`s and that only `cell_pool` ends: `close` and
+    `terminate` (so also `with pool:`) are refused, since they would end the workers while the block runs, which the
+    watchdog takes for deaths (and `terminate` would wait for a worker in a graceful stop)."""
 
     def apply_async(self, func, *args, **kwargs):
         return super().apply_async(Cell(func), *args, **kwargs)
@@ -130,6 +132,12 @@ class CellPool(multiprocessing.pool.Pool):
         raise RuntimeError(
             "cell_pool: the block does not close its pool (its workers' ends would be taken for deaths): wait for "
             "the results with map() or get(); the block's end ends the pool"
+        )
+
+    def terminate(self) -> None:
+        raise RuntimeError(
+            "cell_pool: the block does not terminate its pool (its workers' ends would be taken for deaths): raise "
+            "an error to end the block early; the block's end ends the pool"
         )
 
 
@@ -302,7 +310,8 @@ def close(
     """`pool.terminate()` in a thread; after `grace` seconds, SIGKILL for the pool's workers still alive (those that
     took its SIGTERM as a graceful stop and wait for a task), so that it returns. `started`: what the workers
     put there through `report_worker`; `reported`: the reports read from it before."""
-    closing = threading.Thread(target=pool.terminate, daemon=True)
+    # The base class's terminate: `CellPool`'s is refused, to the block.
+    closing = threading.Thread(target=multiprocessing.pool.Pool.terminate, args=(pool,), daemon=True)
     closing.start()
     closing.join(grace)
     for process in pool_workers(started, reported):
