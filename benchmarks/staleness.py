@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 from dhpo_trl.core.presets import PAPER_ALGORITHMS
-from dhpo_trl.demo.cell_pool import cell_pool, reported
+from dhpo_trl.demo.cell_pool import Cell, cell_pool, reported
 from dhpo_trl.demo.embedded import EmbeddedSettings, load_task, run_embedded, write_atomically
 from dhpo_trl.demo.long_arithmetic import make_chain_splits
 from dhpo_trl.demo.long_task import LongSettings
@@ -966,8 +966,10 @@ def main(argv: list[str] | None = None) -> int:
     summaries, ran = {}, 0
     # One worker runs the cells in this process, in plan order; more run them in a pool of spawned processes.
     # A stop signal or an error ends the pool's workers too, with no cell half-saved (dhpo_trl/demo/cell_pool.py).
+    # In this process, a cell's SystemExit is a lost cell too, not the study's end (`Cell`).
     with cell_pool(args.workers) if args.workers > 1 else contextlib.nullcontext() as pool:
-        for done, (key, summary, reused) in enumerate((pool.imap_unordered if pool else map)(_run_cell, jobs), start=1):
+        results = pool.imap_unordered(_run_cell, jobs) if pool else map(Cell(_run_cell, (SystemExit,)), jobs)
+        for done, (key, summary, reused) in enumerate(results, start=1):
             summaries[key + (summary.get("task", "addition"),)] = summary
             elapsed = time.perf_counter() - started
             ran += not reused

@@ -379,8 +379,9 @@ def _raise(error: BaseException):
 def test_a_cell_raises_what_would_end_its_worker_as_cell_exited_naming_itself():
     """`Cell`, called here as a worker calls a task: its value and an `Exception` pass through unchanged; a
     `SystemExit` (status 0, no status, a message), a `KeyboardInterrupt` or a `GeneratorExit` is raised as
-    `CellExited` from it (what `reported` reports), naming the function, its arguments and what it raised; the message
-    stays one line of bounded length whatever the arguments."""
+    `CellExited` from it (what `reported` reports), naming the function, its arguments and what it raised, or with
+    `carried`, only those (a `KeyboardInterrupt` passes); the message stays one line of bounded length whatever the
+    arguments."""
     assert Cell(divmod)(7, 2) == (3, 1) and Cell(dict)(a=1) == {"a": 1}
     bug = KeyError("a bug")
     with pytest.raises(KeyError) as raised:
@@ -400,6 +401,10 @@ def test_a_cell_raises_what_would_end_its_worker_as_cell_exited_naming_itself():
         message = str(raised.value)
         assert "\n" not in message and len(message) < 3 * NAME_CHARACTERS, len(message)
         assert (f"({repr(hostile)[:20]}" if args != (1,) else "SystemExit(...)") in message, message
+    for error in [SystemExit(0), KeyboardInterrupt()]:  # in a study's main process: its Ctrl-C left as it is
+        with pytest.raises(CellExited if isinstance(error, SystemExit) else KeyboardInterrupt) as raised:
+            Cell(_raise(error), (SystemExit,))(1)
+        assert (raised.value.__cause__ if isinstance(error, SystemExit) else raised.value) is error
     table = Table()  # an argument, or an exit status, whose repr spans lines (an array's, a data frame's)
     for args, error in [((table,), SystemExit(0)), ((1,), SystemExit(table))]:
         with pytest.raises(CellExited) as raised:

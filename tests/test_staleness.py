@@ -431,3 +431,28 @@ def test_a_powered_study_with_one_seed_done_reports_means_and_what_it_lacks(monk
     assert f"| GRPO | {grpo:.1%} (1) |" in page and results["noise"] == {}
     assert "**Partial: 4 of 8 cells finished**" in page and "No row has two seeds yet" in page
     assert "| 4 | 0 | — | — | — | — |" in page  # no pair has a noise to compare against
+
+
+def test_a_cells_system_exit_in_the_main_process_is_a_lost_cell_not_the_studys_end(monkeypatch, tmp_path, capsys):
+    """With one worker the cells run in the main process: a cell's `SystemExit(0)` (argparse or `sys.exit()` in a
+    library) ends the study with one line naming the cell and status 1, as in a pool, not with status 0 and no page;
+    the cell before it is saved and the same command reuses it."""
+    calls = []
+    _fake_cells(monkeypatch, calls)
+    fake = staleness.run_embedded
+
+    def exits_in_the_second_cell(*args, **kwargs):
+        if len(calls) == 1:
+            raise SystemExit(0)
+        return fake(*args, **kwargs)
+
+    monkeypatch.setattr(staleness, "run_embedded", exits_in_the_second_cell)
+    argv = ["--task", "long", "--objectives", "GRPO", "DHPO-E", "--ks", "4", "--seeds", "0", "--generation-batches", "2",
+            "--eval-every", "1", "--workers", "1", "--out-dir", str(tmp_path / "out"), "--docs-dir",
+            str(tmp_path / "docs")]  # fmt: skip
+    assert staleness.cli(argv) == 1
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[staleness] ")]
+    assert len(lines) == 1 and "_run_cell(('DHPO-E', 4, 0" in lines[0] and "SystemExit(0)" in lines[0], lines
+    assert not (tmp_path / "docs").exists() and calls == [("long", "GRPO", 4, 0)]
+    monkeypatch.setattr(staleness, "run_embedded", fake)
+    assert staleness.cli(argv) == 0 and calls == [("long", "GRPO", 4, 0), ("long", "DHPO-E", 4, 0)]

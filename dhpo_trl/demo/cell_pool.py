@@ -72,18 +72,21 @@ class CellExited(WorkerDied):
 
 
 class Cell:
-    """`func` as a pool's task: a `BaseException` that is not an `Exception` escaping it is raised as `CellExited`,
-    naming `func` and its arguments, from the original (whose traceback the pool's remote traceback then shows)."""
+    """`func` as a pool's task: a `BaseException` of `carried` that is not an `Exception` escaping it is raised as
+    `CellExited`, naming `func` and its arguments, from the original (whose traceback the pool's remote traceback then
+    shows). A study that runs its cells in its main process (one worker, no pool) wraps them as `Cell(func,
+    (SystemExit,))`: there a cell's `SystemExit(0)` would end the study with status 0, and a `KeyboardInterrupt` is
+    the user's Ctrl-C, left as it is."""
 
-    def __init__(self, func: Callable) -> None:
-        self.func = func
+    def __init__(self, func: Callable, carried: tuple[type[BaseException], ...] = (BaseException,)) -> None:
+        self.func, self.carried = func, carried
 
     def __call__(self, *args, **kwargs):
         try:
             return self.func(*args, **kwargs)
         except Exception:
             raise
-        except BaseException as error:
+        except self.carried as error:
             raise CellExited(exit_message(self.func, args, kwargs, error)) from error
 
 
@@ -97,7 +100,7 @@ def exit_message(func: Callable, args: tuple, kwargs: dict, error: BaseException
     raised = raised if len(raised) <= NAME_CHARACTERS else f"{type(error).__name__}(...)"
     name = getattr(func, "__qualname__", type(func).__qualname__)
     return (
-        f"cell_pool: the cell {name}({call}) raised {raised} in its worker: it was not saved; rerun the same "
+        f"cell_pool: the cell {name}({call}) raised {raised}: it was not saved; rerun the same "
         "command to resume (finished cells are kept)"
     )
 
