@@ -734,7 +734,7 @@ BUGS = {
     ),
     "cell-pool-cell-passes-system-exit": (
         "dhpo_trl/demo/cell_pool.py",
-        "        except BaseException as error:",
+        "        except self.carried as error:",
         "        except KeyboardInterrupt as error:",
         ["tests/test_cell_pool.py"], "a cell's SystemExit(0) ends its worker (status 0), reported as a death, unnamed",
     ),
@@ -746,8 +746,8 @@ BUGS = {
     ),
     "study-debug-read-from-argv-only": (
         "dhpo_trl/demo/cell_pool.py",
-        "    debug = DEBUG_FLAG in (sys.argv[1:] if argv is None else argv)",
-        "    debug = DEBUG_FLAG in (argv or [])",
+        "    debug = debug_given(sys.argv[1:] if argv is None else argv)",
+        "    debug = debug_given(argv or [])",
         ["tests/test_cell_pool.py"], "a study's --debug on the command line (cli(None)) prints the line, no traceback",
     ),
     "staleness-parser-lacks-debug": (
@@ -755,6 +755,57 @@ BUGS = {
         "    parser.add_argument(DEBUG_FLAG, action=\"store_true\", help=DEBUG_HELP)  # acted on by `cli` (cell_pool.reported)",
         "",
         ["tests/test_debug_flag.py"], "staleness.py --debug is refused as an unrecognized argument (a command missed)",
+    ),
+    "debug-abbreviation-ignored": (
+        "dhpo_trl/user_errors.py",
+        "    return any(len(arg) > 2 and DEBUG_FLAG.startswith(arg) for arg in options)",
+        "    return DEBUG_FLAG in options",
+        ["tests/test_user_errors.py", "tests/test_cell_pool.py"],
+        "--deb, which argparse takes for --debug, shows the one-line message on a study and dhpo-evaluate",
+    ),
+    "study-debug-traces-argparse-exit": (
+        "dhpo_trl/demo/cell_pool.py",
+        "        if not (debug and isinstance(exited.code, str)):",
+        "        if not (debug and exited.code):",
+        ["tests/test_cell_pool.py"], "a study's argparse usage error (SystemExit(2)) is traced under --debug, status 1",
+    ),
+    "cell-pool-terminate-allowed": (
+        "dhpo_trl/demo/cell_pool.py",
+        "    def terminate(self) -> None:",
+        "    def _terminate_refused(self) -> None:",
+        ["tests/test_cell_pool.py"], "the block's pool.terminate() ends the workers, reported as deaths",
+    ),
+    "cell-pool-imap-unordered-runs-bare": (
+        "dhpo_trl/demo/cell_pool.py",
+        "return super().imap_unordered(Cell(func), *args, **kwargs)",
+        "return super().imap_unordered(func, *args, **kwargs)",
+        ["tests/test_cell_pool.py"], "a cell's SystemExit(0) under imap_unordered (staleness's way) ends its worker",
+    ),
+    "cell-carries-every-error": (
+        "dhpo_trl/demo/cell_pool.py",
+        """        except Exception:
+            raise
+        except self.carried as error:""",
+        """        except self.carried as error:""",
+        ["tests/test_cell_pool.py"], "a cell's ValueError or a worker's TrainingStopped is reported as a lost cell",
+    ),
+    "cell-message-spans-lines": (
+        "dhpo_trl/demo/cell_pool.py",
+        "    raised = \" \".join(repr(error).splitlines())",
+        "    raised = repr(error)",
+        ["tests/test_cell_pool.py"], "a cell's exit status with a multi-line repr breaks the one-line report",
+    ),
+    "staleness-one-worker-cell-bare": (
+        "benchmarks/staleness.py",
+        "map(Cell(_run_cell, (SystemExit,)), jobs)",
+        "map(_run_cell, jobs)",
+        ["tests/test_staleness.py"], "staleness --workers 1: a cell's SystemExit(0) ends the study with status 0, no page",
+    ),
+    "usage-error-no-value-error": (
+        "dhpo_trl/user_errors.py",
+        "class UsageError(ValueError):",
+        "class UsageError(Exception):",
+        ["tests/test_debug_flag.py"], "dhpo-train's unknown flag is no input error: a traceback and status 1",
     ),
     "debug-reports-every-error": (
         "dhpo_trl/user_errors.py",
