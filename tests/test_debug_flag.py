@@ -192,7 +192,9 @@ def test_a_usage_error_is_one_line_with_status_2_with_or_without_debug(command, 
     """Its traceback would show the parser only: the line (after argparse's usage) names the option, under the
     command's own name, and nothing else runs."""
     main, prog, (module, work) = COMMANDS[command]
-    monkeypatch.setattr(sys, "argv", [f"benchmarks/{prog}"])  # a study's prog; the others name themselves
+    # A study's prog is its file's name; the others name themselves, also when launched as a file of another name
+    # (`accelerate launch dhpo_trl/scale_out/cli.py`).
+    monkeypatch.setattr(sys, "argv", [f"benchmarks/{prog}" if prog.endswith(".py") else "dhpo_trl/scale_out/cli.py"])
     monkeypatch.setattr(module, work, lambda *args, **kwargs: pytest.fail(f"{command} ran despite a usage error"))
     assert main([*argv, *debug]) == 2
     err = capsys.readouterr().err
