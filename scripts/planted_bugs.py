@@ -767,7 +767,7 @@ BUGS = {
         "dhpo_trl/demo/cell_pool.py",
         "        if not (debug and isinstance(exited.code, str)):",
         "        if not (debug and exited.code):",
-        ["tests/test_cell_pool.py"], "a study's argparse usage error (SystemExit(2)) is traced under --debug, status 1",
+        ["tests/test_cell_pool.py"], "a study's argparse usage error (SystemExit(2)) traced under --debug, status 1",
     ),
     "cell-pool-terminate-allowed": (
         "dhpo_trl/demo/cell_pool.py",
@@ -799,7 +799,7 @@ BUGS = {
         "benchmarks/staleness.py",
         "map(Cell(_run_cell, (SystemExit,)), jobs)",
         "map(_run_cell, jobs)",
-        ["tests/test_staleness.py"], "staleness --workers 1: a cell's SystemExit(0) ends the study with status 0, no page",
+        ["tests/test_staleness.py"], "staleness --workers 1: a cell's SystemExit(0) ends the study, status 0, no page",
     ),
     "usage-error-no-value-error": (
         "dhpo_trl/user_errors.py",

@@ -2,7 +2,7 @@
 ended included, even those that took the pool's SIGTERM as a graceful stop (as `run_embedded` does), and the block
 does not hang on them; another child of the main process is left alone. A cell lost in a task (its worker SIGKILLed,
 its `os._exit(0)`, its `SystemExit(0)`) ends the block with one line from `reported` and status 1 instead of a
-`Pool.map` that waits forever; the pool's own SIGTERMs at the end are no death, and `close` and `terminate` are refused.
+`Pool.map` that waits forever; the pool's own SIGTERMs at the end are no death; `close` and `terminate` are refused.
 
 The pool runs in a driver script of its own (the spawned workers import it, as `__mp_main__`, for the task), so a
 hanging stop fails this test by its timeout instead of hanging pytest. Two workers: one to end (or die, or lose its
@@ -201,8 +201,8 @@ def test_an_error_in_the_block_ends_every_worker_a_replacement_included(tmp_path
 
 
 def test_a_block_that_ends_normally_keeps_its_results_and_leaves_no_worker(tmp_path):
-    """Its results kept; `close`, `terminate` and `with pool:` refused, the pool running on; the pool's own SIGTERMs and sentinels at the end,
-    during the stop's grace for a worker in a graceful task, are no death."""
+    """Its results kept; `close`, `terminate` and `with pool:` refused, the pool running on; the pool's own SIGTERMs
+    and sentinels at the end, during the stop's grace for a worker in a graceful task, are no death."""
     status, stdout, stderr, _ = _drive(tmp_path, "end")
     assert status == 0, stderr  # 1: the pool's end, or a close, taken for a death
     refused = ["close refused", "terminate refused", "with refused"]

@@ -447,8 +447,8 @@ def test_a_cells_system_exit_in_the_main_process_is_a_lost_cell_not_the_studys_e
         return fake(*args, **kwargs)
 
     monkeypatch.setattr(staleness, "run_embedded", exits_in_the_second_cell)
-    argv = ["--task", "long", "--objectives", "GRPO", "DHPO-E", "--ks", "4", "--seeds", "0", "--generation-batches", "2",
-            "--eval-every", "1", "--workers", "1", "--out-dir", str(tmp_path / "out"), "--docs-dir",
+    argv = ["--task", "long", "--objectives", "GRPO", "DHPO-E", "--ks", "4", "--seeds", "0", "--generation-batches",
+            "2", "--eval-every", "1", "--workers", "1", "--out-dir", str(tmp_path / "out"), "--docs-dir",
             str(tmp_path / "docs")]  # fmt: skip
     assert staleness.cli(argv) == 1
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("[staleness] ")]
