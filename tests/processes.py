@@ -192,8 +192,9 @@ def served_python(env: dict, timeout: float) -> tuple[list[str], dict]:
     import fork_server  # imports this module: not at the top
     from forked_ranks import PRELOAD
 
+    env = _as_started(env)
     if os.environ.get("DHPO_FORK_SERVER") == "0" or env.get("OMP_NUM_THREADS") != "1":
-        return [sys.executable], dict(env)
+        return [sys.executable], env
     server = fork_server.server(",".join(PRELOAD), env, timeout)
     return [sys.executable, SERVED_PYTHON], {**env, "DHPO_FORK_SERVER_SOCKET": server.path}
 
@@ -225,7 +226,14 @@ def _rank_variables(accelerate_cpu: bool, env: dict | None) -> dict:
     if accelerate_cpu:
         variables["ACCELERATE_USE_CPU"] = "1"
     variables.update(env or {})
-    for name, started in STARTED_WITH.items():  # a value `env` copied from this process's environment included
+    return _as_started(variables)
+
+
+def _as_started(variables: dict) -> dict:
+    """`variables` with `SET_BY_IMPORTS` as this process started, where they hold the values its imports set (also
+    when copied from its environment by a caller)."""
+    variables = dict(variables)
+    for name, started in STARTED_WITH.items():
         if variables.get(name) == os.environ.get(name) != started:
             if started is None:
                 del variables[name]
