@@ -36,8 +36,12 @@ INHERITED_HANDLERS = {number: signal.getsignal(number) for number in FORWARDED}
 # one these CPU launches use, and a DDP run does not read it (accelerate picks DeepSpeed from its variables and
 # plugin, not from what is imported). Preloaded, a ZeRO-3 rank does not import it again (2-3 s of CPU a rank). The
 # trainer is named: `import dhpo_trl` imports its public names on first use, so it would preload none of them.
+# Two imports the first step makes lazily, each pulling in torch._dynamo and torch._inductor: DeepSpeed's Muon
+# optimizer, which every ZeRO engine imports to check its optimizer (3 s of CPU a ZeRO-3 rank), and torch's
+# varlen attention, which the packed path looks for (1 s a rank).
 PRELOAD = ("torch", "torch.distributed", "datasets", "transformers", "trl", "dhpo_trl.training.trainer",
-           "dhpo_trl.demo.tiny", "dhpo_trl.demo.tiny:use_deepspeed_on_cpu", "deepspeed")  # fmt: skip
+           "dhpo_trl.demo.tiny", "dhpo_trl.demo.tiny:use_deepspeed_on_cpu", "deepspeed",
+           "deepspeed.runtime.zero.muon.muon_optimizer", "torch.nn.attention.varlen")  # fmt: skip
 
 
 def rank_environment(rank: int, nproc: int, port: int) -> dict[str, str]:

@@ -192,8 +192,9 @@ def served_python(env: dict, timeout: float) -> tuple[list[str], dict]:
     import fork_server  # imports this module: not at the top
     from forked_ranks import PRELOAD
 
+    env = _as_started(env)
     if os.environ.get("DHPO_FORK_SERVER") == "0" or env.get("OMP_NUM_THREADS") != "1":
-        return [sys.executable], dict(env)
+        return [sys.executable], env
     server = fork_server.server(",".join(PRELOAD), env, timeout)
     return [sys.executable, SERVED_PYTHON], {**env, "DHPO_FORK_SERVER_SOCKET": server.path}
 
@@ -210,12 +211,34 @@ FORK_SERVER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fork_ser
 SERVED_PYTHON = os.path.join(os.path.dirname(os.path.abspath(__file__)), "served_python.py")
 
 
+# Variables that imports in the test process set in its own environment: DeepSpeed's import sets
+# PYTORCH_NVML_BASED_CUDA_CHECK (setdefault "1"), torch's inductor writes its default cache folder to
+# TORCHINDUCTOR_CACHE_DIR. A child's imports set them the same way. Inherited, they would make every launch after
+# the test process's first such import another import environment to the fork servers (`fork_server.IMPORT_PREFIXES`),
+# and start a second server with the same imports (7-10 s of CPU), so a launch gets them as this process started.
+SET_BY_IMPORTS = ("PYTORCH_NVML_BASED_CUDA_CHECK", "TORCHINDUCTOR_CACHE_DIR")
+STARTED_WITH = {name: os.environ.get(name) for name in SET_BY_IMPORTS}
+
+
 def _rank_variables(accelerate_cpu: bool, env: dict | None) -> dict:
     variables = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     variables.pop("ACCELERATE_USE_CPU", None)
     if accelerate_cpu:
         variables["ACCELERATE_USE_CPU"] = "1"
     variables.update(env or {})
+    return _as_started(variables)
+
+
+def _as_started(variables: dict) -> dict:
+    """`variables` with `SET_BY_IMPORTS` as this process started, where they hold the values its imports set (also
+    when copied from its environment by a caller)."""
+    variables = dict(variables)
+    for name, started in STARTED_WITH.items():
+        if variables.get(name) == os.environ.get(name) != started:
+            if started is None:
+                del variables[name]
+            else:
+                variables[name] = started
     return variables
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import warnings
 from pathlib import Path
 
@@ -264,9 +263,9 @@ BUDGET_CELLS = [name for name, (cell, _) in TWO_PROCESS_CELLS.items() if cell[0]
 def two_processes(tmp_path_factory):
     """{cell name: [rank 0's dump, rank 1's dump]}, every cell from one two-process launch."""
     out = tmp_path_factory.mktemp("feature_matrix_two")
-    path = os.pathsep.join([str(Path(__file__).parent), str(Path(__file__).parents[1])])
-    result = processes.forked_ranks(SCRIPT, out, json.dumps(list(TWO_PROCESS_CELLS.values())), timeout=420,
-                                    env={"PYTHONPATH": path})  # fmt: skip
+    # No PYTHONPATH: the script puts tests/ on its path itself, and a variable the imports read would start a fork
+    # server of its own (`fork_server.IMPORT_PREFIXES`).
+    result = processes.forked_ranks(SCRIPT, out, json.dumps(list(TWO_PROCESS_CELLS.values())), timeout=420)
     assert result.returncode == 0, result.stderr[-4000:]
     return {name: [torch.load(out / f"cell{index}_rank{rank}.pt", weights_only=False) for rank in (0, 1)]
             for index, name in enumerate(TWO_PROCESS_CELLS)}  # fmt: skip

@@ -119,8 +119,9 @@ def test_two_processes_under_deepspeed_stop_at_the_skipped_step_and_refuse_true_
     backward and reports an inf norm; both ranks raise for step 2, the message naming DeepSpeed, step 1's weights
     kept. No ZeRO in fp32 (no norm): `True` cannot act and is refused naming the setting on both ranks."""
     pytest.importorskip("deepspeed")
-    env = {**{k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"},
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    # No PYTHONPATH: the ranks inherit the fork server's path, and a variable the imports read would start a server
+    # of its own (`fork_server.IMPORT_PREFIXES`).
+    env = {k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"}
     result = processes.forked_ranks(DEEPSPEED_SCRIPT, tmp_path, timeout=300, accelerate_cpu=False, env=env, cwd=REPO)
     assert result.returncode == 0, result.stderr[-3000:]
     dumps = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]

@@ -22,8 +22,11 @@ from dhpo_trl.training import batching, resume
 
 TESTS = Path(__file__).parent
 REPO = TESTS.parent
+# No PYTHONPATH: the forked ranks and the served command inherit the fork server's imports and path (the package is
+# installed from this checkout), and a variable the imports read would start a server of its own
+# (`fork_server.IMPORT_PREFIXES`).
 ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-       "ACCELERATE_USE_CPU": "1", "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+       "ACCELERATE_USE_CPU": "1"}  # fmt: skip
 
 
 def run_own_group(command, timeout=240, env=ENV):

@@ -21,9 +21,10 @@ from zero3_config import assert_none_resident
 TESTS = Path(__file__).parent
 REPO = TESTS.parent
 # No ACCELERATE_USE_CPU: with it accelerate leaves DeepSpeed out (DHPOConfig refuses the pair, see test_config.py).
+# No PYTHONPATH: the ranks inherit the fork server's imports and path (the package is installed from this checkout),
+# and a variable the imports read would start a server of its own (`fork_server.IMPORT_PREFIXES`).
 ENV = {**{k: v for k, v in os.environ.items() if k != "ACCELERATE_USE_CPU"}, "CUDA_VISIBLE_DEVICES": "",
-       "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-       "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+       "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}  # fmt: skip
 
 
 def _max_gap(a: dict, b: dict) -> float:
