@@ -7,10 +7,12 @@ import warnings
 from datetime import timedelta
 
 import pytest
+import torch
 from trl import GRPOConfig, TrlParser
 
 from dhpo_trl import DHPOConfig
 from dhpo_trl.core.config import from_grpo_config
+from dhpo_trl.core.losses import dhpo_per_token_loss
 from dhpo_trl.core.objectives import OBJECTIVE_SETTINGS, OBJECTIVES, SETTING_SCOPES
 from dhpo_trl.core.presets import PAPER_ALGORITHMS, config_for
 
@@ -166,6 +168,41 @@ def test_settings_at_their_default_and_settings_that_act_are_accepted(tmp_path):
     assert make_config(tmp_path, algorithm="gspo", delta=2.5, epsilon=0.1, epsilon_high=0.2).delta == 2.5
     assert make_config(tmp_path, mixing="averaged", token_weight=1, clipping="unified").token_weight == 1
     assert make_config(tmp_path, algorithm="cispo", epsilon_high=5.0).epsilon_high == 5.0
+
+
+# Averaged mixing at an end of [0, 1] gives one branch no weight, so that branch's trust region cannot act (with
+# branch clipping; the unified clip clips m with the token epsilons whatever w).
+UNWEIGHTED_BRANCH = [
+    (dict(token_weight=1.0), "epsilon_low_seq", 0.05),
+    (dict(token_weight=1), "epsilon_high_seq", 0.01),
+    (dict(token_weight=0.0), "epsilon_low_token", 0.05),
+    (dict(token_weight=0), "epsilon_high_token", 0.01),
+]  # fmt: skip
+
+
+def _dhpo_loss(settings):
+    """Per-token DHPO loss on a batch where every clip of both branches binds (ratios far outside [0.8, 1.28])."""
+    logps = torch.log(torch.tensor([[2.0, 1.5, 3.0], [0.3, 0.5, 0.2]], dtype=torch.float64))
+    old, mask = torch.zeros_like(logps), torch.ones_like(logps)
+    advantages = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    return dhpo_per_token_loss(logps, old, advantages, mask, mixing="averaged", clipping="branch", **settings)[0]
+
+
+@pytest.mark.parametrize(("weight", "field", "value"), UNWEIGHTED_BRANCH)
+def test_the_epsilons_of_a_branch_without_weight_are_refused(tmp_path, weight, field, value):
+    # the premise, on the pure loss: at this weight the field changes nothing; at w = 0.5 it does
+    assert torch.equal(_dhpo_loss({**weight, field: value}), _dhpo_loss(weight))
+    assert not torch.equal(_dhpo_loss({"token_weight": 0.5, field: value}), _dhpo_loss({"token_weight": 0.5}))
+    with pytest.raises(ValueError, match=rf"DHPOConfig\.{field}=.* has no effect with .*token_weight") as error:
+        make_config(tmp_path, mixing="averaged", **weight, **{field: value})
+    assert "token_weight" in str(error.value).split("it acts with")[1]  # the setting that would make it act
+    assert make_config(tmp_path, mixing="averaged", token_weight=0.5, **{field: value})  # acts between the ends
+    assert make_config(tmp_path, mixing="averaged", **weight)  # the field at its default: accepted
+
+
+def test_the_unified_clip_reads_the_token_epsilons_at_every_weight(tmp_path):
+    config = make_config(tmp_path, mixing="averaged", token_weight=0.0, clipping="unified", epsilon_low_token=0.1)
+    assert config.epsilon_low_token == 0.1
 
 
 # TRL's spellings of its objectives -> (algorithm, loss_type, importance_sampling_level, epsilon_high) run here

@@ -80,7 +80,8 @@ class DHPOConfig(GRPOConfig):
             min-max normalised, stop-gradient token entropy of the current policy (eqs. 9-10). `"averaged"`
             (DHPO-A): w = `token_weight` for every token.
         token_weight (`float`, *optional*, defaults to `0.5`):
-            w for `mixing="averaged"`, in [0, 1]. `1.0` gives GRPO's token ratio, `0.0` GSPO's sequence ratio.
+            w for `mixing="averaged"`, in [0, 1]. `1.0` gives GRPO's token ratio, `0.0` GSPO's sequence ratio; with
+            branch clipping the epsilons of the branch without weight are then refused (they cannot act).
         clipping (`str`, *optional*, defaults to `"branch"`):
             `"branch"`: clip the token ratio and the sequence ratio in their own trust regions, then mix (eq. 11).
             `"unified"`: clip the mixed ratio itself with the token epsilons (the paper's ablation).
@@ -436,6 +437,7 @@ class DHPOConfig(GRPOConfig):
             context += f" (selected by {self._selected_by})"
         if self.algorithm == "dhpo":
             context += f", mixing={self.mixing!r}, clipping={self.clipping!r}"
+            context += f", token_weight={self.token_weight!r}" if self.mixing == "averaged" else ""
         for name in OBJECTIVE_SETTINGS:
             value, default = getattr(self, name), _FIELD_DEFAULTS[name]
             if name not in reads and value != default:
