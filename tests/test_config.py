@@ -133,6 +133,18 @@ def test_settings_without_effect_are_refused_naming_where_they_act(tmp_path, set
     assert f"algorithm={settings.get('algorithm', 'dhpo')!r}" in str(error.value)
 
 
+@pytest.mark.parametrize(("algorithm", "field", "own"), [
+    ("dhpo", "epsilon", "epsilon_low_token"), ("dhpo", "epsilon_high", "epsilon_high_token"),
+    ("dhpo", "epsilon_high", "epsilon_high_seq"), ("gmpo", "epsilon_high", "gmpo_epsilon_high"),
+])  # fmt: skip
+def test_trl_epsilons_refused_with_dhpo_or_gmpo_name_the_rows_own_fields(tmp_path, algorithm, field, own):
+    """A TRL config's clip-higher (DAPO's epsilon_high=0.28) moved to DHPO: the refusal names the field that acts."""
+    with pytest.raises(ValueError, match=rf"DHPOConfig\.{field}=") as error:
+        make_config(tmp_path, algorithm=algorithm, **{field: 0.28 if field == "epsilon_high" else 0.3})
+    assert own in str(error.value)
+    assert make_config(tmp_path, algorithm=algorithm, **{own: 0.28})  # and that field is accepted
+
+
 def test_every_objective_setting_is_refused_somewhere_and_read_somewhere(tmp_path):
     """The registry is the one source of truth: each objective-specific field is read by some objective and has a
     scope message; the refusal table above exercises every one of them."""

@@ -49,9 +49,10 @@ SETTING_SCOPES = {
     "entropy_norm_scope": "algorithm='dhpo' with mixing='entropy'",
     "gmpo_epsilon_low": "algorithm='gmpo'",
     "gmpo_epsilon_high": "algorithm='gmpo'",
-    "epsilon": "algorithm='grpo', 'gspo' or 'luspo' (DHPO's epsilons are epsilon_low/high_token/seq, GMPO's "
-               "gmpo_epsilon_*)",
-    "epsilon_high": "algorithm='grpo', 'gspo' or 'luspo' (upper clip) and 'cispo' (the weight cap)",
+    "epsilon": "algorithm='grpo', 'gspo' or 'luspo' (DHPO's lower clips are epsilon_low_token and epsilon_low_seq, "
+               "GMPO's gmpo_epsilon_low)",
+    "epsilon_high": "algorithm='grpo', 'gspo' or 'luspo' (upper clip) and 'cispo' (the weight cap); DHPO's upper "
+                    "clips are epsilon_high_token and epsilon_high_seq, GMPO's gmpo_epsilon_high",
     "delta": "algorithm='grpo', 'gspo', 'luspo' or 'dhpo'",
     "importance_sampling_level": "algorithm='gspo' (which sets 'sequence'; with algorithm='grpo' or the default "
                                  "'sequence' selects it), 'sapo', 'luspo', 'cispo', and 'vespo' with a bias-corrected "
