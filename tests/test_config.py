@@ -171,6 +171,17 @@ def test_token_aggregations_stay_selectable(tmp_path, algorithm):
     assert make_config(tmp_path, algorithm=algorithm, loss_type="bnpo", dynamic_batching=False).loss_type == "bnpo"
 
 
+@pytest.mark.parametrize("seed", [-1, 2**32, 1.5, "7"])
+def test_a_seed_numpy_cannot_take_is_refused_at_construction(tmp_path, seed):
+    """TRL's trainer seeds numpy with it (accelerate's set_seed), after the model has loaded: refused here instead."""
+    with pytest.raises(ValueError, match=r"DHPOConfig\.seed="):
+        make_config(tmp_path, seed=seed)
+
+
+def test_every_seed_numpy_takes_is_accepted(tmp_path):
+    assert [make_config(tmp_path, seed=seed).seed for seed in (0, 2**32 - 1)] == [0, 2**32 - 1]
+
+
 def test_settings_at_their_default_and_settings_that_act_are_accepted(tmp_path):
     # a value typed at its default is indistinguishable from an omitted one, and changes nothing
     assert make_config(tmp_path, algorithm="grpo", epsilon_low_token=0.2, mixing="entropy", token_weight=0.5)

@@ -5,6 +5,7 @@ import argparse
 import json
 import traceback
 
+import numpy as np
 import pytest
 from benchmark_fixtures import FIXTURES
 
@@ -18,6 +19,7 @@ from dhpo_trl.user_errors import (
     one_line,
     pop_debug_flag,
     positive_int,
+    seed_int,
     run_command,
 )
 
@@ -154,6 +156,18 @@ def test_positive_int_refuses_the_rest_in_argparse_terms(text):
     assert str(error.value) == f"expected a positive whole number, got {text!r}"
 
 
+@pytest.mark.parametrize(("text", "value"), [("0", 0), ("42", 42), (" 7 ", 7), ("4294967295", 2**32 - 1)])
+def test_seed_int_accepts_what_numpy_seeds_with(text, value):
+    assert seed_int(text) == value
+    np.random.seed(value)  # accelerate's set_seed seeds numpy's legacy generator with it
+
+
+@pytest.mark.parametrize("text", ["-1", "4294967296", "1.5", "", "abc", "\u00b2"])
+def test_seed_int_refuses_the_rest_in_argparse_terms(text):
+    with pytest.raises(argparse.ArgumentTypeError, match=r"2\*\*32 - 1"):
+        seed_int(text)
+
+
 def test_make_folder_creates_parents_or_names_the_flag_and_the_folder(tmp_path, monkeypatch):
     make_folder(tmp_path / "a" / "b" / "c", "--output")
     assert (tmp_path / "a" / "b" / "c").is_dir()
@@ -240,7 +254,7 @@ def test_evaluate_input_errors(saved_tiny_model, eval_base, tmp_path, monkeypatc
     assert f"--output: cannot create the folder {tmp_path / 'file'}" in _last_line(capsys, "dhpo-evaluate")
     assert evaluate_cli.main([str(saved_tiny_model), *eval_base, "--device", "cuda", "--debug"]) == 2
     assert capsys.readouterr().err.startswith("Traceback (most recent call last):\n")
-    for bad in (["--batch-size", "0"], ["--dtype", "bfloat32"], ["--limit", "-1"]):
+    for bad in (["--batch-size", "0"], ["--dtype", "bfloat32"], ["--limit", "-1"], ["--seed", "-1"]):
         with pytest.raises(SystemExit) as exit_info:  # argparse's own error, naming the flag
             evaluate_cli.main([str(saved_tiny_model), *eval_base, *bad])
         assert exit_info.value.code == 2 and f"argument {bad[0]}" in capsys.readouterr().err
@@ -285,7 +299,8 @@ def test_embedded_input_errors(tmp_path, monkeypatch, capsys):
     assert "--output-dir: cannot create the folder" in _last_line(capsys, "python -m dhpo_trl")
     assert embedded.main(["--output-dir", str(tmp_path / "ok"), "--cache-dir", str(tmp_path / "file")]) == 2
     assert "--cache-dir: cannot create the folder" in _last_line(capsys, "python -m dhpo_trl")
-    for bad in (["--max-steps", "0"], ["--eval-every", "-3"], ["--num-heldout", "x"], ["--algorithm", "PPO"]):
+    for bad in (["--max-steps", "0"], ["--eval-every", "-3"], ["--num-heldout", "x"], ["--algorithm", "PPO"],
+                ["--seed", "-1"], ["--seed", str(2**32)]):
         with pytest.raises(SystemExit) as exit_info:
             embedded.main(bad)
         assert exit_info.value.code == 2 and f"argument {bad[0]}" in capsys.readouterr().err

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 from trl import GRPOConfig
 
+from ..user_errors import SEED_MAX
 from .aggregation import BASE_AGGREGATIONS
 from .losses import CLIPPINGS, ENTROPY_NORM_SCOPES, IMPORTANCE_SAMPLING_LEVELS, MIXINGS, VESPO_LAMBDA_MIN, is_number
 from .objectives import AGGREGATIONS, OBJECTIVE_SETTINGS, OBJECTIVES, SETTING_SCOPES, TRL_LOSS_TYPES
@@ -303,6 +304,7 @@ class DHPOConfig(GRPOConfig):
         self._validate_dhpo_fields()
         self._apply_algorithm()
         refuse_deepspeed_dropped_by_accelerate(self.deepspeed, os.environ)
+        check_seed(self.seed)
 
     def _check_after_trl(self) -> None:
         """The checks that read what TRL's `__post_init__` resolves (`steps_per_generation`)."""
@@ -538,6 +540,13 @@ def trl_batching_reason(config) -> str | None:
                 f"gradient_accumulation_steps ({config.gradient_accumulation_steps}), and dynamic batching regroups "
                 "sequences within each optimizer step's accumulation window")  # fmt: skip
     return None
+
+
+def check_seed(seed) -> None:
+    """TRL's trainer seeds numpy with `seed` (accelerate's `set_seed`) once the model has loaded: refuse here what
+    numpy refuses there."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
+        raise ValueError(f"DHPOConfig.seed={seed!r} must be a whole number from 0 to 2**32 - 1 (numpy seeds with it).")
 
 
 def nonfinite_check_applies(setting, loss_scaled: bool) -> bool:

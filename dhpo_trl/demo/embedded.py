@@ -30,7 +30,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from ..core.presets import PAPER_ALGORITHMS, config_for
 from ..scoring.rewards import math_verify_reward
 from ..training.nonfinite import NonFiniteGradientError
-from ..user_errors import DEBUG_FLAG, DEBUG_HELP, make_folder, positive_int, report, run_command
+from ..user_errors import DEBUG_FLAG, DEBUG_HELP, make_folder, positive_int, report, run_command, seed_int
 from .arithmetic import Problem, make_splits, to_dataset
 from .stops import TrainingStopped  # re-exported: the studies and the tests import it from here
 from .warmstart import WarmStartSettings, greedy_completions, load_or_warm_start
@@ -451,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task", default="addition", choices=["addition", "long"],
                         help="addition: two-digit sums, completions <= 12 tokens (default); long: chained arithmetic "
                              "with a scratchpad, completions of about 30-400 tokens (dhpo_trl.demo.long_task)")  # fmt: skip
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed_int, default=0)
     parser.add_argument("--max-steps", type=positive_int, default=None,
                         help=f"RL optimizer steps ({EmbeddedSettings.max_steps})")  # fmt: skip
     parser.add_argument("--output-dir", default="outputs/embedded")

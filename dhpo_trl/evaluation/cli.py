@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..user_errors import DEBUG_FLAG, DEBUG_HELP, check_model_path, make_folder, positive_int, run_command
+from ..user_errors import DEBUG_FLAG, DEBUG_HELP, check_model_path, make_folder, positive_int, run_command, seed_int
 from .backends import SamplingSettings, TransformersBackend, VLLMBackend, vllm_available
 from .benchmarks import BENCHMARKS, check_benchmark_keys, load_benchmark, resolve_benchmark_names, resolve_sources
 from .metrics import format_table
@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-new-tokens", type=positive_int, default=16384)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed_int, default=0)
     parser.add_argument(
         "--answer-fallback",
         choices=["none", "last_number"],
