@@ -304,3 +304,7 @@ def test_embedded_input_errors(tmp_path, monkeypatch, capsys):
         with pytest.raises(SystemExit) as exit_info:
             embedded.main(bad)
         assert exit_info.value.code == 2 and f"argument {bad[0]}" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # the cache folder is never read or written without the cache
+        embedded.main(["--output-dir", str(tmp_path / "ok"), "--no-cache", "--cache-dir", str(tmp_path / "cache")])
+    assert exit_info.value.code == 2 and "--cache-dir" in capsys.readouterr().err.splitlines()[-1]
+    assert not (tmp_path / "cache").exists()

@@ -461,11 +461,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-cache", action="store_true", help="always retrain the warm start, save nothing")
     parser.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)
     options = parser.parse_args(argv)
+    if options.no_cache and options.cache_dir is not None:
+        parser.error("--cache-dir has no effect with --no-cache (the warm start is retrained and not saved): drop one.")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here needs the network
 
     def setup() -> None:
         make_folder(options.output_dir, "--output-dir")
-        if options.cache_dir is not None and not options.no_cache:
+        if options.cache_dir is not None:
             make_folder(options.cache_dir, "--cache-dir")
 
     def work(_) -> None:
