@@ -260,6 +260,25 @@ def test_evaluate_input_errors(saved_tiny_model, eval_base, tmp_path, monkeypatc
         assert exit_info.value.code == 2 and f"argument {bad[0]}" in capsys.readouterr().err
 
 
+def test_evaluate_refuses_flags_that_would_not_act(saved_tiny_model, eval_base, monkeypatch, capsys):
+    """Per-benchmark flags for a benchmark not selected, and one backend's flags with the other: one line naming the
+    flag, before any model loads."""
+    monkeypatch.setattr(evaluate_cli, "_load_transformers_backend", _fail(AssertionError("loaded despite bad input")))
+    monkeypatch.setattr(evaluate_cli, "VLLMBackend", _fail(AssertionError("loaded despite bad input")))
+    math500 = f"math500={FIXTURES / 'math500' / 'test.jsonl'}"
+    for bad, flag in ((["--samples", "math500=4"], "--samples"), (["--data", math500], "--data"),
+                      (["--tensor-parallel-size", "2"], "--tensor-parallel-size"),
+                      (["--gpu-memory-utilization", "0.5"], "--gpu-memory-utilization"),
+                      (["--max-model-len", "512"], "--max-model-len"),
+                      (["--backend", "vllm", "--batch-size", "4"], "--batch-size"),
+                      (["--backend", "vllm", "--device", "cpu"], "--device")):  # fmt: skip
+        assert evaluate_cli.main([str(saved_tiny_model), *eval_base, *bad]) == 2, bad
+        assert flag in _last_line(capsys, "dhpo-evaluate")
+    with pytest.raises(AssertionError, match="loaded despite bad input"):  # every flag acts: the model loads
+        evaluate_cli.main([str(saved_tiny_model), *eval_base, "--samples", "math500=2", "--batch-size", "4",
+                           "--data", math500, "--benchmarks", "gsm8k,math500"])  # fmt: skip
+
+
 def test_evaluate_failure_while_sampling_keeps_its_traceback(saved_tiny_model, eval_base, monkeypatch):
     monkeypatch.setattr(evaluate_cli, "evaluate_problems", _fail(ValueError("inside generate")))
     with pytest.raises(ValueError, match="inside generate"):

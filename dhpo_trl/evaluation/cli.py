@@ -112,6 +112,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Each backend's own flags (the parser's argument groups): set with the other backend, they would not act.
+BACKEND_FLAGS = {"vllm": ("tensor_parallel_size", "gpu_memory_utilization", "max_model_len"),
+                 "transformers": ("batch_size", "device")}  # fmt: skip
+
+
+def check_flags_act(args, names: list[str], backend: str, parser: argparse.ArgumentParser) -> None:
+    """A ValueError naming a per-benchmark flag for a benchmark `names` leaves out, or another backend's flag set
+    (away from its default) for `backend`."""
+    for flag, pairs in (("--samples", args.samples), ("--data", args.data)):
+        unselected = sorted(set(_key_values(pairs, flag)) - set(names))
+        if unselected:
+            raise ValueError(f"{flag} names {unselected}, which --benchmarks leaves out ({','.join(names)}): add them "
+                             f"to --benchmarks or drop them from {flag}.")  # fmt: skip
+    for other, fields in BACKEND_FLAGS.items():
+        for field in fields if other != backend else ():
+            if getattr(args, field) != parser.get_default(field):
+                flag = "--" + field.replace("_", "-")
+                raise ValueError(f"{flag} acts with the {other} backend only, and this run uses {backend}: pass "
+                                 f"--backend {other}, or drop {flag}.")  # fmt: skip
+
+
 def _load_transformers_backend(args) -> TransformersBackend:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -126,7 +147,8 @@ def _load_transformers_backend(args) -> TransformersBackend:
 def prepare(argv: list[str] | None = None) -> dict:
     """Parse and check every input (benchmarks, data, samples, checkpoint path, output folder), then load the
     backend: what `main` reports as input errors. Raises InputError before any model is loaded."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:  # validate everything before touching a model
         names = resolve_benchmark_names(args.benchmarks)
         samples = {
@@ -138,11 +160,12 @@ def prepare(argv: list[str] | None = None) -> dict:
         problems = {name: load_benchmark(name, sources[name], split=args.split, limit=args.limit) for name in names}
         check_model_source(args.model)
         _check_device(args.device)
+        backend_name = args.backend
+        if backend_name == "auto":
+            backend_name = "vllm" if vllm_available() else "transformers"
+        check_flags_act(args, names, backend_name, parser)
     except ValueError as error:
         raise InputError(str(error)) from error
-    backend_name = args.backend
-    if backend_name == "auto":
-        backend_name = "vllm" if vllm_available() else "transformers"
     output_path = Path(args.output)
     make_folder(output_path.parent, "--output")
 
