@@ -8,7 +8,6 @@ import types
 
 import pytest
 import torch
-import transformers
 from benchmark_fixtures import FIXTURES
 
 from dhpo_trl.evaluation import SamplingSettings, TransformersBackend, cli
@@ -169,8 +168,10 @@ class Recorder:
         self.VLLMBackend = FakeVLLMBackend
 
     def install(self, monkeypatch):
-        monkeypatch.setattr(transformers, "AutoModelForCausalLM", self.AutoModelForCausalLM)
-        monkeypatch.setattr(transformers, "AutoTokenizer", self.AutoTokenizer)
+        # By name: the module in sys.modules now (importing transformers' Trainer, as dhpo_trl.evaluation does,
+        # replaces the one a top-level `import transformers` bound)
+        monkeypatch.setattr("transformers.AutoModelForCausalLM", self.AutoModelForCausalLM)
+        monkeypatch.setattr("transformers.AutoTokenizer", self.AutoTokenizer)
         monkeypatch.setattr(cli, "VLLMBackend", self.VLLMBackend)
         return self
 
