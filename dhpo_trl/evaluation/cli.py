@@ -112,20 +112,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# Each backend's own flags (the parser's argument groups): set with the other backend, they would not act.
-BACKEND_FLAGS = {"vllm": ("tensor_parallel_size", "gpu_memory_utilization", "max_model_len"),
-                 "transformers": ("batch_size", "device")}  # fmt: skip
-
-
 def check_flags_act(args, names: list[str], backend: str, parser: argparse.ArgumentParser) -> None:
-    """A ValueError naming a per-benchmark flag for a benchmark `names` leaves out, or another backend's flag set
-    (away from its default) for `backend`."""
+    """A ValueError naming a per-benchmark flag for a benchmark `names` leaves out, or a flag of another backend's
+    argument group set (away from its default) for `backend`."""
     for flag, pairs in (("--samples", args.samples), ("--data", args.data)):
         unselected = sorted(set(_key_values(pairs, flag)) - set(names))
         if unselected:
             raise ValueError(f"{flag} names {unselected}, which --benchmarks leaves out ({','.join(names)}): add them "
                              f"to --benchmarks or drop them from {flag}.")  # fmt: skip
-    for other, fields in BACKEND_FLAGS.items():
+    groups = {group.title.split()[0].lower(): [action.dest for action in group._group_actions]
+              for group in parser._action_groups if str(group.title).endswith(" backend")}  # "vLLM backend": vllm
+    for other, fields in groups.items():
         for field in fields if other != backend else ():
             if getattr(args, field) != parser.get_default(field):
                 flag = "--" + field.replace("_", "-")
