@@ -182,6 +182,26 @@ def test_every_seed_numpy_takes_is_accepted(tmp_path):
     assert [make_config(tmp_path, seed=seed).seed for seed in (0, 2**32 - 1)] == [0, 2**32 - 1]
 
 
+# TRL settings that TRL accepts at construction and fails on (or divides by) only once training runs.
+FAILS_MID_RUN = [
+    ("num_iterations", 0), ("num_iterations", 1.5), ("steps_per_generation", 0), ("max_completion_length", 0),
+    ("temperature", 0.0), ("temperature", -0.7), ("scale_rewards", "sometimes"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("field", "value"), FAILS_MID_RUN)
+def test_trl_settings_that_fail_mid_run_are_refused_at_construction(tmp_path, field, value):
+    with pytest.raises(ValueError, match=rf"DHPOConfig\.{field}="):
+        make_config(tmp_path, **{field: value})
+
+
+def test_trl_settings_at_their_limits_are_accepted(tmp_path):
+    config = make_config(tmp_path, num_iterations=1, max_completion_length=1, temperature=1e-3, scale_rewards=False)
+    assert (config.num_iterations, config.max_completion_length, config.scale_rewards) == (1, 1, "none")
+    assert [make_config(tmp_path, scale_rewards=mode).scale_rewards for mode in ("group", "batch", "none", True)] == [
+        "group", "batch", "none", "group"]  # fmt: skip
+
+
 def test_settings_at_their_default_and_settings_that_act_are_accepted(tmp_path):
     # a value typed at its default is indistinguishable from an omitted one, and changes nothing
     assert make_config(tmp_path, algorithm="grpo", epsilon_low_token=0.2, mixing="entropy", token_weight=0.5)

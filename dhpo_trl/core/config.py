@@ -305,6 +305,7 @@ class DHPOConfig(GRPOConfig):
         self._apply_algorithm()
         refuse_deepspeed_dropped_by_accelerate(self.deepspeed, os.environ)
         check_seed(self.seed)
+        check_trl_run_fields(self)
 
     def _check_after_trl(self) -> None:
         """The checks that read what TRL's `__post_init__` resolves (`steps_per_generation`)."""
@@ -540,6 +541,24 @@ def trl_batching_reason(config) -> str | None:
                 f"gradient_accumulation_steps ({config.gradient_accumulation_steps}), and dynamic batching regroups "
                 "sequences within each optimizer step's accumulation window")  # fmt: skip
     return None
+
+
+SCALE_REWARDS = ("group", "batch", "none", True, False)  # TRL maps True to "group", False to "none"
+
+
+def check_trl_run_fields(config) -> None:
+    """TRL settings that `GRPOConfig` takes but training fails on, or divides by, once it runs: refused here."""
+    counts = {"num_iterations": config.num_iterations, "steps_per_generation": config.steps_per_generation,
+              "max_completion_length": config.max_completion_length}  # fmt: skip
+    for name, value in counts.items():  # None: TRL derives steps_per_generation; no completion limit
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"DHPOConfig.{name}={value!r} must be a positive whole number.")
+    if not is_number(config.temperature, finite=True) or config.temperature <= 0:
+        raise ValueError(f"DHPOConfig.temperature={config.temperature!r} must be a number > 0: TRL divides the "
+                         "logits by it.")  # fmt: skip
+    if config.scale_rewards not in SCALE_REWARDS:
+        raise ValueError(f"DHPOConfig.scale_rewards={config.scale_rewards!r} is not supported: use 'group', 'batch' "
+                         "or 'none'.")  # fmt: skip
 
 
 def check_seed(seed) -> None:

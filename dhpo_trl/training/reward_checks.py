@@ -67,3 +67,15 @@ def check_reward_functions(reward_funcs):
         for f in funcs
     ]
     return wrapped[0] if single else wrapped
+
+
+def check_reward_weights(reward_weights, reward_funcs) -> None:
+    """One weight per reward function (TRL checks it too, once the policy has loaded)."""
+    if reward_weights is None:
+        return
+    count = 0 if reward_funcs is None else len(reward_funcs) if isinstance(reward_funcs, list) else 1
+    if len(reward_weights) != count:
+        raise ValueError(
+            f"DHPOConfig.reward_weights={list(reward_weights)!r} has {len(reward_weights)} weights for {count} reward "
+            "function(s): give one weight per function of `reward_funcs`, in order, or leave reward_weights unset."
+        )
