@@ -54,8 +54,10 @@ def checked_reward_function(func):
     return checked
 
 
-def check_reward_functions(reward_funcs):
-    """Wrap every plain synchronous callable in `reward_funcs` (a callable, a model id, a module, or a list)."""
+def check_reward_functions(reward_funcs, reward_weights=None):
+    """Wrap every plain synchronous callable in `reward_funcs` (a callable, a model id, a module, or a list), after
+    checking `reward_weights` (`DHPOConfig.reward_weights`) against them."""
+    check_reward_weights(reward_weights, reward_funcs)
     if reward_funcs is None:
         return None
     single = not isinstance(reward_funcs, list)

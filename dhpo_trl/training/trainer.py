@@ -22,7 +22,7 @@ from .moe import maybe_set_zero3_leaf_modules, zero3_leaf_modules_for_trl_prepar
 from .vllm_utils import check_vllm_setup
 from . import batching, collectives, nonfinite, resume, routing_replay, trl_mirror, update_path
 from ..scoring.rewards import pop_grading_counts
-from .reward_checks import check_reward_functions, check_reward_weights
+from .reward_checks import check_reward_functions
 from .sampler import EpochRepeatSampler
 
 
@@ -49,8 +49,7 @@ class DHPOTrainer(GRPOTrainer):
         args.validate()  # the config may have been changed since it was built: refuse what would not act
         # vllm missing or server unreachable: fail now, before any model is loaded.
         check_vllm_setup(args, model_name, is_main_process=args.process_index == 0)
-        check_reward_weights(args.reward_weights, reward_funcs)  # TRL's own check comes after the model loads
-        reward_funcs = check_reward_functions(reward_funcs)  # garbage rewards: a named error on the first batch
+        reward_funcs = check_reward_functions(reward_funcs, args.reward_weights)  # garbage, weights: named errors
         with zero3_leaf_modules_for_trl_prepared_models(), routing_replay.building_engine(args):  # ref. model; R3
             super().__init__(model, reward_funcs, args, *pos, **kwargs)
         # ZeRO-3 + MoE: mark the MoE blocks as leaves (logged). DeepSpeed wraps the policy later, in train().
