@@ -1,4 +1,4 @@
-"""Early, named errors for reward functions that return garbage.
+"""Early, named errors for reward functions that return garbage, and for reward weights that do not match them.
 
 TRL turns each reward function's output into a float tensor; a string, a nested list or an infinite value then
 fails deep inside `torch.tensor` (or silently turns every advantage into NaN). `checked_reward_function` wraps a
