@@ -100,6 +100,16 @@ def positive_int(text: str) -> int:
     return int(text)
 
 
+SEED_MAX = 2**32 - 1  # numpy's legacy seeding, which accelerate's `set_seed` (TRL's trainer) and vLLM call
+
+
+def seed_int(text: str) -> int:
+    """argparse `type=` for seeds: a whole number numpy can seed with, else argparse's one-line error."""
+    if not text.strip().isdecimal() or int(text) > SEED_MAX:
+        raise argparse.ArgumentTypeError(f"expected a whole number from 0 to 2**32 - 1, got {text!r}")
+    return int(text)
+
+
 def make_folder(path, flag: str) -> None:
     """Create `path` now, so that a file in the way or a missing permission is an input error, not a late crash."""
     try:

@@ -335,6 +335,33 @@ def test_the_trainer_gets_the_model_settings_and_the_tokenizer(model_dir, data_f
 
 
 @pytest.mark.parametrize(
+    ("extra", "flag", "needs"),
+    [
+        (["--lora_r", "8"], "--lora_r", "--use_peft"),
+        (["--lora_target_modules", "q_proj", "v_proj"], "--lora_target_modules", "--use_peft"),
+        (["--use_dora", "true"], "--use_dora", "--use_peft"),
+        (["--use_peft", "false", "--lora_alpha", "64"], "--lora_alpha", "--use_peft"),
+        (["--bnb_4bit_quant_type", "fp4"], "--bnb_4bit_quant_type", "--load_in_4bit"),
+        (["--load_in_8bit", "true", "--use_bnb_nested_quant", "true"], "--use_bnb_nested_quant", "--load_in_4bit"),
+    ],
+)  # fmt: skip
+def test_model_flags_that_would_not_act_are_refused_before_anything_loads(model_dir, data_file, tmp_path, monkeypatch,
+                                                                          capsys, extra, flag, needs):  # fmt: skip
+    """TRL's get_peft_config reads no LoRA flag without --use_peft, get_quantization_config no 4-bit flag without
+    --load_in_4bit: such a run would train unlike what the command line says."""
+    from transformers import AutoTokenizer
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", _fail_loading)
+    assert main(run_flags(model_dir, data_file, tmp_path / "out", *extra)) == 2
+    line = capsys.readouterr().err.splitlines()[-1]
+    assert line.startswith("dhpo-train: error: ") and flag in line and needs in line
+
+
+def _fail_loading(*args, **kwargs):
+    raise AssertionError("the tokenizer loaded despite bad input")
+
+
+@pytest.mark.parametrize(
     "extra, answers, printed",
     [
         (["--max_prompt_length", "200"], ["2", "4", "6", "8"], "Dropped 1 of 5 prompts longer than 200 tokens.\n"),

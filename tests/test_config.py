@@ -7,10 +7,12 @@ import warnings
 from datetime import timedelta
 
 import pytest
+import torch
 from trl import GRPOConfig, TrlParser
 
 from dhpo_trl import DHPOConfig
 from dhpo_trl.core.config import from_grpo_config
+from dhpo_trl.core.losses import dhpo_per_token_loss
 from dhpo_trl.core.objectives import OBJECTIVE_SETTINGS, OBJECTIVES, SETTING_SCOPES
 from dhpo_trl.core.presets import PAPER_ALGORITHMS, config_for
 
@@ -131,6 +133,18 @@ def test_settings_without_effect_are_refused_naming_where_they_act(tmp_path, set
     assert f"algorithm={settings.get('algorithm', 'dhpo')!r}" in str(error.value)
 
 
+@pytest.mark.parametrize(("algorithm", "field", "own"), [
+    ("dhpo", "epsilon", "epsilon_low_token"), ("dhpo", "epsilon_high", "epsilon_high_token"),
+    ("dhpo", "epsilon_high", "epsilon_high_seq"), ("gmpo", "epsilon_high", "gmpo_epsilon_high"),
+])  # fmt: skip
+def test_trl_epsilons_refused_with_dhpo_or_gmpo_name_the_rows_own_fields(tmp_path, algorithm, field, own):
+    """A TRL config's clip-higher (DAPO's epsilon_high=0.28) moved to DHPO: the refusal names the field that acts."""
+    with pytest.raises(ValueError, match=rf"DHPOConfig\.{field}=") as error:
+        make_config(tmp_path, algorithm=algorithm, **{field: 0.28 if field == "epsilon_high" else 0.3})
+    assert own in str(error.value)
+    assert make_config(tmp_path, algorithm=algorithm, **{own: 0.28})  # and that field is accepted
+
+
 def test_every_objective_setting_is_refused_somewhere_and_read_somewhere(tmp_path):
     """The registry is the one source of truth: each objective-specific field is read by some objective and has a
     scope message; the refusal table above exercises every one of them."""
@@ -157,6 +171,37 @@ def test_token_aggregations_stay_selectable(tmp_path, algorithm):
     assert make_config(tmp_path, algorithm=algorithm, loss_type="bnpo", dynamic_batching=False).loss_type == "bnpo"
 
 
+@pytest.mark.parametrize("seed", [-1, 2**32, 1.5, "7"])
+def test_a_seed_numpy_cannot_take_is_refused_at_construction(tmp_path, seed):
+    """TRL's trainer seeds numpy with it (accelerate's set_seed), after the model has loaded: refused here instead."""
+    with pytest.raises(ValueError, match=r"DHPOConfig\.seed="):
+        make_config(tmp_path, seed=seed)
+
+
+def test_every_seed_numpy_takes_is_accepted(tmp_path):
+    assert [make_config(tmp_path, seed=seed).seed for seed in (0, 2**32 - 1)] == [0, 2**32 - 1]
+
+
+# TRL settings that TRL accepts at construction and fails on (or divides by) only once training runs.
+FAILS_MID_RUN = [
+    ("num_iterations", 0), ("num_iterations", 1.5), ("steps_per_generation", 0), ("max_completion_length", 0),
+    ("temperature", 0.0), ("temperature", -0.7), ("scale_rewards", "sometimes"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("field", "value"), FAILS_MID_RUN)
+def test_trl_settings_that_fail_mid_run_are_refused_at_construction(tmp_path, field, value):
+    with pytest.raises(ValueError, match=rf"DHPOConfig\.{field}="):
+        make_config(tmp_path, **{field: value})
+
+
+def test_trl_settings_at_their_limits_are_accepted(tmp_path):
+    config = make_config(tmp_path, num_iterations=1, max_completion_length=1, temperature=1e-3, scale_rewards=False)
+    assert (config.num_iterations, config.max_completion_length, config.scale_rewards) == (1, 1, "none")
+    assert [make_config(tmp_path, scale_rewards=mode).scale_rewards for mode in ("group", "batch", "none", True)] == [
+        "group", "batch", "none", "group"]  # fmt: skip
+
+
 def test_settings_at_their_default_and_settings_that_act_are_accepted(tmp_path):
     # a value typed at its default is indistinguishable from an omitted one, and changes nothing
     assert make_config(tmp_path, algorithm="grpo", epsilon_low_token=0.2, mixing="entropy", token_weight=0.5)
@@ -166,6 +211,41 @@ def test_settings_at_their_default_and_settings_that_act_are_accepted(tmp_path):
     assert make_config(tmp_path, algorithm="gspo", delta=2.5, epsilon=0.1, epsilon_high=0.2).delta == 2.5
     assert make_config(tmp_path, mixing="averaged", token_weight=1, clipping="unified").token_weight == 1
     assert make_config(tmp_path, algorithm="cispo", epsilon_high=5.0).epsilon_high == 5.0
+
+
+# Averaged mixing at an end of [0, 1] gives one branch no weight, so that branch's trust region cannot act (with
+# branch clipping; the unified clip clips m with the token epsilons whatever w).
+UNWEIGHTED_BRANCH = [
+    (dict(token_weight=1.0), "epsilon_low_seq", 0.05),
+    (dict(token_weight=1), "epsilon_high_seq", 0.01),
+    (dict(token_weight=0.0), "epsilon_low_token", 0.05),
+    (dict(token_weight=0), "epsilon_high_token", 0.01),
+]  # fmt: skip
+
+
+def _dhpo_loss(settings):
+    """Per-token DHPO loss on a batch where every clip of both branches binds (ratios far outside [0.8, 1.28])."""
+    logps = torch.log(torch.tensor([[2.0, 1.5, 3.0], [0.3, 0.5, 0.2]], dtype=torch.float64))
+    old, mask = torch.zeros_like(logps), torch.ones_like(logps)
+    advantages = torch.tensor([1.0, -1.0], dtype=torch.float64)
+    return dhpo_per_token_loss(logps, old, advantages, mask, mixing="averaged", clipping="branch", **settings)[0]
+
+
+@pytest.mark.parametrize(("weight", "field", "value"), UNWEIGHTED_BRANCH)
+def test_the_epsilons_of_a_branch_without_weight_are_refused(tmp_path, weight, field, value):
+    # the premise, on the pure loss: at this weight the field changes nothing; at w = 0.5 it does
+    assert torch.equal(_dhpo_loss({**weight, field: value}), _dhpo_loss(weight))
+    assert not torch.equal(_dhpo_loss({"token_weight": 0.5, field: value}), _dhpo_loss({"token_weight": 0.5}))
+    with pytest.raises(ValueError, match=rf"DHPOConfig\.{field}=.* has no effect with .*token_weight") as error:
+        make_config(tmp_path, mixing="averaged", **weight, **{field: value})
+    assert "token_weight" in str(error.value).split("it acts with")[1]  # the setting that would make it act
+    assert make_config(tmp_path, mixing="averaged", token_weight=0.5, **{field: value})  # acts between the ends
+    assert make_config(tmp_path, mixing="averaged", **weight)  # the field at its default: accepted
+
+
+def test_the_unified_clip_reads_the_token_epsilons_at_every_weight(tmp_path):
+    config = make_config(tmp_path, mixing="averaged", token_weight=0.0, clipping="unified", epsilon_low_token=0.1)
+    assert config.epsilon_low_token == 0.1
 
 
 # TRL's spellings of its objectives -> (algorithm, loss_type, importance_sampling_level, epsilon_high) run here

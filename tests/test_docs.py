@@ -1,5 +1,6 @@
 """The README's configuration table is `DHPOConfig`: every field DHPO adds to TRL's `GRPOConfig` has a row, and every
-row's default is the dataclass default. The docs state what is, not how it came to be: no issue or round numbers."""
+row's default is the dataclass default; the tables of the paper's seven rows name and set each row as its preset
+does. The docs state what is, not how it came to be: no issue or round numbers."""
 
 import ast
 import dataclasses
@@ -60,3 +61,39 @@ PAGES = ["README.md", *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("docs/
 def test_the_docs_carry_no_issue_or_round_numbers(page):
     found = [line for line in (ROOT / page).read_text(encoding="utf-8").splitlines() if HISTORY.search(line)]
     assert not found, f"{page}: history belongs in git and CHANGELOG.md: {found[:3]}"
+
+
+def seven_rows(page):
+    """{row name: {setting: value}} of a page's table of the paper's seven rows (header `| row | config | ...`): the
+    `DHPOConfig` settings `name=value` in its config and clip columns (`a=b=0.4` names two; VERL's names are not
+    fields)."""
+    section = page.split("| row | config |", 1)[1].split("\n\n", 1)[0]
+    rows = {}
+    for line in section.splitlines()[2:]:
+        cells = [cell.strip() for cell in line.strip("|").split("|")]
+        settings = {}
+        for code in re.findall(r"`([^`]+)`", " ".join(cells[1:3])):
+            for assignment in code.split(", "):
+                *names, value = assignment.split("=")
+                if names and all(name in dhpo_defaults() for name in names):
+                    settings.update(dict.fromkeys(names, ast.literal_eval(value)))
+        rows[cells[0]] = settings
+    return rows
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/objectives.md"])
+def test_the_seven_rows_tables_are_the_presets(page):
+    """Each row is named as `PAPER_ALGORITHMS` (and `--algorithm`) names it; every setting it shows is the preset's."""
+    from dhpo_trl.core.presets import PAPER_ALGORITHMS
+
+    rows = seven_rows((ROOT / page).read_text(encoding="utf-8"))
+    assert [name.split(" (")[0] for name in rows] == list(PAPER_ALGORITHMS)
+    for name, settings in rows.items():
+        preset = PAPER_ALGORITHMS[name.split(" (")[0]]
+        assert settings and {key: preset.get(key, dhpo_defaults()[key]) for key in settings} == settings, name
+
+
+def test_the_seven_rows_reader_sees_a_wrong_setting():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    edited = readme.replace("`epsilon=3e-4, epsilon_high=4e-4`", "`epsilon=3e-4, epsilon_high=5e-4`")
+    assert seven_rows(edited)["GSPO"] == {"algorithm": "gspo", "epsilon": 3e-4, "epsilon_high": 5e-4}

@@ -407,12 +407,10 @@ def test_command_line_options_reach_the_run_and_the_summary(monkeypatch, tmp_pat
     assert out.is_dir() and cache.is_dir()  # made at start, so a bad path fails before the warm start
     assert os.environ["HF_HUB_OFFLINE"] == "1"
 
-    runs.clear()
-    other = tmp_path / "unused-cache"
-    assert embedded.main(["--output-dir", str(tmp_path / "q"), "--cache-dir", str(other), "--no-cache"]) == 0
+    runs.clear()  # (--no-cache with --cache-dir, which it would leave unused: refused, tests/test_user_errors.py)
+    assert embedded.main(["--output-dir", str(tmp_path / "q"), "--no-cache"]) == 0
     assert runs == [(("DHPO-E", 0, None, str(tmp_path / "q")),
-                     dict(eval_every=None, num_heldout=None, cache_dir=str(other), use_cache=False, settings=None))]  # fmt: skip
-    assert not other.exists()  # --no-cache saves nothing, so its folder is not made
+                     dict(eval_every=None, num_heldout=None, cache_dir=None, use_cache=False, settings=None))]  # fmt: skip
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")  # the user's own setting is kept
     assert embedded.main(["--output-dir", str(tmp_path / "r")]) == 0

@@ -8,7 +8,6 @@ import types
 
 import pytest
 import torch
-import transformers
 from benchmark_fixtures import FIXTURES
 
 from dhpo_trl.evaluation import SamplingSettings, TransformersBackend, cli
@@ -124,7 +123,7 @@ def test_choices(option, choices, capsys):
         (["ckpt", "--temperature", "hot"], "argument --temperature: invalid float value: 'hot'"),
         (["ckpt", "--top-p", "all"], "argument --top-p: invalid float value: 'all'"),
         (["ckpt", "--gpu-memory-utilization", "90%"], "argument --gpu-memory-utilization: invalid float value: '90%'"),
-        (["ckpt", "--seed", "1.5"], "argument --seed: invalid int value: '1.5'"),
+        (["ckpt", "--seed", "1.5"], "argument --seed: expected a whole number from 0 to 2**32 - 1, got '1.5'"),
     ],
 )  # fmt: skip
 def test_bad_values_are_argparse_errors(argv, message, capsys):
@@ -170,8 +169,10 @@ class Recorder:
         self.VLLMBackend = FakeVLLMBackend
 
     def install(self, monkeypatch):
-        monkeypatch.setattr(transformers, "AutoModelForCausalLM", self.AutoModelForCausalLM)
-        monkeypatch.setattr(transformers, "AutoTokenizer", self.AutoTokenizer)
+        # By name: the module in sys.modules now (importing transformers' Trainer, as dhpo_trl.evaluation does,
+        # replaces the one a top-level `import transformers` bound)
+        monkeypatch.setattr("transformers.AutoModelForCausalLM", self.AutoModelForCausalLM)
+        monkeypatch.setattr("transformers.AutoTokenizer", self.AutoTokenizer)
         monkeypatch.setattr(cli, "VLLMBackend", self.VLLMBackend)
         return self
 

@@ -404,3 +404,19 @@ def test_a_setting_the_checkpoint_did_not_record_compares_as_its_default(tmp_pat
                                               use_cpu=True, bf16=False, report_to="none", steps_per_generation=2), 1)
     with pytest.raises(ValueError, match="importance_sampling_level='token' in the checkpoint but 'sequence' now"):
         resume.check_resumable(str(checkpoint), sequence)
+
+
+def test_a_setting_this_run_does_not_read_compares_as_its_default(tmp_path):
+    """DHPO-A at token_weight=1 does not read the sequence epsilons: a marker that recorded them (at their default)
+    resumes, one that recorded another value is refused naming the setting."""
+    args = DHPOConfig(str(tmp_path), mixing="averaged", token_weight=1.0, use_cpu=True, bf16=False, report_to="none",
+                      steps_per_generation=2)  # fmt: skip
+    current = resume.run_settings(args, world_size=1)
+    assert "epsilon_low_seq" not in current and current["epsilon_low_token"] == 0.2
+    for step, low in ((2, 0.2), (4, 0.1)):
+        checkpoint = tmp_path / f"checkpoint-{step}"
+        checkpoint.mkdir()
+        resume.mark_complete(str(checkpoint), {**current, "epsilon_low_seq": low, "epsilon_high_seq": 0.28}, step)
+    resume.check_resumable(str(tmp_path / "checkpoint-2"), current)
+    with pytest.raises(ValueError, match="epsilon_low_seq=0.1 in the checkpoint but 0.2 now"):
+        resume.check_resumable(str(tmp_path / "checkpoint-4"), current)

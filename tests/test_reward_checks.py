@@ -11,7 +11,12 @@ import torch
 from datasets import Dataset
 
 from dhpo_trl import DHPOConfig, DHPOTrainer
-from dhpo_trl.training.reward_checks import _as_reward, check_reward_functions, checked_reward_function
+from dhpo_trl.training.reward_checks import (
+    _as_reward,
+    check_reward_functions,
+    check_reward_weights,
+    checked_reward_function,
+)
 
 
 def constant_reward(completions, **kwargs):
@@ -157,3 +162,28 @@ def test_async_reward_functions_are_left_to_trl():
 
     assert check_reward_functions([async_reward]) == [async_reward]
     assert check_reward_functions(async_reward) is async_reward
+
+
+def _reward(completions, **kwargs):
+    return [0.0] * len(completions)
+
+
+@pytest.mark.parametrize(("weights", "funcs"), [([1.0, 2.0], _reward), ([1.0], [_reward, _reward]), ([1.0], None)])
+def test_reward_weights_that_do_not_match_the_functions_are_named(weights, funcs):
+    with pytest.raises(ValueError, match=r"DHPOConfig\.reward_weights="):
+        check_reward_weights(weights, funcs)
+
+
+def test_matching_reward_weights_pass():
+    assert check_reward_weights([1.0, 0.5], [_reward, _reward]) is None
+    assert check_reward_weights([2.0], _reward) is None
+    assert check_reward_weights(None, [_reward, _reward]) is None
+
+
+def test_the_trainer_refuses_mismatched_weights_before_loading_the_model(tmp_path):
+    """TRL checks them after loading the policy (minutes for a large model): here the model path does not even exist."""
+    args = DHPOConfig(str(tmp_path), reward_weights=[1.0, 2.0], use_cpu=True, bf16=False, report_to="none",
+                      steps_per_generation=2)  # fmt: skip
+    dataset = Dataset.from_list([{"prompt": "1+1="}] * 8)
+    with pytest.raises(ValueError, match=r"DHPOConfig\.reward_weights="):
+        DHPOTrainer(model=str(tmp_path / "no-such-model"), reward_funcs=[_reward], args=args, train_dataset=dataset)

@@ -343,7 +343,7 @@ def test_only_the_first_process_waits_for_the_vllm_server(process_index, probed,
     monkeypatch.setattr(DHPOConfig, "process_index", property(lambda self: process_index))
     monkeypatch.setattr(vllm_utils, "is_vllm_available", lambda: True)
     monkeypatch.setattr(vllm_utils, "wait_for_vllm_server", lambda args, name: waited.append(name))
-    def stop(reward_funcs):  # the step right after the check
+    def stop(*args):  # the step right after the check
         raise Stop
 
     monkeypatch.setattr(trainer_module, "check_reward_functions", stop)

@@ -5,6 +5,7 @@ import argparse
 import json
 import traceback
 
+import numpy as np
 import pytest
 from benchmark_fixtures import FIXTURES
 
@@ -19,6 +20,7 @@ from dhpo_trl.user_errors import (
     one_line,
     pop_debug_flag,
     positive_int,
+    seed_int,
     run_command,
 )
 
@@ -172,6 +174,18 @@ def test_positive_int_refuses_the_rest_in_argparse_terms(text):
     assert str(error.value) == f"expected a positive whole number, got {text!r}"
 
 
+@pytest.mark.parametrize(("text", "value"), [("0", 0), ("42", 42), (" 7 ", 7), ("4294967295", 2**32 - 1)])
+def test_seed_int_accepts_what_numpy_seeds_with(text, value):
+    assert seed_int(text) == value
+    np.random.seed(value)  # accelerate's set_seed seeds numpy's legacy generator with it
+
+
+@pytest.mark.parametrize("text", ["-1", "4294967296", "1.5", "", "abc", "\u00b2"])
+def test_seed_int_refuses_the_rest_in_argparse_terms(text):
+    with pytest.raises(argparse.ArgumentTypeError, match=r"2\*\*32 - 1"):
+        seed_int(text)
+
+
 def test_make_folder_creates_parents_or_names_the_flag_and_the_folder(tmp_path, monkeypatch):
     make_folder(tmp_path / "a" / "b" / "c", "--output")
     assert (tmp_path / "a" / "b" / "c").is_dir()
@@ -258,10 +272,29 @@ def test_evaluate_input_errors(saved_tiny_model, eval_base, tmp_path, monkeypatc
     assert f"--output: cannot create the folder {tmp_path / 'file'}" in _last_line(capsys, "dhpo-evaluate")
     assert evaluate_cli.main([str(saved_tiny_model), *eval_base, "--device", "cuda", "--debug"]) == 2
     assert capsys.readouterr().err.startswith("Traceback (most recent call last):\n")
-    for bad in (["--batch-size", "0"], ["--dtype", "bfloat32"], ["--limit", "-1"]):
+    for bad in (["--batch-size", "0"], ["--dtype", "bfloat32"], ["--limit", "-1"], ["--seed", "-1"]):
         with pytest.raises(SystemExit) as exit_info:  # argparse's own error, naming the flag
             evaluate_cli.main([str(saved_tiny_model), *eval_base, *bad])
         assert exit_info.value.code == 2 and f"argument {bad[0]}" in capsys.readouterr().err
+
+
+def test_evaluate_refuses_flags_that_would_not_act(saved_tiny_model, eval_base, monkeypatch, capsys):
+    """Per-benchmark flags for a benchmark not selected, and one backend's flags with the other: one line naming the
+    flag, before any model loads."""
+    monkeypatch.setattr(evaluate_cli, "_load_transformers_backend", _fail(AssertionError("loaded despite bad input")))
+    monkeypatch.setattr(evaluate_cli, "VLLMBackend", _fail(AssertionError("loaded despite bad input")))
+    math500 = f"math500={FIXTURES / 'math500' / 'test.jsonl'}"
+    for bad, flag in ((["--samples", "math500=4"], "--samples"), (["--data", math500], "--data"),
+                      (["--tensor-parallel-size", "2"], "--tensor-parallel-size"),
+                      (["--gpu-memory-utilization", "0.5"], "--gpu-memory-utilization"),
+                      (["--max-model-len", "512"], "--max-model-len"),
+                      (["--backend", "vllm", "--batch-size", "4"], "--batch-size"),
+                      (["--backend", "vllm", "--device", "cpu"], "--device")):  # fmt: skip
+        assert evaluate_cli.main([str(saved_tiny_model), *eval_base, *bad]) == 2, bad
+        assert flag in _last_line(capsys, "dhpo-evaluate")
+    with pytest.raises(AssertionError, match="loaded despite bad input"):  # every flag acts: the model loads
+        evaluate_cli.main([str(saved_tiny_model), *eval_base, "--samples", "math500=2", "--batch-size", "4",
+                           "--data", math500, "--benchmarks", "gsm8k,math500"])  # fmt: skip
 
 
 def test_evaluate_failure_while_sampling_keeps_its_traceback(saved_tiny_model, eval_base, monkeypatch):
@@ -303,7 +336,12 @@ def test_embedded_input_errors(tmp_path, monkeypatch, capsys):
     assert "--output-dir: cannot create the folder" in _last_line(capsys, "python -m dhpo_trl")
     assert embedded.main(["--output-dir", str(tmp_path / "ok"), "--cache-dir", str(tmp_path / "file")]) == 2
     assert "--cache-dir: cannot create the folder" in _last_line(capsys, "python -m dhpo_trl")
-    for bad in (["--max-steps", "0"], ["--eval-every", "-3"], ["--num-heldout", "x"], ["--algorithm", "PPO"]):
+    for bad in (["--max-steps", "0"], ["--eval-every", "-3"], ["--num-heldout", "x"], ["--algorithm", "PPO"],
+                ["--seed", "-1"], ["--seed", str(2**32)]):
         with pytest.raises(SystemExit) as exit_info:
             embedded.main(bad)
         assert exit_info.value.code == 2 and f"argument {bad[0]}" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # the cache folder is never read or written without the cache
+        embedded.main(["--output-dir", str(tmp_path / "ok"), "--no-cache", "--cache-dir", str(tmp_path / "cache")])
+    assert exit_info.value.code == 2 and "--cache-dir" in capsys.readouterr().err.splitlines()[-1]
+    assert not (tmp_path / "cache").exists()

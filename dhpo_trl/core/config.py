@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 from trl import GRPOConfig
 
+from ..user_errors import SEED_MAX
 from .aggregation import BASE_AGGREGATIONS
 from .losses import CLIPPINGS, ENTROPY_NORM_SCOPES, IMPORTANCE_SAMPLING_LEVELS, MIXINGS, VESPO_LAMBDA_MIN, is_number
 from .objectives import AGGREGATIONS, OBJECTIVE_SETTINGS, OBJECTIVES, SETTING_SCOPES, TRL_LOSS_TYPES
@@ -80,7 +81,8 @@ class DHPOConfig(GRPOConfig):
             min-max normalised, stop-gradient token entropy of the current policy (eqs. 9-10). `"averaged"`
             (DHPO-A): w = `token_weight` for every token.
         token_weight (`float`, *optional*, defaults to `0.5`):
-            w for `mixing="averaged"`, in [0, 1]. `1.0` gives GRPO's token ratio, `0.0` GSPO's sequence ratio.
+            w for `mixing="averaged"`, in [0, 1]. `1.0` gives GRPO's token ratio, `0.0` GSPO's sequence ratio; with
+            branch clipping the epsilons of the branch without weight are then refused (they cannot act).
         clipping (`str`, *optional*, defaults to `"branch"`):
             `"branch"`: clip the token ratio and the sequence ratio in their own trust regions, then mix (eq. 11).
             `"unified"`: clip the mixed ratio itself with the token epsilons (the paper's ablation).
@@ -302,6 +304,8 @@ class DHPOConfig(GRPOConfig):
         self._validate_dhpo_fields()
         self._apply_algorithm()
         refuse_deepspeed_dropped_by_accelerate(self.deepspeed, os.environ)
+        check_seed(self.seed)
+        check_trl_run_fields(self)
 
     def _check_after_trl(self) -> None:
         """The checks that read what TRL's `__post_init__` resolves (`steps_per_generation`)."""
@@ -436,6 +440,7 @@ class DHPOConfig(GRPOConfig):
             context += f" (selected by {self._selected_by})"
         if self.algorithm == "dhpo":
             context += f", mixing={self.mixing!r}, clipping={self.clipping!r}"
+            context += f", token_weight={self.token_weight!r}" if self.mixing == "averaged" else ""
         for name in OBJECTIVE_SETTINGS:
             value, default = getattr(self, name), _FIELD_DEFAULTS[name]
             if name not in reads and value != default:
@@ -536,6 +541,31 @@ def trl_batching_reason(config) -> str | None:
                 f"gradient_accumulation_steps ({config.gradient_accumulation_steps}), and dynamic batching regroups "
                 "sequences within each optimizer step's accumulation window")  # fmt: skip
     return None
+
+
+SCALE_REWARDS = ("group", "batch", "none", True, False)  # TRL maps True to "group", False to "none"
+
+
+def check_trl_run_fields(config) -> None:
+    """TRL settings that `GRPOConfig` takes but training fails on, or divides by, once it runs: refused here."""
+    counts = {"num_iterations": config.num_iterations, "steps_per_generation": config.steps_per_generation,
+              "max_completion_length": config.max_completion_length}  # fmt: skip
+    for name, value in counts.items():  # None: TRL derives steps_per_generation; no completion limit
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"DHPOConfig.{name}={value!r} must be a positive whole number.")
+    if not is_number(config.temperature, finite=True) or config.temperature <= 0:
+        raise ValueError(f"DHPOConfig.temperature={config.temperature!r} must be a number > 0: TRL divides the "
+                         "logits by it.")  # fmt: skip
+    if config.scale_rewards not in SCALE_REWARDS:
+        raise ValueError(f"DHPOConfig.scale_rewards={config.scale_rewards!r} is not supported: use 'group', 'batch' "
+                         "or 'none'.")  # fmt: skip
+
+
+def check_seed(seed) -> None:
+    """TRL's trainer seeds numpy with `seed` (accelerate's `set_seed`) once the model has loaded: refuse here what
+    numpy refuses there."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
+        raise ValueError(f"DHPOConfig.seed={seed!r} must be a whole number from 0 to 2**32 - 1 (numpy seeds with it).")
 
 
 def nonfinite_check_applies(setting, loss_scaled: bool) -> bool:

@@ -42,16 +42,17 @@ SETTING_SCOPES = {
     "mixing": "algorithm='dhpo'",
     "token_weight": "algorithm='dhpo' with mixing='averaged'",
     "clipping": "algorithm='dhpo'",
-    "epsilon_low_token": "algorithm='dhpo'",
-    "epsilon_high_token": "algorithm='dhpo'",
-    "epsilon_low_seq": "algorithm='dhpo' with clipping='branch'",
-    "epsilon_high_seq": "algorithm='dhpo' with clipping='branch'",
+    "epsilon_low_token": "algorithm='dhpo' (with clipping='branch' and mixing='averaged': token_weight > 0)",
+    "epsilon_high_token": "algorithm='dhpo' (with clipping='branch' and mixing='averaged': token_weight > 0)",
+    "epsilon_low_seq": "algorithm='dhpo' with clipping='branch' (and mixing='averaged': token_weight < 1)",
+    "epsilon_high_seq": "algorithm='dhpo' with clipping='branch' (and mixing='averaged': token_weight < 1)",
     "entropy_norm_scope": "algorithm='dhpo' with mixing='entropy'",
     "gmpo_epsilon_low": "algorithm='gmpo'",
     "gmpo_epsilon_high": "algorithm='gmpo'",
-    "epsilon": "algorithm='grpo', 'gspo' or 'luspo' (DHPO's epsilons are epsilon_low/high_token/seq, GMPO's "
-               "gmpo_epsilon_*)",
-    "epsilon_high": "algorithm='grpo', 'gspo' or 'luspo' (upper clip) and 'cispo' (the weight cap)",
+    "epsilon": "algorithm='grpo', 'gspo' or 'luspo' (DHPO's lower clips are epsilon_low_token and epsilon_low_seq, "
+               "GMPO's gmpo_epsilon_low)",
+    "epsilon_high": "algorithm='grpo', 'gspo' or 'luspo' (upper clip) and 'cispo' (the weight cap); DHPO's upper "
+                    "clips are epsilon_high_token and epsilon_high_seq, GMPO's gmpo_epsilon_high",
     "delta": "algorithm='grpo', 'gspo', 'luspo' or 'dhpo'",
     "importance_sampling_level": "algorithm='gspo' (which sets 'sequence'; with algorithm='grpo' or the default "
                                  "'sequence' selects it), 'sapo', 'luspo', 'cispo', and 'vespo' with a bias-corrected "
@@ -105,9 +106,12 @@ def _dhpo(per_token_logps, old_per_token_logps, advantages, mask, entropies, arg
 
 
 def _dhpo_settings(args) -> tuple[str, ...]:
-    weight = ("token_weight",) if args.mixing == "averaged" else ("entropy_norm_scope",)
-    sequence = ("epsilon_low_seq", "epsilon_high_seq") if args.clipping == "branch" else ()
-    return ("mixing", *weight, "clipping", "epsilon_low_token", "epsilon_high_token", *sequence, "delta")
+    averaged, branch = args.mixing == "averaged", args.clipping == "branch"
+    weight = ("token_weight",) if averaged else ("entropy_norm_scope",)
+    # Branch clipping at w = 0 or w = 1 clips a ratio that carries no weight; the unified clip uses the token epsilons.
+    token = () if branch and averaged and args.token_weight == 0 else ("epsilon_low_token", "epsilon_high_token")
+    sequence = ("epsilon_low_seq", "epsilon_high_seq") if branch and not (averaged and args.token_weight == 1) else ()
+    return ("mixing", *weight, "clipping", *token, *sequence, "delta")
 
 
 def _gmpo(per_token_logps, old_per_token_logps, advantages, mask, entropies, args, entropy_range):

@@ -30,7 +30,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from ..core.presets import PAPER_ALGORITHMS, config_for
 from ..scoring.rewards import math_verify_reward
 from ..training.nonfinite import NonFiniteGradientError
-from ..user_errors import DEBUG_FLAG, DEBUG_HELP, make_folder, positive_int, report, run_command
+from ..user_errors import DEBUG_FLAG, DEBUG_HELP, make_folder, positive_int, report, run_command, seed_int
 from .arithmetic import Problem, make_splits, to_dataset
 from .stops import TrainingStopped  # re-exported: the studies and the tests import it from here
 from .warmstart import WarmStartSettings, greedy_completions, load_or_warm_start
@@ -451,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task", default="addition", choices=["addition", "long"],
                         help="addition: two-digit sums, completions <= 12 tokens (default); long: chained arithmetic "
                              "with a scratchpad, completions of about 30-400 tokens (dhpo_trl.demo.long_task)")  # fmt: skip
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed_int, default=0)
     parser.add_argument("--max-steps", type=positive_int, default=None,
                         help=f"RL optimizer steps ({EmbeddedSettings.max_steps})")  # fmt: skip
     parser.add_argument("--output-dir", default="outputs/embedded")
@@ -461,11 +461,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-cache", action="store_true", help="always retrain the warm start, save nothing")
     parser.add_argument(DEBUG_FLAG, action="store_true", help=DEBUG_HELP)
     options = parser.parse_args(argv)
+    if options.no_cache and options.cache_dir is not None:
+        parser.error("--cache-dir has no effect with --no-cache (the warm start is retrained and not saved): drop one.")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here needs the network
 
     def setup() -> None:
         make_folder(options.output_dir, "--output-dir")
-        if options.cache_dir is not None and not options.no_cache:
+        if options.cache_dir is not None:
             make_folder(options.cache_dir, "--cache-dir")
 
     def work(_) -> None:

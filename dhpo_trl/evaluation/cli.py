@@ -14,7 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from ..user_errors import DEBUG_FLAG, DEBUG_HELP, check_model_path, debug_given, make_folder, positive_int, run_command
+from ..user_errors import (DEBUG_FLAG, DEBUG_HELP, check_model_path, debug_given, make_folder, positive_int,
+                           run_command, seed_int)
 from .backends import SamplingSettings, TransformersBackend, VLLMBackend, vllm_available
 from .benchmarks import BENCHMARKS, check_benchmark_keys, load_benchmark, resolve_benchmark_names, resolve_sources
 from .metrics import format_table
@@ -82,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-new-tokens", type=positive_int, default=16384)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed_int, default=0)
     parser.add_argument(
         "--answer-fallback",
         choices=["none", "last_number"],
@@ -112,6 +113,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_flags_act(args, names: list[str], backend: str, parser: argparse.ArgumentParser) -> None:
+    """A ValueError naming a per-benchmark flag for a benchmark `names` leaves out, or a flag of another backend's
+    argument group set (away from its default) for `backend`."""
+    for flag, pairs in (("--samples", args.samples), ("--data", args.data)):
+        unselected = sorted(set(_key_values(pairs, flag)) - set(names))
+        if unselected:
+            raise ValueError(f"{flag} names {unselected}, which --benchmarks leaves out ({','.join(names)}): add them "
+                             f"to --benchmarks or drop them from {flag}.")  # fmt: skip
+    groups = {group.title.split()[0].lower(): [action.dest for action in group._group_actions]
+              for group in parser._action_groups if str(group.title).endswith(" backend")}  # "vLLM backend": vllm
+    for other, fields in groups.items():
+        for field in fields if other != backend else ():
+            if getattr(args, field) != parser.get_default(field):
+                flag = "--" + field.replace("_", "-")
+                raise ValueError(f"{flag} acts with the {other} backend only, and this run uses {backend}: pass "
+                                 f"--backend {other}, or drop {flag}.")  # fmt: skip
+
+
 def _load_transformers_backend(args) -> TransformersBackend:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -126,7 +145,8 @@ def _load_transformers_backend(args) -> TransformersBackend:
 def prepare(argv: list[str] | None = None) -> dict:
     """Parse and check every input (benchmarks, data, samples, checkpoint path, output folder), then load the
     backend: what `main` reports as input errors. Raises InputError before any model is loaded."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:  # validate everything before touching a model
         names = resolve_benchmark_names(args.benchmarks)
         samples = {
@@ -138,11 +158,12 @@ def prepare(argv: list[str] | None = None) -> dict:
         problems = {name: load_benchmark(name, sources[name], split=args.split, limit=args.limit) for name in names}
         check_model_source(args.model)
         _check_device(args.device)
+        backend_name = args.backend
+        if backend_name == "auto":
+            backend_name = "vllm" if vllm_available() else "transformers"
+        check_flags_act(args, names, backend_name, parser)
     except ValueError as error:
         raise InputError(str(error)) from error
-    backend_name = args.backend
-    if backend_name == "auto":
-        backend_name = "vllm" if vllm_available() else "transformers"
     output_path = Path(args.output)
     make_folder(output_path.parent, "--output")
 

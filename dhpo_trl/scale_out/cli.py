@@ -21,7 +21,7 @@ import difflib
 import logging
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import yaml
 from trl import ModelConfig, ScriptArguments, TrlParser, get_peft_config, get_quantization_config
@@ -281,6 +281,7 @@ def build_trainer(script_args: DHPOScriptArguments, training_args: DHPOConfig, m
             "--model_name_or_path is required: a Hub model id (e.g. Qwen/Qwen3-1.7B-Base) or a local folder."
         )
     check_trackers(training_args.report_to)
+    check_model_flags_act(model_args)
     check_model_path(model_args.model_name_or_path, label="--model_name_or_path")
     training_args.resume_from_checkpoint = resolve_resume(training_args)
     make_folder(training_args.output_dir, "--output_dir")  # not at the first save, hours in
@@ -321,6 +322,23 @@ def build_trainer(script_args: DHPOScriptArguments, training_args: DHPOConfig, m
         peft_config=get_peft_config(model_args),
         quantization_config=get_quantization_config(model_args),
     )
+
+
+# TRL's `get_peft_config` reads these only with `use_peft`, `get_quantization_config` these only with `load_in_4bit`.
+MODEL_FLAGS_NEEDING = {
+    "use_peft": ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_target_parameters",
+                 "lora_modules_to_save", "lora_task_type", "use_rslora", "use_dora"),
+    "load_in_4bit": ("bnb_4bit_quant_type", "use_bnb_nested_quant", "bnb_4bit_quant_storage"),
+}  # fmt: skip
+
+
+def check_model_flags_act(model_args: ModelConfig) -> None:
+    """A LoRA flag without `--use_peft true`, or a 4-bit flag without `--load_in_4bit true`, would not act."""
+    defaults = {item.name: item.default for item in fields(ModelConfig)}
+    for switch, names in MODEL_FLAGS_NEEDING.items():
+        for name in names if not getattr(model_args, switch) else ():
+            if getattr(model_args, name) != defaults[name]:
+                raise ValueError(f"--{name} acts only with --{switch} true: add --{switch} true, or drop --{name}.")
 
 
 def resolve_resume(training_args: DHPOConfig) -> str | None:

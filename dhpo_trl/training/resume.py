@@ -259,10 +259,14 @@ def check_resumable(path: str, current: dict, requested_padding_free: bool | Non
         current = {name: value for name, value in current.items() if name not in BUFFER_SETTINGS}
     saved, current = update_path_settings(marker, current, requested_padding_free)
     # An objective setting the checkpoint's settings did not record (read by that objective in a later version, e.g.
-    # CISPO's importance_sampling_level) ran at its default: compared as that. A marker with no settings refuses all.
+    # CISPO's importance_sampling_level) ran at its default: compared as that. One this run's objective does not read
+    # (e.g. DHPO-A's sequence epsilons at token_weight=1) is at its default, the config refuses any other value. A
+    # marker with no settings refuses all.
     if saved:
         saved = {**{name: _plain(DEFAULTS[name]) for name in current
                  if name in OBJECTIVE_SETTINGS and name in DEFAULTS}, **saved}
+        current = {**{name: _plain(DEFAULTS[name]) for name in saved
+                      if name in OBJECTIVE_SETTINGS and name in DEFAULTS}, **current}
     differ = settings_difference(saved, current)
     if differ:
         listed = ", ".join(f"{name}={saved.get(name)!r} in the checkpoint but {current.get(name)!r} now" for name in differ)

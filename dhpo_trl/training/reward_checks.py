@@ -1,4 +1,4 @@
-"""Early, named errors for reward functions that return garbage.
+"""Early, named errors for reward functions that return garbage, and for reward weights that do not match them.
 
 TRL turns each reward function's output into a float tensor; a string, a nested list or an infinite value then
 fails deep inside `torch.tensor` (or silently turns every advantage into NaN). `checked_reward_function` wraps a
@@ -54,8 +54,10 @@ def checked_reward_function(func):
     return checked
 
 
-def check_reward_functions(reward_funcs):
-    """Wrap every plain synchronous callable in `reward_funcs` (a callable, a model id, a module, or a list)."""
+def check_reward_functions(reward_funcs, reward_weights=None):
+    """Wrap every plain synchronous callable in `reward_funcs` (a callable, a model id, a module, or a list), after
+    checking `reward_weights` (`DHPOConfig.reward_weights`) against them."""
+    check_reward_weights(reward_weights, reward_funcs)
     if reward_funcs is None:
         return None
     single = not isinstance(reward_funcs, list)
@@ -67,3 +69,15 @@ def check_reward_functions(reward_funcs):
         for f in funcs
     ]
     return wrapped[0] if single else wrapped
+
+
+def check_reward_weights(reward_weights, reward_funcs) -> None:
+    """One weight per reward function (TRL checks it too, once the policy has loaded)."""
+    if reward_weights is None:
+        return
+    count = 0 if reward_funcs is None else len(reward_funcs) if isinstance(reward_funcs, list) else 1
+    if len(reward_weights) != count:
+        raise ValueError(
+            f"DHPOConfig.reward_weights={list(reward_weights)!r} has {len(reward_weights)} weights for {count} reward "
+            "function(s): give one weight per function of `reward_funcs`, in order, or leave reward_weights unset."
+        )

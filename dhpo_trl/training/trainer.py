@@ -49,7 +49,7 @@ class DHPOTrainer(GRPOTrainer):
         args.validate()  # the config may have been changed since it was built: refuse what would not act
         # vllm missing or server unreachable: fail now, before any model is loaded.
         check_vllm_setup(args, model_name, is_main_process=args.process_index == 0)
-        reward_funcs = check_reward_functions(reward_funcs)  # garbage rewards: a named error on the first batch
+        reward_funcs = check_reward_functions(reward_funcs, args.reward_weights)  # garbage, weights: named errors
         with zero3_leaf_modules_for_trl_prepared_models(), routing_replay.building_engine(args):  # ref. model; R3
             super().__init__(model, reward_funcs, args, *pos, **kwargs)
         # ZeRO-3 + MoE: mark the MoE blocks as leaves (logged). DeepSpeed wraps the policy later, in train().
