@@ -336,6 +336,28 @@ def test_plain_grpo_config_is_converted_to_trls_objective(tok, tmp_path, capsys)
     assert "algorithm='gspo'" in line and "DHPOConfig" in line
 
 
+@pytest.mark.parametrize(("settings", "selected"), [
+    (dict(importance_sampling_level="sequence"), ("gspo", "importance_sampling_level='sequence'")),
+    (dict(loss_type="sapo"), ("sapo", "loss_type='sapo'")),
+    (dict(), None),  # DHPO: nothing to say
+    (dict(algorithm="gspo"), None),  # asked for by name
+])  # fmt: skip
+def test_a_trl_spelling_that_selects_another_row_is_named_once(tok, tmp_path, capsys, settings, selected):
+    """A GSPO user's `importance_sampling_level='sequence'` (or a TRL loss_type) in a DHPOConfig runs that row, not
+    DHPO: the trainer says which row and what selected it, as it does for a GRPOConfig."""
+    args = DHPOConfig(str(tmp_path), **dict(SMALL_RUN, **CPU), **settings)
+    trainer = DHPOTrainer(model=build_tiny_qwen3(tok, hidden_size=32), reward_funcs=digit_share, args=args,
+                          train_dataset=prompts(), processing_class=tok)  # fmt: skip
+    lines = [line for line in capsys.readouterr().out.splitlines() if "not DHPO" in line]
+    if selected is None:
+        assert lines == []
+        return
+    algorithm, spelling = selected
+    assert trainer.args.algorithm == algorithm
+    (line,) = lines
+    assert f"algorithm={algorithm!r}" in line and spelling in line
+
+
 def test_trainer_validates_a_config_changed_after_construction(tok, tmp_path):
     def build(args):
         return DHPOTrainer(model=build_tiny_qwen3(tok, hidden_size=32), reward_funcs=digit_share, args=args,

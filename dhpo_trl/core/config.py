@@ -703,4 +703,15 @@ def as_dhpo_config(args, model_name) -> tuple[DHPOConfig, str | None]:
                       f"{args.loss_type!r}{unread}); for DHPO pass a DHPOConfig (algorithm='dhpo', its default).")
     if not isinstance(args, DHPOConfig):
         raise TypeError(f"DHPOTrainer needs `args` to be a DHPOConfig or a trl.GRPOConfig, got {type(args).__name__}.")
-    return args, None
+    return args, selection_note(args)
+
+
+def selection_note(args: DHPOConfig) -> str | None:
+    """The line that says a TRL spelling chose the row (`_apply_trl_spelling`), or None: with `algorithm` at its
+    default a GSPO user's `importance_sampling_level='sequence'`, or a `loss_type` of TRL's, runs that objective, not
+    DHPO, and nothing else would say so."""
+    selected_by = getattr(args, "_selected_by", None)
+    if not selected_by:
+        return None
+    return (f"DHPOTrainer: {selected_by} runs algorithm={args.algorithm!r} (loss_type={args.loss_type!r}), not DHPO; "
+            f"for DHPO set importance_sampling_level='token' and a loss_type in {list(BASE_AGGREGATIONS)}.")  # fmt: skip
