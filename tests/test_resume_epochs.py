@@ -406,17 +406,38 @@ def test_a_setting_the_checkpoint_did_not_record_compares_as_its_default(tmp_pat
         resume.check_resumable(str(checkpoint), sequence)
 
 
-def test_a_setting_this_run_does_not_read_compares_as_its_default(tmp_path):
-    """DHPO-A at token_weight=1 does not read the sequence epsilons: a marker that recorded them (at their default)
-    resumes, one that recorded another value is refused naming the setting."""
+def test_a_setting_neither_objective_reads_is_not_compared(tmp_path):
+    """DHPO-A at token_weight=1 does not read the sequence epsilons, and the config refuses them away from their
+    default: a marker that recorded them, at any value, resumes (they had no effect in the run that wrote it), and
+    a marker whose objective did read them (token_weight=0.5) is refused for the weight."""
     args = DHPOConfig(str(tmp_path), mixing="averaged", token_weight=1.0, use_cpu=True, bf16=False, report_to="none",
                       steps_per_generation=2)  # fmt: skip
     current = resume.run_settings(args, world_size=1)
     assert "epsilon_low_seq" not in current and current["epsilon_low_token"] == 0.2
-    for step, low in ((2, 0.2), (4, 0.1)):
+    markers = {2: {"epsilon_low_seq": 0.2}, 4: {"epsilon_low_seq": 0.1}, 6: {"epsilon_low_seq": 0.1, "token_weight": 0.5}}
+    for step, recorded in markers.items():
         checkpoint = tmp_path / f"checkpoint-{step}"
         checkpoint.mkdir()
-        resume.mark_complete(str(checkpoint), {**current, "epsilon_low_seq": low, "epsilon_high_seq": 0.28}, step)
+        resume.mark_complete(str(checkpoint), {**current, "epsilon_high_seq": 0.28, **recorded}, step)
     resume.check_resumable(str(tmp_path / "checkpoint-2"), current)
-    with pytest.raises(ValueError, match="epsilon_low_seq=0.1 in the checkpoint but 0.2 now"):
+    resume.check_resumable(str(tmp_path / "checkpoint-4"), current)
+    with pytest.raises(ValueError, match="token_weight=0.5 in the checkpoint but 1.0 now") as error:
+        resume.check_resumable(str(tmp_path / "checkpoint-6"), current)
+    assert "epsilon_low_seq" in str(error.value)  # read there at 0.1, not read here: compared as its default
+
+
+def test_a_setting_read_by_the_checkpoints_objective_compares_as_its_default(tmp_path):
+    """VESPO reads importance_sampling_level only with the bias-corrected KL, whose switch the marker does not hold:
+    a checkpoint that recorded the level at 'sequence' (TRL's default use_bias_correction_kl=True) is refused by a
+    run that turns the correction off and so does not read it."""
+    args = DHPOConfig(str(tmp_path), algorithm="vespo", beta=0.04, use_bias_correction_kl=False, use_cpu=True,
+                      bf16=False, report_to="none", steps_per_generation=2)  # fmt: skip
+    current = resume.run_settings(args, world_size=1)
+    assert "importance_sampling_level" not in current
+    for step, level in ((2, "token"), (4, "sequence")):
+        checkpoint = tmp_path / f"checkpoint-{step}"
+        checkpoint.mkdir()
+        resume.mark_complete(str(checkpoint), {**current, "importance_sampling_level": level}, step)
+    resume.check_resumable(str(tmp_path / "checkpoint-2"), current)
+    with pytest.raises(ValueError, match="importance_sampling_level='sequence' in the checkpoint but 'token' now"):
         resume.check_resumable(str(tmp_path / "checkpoint-4"), current)

@@ -49,7 +49,7 @@ import torch
 from transformers import TrainerCallback
 
 from ..core import aggregation
-from ..core.objectives import OBJECTIVE_SETTINGS
+from ..core.objectives import OBJECTIVE_SETTINGS, get_objective
 from . import batching
 
 GENERATION_STATE = "dhpo_generation_state_rank{rank}.pt"
@@ -260,9 +260,11 @@ def check_resumable(path: str, current: dict, requested_padding_free: bool | Non
     saved, current = update_path_settings(marker, current, requested_padding_free)
     # An objective setting the checkpoint's settings did not record (read by that objective in a later version, e.g.
     # CISPO's importance_sampling_level) ran at its default: compared as that. One this run's objective does not read
-    # (e.g. DHPO-A's sequence epsilons at token_weight=1) is at its default, the config refuses any other value. A
-    # marker with no settings refuses all.
+    # is at its default (the config refuses any other value); the checkpoint's is compared as that, unless the
+    # checkpoint's own objective does not read it either (it had no effect there). A marker with no settings refuses all.
     if saved:
+        unread = unread_by_recorded_objective(saved)
+        saved = {name: value for name, value in saved.items() if name not in unread or name in current}
         saved = {**{name: _plain(DEFAULTS[name]) for name in current
                  if name in OBJECTIVE_SETTINGS and name in DEFAULTS}, **saved}
         current = {**{name: _plain(DEFAULTS[name]) for name in saved
@@ -276,6 +278,28 @@ def check_resumable(path: str, current: dict, requested_padding_free: bool | Non
             f"--resume_from_checkpoint {path}: {listed}{hint}. Resume with the checkpoint's settings, or train into a "
             "new output_dir."
         )
+
+
+class _Unrecorded(Exception):
+    """The objective's reading depends on a setting the marker does not hold."""
+
+
+def unread_by_recorded_objective(saved: dict) -> set[str]:
+    """The objective settings a marker's `saved` settings hold that their own objective, as those settings define it,
+    does not read: they could not act (versions that listed DHPO-A's sequence epsilons at token_weight=1 recorded
+    them). Empty where the reading depends on a setting the marker does not hold (VESPO's use_bias_correction_kl)."""
+
+    class Recorded:
+        def __getattr__(self, name):
+            if name not in saved:
+                raise _Unrecorded(name)
+            return saved[name]
+
+    try:
+        read = set(get_objective(saved.get("algorithm")).settings(Recorded()))
+    except (_Unrecorded, ValueError):
+        return set()
+    return {name for name in saved if name in OBJECTIVE_SETTINGS and name not in read}
 
 
 def update_path_settings(marker: dict, current: dict, requested: bool | None) -> tuple[dict, dict]:
