@@ -182,6 +182,15 @@ def test_every_seed_numpy_takes_is_accepted(tmp_path):
     assert [make_config(tmp_path, seed=seed).seed for seed in (0, 2**32 - 1)] == [0, 2**32 - 1]
 
 
+def test_a_seed_some_rank_would_push_past_numpys_limit_is_refused(tmp_path, monkeypatch):
+    """TRL seeds each process with seed + its rank (`set_seed(seed, device_specific=True)`): on 4 processes the top
+    3 seeds numpy takes fail on a rank once the model has loaded."""
+    monkeypatch.setattr(DHPOConfig, "world_size", property(lambda self: 4))
+    with pytest.raises(ValueError, match=r"DHPOConfig\.seed=4294967293 .*2\*\*32 - 4"):
+        make_config(tmp_path, seed=2**32 - 3)
+    assert make_config(tmp_path, seed=2**32 - 4).seed == 2**32 - 4
+
+
 # TRL settings that TRL accepts at construction and fails on (or divides by) only once training runs.
 FAILS_MID_RUN = [
     ("num_iterations", 0), ("num_iterations", 1.5), ("steps_per_generation", 0), ("max_completion_length", 0),

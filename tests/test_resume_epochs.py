@@ -414,7 +414,8 @@ def test_a_setting_neither_objective_reads_is_not_compared(tmp_path):
                       steps_per_generation=2)  # fmt: skip
     current = resume.run_settings(args, world_size=1)
     assert "epsilon_low_seq" not in current and current["epsilon_low_token"] == 0.2
-    markers = {2: {"epsilon_low_seq": 0.2}, 4: {"epsilon_low_seq": 0.1}, 6: {"epsilon_low_seq": 0.1, "token_weight": 0.5}}
+    markers = {2: {"epsilon_low_seq": 0.2}, 4: {"epsilon_low_seq": 0.1},
+               6: {"epsilon_low_seq": 0.1, "token_weight": 0.5}}  # fmt: skip
     for step, recorded in markers.items():
         checkpoint = tmp_path / f"checkpoint-{step}"
         checkpoint.mkdir()

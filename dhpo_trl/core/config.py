@@ -304,13 +304,13 @@ class DHPOConfig(GRPOConfig):
         self._validate_dhpo_fields()
         self._apply_algorithm()
         refuse_deepspeed_dropped_by_accelerate(self.deepspeed, os.environ)
-        check_seed(self.seed)
         check_trl_run_fields(self)
 
     def _check_after_trl(self) -> None:
         """The checks that read what TRL's `__post_init__` resolves (`steps_per_generation`)."""
         self._validate_batching()
         self._validate_routing_replay()
+        check_seed(self.seed, self.world_size)
         nonfinite_check_applies(self.stop_on_nonfinite_gradients, self.fp16)
         self._warn_if_on_policy()
 
@@ -561,11 +561,14 @@ def check_trl_run_fields(config) -> None:
                          "or 'none'.")  # fmt: skip
 
 
-def check_seed(seed) -> None:
-    """TRL's trainer seeds numpy with `seed` (accelerate's `set_seed`) once the model has loaded: refuse here what
-    numpy refuses there."""
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
-        raise ValueError(f"DHPOConfig.seed={seed!r} must be a whole number from 0 to 2**32 - 1 (numpy seeds with it).")
+def check_seed(seed, processes: int = 1) -> None:
+    """TRL's trainer seeds numpy once the model has loaded (accelerate's `set_seed`), on each of `processes` with
+    `seed` plus its rank: refuse here what numpy refuses there."""
+    top = SEED_MAX - (processes - 1)
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= top:
+        ranks = f" (each of the {processes} processes adds its rank)" if processes > 1 else ""
+        bound = f"2**32 - {processes}{ranks}"
+        raise ValueError(f"DHPOConfig.seed={seed!r} must be a whole number from 0 to {bound}: numpy seeds with it.")
 
 
 def nonfinite_check_applies(setting, loss_scaled: bool) -> bool:

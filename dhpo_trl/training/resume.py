@@ -261,7 +261,8 @@ def check_resumable(path: str, current: dict, requested_padding_free: bool | Non
     # An objective setting the checkpoint's settings did not record (read by that objective in a later version, e.g.
     # CISPO's importance_sampling_level) ran at its default: compared as that. One this run's objective does not read
     # is at its default (the config refuses any other value); the checkpoint's is compared as that, unless the
-    # checkpoint's own objective does not read it either (it had no effect there). A marker with no settings refuses all.
+    # checkpoint's own objective does not read it either (it had no effect there). A marker with no settings refuses
+    # all.
     if saved:
         unread = unread_by_recorded_objective(saved)
         saved = {name: value for name, value in saved.items() if name not in unread or name in current}
