@@ -357,6 +357,16 @@ def test_model_flags_that_would_not_act_are_refused_before_anything_loads(model_
     assert line.startswith("dhpo-train: error: ") and flag in line and needs in line
 
 
+def test_reward_weights_for_other_than_the_one_reward_are_refused_before_the_data_loads(model_dir, data_file, tmp_path,
+                                                                                      monkeypatch, capsys):
+    """dhpo-train trains on one reward (math_verify_reward): two weights are refused before the data or the model
+    loads, not by TRL once the policy is in memory."""
+    monkeypatch.setattr(cli, "load_training_data", _fail_loading)
+    assert main(run_flags(model_dir, data_file, tmp_path / "out", "--reward_weights", "1.0", "2.0")) == 2
+    line = capsys.readouterr().err.splitlines()[-1]
+    assert line.startswith("dhpo-train: error: ") and "reward_weights" in line
+
+
 def _fail_loading(*args, **kwargs):
     raise AssertionError("the tokenizer loaded despite bad input")
 

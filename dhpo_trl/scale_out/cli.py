@@ -30,6 +30,7 @@ from ..core.config import DHPOConfig
 from ..scoring.data import load_math_dataset
 from ..scoring.rewards import math_verify_reward
 from ..training.nonfinite import NonFiniteGradientError
+from ..training.reward_checks import check_reward_weights
 from ..training.teardown import release_process_groups
 from ..user_errors import UsageError, check_model_path, make_folder, pop_debug_flag, report, run_command
 
@@ -282,6 +283,7 @@ def build_trainer(script_args: DHPOScriptArguments, training_args: DHPOConfig, m
         )
     check_trackers(training_args.report_to)
     check_model_flags_act(model_args)
+    check_reward_weights(training_args.reward_weights, REWARD_FUNCS)  # before the data loads
     check_model_path(model_args.model_name_or_path, label="--model_name_or_path")
     training_args.resume_from_checkpoint = resolve_resume(training_args)
     make_folder(training_args.output_dir, "--output_dir")  # not at the first save, hours in
@@ -315,7 +317,7 @@ def build_trainer(script_args: DHPOScriptArguments, training_args: DHPOConfig, m
     training_args.model_init_kwargs = model_init_kwargs
     return DHPOTrainer(
         model=model_args.model_name_or_path,
-        reward_funcs=[math_verify_reward],
+        reward_funcs=REWARD_FUNCS,
         args=training_args,
         train_dataset=dataset,
         processing_class=tokenizer,
@@ -323,6 +325,8 @@ def build_trainer(script_args: DHPOScriptArguments, training_args: DHPOConfig, m
         quantization_config=get_quantization_config(model_args),
     )
 
+
+REWARD_FUNCS = [math_verify_reward]  # the paper's one reward
 
 # TRL's `get_peft_config` reads these only with `use_peft`, `get_quantization_config` these only with `load_in_4bit`.
 MODEL_FLAGS_NEEDING = {
