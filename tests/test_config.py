@@ -204,6 +204,15 @@ def test_trl_settings_that_fail_mid_run_are_refused_at_construction(tmp_path, fi
         make_config(tmp_path, **{field: value})
 
 
+@pytest.mark.parametrize("size", [0, -8])
+def test_a_generation_batch_size_below_1_is_refused_before_trl_divides_it(tmp_path, size):
+    """TRL derives steps_per_generation from it (0 or -1 here): named here, not a ZeroDivisionError or a run whose
+    generation batches hold no prompt."""
+    with pytest.raises(ValueError, match=r"DHPOConfig\.generation_batch_size="):
+        make_config(tmp_path, generation_batch_size=size, steps_per_generation=None)
+    assert make_config(tmp_path, generation_batch_size=16, steps_per_generation=None).steps_per_generation == 2
+
+
 def test_trl_settings_at_their_limits_are_accepted(tmp_path):
     config = make_config(tmp_path, num_iterations=1, max_completion_length=1, temperature=1e-3, scale_rewards=False)
     assert (config.num_iterations, config.max_completion_length, config.scale_rewards) == (1, 1, "none")

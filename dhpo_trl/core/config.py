@@ -549,8 +549,10 @@ SCALE_REWARDS = ("group", "batch", "none", True, False)  # TRL maps True to "gro
 def check_trl_run_fields(config) -> None:
     """TRL settings that `GRPOConfig` takes but training fails on, or divides by, once it runs: refused here."""
     counts = {"num_iterations": config.num_iterations, "steps_per_generation": config.steps_per_generation,
+              "generation_batch_size": config.generation_batch_size,
               "max_completion_length": config.max_completion_length}  # fmt: skip
-    for name, value in counts.items():  # None: TRL derives steps_per_generation; no completion limit
+    # None: TRL derives steps_per_generation and generation_batch_size (from the other); no completion limit
+    for name, value in counts.items():
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"DHPOConfig.{name}={value!r} must be a positive whole number.")
     if not is_number(config.temperature, finite=True) or config.temperature <= 0:
