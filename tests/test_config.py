@@ -11,7 +11,7 @@ import torch
 from trl import GRPOConfig, TrlParser
 
 from dhpo_trl import DHPOConfig
-from dhpo_trl.core.config import from_grpo_config
+from dhpo_trl.core.config import from_grpo_config, selection_note
 from dhpo_trl.core.losses import dhpo_per_token_loss
 from dhpo_trl.core.objectives import OBJECTIVE_SETTINGS, OBJECTIVES, SETTING_SCOPES
 from dhpo_trl.core.presets import PAPER_ALGORITHMS, config_for
@@ -264,6 +264,19 @@ def test_the_epsilons_of_a_branch_without_weight_are_refused(tmp_path, weight, f
 def test_the_unified_clip_reads_the_token_epsilons_at_every_weight(tmp_path):
     config = make_config(tmp_path, mixing="averaged", token_weight=0.0, clipping="unified", epsilon_low_token=0.1)
     assert config.epsilon_low_token == 0.1
+
+
+@pytest.mark.parametrize(("asked", "fix"), [
+    (dict(), dict(importance_sampling_level="token")),  # the default row: DHPO
+    (dict(algorithm="grpo"), dict(algorithm="grpo", importance_sampling_level="token")),
+])  # fmt: skip
+def test_the_selection_note_names_the_fix_back_to_the_row_asked_for(tmp_path, asked, fix):
+    """importance_sampling_level='sequence' selects GSPO; the note's fix, applied, runs the row the config named."""
+    note = selection_note(make_config(tmp_path, importance_sampling_level="sequence", **asked))
+    assert make_config(tmp_path, **fix).algorithm == asked.get("algorithm", "dhpo")  # the fix, applied
+    named = note.split("; for ", 1)[1]  # the settings the fix names
+    assert "importance_sampling_level='token'" in named
+    assert ("algorithm='grpo'" in named) == ("algorithm" in asked)
 
 
 # TRL's spellings of its objectives -> (algorithm, loss_type, importance_sampling_level, epsilon_high) run here

@@ -336,6 +336,7 @@ class DHPOConfig(GRPOConfig):
             self.algorithm, self.loss_type = row, aggregation
         if self.importance_sampling_level == "sequence" and self.algorithm in (default, "grpo"):
             self._selected_by = f"importance_sampling_level='sequence' with algorithm={self.algorithm!r}"
+            self._asked_for = self.algorithm  # the row the level's note points back to
             self.algorithm = "gspo"  # TRL's clipped surrogate on the sequence ratio is GSPO
         objective = OBJECTIVES.get(self.algorithm)
         if objective is not None and self.loss_type == _FIELD_DEFAULTS["loss_type"]:
@@ -718,5 +719,9 @@ def selection_note(args: DHPOConfig) -> str | None:
     selected_by = getattr(args, "_selected_by", None)
     if not selected_by:
         return None
-    return (f"DHPOTrainer: {selected_by} runs algorithm={args.algorithm!r} (loss_type={args.loss_type!r}), not DHPO; "
-            f"for DHPO set importance_sampling_level='token' and a loss_type in {list(BASE_AGGREGATIONS)}.")  # fmt: skip
+    asked = getattr(args, "_asked_for", _FIELD_DEFAULTS["algorithm"])
+    if asked == _FIELD_DEFAULTS["algorithm"]:
+        fix = f"not DHPO; for DHPO set importance_sampling_level='token' and a loss_type in {list(BASE_AGGREGATIONS)}"
+    else:  # algorithm='grpo' named: its token ratio is one setting away
+        fix = f"not {asked.upper()}; for algorithm={asked!r} set importance_sampling_level='token'"
+    return f"DHPOTrainer: {selected_by} runs algorithm={args.algorithm!r} (loss_type={args.loss_type!r}), {fix}."
