@@ -258,14 +258,16 @@ def _raises(error):
 @pytest.mark.parametrize("given", ["argv", "command line"])
 def test_reported_prints_a_lost_cell_or_a_stop_on_one_line_or_under_debug_its_traceback(given, monkeypatch, capsys):
     """`reported`: `main`'s status; a lost cell's (`WorkerDied`, `CellExited`) 1, a stop's 128 + its signal, after
-    one line `<prefix> <message>`, or with `--debug` (in `argv`, or on the command line when `argv` is None) the
-    error's traceback instead, down to `main`'s frame, with the same status."""
+    one line `<prefix> <message>`, or with `--debug` (in `argv` whatever the command line says, or on the command line
+    when `argv` is None) the error's traceback instead, down to `main`'s frame, with the same status."""
     assert reported(lambda argv: 0, [], "[study]") == 0 and reported(len, ["--seeds", "0"], "[study]") == 2
     stop = TrainingStopped("stopped by SIGUSR1: the cells in progress are not saved", {"signal": "SIGUSR1"})
     for error, status in [(CellExited("a cell raised SystemExit(0)"), 1), (WorkerDied("a worker died"), 1),
                           (stop, 128 + signal.SIGUSR1)]:  # fmt: skip
         for flags in ([], ["--seeds", "0", "--debug"], ["--debug", "--seeds", "0"]):
-            monkeypatch.setattr(sys, "argv", ["study.py", *flags])
+            # `argv` given: the command line, which says the opposite, is not read
+            command_line = flags if given == "command line" else [] if flags else ["--debug"]
+            monkeypatch.setattr(sys, "argv", ["study.py", *command_line])
             assert reported(_raises(error), flags if given == "argv" else None, "[study]") == status
             err = capsys.readouterr().err
             if flags:
