@@ -825,6 +825,24 @@ BUGS = {
         "        self._check_after_trl()\n        super().__post_init__()  # TRL resolves steps_per_generation here",
         ["tests/test_config.py"], "the batching check and the on-policy warning read steps_per_generation before TRL sets it",
     ),
+    "watchdog-stopped-by-a-stray-sigchld": (
+        "dhpo_trl/demo/cell_pool.py",
+        "            if death is not None:\n                self.stopping.set()\n            return death",
+        "            self.stopping.set()\n            return death",
+        ["tests/test_cell_pool.py"], "another child's SIGCHLD stops the watchdog: a later dead worker hangs Pool.map",
+    ),
+    "close-forgets-the-reports-read-before": (
+        "dhpo_trl/demo/cell_pool.py",
+        "    for process in pool_workers(started, reported):",
+        "    for process in pool_workers(started):",
+        ["tests/test_cell_pool.py"], "the stop kills only workers whose reports are still queued; a graceful one hangs it",
+    ),
+    "profile-range-end-inclusive": (
+        "dhpo_trl/training/step_profile.py",
+        'return index >= 0 and event["start"] < windows[index][1]',
+        'return index >= 0 and event["start"] <= windows[index][1]',
+        ["tests/test_step_profile.py"], "an operator that starts as a micro-step's range ends is counted in it",
+    ),
 }
 
 

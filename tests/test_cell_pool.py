@@ -10,6 +10,7 @@ cell), one in a graceful task that only a SIGKILL ends, or idle."""
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import re
@@ -24,13 +25,17 @@ from pathlib import Path
 import processes
 import pytest
 
+import dhpo_trl.demo.cell_pool as cell_pool_module
 from dhpo_trl.demo.cell_pool import (
     NAME_CHARACTERS,
     Cell,
     CellExited,
+    CellPool,
     Watchdog,
     WorkerDied,
+    close,
     death_message,
+    drain,
     pool_workers,
     report_worker,
     reported,
@@ -256,14 +261,16 @@ def _raises(error):
 @pytest.mark.parametrize("given", ["argv", "command line"])
 def test_reported_prints_a_lost_cell_or_a_stop_on_one_line_or_under_debug_its_traceback(given, monkeypatch, capsys):
     """`reported`: `main`'s status; a lost cell's (`WorkerDied`, `CellExited`) 1, a stop's 128 + its signal, after
-    one line `<prefix> <message>`, or with `--debug` (in `argv`, or on the command line when `argv` is None) the
-    error's traceback instead, down to `main`'s frame, with the same status."""
-    assert reported(lambda argv: 0, [], "[study]") == 0
+    one line `<prefix> <message>`, or with `--debug` (in `argv` whatever the command line says, or on the command line
+    when `argv` is None) the error's traceback instead, down to `main`'s frame, with the same status."""
+    assert reported(lambda argv: 0, [], "[study]") == 0 and reported(len, ["--seeds", "0"], "[study]") == 2
     stop = TrainingStopped("stopped by SIGUSR1: the cells in progress are not saved", {"signal": "SIGUSR1"})
     for error, status in [(CellExited("a cell raised SystemExit(0)"), 1), (WorkerDied("a worker died"), 1),
                           (stop, 128 + signal.SIGUSR1)]:  # fmt: skip
-        for flags in ([], ["--seeds", "0", "--debug"]):
-            monkeypatch.setattr(sys, "argv", ["study.py", *flags])
+        for flags in ([], ["--seeds", "0", "--debug"], ["--debug", "--seeds", "0"]):
+            # `argv` given: the command line, which says the opposite, is not read
+            command_line = flags if given == "command line" else [] if flags else ["--debug"]
+            monkeypatch.setattr(sys, "argv", ["study.py", *command_line])
             assert reported(_raises(error), flags if given == "argv" else None, "[study]") == status
             err = capsys.readouterr().err
             if flags:
@@ -304,6 +311,9 @@ def test_the_workers_to_kill_are_the_children_whose_pid_and_name_a_worker_report
         assert pool_workers(started) == [] and started.empty()
         started.put((child.pid, child.name))
         assert pool_workers(started) == [child] and started.empty()
+        assert pool_workers(started, {(child.pid, child.name)}) == [child]  # its report read before (the watchdog)
+        report_worker(started)  # what a worker puts: its pid and name, as the children list has them
+        assert started.get() == (os.getpid(), multiprocessing.current_process().name) and started.empty()
     finally:
         child.kill()
         child.join()
@@ -364,7 +374,7 @@ def test_a_death_names_the_worker_and_how_it_ended():
     status, or that it is unknown."""
     realtime = signal.SIGRTMIN + 2
     for exitcode, named in [(-signal.SIGKILL, "signal SIGKILL"), (-realtime, f"signal {realtime}"),
-                            (1, "exit status 1"), (None, "exit status unknown")]:  # fmt: skip
+                            (0, "exit status 0"), (1, "exit status 1"), (None, "exit status unknown")]:  # fmt: skip
         message = death_message("SpawnPoolWorker-3", 4321, exitcode)
         assert "SpawnPoolWorker-3 (pid 4321)" in message and f"({named})" in message and "\n" not in message, message
 
@@ -411,8 +421,139 @@ def test_a_cell_raises_what_would_end_its_worker_as_cell_exited_naming_itself():
             Cell(_raise(error))(*args)
         message = str(raised.value)
         assert len(message.splitlines()) == 1 and "a b c 1 2 3" in message, message
+    # At the bound: a call or an error of NAME_CHARACTERS characters shown whole, one more cut to NAME_CHARACTERS.
+    whole, cut = "a" * (NAME_CHARACTERS - 2), "a" * (NAME_CHARACTERS - 1)  # repr adds the quotes
+    fits, over = SystemExit("b" * (NAME_CHARACTERS - 14)), SystemExit("b" * (NAME_CHARACTERS - 13))  # "SystemExit('')"
+    for args, error, shown in [((whole,), SystemExit(0), f"({whole!r})"),
+                               ((cut,), SystemExit(0), f"({repr(cut)[: NAME_CHARACTERS - 3]}...)"),
+                               ((1,), fits, f" raised {fits!r}:"), ((1,), over, " raised SystemExit(...):")]:  # fmt: skip
+        with pytest.raises(CellExited) as raised:
+            Cell(_raise(error))(*args)
+        assert shown in str(raised.value), (shown, str(raised.value))
+    # A callable without a `__qualname__` (a partial) is named by its type.
+    with pytest.raises(CellExited) as raised:
+        Cell(functools.partial(_raise(SystemExit(0)), 1))(2)
+    assert " partial(2) " in str(raised.value) and "SystemExit(0)" in str(raised.value), str(raised.value)
 
 
 class Table:
     def __repr__(self) -> str:
         return "a b c\n1 2 3\r\n"
+
+
+def test_the_watchdog_thread_has_the_main_thread_take_a_death_once(monkeypatch):
+    """`Watchdog.run`, the thread: a SIGCHLD before any death (another child's end) takes nothing and leaves it
+    polling; when a reported worker ends, it sends SIGCHLD to the main thread, whose handler takes the death
+    (`take_death`) once, and the thread ends. A death it signals as the block stops (`stop` before the main thread
+    handles the signal) is not taken."""
+    monkeypatch.setattr(cell_pool_module, "POLL_SECONDS", 0.05)
+    context = multiprocessing.get_context("fork")
+    main = threading.main_thread().ident
+    taken, children, queues = [], [], []
+    previous = signal.getsignal(signal.SIGCHLD)
+    try:
+        started = context.SimpleQueue()
+        queues.append(started)
+        watchdog = Watchdog(started, main)
+        signal.signal(signal.SIGCHLD, lambda signum, frame: taken.append(watchdog.take_death()))
+        assert watchdog.take_death() is None  # a stray SIGCHLD
+        child = _reported_child(context, started, lambda: time.sleep(0.3))  # ends with exit status 0
+        children.append(child)
+        watchdog.start()
+        watchdog.join(20)  # the main thread waits on a lock, as `Pool.map` does: the signal reaches it there
+        died = [death for death in taken if death is not None]  # the child's own SIGCHLD takes nothing
+        assert not watchdog.is_alive() and len(died) == 1, taken
+        assert died[0] in [death_message(child.name, child.pid, code) for code in (0, None)], died
+        assert watchdog.take_death() is None  # once
+
+        # A report of a process that is no child: a worker the pool reaped before any poll, a death at the first.
+        started = context.SimpleQueue()
+        queues.append(started)
+        watchdog, taken[:] = Watchdog(started, main), []
+        started.put((os.getpid(), "SpawnPoolWorker-9"))
+        signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])  # the signal waits, as for a main thread busy
+        try:
+            watchdog.start()
+            watchdog.join(20)
+            assert not watchdog.is_alive()
+            watchdog.stop()  # the block's end, before the main thread handles the signal
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGCHLD])
+        assert taken == [None]
+    finally:
+        signal.signal(signal.SIGCHLD, previous)
+        for child in children:
+            child.kill()
+            child.join()
+        for started in queues:
+            started.close()
+
+
+def test_close_terminates_the_pool_and_kills_the_workers_its_terminate_waits_for():
+    """`close`: the pool's `terminate` runs; after the grace, the workers still alive (one whose report was read
+    before, one whose report is still on the queue) are SIGKILLed, so that a `terminate` waiting for them (as for
+    workers that took its SIGTERM as a graceful stop) returns; another child of this process is left alone."""
+    context = multiprocessing.get_context("fork")
+    started = context.SimpleQueue()
+    children, terminated = [], []
+    try:
+        children.append(_reported_child(context, started, lambda: time.sleep(60)))
+        reported = drain(started, set())  # read before, as the watchdog does
+        children.append(_reported_child(context, started, lambda: time.sleep(60)))
+        bystander = context.Process(target=time.sleep, args=(60,), daemon=True)
+        bystander.start()
+
+        class Pool:
+            def _terminate(self):  # what `multiprocessing.pool.Pool.terminate`, the one `close` calls, runs
+                terminated.append(True)
+                for worker in children[:2]:
+                    worker.join()
+
+        begun = time.monotonic()
+        closer = threading.Thread(target=close, args=(Pool(), started, reported), kwargs={"grace": 0.3}, daemon=True)
+        closer.start()
+        closer.join(20)
+        assert not closer.is_alive() and terminated == [True]
+        assert time.monotonic() - begun >= 0.3  # the grace first
+        assert [worker.exitcode for worker in children] == [-signal.SIGKILL] * 2 and bystander.is_alive()
+        children.append(bystander)
+    finally:
+        for child in children:
+            child.kill()
+            child.join()
+        started.close()
+
+
+def _exit_zero(*args):
+    raise SystemExit(0)
+
+
+def test_a_cell_pool_runs_its_tasks_as_cells_every_way_and_refuses_close():
+    """`CellPool` (forked workers, in this process): each way to run a task passes the arguments and options through
+    (a keyword argument, a callback) and returns the values; a cell's `SystemExit` comes back through each as
+    `CellExited`; `close` is refused, naming how to wait instead, and the pool runs on; so is `terminate`."""
+    pool = CellPool(1, context=multiprocessing.get_context("fork"))
+    try:
+        called = []
+        assert pool.apply_async(pow, (2,), {"exp": 5}, callback=called.append).get(20) == 32
+        assert pool.map(abs, [-2, 3], chunksize=1) == [2, 3]
+        assert pool.map_async(abs, [-4], callback=called.append).get(20) == [4]
+        assert pool.starmap(pow, [(2, 3)], chunksize=1) == [8]
+        assert pool.starmap_async(pow, [(3, 2)], callback=called.append).get(20) == [9]
+        assert list(pool.imap(abs, [-5], chunksize=1)) == [5]
+        assert list(pool.imap_unordered(abs, [-6], chunksize=1)) == [6]
+        assert called == [32, [4], [9]]
+        for run in [lambda: pool.apply_async(_exit_zero, (1,)).get(20), lambda: pool.map(_exit_zero, [1]),
+                    lambda: pool.map_async(_exit_zero, [1]).get(20), lambda: pool.starmap(_exit_zero, [(1,)]),
+                    lambda: pool.starmap_async(_exit_zero, [(1,)]).get(20), lambda: list(pool.imap(_exit_zero, [1])),
+                    lambda: list(pool.imap_unordered(_exit_zero, [1]))]:  # fmt: skip
+            with pytest.raises(CellExited):
+                run()
+        with pytest.raises(RuntimeError) as refused:
+            pool.close()
+        assert "map()" in str(refused.value)  # the way to wait for the results
+        assert pool.map(abs, [-7]) == [7]
+        with pytest.raises(RuntimeError):  # and `terminate` (a `with` block's end): the block's end ends the pool
+            pool.terminate()
+    finally:
+        multiprocessing.pool.Pool.terminate(pool)

@@ -84,6 +84,9 @@ def test_records_read_torch_profiler_events():
     found = step_profile.records(events)
     assert [(r["device"], r["annotation"]) for r in found] == [(False, False), (True, False), (True, True)]
     assert step_profile.summarise(found, MARK, cuda=True)["device_busy_fraction"] == pytest.approx(0.5)
+    for event in events:  # a device type given as its name, not an enum with `.name`
+        event.device_type = event.device_type.name.lower() if event.name == "k" else event.device_type.name
+    assert step_profile.records(events) == found
 
 
 def test_a_real_cpu_profile_counts_what_each_micro_step_ran():
@@ -145,3 +148,34 @@ def test_records_leave_out_device_records_that_are_no_device_work():
     summary = step_profile.summarise(step_profile.records(events), MARK, cuda=True)
     assert summary["device_kernels_per_micro_step"] == 3
     assert summary["device_busy_fraction"] == pytest.approx((10 + 5 + 5) / 100)
+
+
+def test_events_that_touch_a_range_at_its_ends_are_outside_it():
+    """A range is [start, end): an operator that starts as the range ends belongs to none, and a kernel that ends as
+    a range starts, or starts as it ends, ran in no micro-step; the ones that overlap it by any time are counted."""
+    events = [host(MARK, 100, 200), host("aten::mm", 200, 250), host("aten::add", 199, 210),
+              device("before", 50, 100), device("after", 200, 260), device("inside_from_before", 99, 101),
+              device("inside_to_after", 199, 201)]  # fmt: skip
+    summary = step_profile.summarise(events, MARK, cuda=True)
+    assert summary["aten_ops_per_micro_step"] == 1  # add, not mm
+    assert summary["device_kernels_per_micro_step"] == 2
+    assert summary["device_busy_fraction"] == pytest.approx(2 / 100)
+    assert step_profile.clip([(50, 100), (200, 260)], [(100, 200), (300, 400)]) == []
+
+
+@pytest.mark.parametrize("wall", [0.0, 0.25])
+def test_a_zero_or_sub_microsecond_range_gives_its_figures(wall):
+    """Ranges of no measured length (the clock's resolution) give no fraction instead of a division by zero; a
+    sub-microsecond one (the profiler's times are float microseconds) gives every fraction; seconds are the
+    microseconds over 10**6 exactly."""
+    events = [host(MARK, 10, 10 + wall), host(MARK, 20, 20 + wall), device("kernel", 10, 10 + wall),
+              host("aten::_scaled_dot_product_attention", 10, 10 + wall), host("cudaStreamSynchronize", 20, 20 + wall / 2)]  # fmt: skip
+    summary = step_profile.summarise(events, MARK, cuda=True)
+    fractions = ["device_busy_fraction", "host_in_operators_fraction", "host_waiting_fraction",
+                 "attention_host_fraction"]  # fmt: skip
+    if wall == 0:
+        assert [summary[name] for name in fractions] == [None] * 4, summary
+    else:
+        assert [summary[name] for name in fractions] == pytest.approx([0.5, 0.5, 0.25, 0.5], rel=1e-12), summary
+    assert summary["wall_seconds_per_micro_step"] == pytest.approx(wall / 10**6, rel=1e-12, abs=0)
+    assert summary["attention_host_seconds_per_micro_step"] == pytest.approx(wall / 2 / 10**6, rel=1e-12, abs=0)

@@ -20,6 +20,7 @@ from dhpo_trl.user_errors import (
     one_line,
     pop_debug_flag,
     positive_int,
+    report,
     seed_int,
     run_command,
 )
@@ -50,6 +51,8 @@ def test_run_command_classifies_by_phase_and_type(capsys):
     assert run_command("tool", _fail(ValueError("bad")), debug=True) == 2  # --debug: the same status
     debugged = capsys.readouterr().err
     assert debugged.startswith("Traceback (most recent call last):\n") and "tool: error:" not in debugged
+    report("tool", ValueError("bad\n  value"))  # called directly, without `debug`: the one line
+    assert capsys.readouterr().err == "tool: error: bad value\n"
     assert run_command("tool", lambda: 3, lambda value: print(value * 2)) == 0
     assert capsys.readouterr().out == "6\n"
     assert one_line(ValueError()) == "ValueError"
