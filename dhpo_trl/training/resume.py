@@ -21,8 +21,9 @@ sees other data from then on. Here:
   was left half-written, and one whose files differ from the recorded sizes was damaged since: neither is loaded.
   A checkpoint from before the marker (no file of ours) counts as complete when transformers' `trainer_state.json`
   (written after weights, optimizer and RNG states) is there.
-* **settings**: a resume whose objective, batch geometry, world size, data order or generation-buffer content
-  (reference log-probs, vLLM correction, reward shaping, batching layout) differs from the checkpoint's is refused,
+* **settings**: a resume whose objective, batch geometry, world size, data order, generation-buffer content
+  (reference log-probs, vLLM correction, reward shaping, batching layout) or TRL loss terms and masks (KL weight,
+  off-policy and top-entropy masks, entropy bonus, router loss) differs from the checkpoint's is refused,
   before any model loads when `resolve_for_run` is called first (as `dhpo-train` does).
 * **writing**: `write_checkpoint` is transformers' checkpoint sequence with our files, the marker last and the
   rotation of old checkpoints after it, deciding `save_only_model` per checkpoint without touching `args`.
@@ -57,7 +58,9 @@ COMPLETE_MARKER = "dhpo_checkpoint_complete.json"
 REFERENCE_MODEL = "dhpo_reference_model.safetensors"
 TRAINER_STATE = "trainer_state.json"  # transformers' TRAINER_STATE_NAME, written after weights, optimizer and RNG
 FORMAT = 1  # of the generation-state files (keys added later are optional)
-MARKER_FORMAT = 3  # 2: the marker records BUFFER_SETTINGS and the files' sizes; 3: padding_free as resolved
+MARKER_FORMAT = 4  # 2: the marker records BUFFER_SETTINGS and the files' sizes; 3: padding_free as resolved;
+# 4: LOSS_SETTINGS. A setting is compared only with a marker of the format that records it, so an older checkpoint
+# still resumes without it (RECORDED_FROM).
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 _STATE_FILE = re.compile(r"^dhpo_generation_state_rank\d+\.pt$")
 
@@ -79,6 +82,18 @@ BUFFER_SETTINGS = (
     "multi_objective_aggregation", "mask_truncated_completions", "padding_free", "share_prompts", "shuffle_dataset",
     "seed",
 )  # fmt: skip
+# TRL settings outside the objective's that change the loss of the same buffered batch, recorded from MARKER_FORMAT 4
+# where they act (`loss_settings`): the KL's importance weight (with beta != 0), the off-policy sequence mask, the
+# top-entropy token mask, the entropy bonus (its coefficient, which the generation state restores over the value
+# passed, and whether a controller moves it), the MoE router's auxiliary loss and dr_grpo's normaliser. The adaptive
+# controller's target, step and bounds steer the coefficient from the resumed step on, as a schedule does, and the
+# reference model's mix and sync interval act from its next sync: those may change.
+LOSS_SETTINGS = (
+    "use_bias_correction_kl", "off_policy_mask_threshold", "top_entropy_quantile", "entropy_coef",
+    "use_adaptive_entropy", "router_aux_loss_coef", "max_completion_length",
+)  # fmt: skip
+# The first marker format recording each group: an older marker is checked without that group.
+RECORDED_FROM = ((2, BUFFER_SETTINGS), (4, LOSS_SETTINGS))
 
 # Trainer attributes that change during training and decide what later steps do. `_last_loaded_step` (vLLM) is
 # deliberately not here: after a resume the server must receive the resumed weights before it generates.
@@ -97,12 +112,22 @@ def run_settings(args, world_size: int, packed: bool | None = None) -> dict:
     from ..core.config import uses_dynamic_batching
     from ..core.objectives import get_objective
 
-    names = (*RESUME_SETTINGS, *get_objective(args.algorithm).settings(args), *BUFFER_SETTINGS)
+    names = (*RESUME_SETTINGS, *get_objective(args.algorithm).settings(args), *BUFFER_SETTINGS, *loss_settings(args))
     settings = {name: _plain(getattr(args, name, None)) for name in dict.fromkeys(names)}
     settings["dynamic_batching"] = uses_dynamic_batching(args)
     settings["padding_free"] = resolved_padding_free(args.padding_free, settings["dynamic_batching"], packed)
     settings[WORLD_SIZE] = int(world_size)
     return settings
+
+
+def loss_settings(args) -> tuple[str, ...]:
+    """The `LOSS_SETTINGS` that act for `args`: `use_bias_correction_kl` weighs the KL term only (beta != 0),
+    `max_completion_length` divides the loss only under loss_type='dr_grpo' (elsewhere it bounds what is generated
+    next, and may change)."""
+    kl = ("use_bias_correction_kl",) if args.beta != 0.0 else ()
+    normaliser = ("max_completion_length",) if args.loss_type == "dr_grpo" else ()
+    return (*kl, "off_policy_mask_threshold", "top_entropy_quantile", "entropy_coef", "use_adaptive_entropy",
+            "router_aux_loss_coef", *normaliser)  # fmt: skip
 
 
 def resolved_padding_free(padding_free: bool | None, dynamic: bool, packed: bool | None) -> bool | None:
@@ -255,8 +280,8 @@ def check_resumable(path: str, current: dict, requested_padding_free: bool | Non
     marker = read_marker(path)
     if marker is None:  # older checkpoint: no settings recorded (restore_generation_state warns once)
         return
-    if marker.get("format", 1) < 2:  # recorded before BUFFER_SETTINGS were: those are not compared
-        current = {name: value for name, value in current.items() if name not in BUFFER_SETTINGS}
+    unrecorded = {name for since, names in RECORDED_FROM if marker.get("format", 1) < since for name in names}
+    current = {name: value for name, value in current.items() if name not in unrecorded}
     saved, current = update_path_settings(marker, current, requested_padding_free)
     # An objective setting the checkpoint's settings did not record (read by that objective in a later version, e.g.
     # CISPO's importance_sampling_level) ran at its default: compared as that. One this run's objective does not read
@@ -288,7 +313,8 @@ class _Unrecorded(Exception):
 def unread_by_recorded_objective(saved: dict) -> set[str]:
     """The objective settings a marker's `saved` settings hold that their own objective, as those settings define it,
     does not read: they could not act (versions that listed DHPO-A's sequence epsilons at token_weight=1 recorded
-    them). Empty where the reading depends on a setting the marker does not hold (VESPO's use_bias_correction_kl)."""
+    them). Empty where the reading depends on a setting the marker does not hold (VESPO's use_bias_correction_kl,
+    recorded from MARKER_FORMAT 4)."""
 
     class Recorded:
         def __getattr__(self, name):
