@@ -428,17 +428,19 @@ def test_a_setting_neither_objective_reads_is_not_compared(tmp_path):
 
 
 def test_a_setting_read_by_the_checkpoints_objective_compares_as_its_default(tmp_path):
-    """VESPO reads importance_sampling_level only with the bias-corrected KL, whose switch the marker does not hold:
-    a checkpoint that recorded the level at 'sequence' (TRL's default use_bias_correction_kl=True) is refused by a
-    run that turns the correction off and so does not read it."""
+    """VESPO reads importance_sampling_level only with the bias-corrected KL, whose switch a marker before format 4
+    does not hold: a checkpoint that recorded the level at 'sequence' (TRL's default use_bias_correction_kl=True) is
+    refused by a run that turns the correction off and so does not read it."""
     args = DHPOConfig(str(tmp_path), algorithm="vespo", beta=0.04, use_bias_correction_kl=False, use_cpu=True,
                       bf16=False, report_to="none", steps_per_generation=2)  # fmt: skip
     current = resume.run_settings(args, world_size=1)
     assert "importance_sampling_level" not in current
+    older = {name: value for name, value in current.items() if name not in resume.LOSS_SETTINGS}
     for step, level in ((2, "token"), (4, "sequence")):
         checkpoint = tmp_path / f"checkpoint-{step}"
         checkpoint.mkdir()
-        resume.mark_complete(str(checkpoint), {**current, "importance_sampling_level": level}, step)
+        resume.mark_complete(str(checkpoint), {**older, "importance_sampling_level": level}, step)
+        _rewrite_marker(checkpoint, lambda record: {**record, "format": 3})
     resume.check_resumable(str(tmp_path / "checkpoint-2"), current)
     with pytest.raises(ValueError, match="importance_sampling_level='sequence' in the checkpoint but 'token' now"):
         resume.check_resumable(str(tmp_path / "checkpoint-4"), current)

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from dhpo_trl.training import resume
 
 
@@ -54,3 +56,96 @@ def test_a_second_format_marker_resolves_the_padding_free_it_recorded(tmp_path):
     path = marked(tmp_path, {"format": 2, "global_step": 3, "settings": saved})
     assert refusal(path, {**saved, "padding_free": False}) is None
     assert "padding_free=False in the checkpoint but True now" in refusal(path, saved)
+
+
+# ------------------------------------------------------------------------------ TRL loss settings (format 4)
+def settings_of(tmp_path, **changes):
+    from dhpo_trl import DHPOConfig
+
+    args = DHPOConfig(str(tmp_path), use_cpu=True, bf16=False, report_to="none", steps_per_generation=2, **changes)
+    return resume.run_settings(args, world_size=1)
+
+
+REFUSED = [  # (the checkpoint's run, the change on resume, the setting named)
+    (dict(beta=0.04), dict(use_bias_correction_kl=False), "use_bias_correction_kl"),
+    ({}, dict(off_policy_mask_threshold=0.5), "off_policy_mask_threshold"),
+    (dict(off_policy_mask_threshold=0.5), dict(off_policy_mask_threshold=0.25), "off_policy_mask_threshold"),
+    ({}, dict(top_entropy_quantile=0.2), "top_entropy_quantile"),
+    ({}, dict(entropy_coef=0.01), "entropy_coef"),
+    (dict(use_adaptive_entropy=True, entropy_coef=0.01), dict(entropy_coef=0.02), "entropy_coef"),
+    ({}, dict(use_adaptive_entropy=True), "use_adaptive_entropy"),
+    ({}, dict(router_aux_loss_coef=0.01), "router_aux_loss_coef"),
+    (dict(loss_type="dr_grpo"), dict(max_completion_length=256), "max_completion_length"),
+]
+
+
+@pytest.mark.parametrize(("base", "change", "setting"), REFUSED)
+def test_a_changed_loss_setting_is_refused_naming_it_and_the_same_value_resumes(tmp_path, base, change, setting):
+    saved, current = settings_of(tmp_path, **base), settings_of(tmp_path, **{**base, **change})
+    assert setting in saved and saved[setting] != current[setting] == {**base, **change}[setting]
+    (tmp_path / "checkpoint-3").mkdir()
+    resume.mark_complete(str(tmp_path / "checkpoint-3"), saved, 3)
+    assert resume.read_marker(str(tmp_path / "checkpoint-3"))["format"] == resume.MARKER_FORMAT == 4
+    with pytest.raises(ValueError) as error:
+        resume.check_resumable(str(tmp_path / "checkpoint-3"), current)
+    assert resume.settings_difference(saved, current) == [setting]
+    assert f" {setting}={saved[setting]!r} in the checkpoint" in str(error.value)
+    resume.check_resumable(str(tmp_path / "checkpoint-3"), settings_of(tmp_path, **base))
+
+
+@pytest.mark.parametrize(("base", "change"), [
+    ({}, dict(use_bias_correction_kl=False)),  # beta = 0: no KL term to weigh
+    ({}, dict(max_completion_length=256)),  # a normaliser only under dr_grpo; here it bounds what is generated next
+    (dict(use_adaptive_entropy=True), dict(entropy_target=1.5, entropy_coef_delta=0.01, entropy_coef_min=0.001,
+                                           entropy_coef_max=0.5)),  # the controller's schedule
+])  # fmt: skip
+def test_a_loss_setting_that_does_not_act_or_steers_a_schedule_may_change(tmp_path, base, change):
+    saved = settings_of(tmp_path, **base)
+    (tmp_path / "checkpoint-3").mkdir()
+    resume.mark_complete(str(tmp_path / "checkpoint-3"), saved, 3)
+    resume.check_resumable(str(tmp_path / "checkpoint-3"), settings_of(tmp_path, **{**base, **change}))
+
+
+def test_loss_settings_name_those_that_act():
+    from types import SimpleNamespace
+
+    def acting(beta, loss_type):
+        return set(resume.loss_settings(SimpleNamespace(beta=beta, loss_type=loss_type)))
+
+    always = {"off_policy_mask_threshold", "top_entropy_quantile", "entropy_coef", "use_adaptive_entropy",
+              "router_aux_loss_coef"}  # fmt: skip
+    assert acting(0.0, "grpo") == always
+    assert acting(0.04, "dapo") == always | {"use_bias_correction_kl"}
+    assert acting(0, "dr_grpo") == always | {"max_completion_length"}
+    assert always | {"use_bias_correction_kl", "max_completion_length"} == set(resume.LOSS_SETTINGS)
+
+
+@pytest.mark.parametrize("marker_format", [2, 3])
+def test_an_older_marker_without_the_loss_settings_resumes_under_any(tmp_path, marker_format):
+    """Markers before format 4 did not record LOSS_SETTINGS: those are not compared; the rest still are."""
+    current = settings_of(tmp_path, beta=0.04, use_bias_correction_kl=False, off_policy_mask_threshold=0.5,
+                          top_entropy_quantile=0.2, entropy_coef=0.01, use_adaptive_entropy=True,
+                          router_aux_loss_coef=0.01)  # fmt: skip
+    older = {name: value for name, value in settings_of(tmp_path, beta=0.04).items()
+             if name not in resume.LOSS_SETTINGS}  # fmt: skip
+    path = marked(tmp_path, {"format": marker_format, "global_step": 3, "settings": older})
+    assert refusal(path, current) is None
+    assert "beta=0.04 in the checkpoint but 0.1 now" in refusal(path, {**current, "beta": 0.1})
+    # the same settings recorded by a format-4 marker are compared: missing there, they differ
+    newer = marked(tmp_path, {"format": 4, "global_step": 3, "settings": older})
+    assert "use_bias_correction_kl=None in the checkpoint but False now" in refusal(newer, current)
+
+
+def test_vespo_reads_the_level_as_the_recorded_kl_switch_says(tmp_path):
+    """A marker before format 4 holds no use_bias_correction_kl: VESPO's reading is unknown (nothing is dropped as
+    unread); a format-4 marker holds it, so a level it recorded unread by its own run is known to be unread."""
+    saved = settings_of(tmp_path, algorithm="vespo", beta=0.04)
+    assert saved["use_bias_correction_kl"] is True and saved["importance_sampling_level"] == "token"
+    older = {name: value for name, value in saved.items() if name not in resume.LOSS_SETTINGS}
+    assert resume.unread_by_recorded_objective(older) == set()
+    assert resume.unread_by_recorded_objective(saved) == set()
+    off = {**saved, "use_bias_correction_kl": False}
+    assert resume.unread_by_recorded_objective(off) == {"importance_sampling_level"}
+    path = marked(tmp_path, {"format": 4, "global_step": 3, "settings": saved})
+    current = settings_of(tmp_path, algorithm="vespo", beta=0.04, use_bias_correction_kl=False)
+    assert "use_bias_correction_kl=True in the checkpoint but False now" in refusal(path, current)
