@@ -122,7 +122,7 @@ def test_loss_settings_name_those_that_act():
 
 @pytest.mark.parametrize("marker_format", [2, 3])
 def test_an_older_marker_without_the_loss_settings_resumes_under_any(tmp_path, marker_format):
-    """Markers before format 4 did not record LOSS_SETTINGS: those are not compared; the rest still are."""
+    """Markers before format 4 did not record LOSS_SETTINGS: those are compared on neither side; the rest are."""
     current = settings_of(tmp_path, beta=0.04, use_bias_correction_kl=False, off_policy_mask_threshold=0.5,
                           top_entropy_quantile=0.2, entropy_coef=0.01, use_adaptive_entropy=True,
                           router_aux_loss_coef=0.01)  # fmt: skip
@@ -131,6 +131,9 @@ def test_an_older_marker_without_the_loss_settings_resumes_under_any(tmp_path, m
     path = marked(tmp_path, {"format": marker_format, "global_step": 3, "settings": older})
     assert refusal(path, current) is None
     assert "beta=0.04 in the checkpoint but 0.1 now" in refusal(path, {**current, "beta": 0.1})
+    # a value such a marker holds for one (none writes it) is not compared either
+    stale = marked(tmp_path, {"format": marker_format, "global_step": 3, "settings": {**older, "entropy_coef": 0.5}})
+    assert refusal(stale, current) is None
     # the same settings recorded by a format-4 marker are compared: missing there, they differ
     newer = marked(tmp_path, {"format": 4, "global_step": 3, "settings": older})
     assert "use_bias_correction_kl=None in the checkpoint but False now" in refusal(newer, current)

@@ -280,9 +280,11 @@ def check_resumable(path: str, current: dict, requested_padding_free: bool | Non
     marker = read_marker(path)
     if marker is None:  # older checkpoint: no settings recorded (restore_generation_state warns once)
         return
-    unrecorded = {name for since, names in RECORDED_FROM if marker.get("format", 1) < since for name in names}
-    current = {name: value for name, value in current.items() if name not in unrecorded}
     saved, current = update_path_settings(marker, current, requested_padding_free)
+    # A setting first recorded by a later marker format is compared on neither side (RECORDED_FROM).
+    unrecorded = {name for since, names in RECORDED_FROM if marker.get("format", 1) < since for name in names}
+    saved, current = ({name: value for name, value in side.items() if name not in unrecorded}
+                      for side in (saved, current))  # fmt: skip
     # An objective setting the checkpoint's settings did not record (read by that objective in a later version, e.g.
     # CISPO's importance_sampling_level) ran at its default: compared as that. One this run's objective does not read
     # is at its default (the config refuses any other value); the checkpoint's is compared as that, unless the
