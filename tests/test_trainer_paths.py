@@ -211,7 +211,7 @@ def test_a_token_budget_takes_the_pass_count_agreed_over_processes():
 
 # ------------------------------------------------------------------ model card
 @pytest.fixture(scope="module")
-def card_trainer(tmp_path_factory):
+def built_card_trainer(tmp_path_factory):
     tokenizer = build_char_tokenizer()
     output_dir = tmp_path_factory.mktemp("card")
     args = DHPOConfig(
@@ -223,6 +223,20 @@ def card_trainer(tmp_path_factory):
         build_tiny_qwen3(tokenizer, hidden_size=32), lambda completions, **kw: [0.0] * len(completions), args=args,
         train_dataset=Dataset.from_dict({"prompt": ["1+1="] * 2}), processing_class=tokenizer,
     )  # fmt: skip
+
+
+@pytest.fixture
+def card_trainer(built_card_trainer):
+    """The module's trainer with accelerate's shared state live: a config built by another test since (transformers'
+    `TrainingArguments` resets that state as it sets up its devices) leaves the trainer's accelerator without one, as
+    in mutmut's cheapest-first order. Accelerate's states share one dict per class, so an `Accelerator` built again
+    (the trainer's settings: CPU, no mixed precision) refills the one the trainer reads."""
+    from accelerate import Accelerator
+    from accelerate.state import is_initialized
+
+    if not is_initialized():
+        Accelerator(cpu=True)
+    return built_card_trainer
 
 
 def test_model_card_records_the_objective_and_its_settings(card_trainer):
