@@ -1,6 +1,7 @@
 """The completeness marker's file record and an older marker's format (`dhpo_trl.training.resume`)."""
 
 import json
+import re
 
 import pytest
 
@@ -104,6 +105,27 @@ def test_a_loss_setting_that_does_not_act_or_steers_a_schedule_may_change(tmp_pa
     (tmp_path / "checkpoint-3").mkdir()
     resume.mark_complete(str(tmp_path / "checkpoint-3"), saved, 3)
     resume.check_resumable(str(tmp_path / "checkpoint-3"), settings_of(tmp_path, **{**base, **change}))
+
+
+def named(message):
+    """The settings a refusal lists, in its order."""
+    return re.findall(r"(\w+)=\S+ in the checkpoint", message)
+
+
+@pytest.mark.parametrize(("base", "change", "setting"), [
+    (dict(beta=0.0), dict(beta=0.04), "beta"),  # the KL weight's switch is read now only
+    (dict(beta=0.04, use_bias_correction_kl=False), dict(beta=0.0), "beta"),  # ... in the checkpoint only
+    (dict(loss_type="dr_grpo"), dict(loss_type="dapo", max_completion_length=64), "loss_type"),  # the normaliser
+    (dict(loss_type="dapo"), dict(loss_type="dr_grpo"), "loss_type"),
+])  # fmt: skip
+def test_a_loss_setting_read_on_one_side_only_is_not_listed_beside_the_setting_deciding_it(tmp_path, base, change,
+                                                                                          setting):
+    """A change of beta or loss_type adds or removes a loss setting: the refusal names that change, not the loss
+    setting as None on the side that does not read it."""
+    saved, current = settings_of(tmp_path, **base), settings_of(tmp_path, **{**base, **change})
+    assert set(saved) ^ set(current) <= set(resume.LOSS_SETTINGS) and set(saved) != set(current)
+    path = marked(tmp_path, {"format": resume.MARKER_FORMAT, "global_step": 3, "settings": saved})
+    assert named(refusal(path, current)) == [setting]
 
 
 def test_loss_settings_name_those_that_act():

@@ -45,6 +45,7 @@ import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 from transformers import TrainerCallback
@@ -128,6 +129,14 @@ def loss_settings(args) -> tuple[str, ...]:
     normaliser = ("max_completion_length",) if args.loss_type == "dr_grpo" else ()
     return (*kl, "off_policy_mask_threshold", "top_entropy_quantile", "entropy_coef", "use_adaptive_entropy",
             "router_aux_loss_coef", *normaliser)  # fmt: skip
+
+
+def loss_settings_read(settings: dict) -> tuple[str, ...]:
+    """`loss_settings` of the run whose `run_settings` are `settings`; all of `LOSS_SETTINGS` where they do not
+    hold what decides it (beta, loss_type)."""
+    if "beta" not in settings or "loss_type" not in settings:
+        return LOSS_SETTINGS
+    return loss_settings(SimpleNamespace(beta=settings["beta"], loss_type=settings["loss_type"]))
 
 
 def resolved_padding_free(padding_free: bool | None, dynamic: bool, packed: bool | None) -> bool | None:
@@ -283,6 +292,8 @@ def check_resumable(path: str, current: dict, requested_padding_free: bool | Non
     saved, current = update_path_settings(marker, current, requested_padding_free)
     # A setting first recorded by a later marker format is compared on neither side (RECORDED_FROM).
     unrecorded = {name for since, names in RECORDED_FROM if marker.get("format", 1) < since for name in names}
+    # A loss setting one side does not read follows a beta or loss_type that differs, which is named instead.
+    unrecorded |= set(loss_settings_read(saved)) ^ set(loss_settings_read(current))
     saved, current = ({name: value for name, value in side.items() if name not in unrecorded}
                       for side in (saved, current))  # fmt: skip
     # An objective setting the checkpoint's settings did not record (read by that objective in a later version, e.g.
