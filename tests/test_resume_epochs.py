@@ -129,6 +129,16 @@ def test_checkpoints_hold_no_second_copy_of_the_entropy_state(epochs_full):
     assert resume.decode(state["entropy_coef"]) == pytest.approx(0.05 + 5 * 0.05)  # below target: +delta per step
 
 
+def test_the_marker_records_the_entropy_coefficient_passed_not_the_one_the_controller_moved(epochs_full):
+    """The command that started the run resumes it: the marker compares entropy_coef as passed, while the
+    coefficient the controller moved to is restored from the generation state."""
+    checkpoint = os.path.join(epochs_full.args.output_dir, "checkpoint-5")
+    state = torch.load(os.path.join(checkpoint, "dhpo_generation_state_rank0.pt"), weights_only=True)
+    assert resume.decode(state["entropy_coef"]) != pytest.approx(EPOCHS["entropy_coef"])
+    assert resume.read_marker(checkpoint)["settings"]["entropy_coef"] == EPOCHS["entropy_coef"]
+    resume.check_resumable(checkpoint, resume.run_settings(epochs_full.args, 1, epochs_full._update.padding_free))
+
+
 def test_the_loss_accumulators_are_in_the_checkpoint(epochs_full):
     """At step 5 the last log was step 3: the accumulated loss holds steps 4 and 5, the total the loss logged at 3."""
     state = torch.load(os.path.join(epochs_full.args.output_dir, "checkpoint-5", "dhpo_generation_state_rank0.pt"),
