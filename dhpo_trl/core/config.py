@@ -564,7 +564,7 @@ def check_trl_run_fields(config) -> None:
                          "or 'none'.")  # fmt: skip
 
 
-def check_seed(seed, processes: int = 1) -> None:
+def check_seed(seed, processes: int) -> None:
     """TRL's trainer seeds numpy once the model has loaded (accelerate's `set_seed`), on each of `processes` with
     `seed` plus its rank: refuse here what numpy refuses there."""
     top = SEED_MAX - (processes - 1)
