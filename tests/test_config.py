@@ -194,7 +194,8 @@ def test_a_seed_some_rank_would_push_past_numpys_limit_is_refused(tmp_path, monk
 # TRL settings that TRL accepts at construction and fails on (or divides by) only once training runs.
 FAILS_MID_RUN = [
     ("num_iterations", 0), ("num_iterations", 1.5), ("steps_per_generation", 0), ("max_completion_length", 0),
-    ("temperature", 0.0), ("temperature", -0.7), ("scale_rewards", "sometimes"),
+    ("temperature", 0.0), ("temperature", -0.7), ("temperature", float("inf")), ("temperature", float("nan")),
+    ("scale_rewards", "sometimes"),
 ]  # fmt: skip
 
 
