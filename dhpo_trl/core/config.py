@@ -495,9 +495,7 @@ class DHPOConfig(GRPOConfig):
                 "dynamic_batching=True, or drop max_tokens_per_micro_batch."
             )
         reason = trl_batching_reason(self) if self.dynamic_batching is not False else None
-        requested = {"dynamic_batching": self.dynamic_batching is True, "padding_free": self.padding_free is True,
-                     "share_prompts": self.share_prompts, "max_tokens_per_micro_batch": budget is not None}  # fmt: skip
-        for name in (name for name, asked in requested.items() if asked and reason):
+        for name in (name for name, asked in planning_requested(self).items() if asked and reason):
             raise ValueError(
                 f"DHPOConfig.{name}={getattr(self, name)!r} needs dynamic batching, which cannot serve this run: "
                 f"{reason}. Leave {name} at its default (TRL's batching for this run), or change that setting."
@@ -530,6 +528,14 @@ class DHPOConfig(GRPOConfig):
                 "several optimizer steps per generation batch (steps_per_generation or num_iterations), or set "
                 "routing_replay='none'."
             )
+
+
+def planning_requested(config) -> dict[str, bool]:
+    """The settings that explicitly ask for planned micro-batches (dynamic batching or packing), and whether each is
+    set: where planning cannot act, each set one is refused by name."""
+    return {"dynamic_batching": config.dynamic_batching is True, "padding_free": config.padding_free is True,
+            "share_prompts": bool(config.share_prompts),
+            "max_tokens_per_micro_batch": config.max_tokens_per_micro_batch is not None}  # fmt: skip
 
 
 def trl_batching_reason(config) -> str | None:
