@@ -119,9 +119,10 @@ def calling_the_tool_first(model, tokenizer):
     def generate(input_ids=None, attention_mask=None, **kwargs):
         if any("<tool_response>" in text for text in tokenizer.batch_decode(input_ids)):
             return sample(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
-        calls = [tokenizer(f'<tool_call>\n{{"name": "multiply", "arguments": {{"a": {3 + row}, "b": {7 ** (row % 4)}}}}}'
-                           "\n</tool_call><|im_end|>", add_special_tokens=False)["input_ids"]
+        texts = [f'{{"name": "multiply", "arguments": {{"a": {3 + row}, "b": {7 ** (row % 4)}}}}}'
                  for row in range(input_ids.size(0))]  # fmt: skip
+        calls = [tokenizer(f"<tool_call>\n{text}\n</tool_call><|im_end|>", add_special_tokens=False)["input_ids"]
+                 for text in texts]  # fmt: skip
         width = max(map(len, calls))
         calls = [call + [tokenizer.pad_token_id] * (width - len(call)) for call in calls]
         return torch.cat([input_ids, torch.tensor(calls)], dim=1)
