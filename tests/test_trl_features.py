@@ -3,6 +3,7 @@ off-policy (two optimizer steps per generation batch), parameters and logged met
 settings cannot act with the feature, the early refusal that names it.
 """
 
+import asyncio
 import string
 import warnings
 
@@ -10,13 +11,14 @@ import pytest
 import torch
 from datasets import Dataset
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForSequenceClassification
 from trl import GRPOConfig, GRPOTrainer
 from trl.chat_template_utils import qwen3_chat_template
+from trl.import_utils import is_liger_kernel_available
 from vlm_stand_in import build_model, build_processor, image_dataset
 
 from dhpo_trl import DHPOConfig, DHPOTrainer
-from dhpo_trl.demo.tiny import build_tiny_qwen3
+from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
 
 CPU = dict(use_cpu=True, bf16=False, report_to="none", seed=0, data_seed=0, save_strategy="no", logging_steps=1)
 # Two micro-batches per optimizer step, two optimizer steps per generation batch: step 2 is off-policy.
@@ -172,3 +174,113 @@ def test_tool_calling_trains_as_trls_on_every_path(tmp_path, trl_tool_run, path)
     assert logged(ours, "off_policy/abs_log_ratio")[1] > 1e-3
     assert (ours_change - trl_change).norm() <= 1e-5 * trl_change.norm()
     assert logged(ours, "loss") == pytest.approx(logged(trl, "loss"), abs=1e-6)
+
+
+# ------------------------------------------------------------------ rewards, evaluation, reference model, chat kwargs
+def digits_reward(completions, **kwargs):
+    """No reward (None) for every third sample: TRL counts it as NaN, left out of the mean."""
+    return [None if index % 3 == 0 else float(sum(c.isdigit() for c in str(completion)))
+            for index, completion in enumerate(completions)]  # fmt: skip
+
+
+async def async_length_reward(completions, **kwargs):
+    await asyncio.sleep(0)
+    return [float(len(str(completion)) % 3) for completion in completions]
+
+
+def reward_model():
+    """A tiny sequence classifier with a tokenizer of its own (another vocabulary than the policy's)."""
+    tokenizer = build_char_tokenizer(vocab_size=120)
+    torch.manual_seed(5)
+    config = Qwen3Config(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=8, num_labels=1,
+                         pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+    return Qwen3ForSequenceClassification(config), tokenizer
+
+
+THINKING = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}"
+            "{% if think is defined and think %}assistant, thinking:{% else %}assistant:{% endif %}{% endif %}")
+
+
+def text_trainer(trainer_cls, args, tmp_path, **kwargs):
+    """The tiny Qwen3 on arithmetic prompts (saved and passed by path when a reference model is built from it)."""
+    tokenizer = build_char_tokenizer()
+    tokenizer.chat_template = THINKING
+    model = build_tiny_qwen3(tokenizer, hidden_size=32, seed=0)
+    if args.beta:
+        model.save_pretrained(tmp_path / "model")
+        tokenizer.save_pretrained(tmp_path / "model")
+        model = str(tmp_path / "model")
+    prompts = [f"{'y' * (a % 4)}{a}*{a + 2}=" for a in range(8)]
+    if kwargs.pop("conversational", False):
+        prompts = [[{"role": "user", "content": prompt}] for prompt in prompts]
+    return trainer_cls(model=model, args=args, processing_class=tokenizer,
+                       train_dataset=Dataset.from_dict({"prompt": prompts}), **kwargs)  # fmt: skip
+
+
+def trl_and_ours(tmp_path, settings, **kwargs):
+    """The same run with `trl.GRPOTrainer` and `DHPOTrainer` (a GRPOConfig: TRL's objective, the default path)."""
+    run = dict(RUN, max_steps=4, max_completion_length=12, **settings, **CPU)
+    results = []
+    for name, trainer_cls in (("trl", GRPOTrainer), ("dhpo", DHPOTrainer)):
+        factory = dict(kwargs)
+        if "reward_funcs" in factory and callable(factory["reward_funcs"]):
+            factory.update(factory.pop("reward_funcs")())  # fresh reward models for each trainer
+        trainer = text_trainer(trainer_cls, GRPOConfig(str(tmp_path / name), **run), tmp_path / name, **factory)
+        results.append((train(trainer), trainer))
+    return results
+
+
+@pytest.mark.parametrize("aggregation", ["sum_then_normalize", "normalize_then_sum"])
+def test_a_reward_model_async_and_none_rewards_train_as_trls(tmp_path, aggregation):
+    """A reward model with its own tokenizer (`reward_processing_classes`), an async reward function and one that
+    returns None for some samples, weighted, under both of TRL's multi-reward aggregations."""
+
+    def rewards():
+        model, tokenizer = reward_model()
+        return dict(reward_funcs=[model, async_length_reward, digits_reward],
+                    reward_processing_classes=[tokenizer, None, None])  # fmt: skip
+
+    settings = dict(reward_weights=[1.0, 0.5, 2.0], multi_objective_aggregation=aggregation)
+    (trl_change, trl), (ours_change, ours) = trl_and_ours(tmp_path, settings, reward_funcs=rewards)
+    assert trl_change.norm() > 1e-2 and logged(ours, "off_policy/abs_log_ratio")[1] > 1e-3
+    assert (ours_change - trl_change).norm() <= 1e-5 * trl_change.norm()
+    for key in ("loss", "reward", "reward_std", "rewards/Qwen3ForSequenceClassification/mean",
+                "rewards/async_length_reward/mean", "rewards/digits_reward/mean"):  # fmt: skip
+        assert logged(ours, key) == pytest.approx(logged(trl, key), abs=1e-5), key
+
+
+def test_evaluation_kl_to_a_synced_reference_and_chat_template_kwargs_as_trls(tmp_path):
+    """`eval_dataset` with `eval_strategy="steps"` (TRL's eval metrics), `beta > 0` with `sync_ref_model` (the
+    reference mixed into the policy every 2 steps) and conversational prompts rendered with `chat_template_kwargs`."""
+    settings = dict(beta=0.1, sync_ref_model=True, ref_model_sync_steps=2, ref_model_mixup_alpha=0.5,
+                    chat_template_kwargs={"think": True}, eval_strategy="steps", eval_steps=2,
+                    per_device_eval_batch_size=4)  # fmt: skip
+    prompts = [[{"role": "user", "content": f"{a}+{a}="}] for a in range(4)]
+    (trl_change, trl), (ours_change, ours) = trl_and_ours(
+        tmp_path, settings, reward_funcs=[length_reward], conversational=True,
+        eval_dataset=Dataset.from_dict({"prompt": prompts}))  # fmt: skip
+    assert logged(ours, "off_policy/abs_log_ratio")[1] > 1e-3
+    assert (ours_change - trl_change).norm() <= 1e-5 * trl_change.norm()
+    rendered = ours.processing_class.decode(ours._buffered_inputs[0]["prompt_ids"][0])
+    assert rendered.endswith("assistant, thinking:")  # the kwarg reached the template
+    evaluations = [entry for entry in trl.state.log_history if "eval_loss" in entry]
+    assert len(evaluations) == 2
+    for key in [key for key in evaluations[0] if key.startswith("eval_") and not key.endswith(("runtime", "_second"))]:
+        assert logged(ours, key) == pytest.approx(logged(trl, key), abs=1e-5), key
+    for key in ("loss", "reward"):  # `kl` and `entropy`: per-micro-batch means, which the default path regroups
+        assert logged(ours, key) == pytest.approx(logged(trl, key), abs=1e-5), key
+
+
+@pytest.mark.skipif(is_liger_kernel_available(), reason="checks the run without liger-kernel")
+def test_liger_kernel_without_liger_installed_fails_as_trls(tmp_path):
+    """`use_liger_kernel=True` without liger-kernel: both trainers stop when training starts, with transformers'
+    ImportError naming the package (TRL 1.16 applies only liger's layer kernels, and deprecates the setting)."""
+    messages = []
+    for name, trainer_cls in (("trl", GRPOTrainer), ("dhpo", DHPOTrainer)):
+        args = GRPOConfig(str(tmp_path / name), use_liger_kernel=True, **dict(RUN, max_completion_length=8), **CPU)
+        trainer = text_trainer(trainer_cls, args, tmp_path / name, reward_funcs=[length_reward])
+        with pytest.raises(ImportError, match="liger-kernel") as error:
+            train(trainer)
+        messages.append(str(error.value))
+    assert messages[0] == messages[1]
