@@ -284,3 +284,47 @@ def test_liger_kernel_without_liger_installed_fails_as_trls(tmp_path):
             train(trainer)
         messages.append(str(error.value))
     assert messages[0] == messages[1]
+
+
+class Calculator:
+    """A TRL environment (`environment_factory`): its method is the tool, and it owns the reward."""
+
+    def reset(self, **kwargs):
+        self.product = 0
+
+    def multiply(self, a: int, b: int) -> int:
+        """
+        Multiplies two integers.
+
+        Args:
+            a: The first integer.
+            b: The second integer.
+
+        Returns:
+            The product.
+        """
+        self.product = a * b
+        return self.product
+
+    def get_reward(self) -> float:
+        return float(self.product % 5)
+
+
+def test_an_environment_that_owns_tools_and_reward_trains_as_trls(tmp_path):
+    """`environment_factory` with no reward function: TRL runs the environment's method as the tool and scores each
+    rollout with its `get_reward`; the default path's off-policy update is TRL's."""
+    changes = []
+    for name, trainer_cls in (("trl", GRPOTrainer), ("dhpo", DHPOTrainer)):
+        tokenizer = qwen3_tokenizer()
+        model = build_tiny_qwen3(tokenizer, hidden_size=32, seed=0, max_position_embeddings=1024)
+        calling_the_tool_first(model, tokenizer)
+        prompts = [[{"role": "user", "content": "x" * (1 + index % 3)}] for index in range(4)]
+        trainer = trainer_cls(model=model, reward_funcs=None, args=GRPOConfig(str(tmp_path / name), **TOOL_RUN),
+                              processing_class=tokenizer, train_dataset=Dataset.from_dict({"prompt": prompts}),
+                              environment_factory=Calculator)  # fmt: skip
+        changes.append((train(trainer), trainer))
+    (trl_change, trl), (ours_change, ours) = changes
+    assert logged(ours, "tools/call_frequency")[0] == 1.0 and logged(ours, "rewards/Calculator/std")[0] > 0
+    assert logged(ours, "off_policy/abs_log_ratio")[1] > 1e-3
+    assert (ours_change - trl_change).norm() <= 1e-5 * trl_change.norm()
+    assert logged(ours, "reward") == pytest.approx(logged(trl, "reward"), abs=1e-6)
