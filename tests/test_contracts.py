@@ -8,6 +8,7 @@ offending value (`<setting>=<value>`).
 Sources (grep `raise ValueError`, `raise TypeError`, `warnings.warn`): dhpo_trl/core/config.py (every branch of
 `_validate_dhpo_fields`, `_refuse_settings_without_effect`, `_validate_batching`, `_warn_if_on_policy`),
 dhpo_trl/training/trainer.py (`args` type; the multimodal dynamic-batching notice is covered by test_trainer_paths.py;
+the explicit planned batching refused with a vision-language processor: dhpo_trl/training/update_path.py;
 `_aggregate`'s loss_type branch is unreachable past the config), dhpo_trl/core/objectives.py, dhpo_trl/core/losses.py and
 dhpo_trl/user_errors.py.
 """
@@ -23,6 +24,7 @@ from dhpo_trl import DHPOConfig, DHPOTrainer
 from dhpo_trl.core import losses
 from dhpo_trl.core.objectives import get_objective
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
+from dhpo_trl.training import update_path
 from dhpo_trl.user_errors import check_model_path, make_folder
 
 CPU = dict(use_cpu=True, bf16=False, report_to="none")
@@ -112,10 +114,14 @@ CONTRACTS = {
                          (("config", dict(dynamic_batching=True, loss_type="bnpo")), ["loss_type", "dapo"]),
                          (("validate", dict(dynamic_batching=True, loss_type="bnpo")), ["loss_type"]),
                          (("config", dict(dynamic_batching=True, gradient_accumulation_steps=2,
-                                          steps_per_generation=3)), ["steps_per_generation"])],
-    "padding_free": [(("config", dict(padding_free=True, loss_type="bnpo")), ["loss_type"])],
+                                          steps_per_generation=3)), ["steps_per_generation"]),
+                         (("call", lambda: _with_a_vision_processor(dynamic_batching=True)), ["ImageOnlyProcessor"])],
+    "padding_free": [(("config", dict(padding_free=True, loss_type="bnpo")), ["loss_type"]),
+                     (("call", lambda: _with_a_vision_processor(padding_free=True)), ["dynamic_batching=False"])],
     "share_prompts": [(("config", dict(share_prompts=True, gradient_accumulation_steps=2, steps_per_generation=3)),
-                       ["steps_per_generation"])],
+                       ["steps_per_generation"]),
+                      (("call", lambda: _with_a_vision_processor(padding_free=True, share_prompts=True)),
+                       ["dynamic_batching=False"])],
     "max_tokens_per_micro_batch": [
         (("config", dict(max_tokens_per_micro_batch=0)), ["0"]),
         (("config", dict(max_tokens_per_micro_batch=True)), ["True"]),
@@ -125,6 +131,7 @@ CONTRACTS = {
         (("config", dict(dynamic_batching=False, max_tokens_per_micro_batch=5)), ["dynamic_batching"]),
         (("config", dict(max_tokens_per_micro_batch=64, loss_type="bnpo")), ["loss_type"]),
         (("validate", dict(max_tokens_per_micro_batch=0)), ["0"]),
+        (("call", lambda: _with_a_vision_processor(max_tokens_per_micro_batch=512)), ["dynamic_batching=False"]),
     ],
     "steps_per_generation": [
         (("warn", dict(gradient_accumulation_steps=2, steps_per_generation=2)),
@@ -147,6 +154,14 @@ def _grpo_config_trainer():
     DHPOTrainer(build_tiny_qwen3(tokenizer, hidden_size=16, num_layers=1),
                 lambda completions, **kw: [0.0] * len(completions),
                 args=TrainingArguments("/tmp/unused", **CPU), processing_class=tokenizer)  # fmt: skip
+
+
+def _with_a_vision_processor(**settings):
+    """The planned batching asked for with a vision-language processing class, whose batches keep TRL's."""
+    from vlm_stand_in import build_processor
+
+    args = DHPOConfig("/tmp/unused", **CPU, **OFF_POLICY, **settings)
+    update_path.refuse_multimodal_planning(args, build_processor())
 
 
 CASES = [(setting, trigger, names) for setting, cases in CONTRACTS.items() for trigger, names in cases]

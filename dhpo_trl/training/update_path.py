@@ -109,12 +109,13 @@ def refuse_multimodal_planning(args, processing_class) -> None:
     """A `ProcessorMixin` processing class makes TRL treat the model as vision-language: its batches carry image
     inputs (`batching.UNSUPPORTED_KEYS`; Qwen-VL's `mm_token_type_ids` even without an image), which keep TRL's
     micro-batches. An explicit request for planned ones could not act, so it is refused."""
-    processor = type(processing_class).__name__ if isinstance(processing_class, ProcessorMixin) else None
-    for name, asked in planning_requested(args).items() if processor else ():
-        if asked:
-            raise ValueError(f"DHPOConfig.{name}={getattr(args, name)!r} cannot act with the vision-language "
-                             f"processor {processor}: its batches carry image inputs, which keep TRL's micro-batches. "
-                             f"Leave {name} at its default, or set dynamic_batching=False.")  # fmt: skip
+    if not isinstance(processing_class, ProcessorMixin):
+        return
+    asked = [f"{name}={getattr(args, name)!r}" for name, wanted in planning_requested(args).items() if wanted]
+    if asked:
+        raise ValueError(f"DHPOConfig.{', '.join(asked)} cannot act with the vision-language processor "
+                         f"{type(processing_class).__name__}: its batches carry image inputs, which keep TRL's "
+                         "micro-batches. Leave these settings at their defaults, or set dynamic_batching=False.")
 
 
 def choose(padding_free: bool | None, share_prompts: bool, dynamic_batching: bool | None, models: dict,
