@@ -153,8 +153,9 @@ def trl_tool_run(tmp_path_factory):
 
 
 @pytest.mark.parametrize("path", [dict(dynamic_batching=False), dict(padding_free=False), dict(padding_free=True),
-                                  dict(padding_free=True, max_tokens_per_micro_batch=160)],
-                         ids=["trl_batching", "dynamic", "packed", "packed_budget"])  # fmt: skip
+                                  dict(padding_free=True, max_tokens_per_micro_batch=160),
+                                  dict(padding_free=True, share_prompts=True)],
+                         ids=["trl_batching", "dynamic", "packed", "packed_budget", "shared_prompts"])  # fmt: skip
 def test_tool_calling_trains_as_trls_on_every_path(tmp_path, trl_tool_run, path):
     """`tools=[...]`: TRL runs the tool and appends its result to the completion, masked out of the loss by its
     `tool_mask`. On every path the off-policy update is TRL's (the tool result tokens carry no gradient)."""
