@@ -163,8 +163,8 @@ class DHPOConfig(GRPOConfig):
             normalisers). A model whose attention cannot be confined to a packed sequence (linear-attention or
             state-space layers, sliding windows or logit soft-capping without flash attention, an attention that
             bypasses `AttentionInterface`) is refused when the trainer is built with `True` (kept on dynamic
-            batching, one line, with `None`); multimodal batches keep TRL's micro-batches (one warning), and `True` with a
-            vision-language processor is refused.
+            batching, one line, with `None`); multimodal batches keep TRL's micro-batches (one warning), and `True`
+            with a vision-language processor is refused.
         share_prompts (`bool`, *optional*, defaults to `False`):
             With `padding_free`: sequences of one packed row whose attended prompt tokens are identical (a GRPO
             group's completions) carry their prompt once. The row holds the prompt minus its last token, then, for each
