@@ -50,6 +50,16 @@ sys.path[:0] = [{repo!r}]
 import dhpo_trl.demo.cell_pool as cell_pool_module
 from dhpo_trl.demo.cell_pool import POLL_SECONDS, CellExited, cell_pool, reported
 
+if __name__ == "__mp_main__":  # a pool's worker, importing this script as it starts: it fails before it reports
+    if sys.argv[2] == "import fails":  # a module that only the spawned worker imports, missing
+        import a_module_missing_in_the_worker
+    elif sys.argv[2] == "killed starting":  # the OOM killer, as a worker imports torch
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif sys.argv[2] == "initializer raises":
+        def refuse(started):
+            raise OSError("the worker's setup failed")
+        cell_pool_module.report_worker = refuse  # the initializer the pool unpickles in the worker
+
 
 def stop_gracefully(folder):
     # A cell's side of a stop: SIGTERM only asks, the task returns and the worker waits for the next task.
@@ -126,6 +136,9 @@ def block(folder, case):
                     print("exited", name)
             lost = time.monotonic()
             pool.starmap(parse_help, [(folder, "cell-7")])
+        elif case in ("import fails", "killed starting", "initializer raises"):  # every worker, each replacement too
+            lost = time.monotonic()
+            pool.map(abs, [-1, 2], chunksize=1)
         else:  # a worker killed (SIGKILL) or ended (exit status 0) in a task, which `Pool.map` waits for forever
             if case == "exit 0":
                 pool.apply_async(stop_gracefully, (folder,))
@@ -176,9 +189,10 @@ def _marked(marker: str) -> list[int]:
     return [pid for pid in found if _alive(pid)]
 
 
-def _drive(tmp_path, case: str, *flags: str) -> tuple[int, str, str, list[int]]:
+def _drive(tmp_path, case: str, *flags: str, timeout: float = 240) -> tuple[int, str, str, list[int]]:
     """Run the driver's `case` with the command-line `flags`; (its exit status, stdout, stderr, the pids of the workers
-    that ran a task). Asserts that no process it started outlives it."""
+    that ran a task). Asserts that no process it started outlives it; a driver still running after `timeout` seconds
+    (a hang) fails, its process tree killed."""
     driver, folder = tmp_path / "driver.py", tmp_path / "started"
     driver.write_text(DRIVER.format(repo=str(REPO)))
     folder.mkdir()
@@ -187,7 +201,7 @@ def _drive(tmp_path, case: str, *flags: str) -> tuple[int, str, str, list[int]]:
     pool = processes.popen([sys.executable, str(driver), str(folder), case, *flags], stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
     try:
-        stdout, stderr = pool.communicate(timeout=240)  # a stop that waits for a worker never ends
+        stdout, stderr = pool.communicate(timeout=timeout)  # a stop that waits for a worker never ends
         left = time.monotonic() + 10  # the bystander's SIGKILL lands asynchronously
         while _marked(marker) and time.monotonic() < left:
             time.sleep(0.1)
@@ -233,11 +247,31 @@ def test_a_cell_lost_in_a_task_ends_the_block_on_one_line_with_status_1(tmp_path
     else:
         lost = [sorted(workers)[0]] if case == "death" else workers  # the pid killed; either cell's for exit 0
         exitcode = -signal.SIGKILL if case == "death" else 0
-        # The workers are the driver's second and third processes (the bystander is its first).
-        died = [death_message(f"SpawnPoolWorker-{n}", pid, code) for n in (2, 3) for pid in lost
-                for code in (exitcode, None)]  # fmt: skip
-        # Its exit status, or unknown when the pool reaped it before the watchdog saw it.
+        # The workers are the driver's second and third processes (the bystander is its first); its exit status is
+        # known also when the pool reaped it before the watchdog looked.
+        died = [death_message(f"SpawnPoolWorker-{n}", pid, exitcode) for n in (2, 3) for pid in lost]
         assert lines[0].removeprefix("[driver] ") in died, lines
+
+
+@pytest.mark.parametrize(
+    ("case", "exitcode"), [("import fails", 1), ("killed starting", -signal.SIGKILL), ("initializer raises", 1)]
+)
+def test_a_worker_that_dies_before_it_reports_ends_the_block_on_one_line_with_status_1(tmp_path, case, exitcode):
+    """Every worker fails as it starts, before its report, and so would each replacement the pool makes for it: an
+    import of the main script that fails in the spawned worker only, a SIGKILL as it imports (the OOM killer), the
+    pool's initializer raising. The block ends within seconds, not by the timeout (the pool would replace its
+    workers forever), with one line from `reported` saying that a worker died while it started, with its exit status
+    or signal, and status 1; no worker is left and no cell ran."""
+    status, stdout, stderr, workers = _drive(tmp_path, case, timeout=60)
+    lines = [line for line in stderr.splitlines() if line.startswith("[driver] ")]
+    assert status == 1 and len(lines) == 1, stderr  # 4: a bystander killed
+    assert 0 <= float(stdout.split()[-1]) < 30 and workers == [], (stdout, workers)
+    named = re.search(r" worker (SpawnPoolWorker-\d+) \(pid (\d+)\) ", lines[0])
+    assert named, lines
+    # Not a cell lost: what to fix before the rerun.
+    assert lines[0].removeprefix("[driver] ") == death_message(named[1], int(named[2]), exitcode, False), lines
+    if exitcode > 0:  # the worker's own traceback is above the line
+        assert ("ModuleNotFoundError" if case == "import fails" else "OSError: the worker's setup failed") in stderr
 
 
 def test_under_debug_a_cells_system_exit_shows_where_the_cell_raised_it(tmp_path):
@@ -330,24 +364,35 @@ def _reported_child(context, started, then):
     return child
 
 
-def test_the_watchdog_reports_a_reported_worker_that_died_and_nothing_else():
-    """`Watchdog.check` (its polls, called directly): a reported worker that lives is no death; one that ended is,
-    with its exit status 0 or its signal, also when the pool reaped it before any poll saw it (status unknown); a child
-    that never reported is none of the pool's."""
+def test_the_watchdog_reports_the_first_worker_that_died_reported_or_not_and_nothing_else():
+    """`Watchdog.check` (its polls, called directly) on the workers a pool made (`workers`): one that lives, or is
+    not started yet, is no death; one that ended is, with its exit status 0 or its signal, also when the pool reaped
+    it before any poll saw it, and said to have died while it started when it never reported (its import, its
+    initializer or a kill as it started); a child that is none of the pool's workers is left out, whatever its end."""
     context = multiprocessing.get_context("fork")
     main, children = threading.main_thread().ident, []
     try:
-        for then, kill, seen_first, expected in [
-            (lambda: time.sleep(0.3), False, True, 0),  # ends with exit status 0: no worker ends in the block
-            (lambda: time.sleep(60), False, True, None),  # lives
-            (lambda: time.sleep(60), True, True, -signal.SIGKILL),  # killed after a poll saw it
-            (lambda: time.sleep(60), True, False, "unknown"),  # killed and reaped before any poll
+        for then, reports, kill, seen_first, expected in [
+            (lambda: time.sleep(0.3), True, False, True, 0),  # ends with exit status 0: no worker ends in the block
+            (lambda: time.sleep(60), True, False, True, None),  # lives
+            (lambda: time.sleep(60), True, True, True, -signal.SIGKILL),  # killed after a poll saw it
+            (lambda: time.sleep(60), True, True, False, -signal.SIGKILL),  # killed and reaped before any poll
+            (lambda: os._exit(1), False, False, False, 1),  # its import or initializer failed: it never reported
+            (lambda: time.sleep(60), False, True, True, -signal.SIGKILL),  # killed as it started
+            (lambda: time.sleep(60), False, False, True, None),  # starting
         ]:  # fmt: skip
             started = context.SimpleQueue()
-            watchdog = Watchdog(started, main)  # not started: its polls are the calls below
-            bystander = context.Process(target=lambda: os._exit(1), daemon=True)  # an unreported child that fails
+            unstarted = context.Process(target=time.sleep, args=(60,), daemon=True)  # made, not started: no pid
+            workers = [unstarted]
+            watchdog = Watchdog(started, workers, main)  # not started: its polls are the calls below
+            bystander = context.Process(target=lambda: os._exit(1), daemon=True)  # a child of no pool that fails
             bystander.start()
-            child = _reported_child(context, started, then)
+            if reports:
+                child = _reported_child(context, started, then)
+            else:
+                child = context.Process(target=then, daemon=True)
+                child.start()
+            workers.append(child)  # after the one not started: the first worker that ended is reported
             children += [child, bystander]
             if seen_first:
                 assert watchdog.check() is None
@@ -358,10 +403,10 @@ def test_the_watchdog_reports_a_reported_worker_that_died_and_nothing_else():
             bystander.join(10)
             if not seen_first:
                 multiprocessing.active_children()  # reaps the child, as the pool's own thread does
-            exitcode = None if expected == "unknown" else expected
             death = watchdog.check()
-            assert death == (None if expected is None else death_message(child.name, child.pid, exitcode)), death
-            assert watchdog.reported == {(child.pid, child.name)}
+            wanted = None if expected is None else death_message(child.name, child.pid, expected, reports)
+            assert death == wanted, death
+            assert watchdog.reported == ({(child.pid, child.name)} if reports else set())
             started.close()
     finally:
         for child in children:
@@ -370,13 +415,19 @@ def test_the_watchdog_reports_a_reported_worker_that_died_and_nothing_else():
 
 
 def test_a_death_names_the_worker_and_how_it_ended():
-    """`death_message`: the worker's name and pid, then its signal (by name, by number for a real-time one), its exit
-    status, or that it is unknown."""
+    """`death_message`: the worker's name and pid, then its signal (by name, by number for a real-time one) or its
+    exit status; for a worker that died while it started, what to fix before the rerun: its traceback for an exit
+    status, memory for a kill."""
     realtime = signal.SIGRTMIN + 2
     for exitcode, named in [(-signal.SIGKILL, "signal SIGKILL"), (-realtime, f"signal {realtime}"),
-                            (0, "exit status 0"), (1, "exit status 1"), (None, "exit status unknown")]:  # fmt: skip
-        message = death_message("SpawnPoolWorker-3", 4321, exitcode)
-        assert "SpawnPoolWorker-3 (pid 4321)" in message and f"({named})" in message and "\n" not in message, message
+                            (0, "exit status 0"), (1, "exit status 1")]:  # fmt: skip
+        for ready in (True, False):
+            message = death_message("SpawnPoolWorker-3", 4321, exitcode, ready)
+            assert "SpawnPoolWorker-3 (pid 4321)" in message and f"({named})" in message, message
+            assert "\n" not in message and "rerun the same command" in message, message
+            assert ("cell it ran" in message) == ready, message  # a cell lost only once the worker was ready
+            if not ready:  # what to fix first: the worker's traceback, or the memory that a kill as it started says
+                assert ("memory" in message, "traceback" in message) == (exitcode < 0, exitcode >= 0), message
 
 
 def _raise(error: BaseException):
@@ -454,23 +505,28 @@ def test_the_watchdog_thread_has_the_main_thread_take_a_death_once(monkeypatch):
     try:
         started = context.SimpleQueue()
         queues.append(started)
-        watchdog = Watchdog(started, main)
+        workers = []
+        watchdog = Watchdog(started, workers, main)
         signal.signal(signal.SIGCHLD, lambda signum, frame: taken.append(watchdog.take_death()))
         assert watchdog.take_death() is None  # a stray SIGCHLD
         child = _reported_child(context, started, lambda: time.sleep(0.3))  # ends with exit status 0
         children.append(child)
+        workers.append(child)
         watchdog.start()
         watchdog.join(20)  # the main thread waits on a lock, as `Pool.map` does: the signal reaches it there
         died = [death for death in taken if death is not None]  # the child's own SIGCHLD takes nothing
         assert not watchdog.is_alive() and len(died) == 1, taken
-        assert died[0] in [death_message(child.name, child.pid, code) for code in (0, None)], died
+        assert died == [death_message(child.name, child.pid, 0)], died
         assert watchdog.take_death() is None  # once
 
-        # A report of a process that is no child: a worker the pool reaped before any poll, a death at the first.
+        # A worker that ended, unreported, before the first poll: a death at the first.
         started = context.SimpleQueue()
         queues.append(started)
-        watchdog, taken[:] = Watchdog(started, main), []
-        started.put((os.getpid(), "SpawnPoolWorker-9"))
+        child = context.Process(target=os._exit, args=(1,), daemon=True)
+        child.start()
+        child.join(10)
+        children.append(child)
+        watchdog, taken[:] = Watchdog(started, [child], main), []
         signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])  # the signal waits, as for a main thread busy
         try:
             watchdog.start()
