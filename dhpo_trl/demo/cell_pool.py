@@ -291,8 +291,8 @@ class Watchdog(threading.Thread):
 
     def check(self) -> str | None:
         """The report of the first worker that died, or None. Its `Process` keeps its exit status whichever thread
-        reaped it (the pool's does), and a worker not yet started has no pid."""
-        ended = [(process, process.exitcode) for process in list(self.workers) if process.pid is not None]
+        reaped it (the pool's does); one not started yet has none."""
+        ended = [(process, process.exitcode) for process in list(self.workers)]
         ended = [(process, exitcode) for process, exitcode in ended if exitcode is not None]
         # After the ends: a worker that reported had its report in the queue's pipe before it ended.
         drain(self.started, self.reported)
