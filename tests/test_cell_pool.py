@@ -1,8 +1,10 @@
 """`dhpo_trl.demo.cell_pool`: an error in the block ends every worker of the pool, a replacement for a worker that
-ended included, even those that took the pool's SIGTERM as a graceful stop (as `run_embedded` does), and the block
-does not hang on them; another child of the main process is left alone. A cell lost in a task (its worker SIGKILLed,
-its `os._exit(0)`, its `SystemExit(0)`) ends the block with one line from `reported` and status 1 instead of a
-`Pool.map` that waits forever; the pool's own SIGTERMs at the end are no death; `close` and `terminate` are refused.
+ended included, even those that took the pool's SIGTERM as a graceful stop (as `run_embedded` does), and the block does
+not hang on them; another child of the main process is left alone. A cell lost in a task (its worker SIGKILLed, its
+`os._exit(0)`, its `SystemExit(0)`) ends the block with one line from `reported` and status 1 instead of a `Pool.map`
+that waits forever, and so does a worker that dies as it starts, before it reports (its import of the driver failing in
+the worker only, a SIGKILL, its initializer raising), instead of a pool that replaces it forever; the pool's own
+SIGTERMs at the end are no death; `close` and `terminate` are refused.
 
 The pool runs in a driver script of its own (the spawned workers import it, as `__mp_main__`, for the task), so a
 hanging stop fails this test by its timeout instead of hanging pytest. Two workers: one to end (or die, or lose its
