@@ -145,7 +145,7 @@ def block(folder, case):
             if case == "exit 0":
                 pool.apply_async(stop_gracefully, (folder,))
                 wait_for(folder, 1)
-                time.sleep(3 * POLL_SECONDS)  # the watchdog saw both workers: the exit status it reads is 0
+                time.sleep(3 * POLL_SECONDS)  # the watchdog polled both workers alive before the cell ends one
                 lost = time.monotonic()
                 result = pool.imap_unordered(exit_zero, [folder])
             else:
