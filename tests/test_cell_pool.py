@@ -138,6 +138,16 @@ def block(folder, case):
                     print("exited", name)
             lost = time.monotonic()
             pool.starmap(parse_help, [(folder, "cell-7")])
+        elif case == "idle death":  # a worker killed as it waits for a task, holding the task queue's lock
+            result = pool.apply_async(stop_gracefully, (folder,))
+            wait_for(folder, 1)
+            time.sleep(3 * POLL_SECONDS)  # the other worker waits for a task
+            busy = int(os.listdir(folder)[0])
+            idle = [child for child in multiprocessing.active_children()
+                    if "PoolWorker" in child.name and child.pid != busy]  # fmt: skip
+            lost = time.monotonic()
+            os.kill(idle[0].pid, signal.SIGKILL)
+            result.get()
         elif case in ("import fails", "killed starting", "initializer raises"):  # every worker, each replacement too
             lost = time.monotonic()
             pool.map(abs, [-1, 2], chunksize=1)
@@ -230,27 +240,31 @@ def test_a_block_that_ends_normally_keeps_its_results_and_leaves_no_worker(tmp_p
     assert stdout.split("\n")[:5] == ["[2, 3]", *refused, "[4]"], stdout
 
 
-@pytest.mark.parametrize("case", ["death", "exit 0", "system exit"])
+@pytest.mark.parametrize("case", ["death", "idle death", "exit 0", "system exit"])
 def test_a_cell_lost_in_a_task_ends_the_block_on_one_line_with_status_1(tmp_path, case):
-    """A worker SIGKILLed in a task, a cell's `os._exit(0)` (through `imap_unordered`) and its `SystemExit(0)`
-    (argparse's --help, through `starmap`): `reported` prints one line naming the worker, its exit status, or the cell
-    and what it raised, and returns 1 within seconds, not a `Pool.map` that waits forever; the other worker, in a
+    """A worker SIGKILLed in a task or as it waits for one (holding the lock of the pool's task queue, which the
+    pool's terminate takes), a cell's `os._exit(0)` (through `imap_unordered`) and its `SystemExit(0)` (argparse's
+    --help, through `starmap`): `reported` prints one line naming the worker, its exit status, or the cell and what it
+    raised, and returns 1 within seconds, not a `Pool.map` or a terminate that waits forever; the other worker, in a
     graceful task, is ended too. Before the last, the `SystemExit(0)` of a cell run each other way the pool has
     reaches the block as `CellExited`, its worker living on."""
     status, stdout, stderr, workers = _drive(tmp_path, case)
     lines = [line for line in stderr.splitlines() if line.startswith("[driver] ")]
     assert status == 1 and len(lines) == 1, stderr  # not a hang (the timeout) nor a traceback; 4: a bystander killed
     assert 0 <= float(stdout.split()[-1]) < 30  # from the loss to the block's end: a poll, the stop's grace, the joins
-    assert len(workers) == 2, workers
+    assert len(workers) == (1 if case == "idle death" else 2), workers
     if case == "system exit":
         exited = [line.removeprefix("exited ") for line in stdout.splitlines() if line.startswith("exited ")]
         assert exited == ["apply", "apply_async", "map", "map_async", "imap", "imap_unordered", "starmap_async"]
         assert "parse_help(" in lines[0] and "'cell-7'" in lines[0] and "SystemExit(0)" in lines[0], lines
     else:
-        lost = [sorted(workers)[0]] if case == "death" else workers  # the pid killed; either cell's for exit 0
-        exitcode = -signal.SIGKILL if case == "death" else 0
+        lost = {"death": [sorted(workers)[0]], "exit 0": workers}.get(case)  # the pid killed; either cell's for exit 0
+        exitcode = 0 if case == "exit 0" else -signal.SIGKILL
         # The workers are the driver's second and third processes (the bystander is its first); its exit status is
         # known also when the pool reaped it before the watchdog looked.
+        if lost is None:  # the idle worker: the one that ran no task
+            lost = [int(re.search(r"\(pid (\d+)\)", lines[0])[1])]
+            assert lost[0] not in workers, (lines, workers)
         died = [death_message(f"SpawnPoolWorker-{n}", pid, exitcode) for n in (2, 3) for pid in lost]
         assert lines[0].removeprefix("[driver] ") in died, lines
 
@@ -547,13 +561,17 @@ def test_the_watchdog_thread_has_the_main_thread_take_a_death_once(monkeypatch):
             started.close()
 
 
-def test_close_terminates_the_pool_and_kills_the_workers_its_terminate_waits_for():
+@pytest.mark.parametrize("ends", [True, False], ids=["terminate ends", "terminate waits for a dead worker's lock"])
+def test_close_terminates_the_pool_and_kills_the_workers_its_terminate_waits_for(ends):
     """`close`: the pool's `terminate` runs; after the grace, the workers still alive (one whose report was read
     before, one whose report is still on the queue) are SIGKILLed, so that a `terminate` waiting for them (as for
-    workers that took its SIGTERM as a graceful stop) returns; another child of this process is left alone."""
+    workers that took its SIGTERM as a graceful stop) returns, and `close` says it ended; one that waits for what no
+    kill ends (the task queue's lock, held by a worker killed as it waited for a task) is given up after a second
+    grace, and `close` says so (the pool is not to be joined). Another child of this process is left alone."""
     context = multiprocessing.get_context("fork")
     started = context.SimpleQueue()
-    children, terminated = [], []
+    children, terminated, ended = [], [], []
+    never = threading.Event()
     try:
         children.append(_reported_child(context, started, lambda: time.sleep(60)))
         reported = drain(started, set())  # read before, as the watchdog does
@@ -566,16 +584,19 @@ def test_close_terminates_the_pool_and_kills_the_workers_its_terminate_waits_for
                 terminated.append(True)
                 for worker in children[:2]:
                     worker.join()
+                if not ends:
+                    never.wait()
 
         begun = time.monotonic()
-        closer = threading.Thread(target=close, args=(Pool(), started, reported), kwargs={"grace": 0.3}, daemon=True)
+        closer = threading.Thread(target=lambda: ended.append(close(Pool(), started, reported, grace=0.3)), daemon=True)
         closer.start()
         closer.join(20)
-        assert not closer.is_alive() and terminated == [True]
-        assert time.monotonic() - begun >= 0.3  # the grace first
+        assert not closer.is_alive() and terminated == [True] and ended == [ends]
+        assert time.monotonic() - begun >= (0.3 if ends else 0.6)  # the grace first; the second one given up
         assert [worker.exitcode for worker in children] == [-signal.SIGKILL] * 2 and bystander.is_alive()
         children.append(bystander)
     finally:
+        never.set()
         for child in children:
             child.kill()
             child.join()

@@ -242,8 +242,8 @@ def cell_pool(workers: int) -> Iterator[CellPool]:
             # Also when a death found as the block ended is raised in `stop` (at most once: `take_death`).
             watchdog.join()  # the one reader of `started` until then
             restore()
-            close(pool, started, watchdog.reported)  # kills what a graceful stop or a cell would leave waiting
-            pool.join()
+            if close(pool, started, watchdog.reported):  # kills what a graceful stop or a cell would leave waiting
+                pool.join()
             started.close()
 
 
@@ -342,14 +342,22 @@ def close(
     started: multiprocessing.queues.SimpleQueue,
     reported: set[tuple[int, str]] | None = None,
     grace: float = GRACE_SECONDS,
-) -> None:
+) -> bool:
     """`pool.terminate()` in a thread; after `grace` seconds, SIGKILL for the pool's workers still alive (those that
     took its SIGTERM as a graceful stop and wait for a task), so that it returns. `started`: what the workers
-    put there through `report_worker`; `reported`: the reports read from it before."""
+    put there through `report_worker`; `reported`: the reports read from it before.
+
+    Returns whether the terminate ended within `grace` seconds more. It never does where a worker died while it waited
+    for a task (a SIGKILL to an idle worker): a waiting worker holds the lock of the pool's task queue, which the
+    terminate takes first, and without the rest of the terminate the pool's result thread waits for the lost task, so
+    `pool.join()` would wait forever too. The caller then leaves the pool as it is: its reported workers are dead
+    (a replacement still starting ends at the interpreter's exit, which terminates the daemonic children), and its
+    threads are daemons."""
     # The base class's terminate: `CellPool`'s is refused, to the block.
     closing = threading.Thread(target=multiprocessing.pool.Pool.terminate, args=(pool,), daemon=True)
     closing.start()
     closing.join(grace)
     for process in pool_workers(started, reported):
         process.kill()
-    closing.join()
+    closing.join(grace)  # the rest joins the pool's threads and dead workers, unless it waits for a dead one's lock
+    return not closing.is_alive()
