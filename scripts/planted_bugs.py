@@ -741,8 +741,8 @@ BUGS = {
             # Also when a death found as the block ended is raised in `stop` (at most once: `take_death`).
             watchdog.join()  # the one reader of `started` until then
             restore()
-            close(pool, started, watchdog.reported)  # kills what a graceful stop or a cell would leave waiting
-            pool.join()
+            if close(pool, started, watchdog.reported):  # kills what a graceful stop or a cell would leave waiting
+                pool.join()
             started.close()""",
         """        try:
             close(pool, started, watchdog.reported)  # kills what a graceful stop or a cell would leave waiting
@@ -754,6 +754,15 @@ BUGS = {
             started.close()""",
         ["tests/test_cell_pool.py::test_a_block_that_ends_normally_keeps_its_results_and_leaves_no_worker"],
         "the pool's own SIGTERMs at the end of the block are reported as a dead worker",
+    ),
+    "cell-pool-terminate-waits-for-a-dead-lock": (
+        "dhpo_trl/demo/cell_pool.py",
+        """    closing.join(grace)  # the rest joins the pool's threads and dead workers, unless it waits for a dead one's lock
+    return not closing.is_alive()""",
+        """    closing.join()
+    return True""",
+        ["tests/test_cell_pool.py::test_close_terminates_the_pool_and_kills_the_workers_its_terminate_waits_for"],
+        "a worker SIGKILLed as it waits for a task leaves the pool's terminate waiting for its lock: the study hangs",
     ),
     "cell-pool-cell-drops-its-name": (
         "dhpo_trl/demo/cell_pool.py",
