@@ -9,8 +9,9 @@ So here:
 * the first SIGTERM / SIGUSR1 to the main process raises `TrainingStopped` in it (a second one ends it at once);
 * whatever ends the block (that, a worker's `TrainingStopped`, a failing cell, a dead worker, its end) terminates the
   pool, and kills (SIGKILL) the workers still there after `GRACE_SECONDS`: a cell in progress is not saved either
-  way (`run_embedded` writes its summary last, atomically) and the same command reruns it. The block itself may not
-  close or terminate the pool (below).
+  way (`run_embedded` writes its summary last, atomically) and the same command reruns it. A terminate still running
+  `GRACE_SECONDS` after that waits for what no kill ends (`close`) and is left, the pool unjoined. The block itself
+  may not close or terminate the pool (below).
 
 The workers to kill are found without reading the pool's private state: the pool's initializer has each worker,
 a replacement for one that died included, put its pid and process name on a queue, and those pick the pool's workers
