@@ -1,8 +1,10 @@
 """`dhpo_trl.demo.cell_pool`: an error in the block ends every worker of the pool, a replacement for a worker that
-ended included, even those that took the pool's SIGTERM as a graceful stop (as `run_embedded` does), and the block
-does not hang on them; another child of the main process is left alone. A cell lost in a task (its worker SIGKILLed,
-its `os._exit(0)`, its `SystemExit(0)`) ends the block with one line from `reported` and status 1 instead of a
-`Pool.map` that waits forever; the pool's own SIGTERMs at the end are no death; `close` and `terminate` are refused.
+ended included, even those that took the pool's SIGTERM as a graceful stop (as `run_embedded` does), and the block does
+not hang on them; another child of the main process is left alone. A cell lost in a task (its worker SIGKILLed, its
+`os._exit(0)`, its `SystemExit(0)`) ends the block with one line from `reported` and status 1 instead of a `Pool.map`
+that waits forever, and so does a worker that dies as it starts, before it reports (its import of the driver failing in
+the worker only, a SIGKILL, its initializer raising), instead of a pool that replaces it forever; the pool's own
+SIGTERMs at the end are no death; `close` and `terminate` are refused.
 
 The pool runs in a driver script of its own (the spawned workers import it, as `__mp_main__`, for the task), so a
 hanging stop fails this test by its timeout instead of hanging pytest. Two workers: one to end (or die, or lose its
@@ -49,6 +51,16 @@ from pathlib import Path
 sys.path[:0] = [{repo!r}]
 import dhpo_trl.demo.cell_pool as cell_pool_module
 from dhpo_trl.demo.cell_pool import POLL_SECONDS, CellExited, cell_pool, reported
+
+if __name__ == "__mp_main__":  # a pool's worker, importing this script as it starts: it fails before it reports
+    if sys.argv[2] == "import fails":  # a module that only the spawned worker imports, missing
+        import a_module_missing_in_the_worker
+    elif sys.argv[2] == "killed starting":  # the OOM killer, as a worker imports torch
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif sys.argv[2] == "initializer raises":
+        def refuse(started):
+            raise OSError("the worker's setup failed")
+        cell_pool_module.report_worker = refuse  # the initializer the pool unpickles in the worker
 
 
 def stop_gracefully(folder):
@@ -126,11 +138,24 @@ def block(folder, case):
                     print("exited", name)
             lost = time.monotonic()
             pool.starmap(parse_help, [(folder, "cell-7")])
+        elif case == "idle death":  # a worker killed as it waits for a task, holding the task queue's lock
+            result = pool.apply_async(stop_gracefully, (folder,))
+            wait_for(folder, 1)
+            time.sleep(3 * POLL_SECONDS)  # the other worker waits for a task
+            busy = int(os.listdir(folder)[0])
+            idle = [child for child in multiprocessing.active_children()
+                    if "PoolWorker" in child.name and child.pid != busy]  # fmt: skip
+            lost = time.monotonic()
+            os.kill(idle[0].pid, signal.SIGKILL)
+            result.get()
+        elif case in ("import fails", "killed starting", "initializer raises"):  # every worker, each replacement too
+            lost = time.monotonic()
+            pool.map(abs, [-1, 2], chunksize=1)
         else:  # a worker killed (SIGKILL) or ended (exit status 0) in a task, which `Pool.map` waits for forever
             if case == "exit 0":
                 pool.apply_async(stop_gracefully, (folder,))
                 wait_for(folder, 1)
-                time.sleep(3 * POLL_SECONDS)  # the watchdog saw both workers: the exit status it reads is 0
+                time.sleep(3 * POLL_SECONDS)  # the watchdog polled both workers alive before the cell ends one
                 lost = time.monotonic()
                 result = pool.imap_unordered(exit_zero, [folder])
             else:
@@ -176,9 +201,10 @@ def _marked(marker: str) -> list[int]:
     return [pid for pid in found if _alive(pid)]
 
 
-def _drive(tmp_path, case: str, *flags: str) -> tuple[int, str, str, list[int]]:
+def _drive(tmp_path, case: str, *flags: str, timeout: float = 240) -> tuple[int, str, str, list[int]]:
     """Run the driver's `case` with the command-line `flags`; (its exit status, stdout, stderr, the pids of the workers
-    that ran a task). Asserts that no process it started outlives it."""
+    that ran a task). Asserts that no process it started outlives it; a driver still running after `timeout` seconds
+    (a hang) fails, its process tree killed."""
     driver, folder = tmp_path / "driver.py", tmp_path / "started"
     driver.write_text(DRIVER.format(repo=str(REPO)))
     folder.mkdir()
@@ -187,7 +213,7 @@ def _drive(tmp_path, case: str, *flags: str) -> tuple[int, str, str, list[int]]:
     pool = processes.popen([sys.executable, str(driver), str(folder), case, *flags], stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
     try:
-        stdout, stderr = pool.communicate(timeout=240)  # a stop that waits for a worker never ends
+        stdout, stderr = pool.communicate(timeout=timeout)  # a stop that waits for a worker never ends
         left = time.monotonic() + 10  # the bystander's SIGKILL lands asynchronously
         while _marked(marker) and time.monotonic() < left:
             time.sleep(0.1)
@@ -214,30 +240,54 @@ def test_a_block_that_ends_normally_keeps_its_results_and_leaves_no_worker(tmp_p
     assert stdout.split("\n")[:5] == ["[2, 3]", *refused, "[4]"], stdout
 
 
-@pytest.mark.parametrize("case", ["death", "exit 0", "system exit"])
+@pytest.mark.parametrize("case", ["death", "idle death", "exit 0", "system exit"])
 def test_a_cell_lost_in_a_task_ends_the_block_on_one_line_with_status_1(tmp_path, case):
-    """A worker SIGKILLed in a task, a cell's `os._exit(0)` (through `imap_unordered`) and its `SystemExit(0)`
-    (argparse's --help, through `starmap`): `reported` prints one line naming the worker, its exit status, or the cell
-    and what it raised, and returns 1 within seconds, not a `Pool.map` that waits forever; the other worker, in a
+    """A worker SIGKILLed in a task or as it waits for one (holding the lock of the pool's task queue, which the
+    pool's terminate takes), a cell's `os._exit(0)` (through `imap_unordered`) and its `SystemExit(0)` (argparse's
+    --help, through `starmap`): `reported` prints one line naming the worker, its exit status, or the cell and what it
+    raised, and returns 1 within seconds, not a `Pool.map` or a terminate that waits forever; the other worker, in a
     graceful task, is ended too. Before the last, the `SystemExit(0)` of a cell run each other way the pool has
     reaches the block as `CellExited`, its worker living on."""
     status, stdout, stderr, workers = _drive(tmp_path, case)
     lines = [line for line in stderr.splitlines() if line.startswith("[driver] ")]
     assert status == 1 and len(lines) == 1, stderr  # not a hang (the timeout) nor a traceback; 4: a bystander killed
     assert 0 <= float(stdout.split()[-1]) < 30  # from the loss to the block's end: a poll, the stop's grace, the joins
-    assert len(workers) == 2, workers
+    assert len(workers) == (1 if case == "idle death" else 2), workers
     if case == "system exit":
         exited = [line.removeprefix("exited ") for line in stdout.splitlines() if line.startswith("exited ")]
         assert exited == ["apply", "apply_async", "map", "map_async", "imap", "imap_unordered", "starmap_async"]
         assert "parse_help(" in lines[0] and "'cell-7'" in lines[0] and "SystemExit(0)" in lines[0], lines
     else:
-        lost = [sorted(workers)[0]] if case == "death" else workers  # the pid killed; either cell's for exit 0
-        exitcode = -signal.SIGKILL if case == "death" else 0
-        # The workers are the driver's second and third processes (the bystander is its first).
-        died = [death_message(f"SpawnPoolWorker-{n}", pid, code) for n in (2, 3) for pid in lost
-                for code in (exitcode, None)]  # fmt: skip
-        # Its exit status, or unknown when the pool reaped it before the watchdog saw it.
+        lost = {"death": [sorted(workers)[0]], "exit 0": workers}.get(case)  # the pid killed; either cell's for exit 0
+        exitcode = 0 if case == "exit 0" else -signal.SIGKILL
+        # The workers are the driver's second and third processes (the bystander is its first); its exit status is
+        # known also when the pool reaped it before the watchdog looked.
+        if lost is None:  # the idle worker: the one that ran no task
+            lost = [int(re.search(r"\(pid (\d+)\)", lines[0])[1])]
+            assert lost[0] not in workers, (lines, workers)
+        died = [death_message(f"SpawnPoolWorker-{n}", pid, exitcode) for n in (2, 3) for pid in lost]
         assert lines[0].removeprefix("[driver] ") in died, lines
+
+
+@pytest.mark.parametrize(
+    ("case", "exitcode"), [("import fails", 1), ("killed starting", -signal.SIGKILL), ("initializer raises", 1)]
+)
+def test_a_worker_that_dies_before_it_reports_ends_the_block_on_one_line_with_status_1(tmp_path, case, exitcode):
+    """Every worker fails as it starts, before its report, and so would each replacement the pool makes for it: an
+    import of the main script that fails in the spawned worker only, a SIGKILL as it imports (the OOM killer), the
+    pool's initializer raising. The block ends within seconds, not by the timeout (the pool would replace its
+    workers forever), with one line from `reported` saying that a worker died while it started, with its exit status
+    or signal, and status 1; no worker is left and no cell ran."""
+    status, stdout, stderr, workers = _drive(tmp_path, case, timeout=60)
+    lines = [line for line in stderr.splitlines() if line.startswith("[driver] ")]
+    assert status == 1 and len(lines) == 1, stderr  # 4: a bystander killed
+    assert 0 <= float(stdout.split()[-1]) < 30 and workers == [], (stdout, workers)
+    named = re.search(r" worker (SpawnPoolWorker-\d+) \(pid (\d+)\) ", lines[0])
+    assert named, lines
+    # Not a cell lost: what to fix before the rerun.
+    assert lines[0].removeprefix("[driver] ") == death_message(named[1], int(named[2]), exitcode, False), lines
+    if exitcode > 0:  # the worker's own traceback is above the line
+        assert ("ModuleNotFoundError" if case == "import fails" else "OSError: the worker's setup failed") in stderr
 
 
 def test_under_debug_a_cells_system_exit_shows_where_the_cell_raised_it(tmp_path):
@@ -330,24 +380,35 @@ def _reported_child(context, started, then):
     return child
 
 
-def test_the_watchdog_reports_a_reported_worker_that_died_and_nothing_else():
-    """`Watchdog.check` (its polls, called directly): a reported worker that lives is no death; one that ended is,
-    with its exit status 0 or its signal, also when the pool reaped it before any poll saw it (status unknown); a child
-    that never reported is none of the pool's."""
+def test_the_watchdog_reports_the_first_worker_that_died_reported_or_not_and_nothing_else():
+    """`Watchdog.check` (its polls, called directly) on the workers a pool made (`workers`): one that lives, or is
+    not started yet, is no death; one that ended is, with its exit status 0 or its signal, also when the pool reaped
+    it before any poll saw it, and said to have died while it started when it never reported (its import, its
+    initializer or a kill as it started); a child that is none of the pool's workers is left out, whatever its end."""
     context = multiprocessing.get_context("fork")
     main, children = threading.main_thread().ident, []
     try:
-        for then, kill, seen_first, expected in [
-            (lambda: time.sleep(0.3), False, True, 0),  # ends with exit status 0: no worker ends in the block
-            (lambda: time.sleep(60), False, True, None),  # lives
-            (lambda: time.sleep(60), True, True, -signal.SIGKILL),  # killed after a poll saw it
-            (lambda: time.sleep(60), True, False, "unknown"),  # killed and reaped before any poll
+        for then, reports, kill, seen_first, expected in [
+            (lambda: time.sleep(0.3), True, False, True, 0),  # ends with exit status 0: no worker ends in the block
+            (lambda: time.sleep(60), True, False, True, None),  # lives
+            (lambda: time.sleep(60), True, True, True, -signal.SIGKILL),  # killed after a poll saw it
+            (lambda: time.sleep(60), True, True, False, -signal.SIGKILL),  # killed and reaped before any poll
+            (lambda: os._exit(1), False, False, False, 1),  # its import or initializer failed: it never reported
+            (lambda: time.sleep(60), False, True, True, -signal.SIGKILL),  # killed as it started
+            (lambda: time.sleep(60), False, False, True, None),  # starting
         ]:  # fmt: skip
             started = context.SimpleQueue()
-            watchdog = Watchdog(started, main)  # not started: its polls are the calls below
-            bystander = context.Process(target=lambda: os._exit(1), daemon=True)  # an unreported child that fails
+            unstarted = context.Process(target=time.sleep, args=(60,), daemon=True)  # made, not started: no pid
+            workers = [unstarted]
+            watchdog = Watchdog(started, workers, main)  # not started: its polls are the calls below
+            bystander = context.Process(target=lambda: os._exit(1), daemon=True)  # a child of no pool that fails
             bystander.start()
-            child = _reported_child(context, started, then)
+            if reports:
+                child = _reported_child(context, started, then)
+            else:
+                child = context.Process(target=then, daemon=True)
+                child.start()
+            workers.append(child)  # after the one not started: the first worker that ended is reported
             children += [child, bystander]
             if seen_first:
                 assert watchdog.check() is None
@@ -358,10 +419,10 @@ def test_the_watchdog_reports_a_reported_worker_that_died_and_nothing_else():
             bystander.join(10)
             if not seen_first:
                 multiprocessing.active_children()  # reaps the child, as the pool's own thread does
-            exitcode = None if expected == "unknown" else expected
             death = watchdog.check()
-            assert death == (None if expected is None else death_message(child.name, child.pid, exitcode)), death
-            assert watchdog.reported == {(child.pid, child.name)}
+            wanted = None if expected is None else death_message(child.name, child.pid, expected, reports)
+            assert death == wanted, death
+            assert watchdog.reported == ({(child.pid, child.name)} if reports else set())
             started.close()
     finally:
         for child in children:
@@ -370,13 +431,19 @@ def test_the_watchdog_reports_a_reported_worker_that_died_and_nothing_else():
 
 
 def test_a_death_names_the_worker_and_how_it_ended():
-    """`death_message`: the worker's name and pid, then its signal (by name, by number for a real-time one), its exit
-    status, or that it is unknown."""
+    """`death_message`: the worker's name and pid, then its signal (by name, by number for a real-time one) or its
+    exit status; for a worker that died while it started, what to fix before the rerun: its traceback for an exit
+    status, memory for a kill."""
     realtime = signal.SIGRTMIN + 2
     for exitcode, named in [(-signal.SIGKILL, "signal SIGKILL"), (-realtime, f"signal {realtime}"),
-                            (0, "exit status 0"), (1, "exit status 1"), (None, "exit status unknown")]:  # fmt: skip
-        message = death_message("SpawnPoolWorker-3", 4321, exitcode)
-        assert "SpawnPoolWorker-3 (pid 4321)" in message and f"({named})" in message and "\n" not in message, message
+                            (0, "exit status 0"), (1, "exit status 1")]:  # fmt: skip
+        for ready in (True, False):
+            message = death_message("SpawnPoolWorker-3", 4321, exitcode, ready)
+            assert "SpawnPoolWorker-3 (pid 4321)" in message and f"({named})" in message, message
+            assert "\n" not in message and "rerun the same command" in message, message
+            assert ("cell it ran" in message) == ready, message  # a cell lost only once the worker was ready
+            if not ready:  # what to fix first: the worker's traceback, or the memory that a kill as it started says
+                assert ("memory" in message, "traceback" in message) == (exitcode < 0, exitcode >= 0), message
 
 
 def _raise(error: BaseException):
@@ -454,23 +521,28 @@ def test_the_watchdog_thread_has_the_main_thread_take_a_death_once(monkeypatch):
     try:
         started = context.SimpleQueue()
         queues.append(started)
-        watchdog = Watchdog(started, main)
+        workers = []
+        watchdog = Watchdog(started, workers, main)
         signal.signal(signal.SIGCHLD, lambda signum, frame: taken.append(watchdog.take_death()))
         assert watchdog.take_death() is None  # a stray SIGCHLD
         child = _reported_child(context, started, lambda: time.sleep(0.3))  # ends with exit status 0
         children.append(child)
+        workers.append(child)
         watchdog.start()
         watchdog.join(20)  # the main thread waits on a lock, as `Pool.map` does: the signal reaches it there
         died = [death for death in taken if death is not None]  # the child's own SIGCHLD takes nothing
         assert not watchdog.is_alive() and len(died) == 1, taken
-        assert died[0] in [death_message(child.name, child.pid, code) for code in (0, None)], died
+        assert died == [death_message(child.name, child.pid, 0)], died
         assert watchdog.take_death() is None  # once
 
-        # A report of a process that is no child: a worker the pool reaped before any poll, a death at the first.
+        # A worker that ended, unreported, before the first poll: a death at the first.
         started = context.SimpleQueue()
         queues.append(started)
-        watchdog, taken[:] = Watchdog(started, main), []
-        started.put((os.getpid(), "SpawnPoolWorker-9"))
+        child = context.Process(target=os._exit, args=(1,), daemon=True)
+        child.start()
+        child.join(10)
+        children.append(child)
+        watchdog, taken[:] = Watchdog(started, [child], main), []
         signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGCHLD])  # the signal waits, as for a main thread busy
         try:
             watchdog.start()
@@ -489,13 +561,17 @@ def test_the_watchdog_thread_has_the_main_thread_take_a_death_once(monkeypatch):
             started.close()
 
 
-def test_close_terminates_the_pool_and_kills_the_workers_its_terminate_waits_for():
+@pytest.mark.parametrize("ends", [True, False], ids=["terminate ends", "terminate waits for a dead worker's lock"])
+def test_close_terminates_the_pool_and_kills_the_workers_its_terminate_waits_for(ends):
     """`close`: the pool's `terminate` runs; after the grace, the workers still alive (one whose report was read
     before, one whose report is still on the queue) are SIGKILLed, so that a `terminate` waiting for them (as for
-    workers that took its SIGTERM as a graceful stop) returns; another child of this process is left alone."""
+    workers that took its SIGTERM as a graceful stop) returns, and `close` says it ended; one that waits for what no
+    kill ends (the task queue's lock, held by a worker killed as it waited for a task) is given up after a second
+    grace, and `close` says so (the pool is not to be joined). Another child of this process is left alone."""
     context = multiprocessing.get_context("fork")
     started = context.SimpleQueue()
-    children, terminated = [], []
+    children, terminated, ended = [], [], []
+    never = threading.Event()
     try:
         children.append(_reported_child(context, started, lambda: time.sleep(60)))
         reported = drain(started, set())  # read before, as the watchdog does
@@ -508,16 +584,19 @@ def test_close_terminates_the_pool_and_kills_the_workers_its_terminate_waits_for
                 terminated.append(True)
                 for worker in children[:2]:
                     worker.join()
+                if not ends:
+                    never.wait()
 
         begun = time.monotonic()
-        closer = threading.Thread(target=close, args=(Pool(), started, reported), kwargs={"grace": 0.3}, daemon=True)
+        closer = threading.Thread(target=lambda: ended.append(close(Pool(), started, reported, grace=0.3)), daemon=True)
         closer.start()
         closer.join(20)
-        assert not closer.is_alive() and terminated == [True]
-        assert time.monotonic() - begun >= 0.3  # the grace first
+        assert not closer.is_alive() and terminated == [True] and ended == [ends]
+        assert time.monotonic() - begun >= (0.3 if ends else 0.6)  # the grace first; the second one given up
         assert [worker.exitcode for worker in children] == [-signal.SIGKILL] * 2 and bystander.is_alive()
         children.append(bystander)
     finally:
+        never.set()
         for child in children:
             child.kill()
             child.join()

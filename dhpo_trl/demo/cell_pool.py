@@ -9,8 +9,9 @@ So here:
 * the first SIGTERM / SIGUSR1 to the main process raises `TrainingStopped` in it (a second one ends it at once);
 * whatever ends the block (that, a worker's `TrainingStopped`, a failing cell, a dead worker, its end) terminates the
   pool, and kills (SIGKILL) the workers still there after `GRACE_SECONDS`: a cell in progress is not saved either
-  way (`run_embedded` writes its summary last, atomically) and the same command reruns it. The block itself may not
-  close or terminate the pool (below).
+  way (`run_embedded` writes its summary last, atomically) and the same command reruns it. A terminate still running
+  `GRACE_SECONDS` after that waits for what no kill ends (`close`) and is left, the pool unjoined. The block itself
+  may not close or terminate the pool (below).
 
 The workers to kill are found without reading the pool's private state: the pool's initializer has each worker,
 a replacement for one that died included, put its pid and process name on a queue, and those pick the pool's workers
@@ -27,14 +28,20 @@ A worker that dies while the block runs (an OOM kill, a SIGKILL from a cluster, 
 with it, and `Pool.map` would wait for that task forever. A worker of this pool has no legitimate end while the block
 runs: the pool has no `maxtasksperchild`, and its end-of-work sentinel and SIGTERMs are sent only by `close` and
 `terminate`, which the block may not call (the block's end calls the latter). So any end is a death, exit status 0
-included. A watchdog thread reads the reports as
-they come and polls the reported workers every `POLL_SECONDS`; the first one it finds ended has `WorkerDied` raised in
-the main thread, wherever it waits, and the block ends as on an error above. The finished cells are saved by their
-workers, so the same command resumes. The watchdog is stopped before the pool is terminated, so the pool's own
-SIGTERMs and sentinels are no death. A worker that dies before it reports took no task (the initializer runs first),
-so nothing waits for it and the pool replaces it. To reach the main thread where it waits on a lock, the watchdog
-sends it SIGCHLD (`signal.pthread_kill`): a real signal interrupts the wait, which `_thread.interrupt_main` does not,
-and SIGCHLD's default action is to ignore it, so one that arrives after the block leaves its handler is harmless.
+included, and so is the end of a worker that never got as far as its report: one whose import of the main module fails
+in the spawned process only, whose initializer raises, or that the OOM killer ends as it starts. The pool replaces such
+a worker, and its replacement fails the same way, forever: it took no task, so nothing waits for it, and the study
+would print tracebacks and never end. The pool starts its workers through its context's `Process` (the `context` it is
+given, public), so `WorkerContext` keeps every worker the pool started, replacements included, before any of its code
+runs; that covers a worker that dies before it can run any code of ours, which no report from the worker can, and
+without counting unreported starts against a bound: the first end is the death. A watchdog thread polls those workers
+every `POLL_SECONDS`; the first one it finds ended has `WorkerDied` raised in the main thread, wherever it waits, and
+the block ends as on an error above, naming whether the worker had reported (a cell lost: rerun) or died while it
+started (no cell ran: its traceback above, or a kill, says what to fix before the rerun). The finished cells are saved
+by their workers, so the same command resumes. The watchdog is stopped before the pool is terminated, so the pool's own
+SIGTERMs and sentinels are no death. To reach the main thread where it waits on a lock, the watchdog sends it SIGCHLD
+(`signal.pthread_kill`): a real signal interrupts the wait, which `_thread.interrupt_main` does not, and SIGCHLD's
+default action is to ignore it, so one that arrives after the block leaves its handler is harmless.
 
 The queue's pipe (64 KiB, about 47 bytes a worker) holds some 1,400 reports, and the watchdog empties it as they come.
 """
@@ -172,29 +179,40 @@ def reported(main: Callable[[list[str] | None], int], argv: list[str] | None, pr
         return 1
 
 
-def death_message(name: str, pid: int, exitcode: int | None) -> str:
-    """The one-line report of a worker that died with `exitcode` (`Process.exitcode`: -N for signal N; None when it
-    was reaped before the watchdog saw its exit status)."""
-    if exitcode is None:
-        how = "exit status unknown"
-    elif exitcode < 0:
+def death_message(name: str, pid: int, exitcode: int, ready: bool = True) -> str:
+    """The one-line report of a worker that died with `exitcode` (`Process.exitcode`: -N for signal N), after it
+    reported itself (`ready`: a cell may be lost) or while it started (no cell ran in it, and its replacement would
+    fail the same way: the cause comes first)."""
+    if exitcode < 0:
         try:
             how = f"signal {signal.Signals(-exitcode).name}"
         except ValueError:  # a real-time signal: no name
             how = f"signal {-exitcode}"
     else:
         how = f"exit status {exitcode}"
-    return (f"cell_pool: worker {name} (pid {pid}) died ({how}) while the pool ran: the cell it ran, if any, was not "
-            "saved; rerun the same command to resume (finished cells are kept)")
+    if ready:
+        return (
+            f"cell_pool: worker {name} (pid {pid}) died ({how}) while the pool ran: the cell it ran, if any, was "
+            "not saved; rerun the same command to resume (finished cells are kept)"
+        )
+    cause = (
+        "it was killed as it started (out of memory? fewer workers need less)"
+        if exitcode < 0
+        else "its import of the main module or its setup failed in the spawned process: see its traceback above"
+    )
+    return (
+        f"cell_pool: worker {name} (pid {pid}) died ({how}) while it started, before it ran any cell: {cause}; "
+        "fix that, then rerun the same command to resume (finished cells are kept)"
+    )
 
 
 @contextlib.contextmanager
 def cell_pool(workers: int) -> Iterator[CellPool]:
     """A spawn pool of `workers` processes, stopped as the module docstring says. Call from the main thread."""
-    context = multiprocessing.get_context("spawn")
+    context = WorkerContext()
     started = context.SimpleQueue()  # each worker's pid, put there by the worker as it starts
     pool = CellPool(workers, initializer=report_worker, initargs=(started,), context=context)
-    watchdog = Watchdog(started, threading.main_thread().ident)
+    watchdog = Watchdog(started, context.workers, threading.main_thread().ident)
     previous = {signum: signal.getsignal(signum) for signum in (*STOP_SIGNALS, signal.SIGCHLD)}
 
     def restore() -> None:
@@ -225,22 +243,40 @@ def cell_pool(workers: int) -> Iterator[CellPool]:
             # Also when a death found as the block ended is raised in `stop` (at most once: `take_death`).
             watchdog.join()  # the one reader of `started` until then
             restore()
-            close(pool, started, watchdog.reported)  # kills what a graceful stop or a cell would leave waiting
-            pool.join()
+            if close(pool, started, watchdog.reported):  # kills what a graceful stop or a cell would leave waiting
+                pool.join()
             started.close()
+
+
+class WorkerContext(multiprocessing.context.SpawnContext):
+    """The spawn context, keeping in `workers` every process made through it: given to a pool, its workers, each
+    replacement included, in the order the pool made them (see the module docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.workers: list[multiprocessing.process.BaseProcess] = []  # appended by the pool's thread, read by copy
+
+    def Process(self, *args, **kwargs) -> multiprocessing.process.BaseProcess:  # the name the pool calls
+        process = super().Process(*args, **kwargs)
+        self.workers.append(process)
+        return process
 
 
 class Watchdog(threading.Thread):
     """Reads the workers' reports from `started` into `reported` and, every `POLL_SECONDS`, has the thread `main`
-    raise `WorkerDied` (through SIGCHLD; see the module docstring) for the first reported worker that ended, whatever
-    its exit status, or that the pool reaped before it was seen (no worker ends while the block runs), until
+    raise `WorkerDied` (through SIGCHLD; see the module docstring) for the first of `workers` (`WorkerContext`'s) that
+    ended, whatever its exit status and whether it reported or not (no worker ends while the block runs), until
     `stop`."""
 
-    def __init__(self, started: multiprocessing.queues.SimpleQueue, main: int) -> None:
+    def __init__(
+        self,
+        started: multiprocessing.queues.SimpleQueue,
+        workers: list[multiprocessing.process.BaseProcess],
+        main: int,
+    ) -> None:
         super().__init__(name="cell_pool-watchdog", daemon=True)
-        self.started, self.main = started, main
+        self.started, self.workers, self.main = started, workers, main
         self.reported: set[tuple[int, str]] = set()
-        self.seen: dict[tuple[int, str], multiprocessing.process.BaseProcess] = {}  # every child, kept once ended
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.death: str | None = None  # the report to raise, until the main thread takes it
@@ -255,18 +291,16 @@ class Watchdog(threading.Thread):
                     return  # one death ends the block
 
     def check(self) -> str | None:
-        """The report of a reported worker that died, or None."""
+        """The report of the first worker that died, or None. Its `Process` keeps its exit status whichever thread
+        reaped it (the pool's does); one not started yet has none."""
+        ended = [(process, process.exitcode) for process in list(self.workers)]
+        ended = [(process, exitcode) for process, exitcode in ended if exitcode is not None]
+        # After the ends: a worker that reported had its report in the queue's pipe before it ended.
         drain(self.started, self.reported)
-        # After the reports: a worker was started before it reported, so it is among the children unless it ended
-        # and the pool reaped it already (its exit status is then unknown).
-        for process in multiprocessing.active_children():
-            self.seen.setdefault((process.pid, process.name), process)
-        for key in sorted(self.reported):
-            process = self.seen.get(key)
-            exitcode = None if process is None else process.exitcode
-            if process is None or exitcode is not None:
-                return death_message(key[1], key[0], exitcode)
-        return None
+        if not ended:
+            return None
+        process, exitcode = ended[0]
+        return death_message(process.name, process.pid, exitcode, (process.pid, process.name) in self.reported)
 
     def take_death(self) -> str | None:
         """The death to raise in the main thread, once; None after `stop` (the block is ending already)."""
@@ -309,14 +343,22 @@ def close(
     started: multiprocessing.queues.SimpleQueue,
     reported: set[tuple[int, str]] | None = None,
     grace: float = GRACE_SECONDS,
-) -> None:
+) -> bool:
     """`pool.terminate()` in a thread; after `grace` seconds, SIGKILL for the pool's workers still alive (those that
     took its SIGTERM as a graceful stop and wait for a task), so that it returns. `started`: what the workers
-    put there through `report_worker`; `reported`: the reports read from it before."""
+    put there through `report_worker`; `reported`: the reports read from it before.
+
+    Returns whether the terminate ended within `grace` seconds more. It never does where a worker died while it waited
+    for a task (a SIGKILL to an idle worker): a waiting worker holds the lock of the pool's task queue, which the
+    terminate takes first, and without the rest of the terminate the pool's result thread waits for the lost task, so
+    `pool.join()` would wait forever too. The caller then leaves the pool as it is: its reported workers are dead
+    (a replacement still starting ends at the interpreter's exit, which terminates the daemonic children), and its
+    threads are daemons."""
     # The base class's terminate: `CellPool`'s is refused, to the block.
     closing = threading.Thread(target=multiprocessing.pool.Pool.terminate, args=(pool,), daemon=True)
     closing.start()
     closing.join(grace)
     for process in pool_workers(started, reported):
         process.kill()
-    closing.join()
+    closing.join(grace)  # the rest joins the pool's threads and dead workers, unless it waits for a dead one's lock
+    return not closing.is_alive()
