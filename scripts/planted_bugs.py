@@ -869,6 +869,13 @@ BUGS = {
         "            self.stopping.set()\n            return death",
         ["tests/test_cell_pool.py"], "another child's SIGCHLD stops the watchdog: a later dead worker hangs Pool.map",
     ),
+    "watchdog-lock-not-reentrant": (
+        "dhpo_trl/demo/cell_pool.py",
+        "        self.lock = threading.RLock()",
+        "        self.lock = threading.Lock()",
+        ["tests/test_cell_pool.py"],
+        "a child's SIGCHLD while the main thread holds the watchdog's lock deadlocks it: the study hangs",
+    ),
     "close-forgets-the-reports-read-before": (
         "dhpo_trl/demo/cell_pool.py",
         "    for process in pool_workers(started, reported):",

@@ -561,6 +561,75 @@ def test_the_watchdog_thread_has_the_main_thread_take_a_death_once(monkeypatch):
             started.close()
 
 
+LOCK_HELD = """
+import signal, sys, threading
+sys.path[:0] = [{repo!r}]
+from dhpo_trl.demo.cell_pool import Watchdog, WorkerDied
+
+main = threading.main_thread().ident
+
+
+class ChildEnds(threading.Event):
+    # The watchdog's `stopping`: a child's SIGCHLD reaches the main thread while it holds the watchdog's lock, in
+    # `stop` (as it sets the event) or in `take_death` run by the handler of an earlier SIGCHLD (as it reads it).
+    def __init__(self, where):
+        super().__init__()
+        self.where = where
+
+    def arrive(self, where):
+        if where == self.where:
+            self.where = None  # once
+            signal.pthread_kill(main, signal.SIGCHLD)  # handled at the next call: the one below, the lock held
+
+    def set(self):
+        self.arrive("stop")
+        super().set()
+
+    def is_set(self):
+        self.arrive("take")
+        return super().is_set()
+
+
+for where, death in [("stop", None), ("stop", "a worker died"), ("take", "a worker died")]:
+    watchdog, taken = Watchdog(None, [], main), []
+    watchdog.stopping, watchdog.death = ChildEnds(where), death
+
+    def on_child(signum, frame):
+        taken.append(watchdog.take_death())
+        if taken[-1] is not None:
+            raise WorkerDied(taken[-1])
+
+    signal.signal(signal.SIGCHLD, on_child)
+    try:
+        if where == "stop":
+            watchdog.stop()  # the block's end
+        else:
+            signal.pthread_kill(main, signal.SIGCHLD)  # the watchdog's signal for the death
+            watchdog.stopping.wait(1)
+        raised = None
+    except WorkerDied as error:
+        raised = str(error)
+    print(where, raised, taken.count(death), watchdog.take_death(), flush=True)
+"""
+
+
+def test_a_sigchld_that_arrives_while_the_main_thread_holds_the_watchdogs_lock_does_not_deadlock_it():
+    """A child's end can signal the main thread at any point, also while it holds the watchdog's lock (in `stop` at
+    the block's end, or in `take_death` in the handler of the watchdog's own SIGCHLD): the handler it runs there takes
+    the death, once, instead of waiting forever for the lock its own thread holds. In a process of its own, so that a
+    deadlock fails by the timeout."""
+    script = LOCK_HELD.format(repo=str(REPO))
+    result = processes.run([sys.executable, "-c", script], timeout=30)
+    assert result.returncode == 0, result.stderr
+    # where; the death raised in the main thread (in `stop`, or by the nested handler); the handlers that took it;
+    # what a later SIGCHLD takes
+    assert result.stdout.splitlines() == [
+        "stop None 1 None",  # no death: the handler run in `stop` takes nothing
+        "stop a worker died 1 None",
+        "take a worker died 1 None",
+    ], result.stdout
+
+
 @pytest.mark.parametrize("ends", [True, False], ids=["terminate ends", "terminate waits for a dead worker's lock"])
 def test_close_terminates_the_pool_and_kills_the_workers_its_terminate_waits_for(ends):
     """`close`: the pool's `terminate` runs; after the grace, the workers still alive (one whose report was read

@@ -277,7 +277,9 @@ class Watchdog(threading.Thread):
         super().__init__(name="cell_pool-watchdog", daemon=True)
         self.started, self.workers, self.main = started, workers, main
         self.reported: set[tuple[int, str]] = set()
-        self.lock = threading.Lock()
+        # Reentrant: a SIGCHLD handled in the main thread while it holds the lock (in `stop`, or in the handler of
+        # an earlier SIGCHLD) runs `take_death` in that thread.
+        self.lock = threading.RLock()
         self.stopping = threading.Event()
         self.death: str | None = None  # the report to raise, until the main thread takes it
 
