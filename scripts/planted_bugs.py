@@ -675,21 +675,23 @@ BUGS = {
     ),
     "cell-pool-kills-every-child": (
         "dhpo_trl/demo/cell_pool.py",
-        "return [process for process in multiprocessing.active_children() if (process.pid, process.name) in workers]",
-        "return multiprocessing.active_children()",
+        "    for process in list(workers):",
+        "    for process in multiprocessing.active_children():",
         ["tests/test_cell_pool.py"], "a study's stop kills every child of the main process, not only the pool's",
     ),
     "cell-pool-reads-one-pid": (
         "dhpo_trl/demo/cell_pool.py",
         "    while not started.empty():",
         "    if not started.empty():",
-        ["tests/test_cell_pool.py"], "a study's stop kills one worker: the others, stopped gracefully, hang the pool",
+        ["tests/test_cell_pool.py"],
+        "the watchdog reads one report a poll: a worker that reported, then died, is said to have died as it started",
     ),
-    "cell-pool-matches-the-pid-only": (
+    "cell-pool-kills-the-reported-only": (
         "dhpo_trl/demo/cell_pool.py",
-        "if (process.pid, process.name) in workers]",
-        "if process.pid in {pid for pid, _ in workers}]",
-        ["tests/test_cell_pool.py"], "a stop kills a child of the main process that got a dead worker's pid",
+        "if close(pool, context.workers):",
+        "if close(pool, [p for p in context.workers if (p.pid, p.name) in drain(started, watchdog.reported)]):",
+        ["tests/test_cell_pool.py"],
+        "the stop kills only the workers that reported: a replacement still importing outlives the block",
     ),
     "cell-pool-exit-zero-is-no-death": (
         "dhpo_trl/demo/cell_pool.py",
@@ -741,11 +743,11 @@ BUGS = {
             # Also when a death found as the block ended is raised in `stop` (at most once: `take_death`).
             watchdog.join()  # the one reader of `started` until then
             restore()
-            if close(pool, started, watchdog.reported):  # kills what a graceful stop or a cell would leave waiting
+            if close(pool, context.workers):  # kills what a graceful stop or a cell would leave waiting
                 pool.join()
             started.close()""",
         """        try:
-            close(pool, started, watchdog.reported)  # kills what a graceful stop or a cell would leave waiting
+            close(pool, context.workers)  # kills what a graceful stop or a cell would leave waiting
             pool.join()
         finally:
             watchdog.stop()
@@ -876,11 +878,12 @@ BUGS = {
         ["tests/test_cell_pool.py"],
         "a child's SIGCHLD while the main thread holds the watchdog's lock deadlocks it: the study hangs",
     ),
-    "close-forgets-the-reports-read-before": (
+    "close-kills-an-unstarted-worker": (
         "dhpo_trl/demo/cell_pool.py",
-        "    for process in pool_workers(started, reported):",
-        "    for process in pool_workers(started):",
-        ["tests/test_cell_pool.py"], "the stop kills only workers whose reports are still queued; a graceful one hangs it",
+        "        if process.pid is not None:  # started",
+        "        if process.exitcode is None:  # running",
+        ["tests/test_cell_pool.py"],
+        "the stop kills a worker the pool made but has not started: AttributeError, the pool left running",
     ),
     "profile-range-end-inclusive": (
         "dhpo_trl/training/step_profile.py",

@@ -38,7 +38,6 @@ from dhpo_trl.demo.cell_pool import (
     close,
     death_message,
     drain,
-    pool_workers,
     report_worker,
     reported,
 )
@@ -61,6 +60,8 @@ if __name__ == "__mp_main__":  # a pool's worker, importing this script as it st
         def refuse(started):
             raise OSError("the worker's setup failed")
         cell_pool_module.report_worker = refuse  # the initializer the pool unpickles in the worker
+    elif sys.argv[2] == "idle death" and Path(sys.argv[1]).with_name("replacing").exists():
+        time.sleep(300)  # the replacement for the killed worker imports slowly (torch): unreported at the block's end
 
 
 def stop_gracefully(folder):
@@ -145,6 +146,7 @@ def block(folder, case):
             busy = int(os.listdir(folder)[0])
             idle = [child for child in multiprocessing.active_children()
                     if "PoolWorker" in child.name and child.pid != busy]  # fmt: skip
+            Path(folder).with_name("replacing").touch()
             lost = time.monotonic()
             os.kill(idle[0].pid, signal.SIGKILL)
             result.get()
@@ -177,6 +179,8 @@ if __name__ == "__main__":
         code = reported(lambda argv: block(folder, case), None, "[driver]")  # 1: a cell lost, reported on one line
     except RuntimeError:
         code = 3
+    left = [child.name for child in multiprocessing.active_children() if child is not bystander]
+    print("left after the block:", left)  # before the interpreter's exit, which would terminate them
     print(-1.0 if lost is None else time.monotonic() - lost)
     alive = bystander.is_alive()
     bystander.kill()
@@ -203,8 +207,8 @@ def _marked(marker: str) -> list[int]:
 
 def _drive(tmp_path, case: str, *flags: str, timeout: float = 240) -> tuple[int, str, str, list[int]]:
     """Run the driver's `case` with the command-line `flags`; (its exit status, stdout, stderr, the pids of the workers
-    that ran a task). Asserts that no process it started outlives it; a driver still running after `timeout` seconds
-    (a hang) fails, its process tree killed."""
+    that ran a task). Asserts that no worker outlives the block and no process it started outlives it; a driver still
+    running after `timeout` seconds (a hang) fails, its process tree killed."""
     driver, folder = tmp_path / "driver.py", tmp_path / "started"
     driver.write_text(DRIVER.format(repo=str(REPO)))
     folder.mkdir()
@@ -218,6 +222,9 @@ def _drive(tmp_path, case: str, *flags: str, timeout: float = 240) -> tuple[int,
         while _marked(marker) and time.monotonic() < left:
             time.sleep(0.1)
         assert _marked(marker) == [], stderr  # the driver exited: none of its workers, replacements included, is left
+        # nor did any outlive the block (the interpreter's exit terminates the daemonic ones: a later command would
+        # run beside them, and a main process killed outright would orphan them)
+        assert "left after the block: []" in stdout.splitlines(), (stdout, stderr)
         return pool.returncode, stdout, stderr, [int(name) for name in os.listdir(folder)]
     finally:
         processes.kill_tree(pool, grace=1)
@@ -246,7 +253,8 @@ def test_a_cell_lost_in_a_task_ends_the_block_on_one_line_with_status_1(tmp_path
     pool's terminate takes), a cell's `os._exit(0)` (through `imap_unordered`) and its `SystemExit(0)` (argparse's
     --help, through `starmap`): `reported` prints one line naming the worker, its exit status, or the cell and what it
     raised, and returns 1 within seconds, not a `Pool.map` or a terminate that waits forever; the other worker, in a
-    graceful task, is ended too. Before the last, the `SystemExit(0)` of a cell run each other way the pool has
+    graceful task, is ended too, and so is the pool's replacement for the idle one, still starting (a slow import)
+    when the terminate is given up. Before the last, the `SystemExit(0)` of a cell run each other way the pool has
     reaches the block as `CellExited`, its worker living on."""
     status, stdout, stderr, workers = _drive(tmp_path, case)
     lines = [line for line in stderr.splitlines() if line.startswith("[driver] ")]
@@ -348,25 +356,21 @@ def test_under_debug_reported_traces_a_lost_cell_and_mains_own_one_line_error(fl
         assert raised.value is error and capsys.readouterr().err == ""
 
 
-def test_the_workers_to_kill_are_the_children_whose_pid_and_name_a_worker_reported():
-    """`pool_workers` picks a child only by the pid and the name together: a pid a dead worker reported and another
-    child got since (a pid reused) is left alone, and so is a process that is no child of this one."""
+def test_the_watchdog_reads_every_report_waiting_each_a_workers_pid_and_name():
+    """`drain` adds every report waiting on the queue to those read before and empties it; `report_worker` puts the
+    worker's pid and process name, as its `Process` in the main process has them (what the watchdog matches)."""
     context = multiprocessing.get_context("fork")
-    child = context.Process(target=time.sleep, args=(60,), daemon=True)
-    child.start()
     started = context.SimpleQueue()
     try:
-        for reported in [(child.pid, "SpawnPoolWorker-1"), (os.getppid(), multiprocessing.current_process().name)]:
-            started.put(reported)  # the pid of a child under another name; a process that is not a child
-        assert pool_workers(started) == [] and started.empty()
-        started.put((child.pid, child.name))
-        assert pool_workers(started) == [child] and started.empty()
-        assert pool_workers(started, {(child.pid, child.name)}) == [child]  # its report read before (the watchdog)
-        report_worker(started)  # what a worker puts: its pid and name, as the children list has them
-        assert started.get() == (os.getpid(), multiprocessing.current_process().name) and started.empty()
+        for report in [(11, "SpawnPoolWorker-1"), (12, "SpawnPoolWorker-2"), (13, "SpawnPoolWorker-3")]:
+            started.put(report)
+        before = {(10, "SpawnPoolWorker-0")}
+        assert drain(started, before) is before and started.empty()
+        assert before == {(10 + n, f"SpawnPoolWorker-{n}") for n in range(4)}
+        child = _reported_child(context, started, lambda: None)
+        child.join(10)
+        assert drain(started, set()) == {(child.pid, child.name)} and started.empty()
     finally:
-        child.kill()
-        child.join()
         started.close()
 
 
@@ -632,19 +636,24 @@ def test_a_sigchld_that_arrives_while_the_main_thread_holds_the_watchdogs_lock_d
 
 @pytest.mark.parametrize("ends", [True, False], ids=["terminate ends", "terminate waits for a dead worker's lock"])
 def test_close_terminates_the_pool_and_kills_the_workers_its_terminate_waits_for(ends):
-    """`close`: the pool's `terminate` runs; after the grace, the workers still alive (one whose report was read
-    before, one whose report is still on the queue) are SIGKILLed, so that a `terminate` waiting for them (as for
+    """`close`: the pool's `terminate` runs; after the grace, every worker the pool started (`workers`) still running
+    is SIGKILLed, whether it reported itself or is still starting, so that a `terminate` waiting for them (as for
     workers that took its SIGTERM as a graceful stop) returns, and `close` says it ended; one that waits for what no
     kill ends (the task queue's lock, held by a worker killed as it waited for a task) is given up after a second
-    grace, and `close` says so (the pool is not to be joined). Another child of this process is left alone."""
+    grace, and `close` says so (the pool is not to be joined). A worker made but not started yet, and one that ended,
+    are not signalled; another child of this process is left alone."""
     context = multiprocessing.get_context("fork")
     started = context.SimpleQueue()
     children, terminated, ended = [], [], []
     never = threading.Event()
     try:
-        children.append(_reported_child(context, started, lambda: time.sleep(60)))
-        reported = drain(started, set())  # read before, as the watchdog does
-        children.append(_reported_child(context, started, lambda: time.sleep(60)))
+        children.append(_reported_child(context, started, lambda: time.sleep(60)))  # a worker
+        children.append(context.Process(target=time.sleep, args=(60,), daemon=True))  # a replacement, still starting
+        children[-1].start()
+        children.append(context.Process(target=os._exit, args=(0,), daemon=True))  # a worker that ended
+        children[-1].start()
+        children[-1].join(10)
+        unstarted = context.Process(target=time.sleep, args=(60,), daemon=True)  # made by the pool, not started
         bystander = context.Process(target=time.sleep, args=(60,), daemon=True)
         bystander.start()
 
@@ -657,12 +666,14 @@ def test_close_terminates_the_pool_and_kills_the_workers_its_terminate_waits_for
                     never.wait()
 
         begun = time.monotonic()
-        closer = threading.Thread(target=lambda: ended.append(close(Pool(), started, reported, grace=0.3)), daemon=True)
+        workers = [*children, unstarted]
+        closer = threading.Thread(target=lambda: ended.append(close(Pool(), workers, grace=0.3)), daemon=True)
         closer.start()
         closer.join(20)
         assert not closer.is_alive() and terminated == [True] and ended == [ends]
         assert time.monotonic() - begun >= (0.3 if ends else 0.6)  # the grace first; the second one given up
-        assert [worker.exitcode for worker in children] == [-signal.SIGKILL] * 2 and bystander.is_alive()
+        assert [worker.exitcode for worker in children] == [-signal.SIGKILL, -signal.SIGKILL, 0]
+        assert unstarted.pid is None and bystander.is_alive()
         children.append(bystander)
     finally:
         never.set()

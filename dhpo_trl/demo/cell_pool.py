@@ -13,11 +13,11 @@ So here:
   `GRACE_SECONDS` after that waits for what no kill ends (`close`) and is left, the pool unjoined. The block itself
   may not close or terminate the pool (below).
 
-The workers to kill are found without reading the pool's private state: the pool's initializer has each worker,
-a replacement for one that died included, put its pid and process name on a queue, and those pick the pool's workers
-out of `multiprocessing.active_children()` (the main process's own children, not yet reaped, so no unrelated process
-holds their pids). The name as well as the pid: a worker that died has its pid free for reuse, and another child of
-the main process that gets it has another name (the names are numbered per process started).
+The workers to kill are found without reading the pool's private state: the pool starts each worker, a replacement
+for one that died included, through the `Process` of the context it is given (`WorkerContext`, below), which keeps
+them. Their own `Process` objects, not pids: a worker that ended keeps its exit status there and is not signalled,
+so no other process that got its pid is, and no other child of the main process is one of them. A replacement still
+starting (importing the main module) when the block ends is killed too.
 
 A cell that raises a `BaseException` that is not an `Exception` (`SystemExit` from argparse in a cell or a library's
 `sys.exit()`, `KeyboardInterrupt`) would end its worker, with exit status 0 for `SystemExit(0)`: the pool's tasks run
@@ -243,7 +243,7 @@ def cell_pool(workers: int) -> Iterator[CellPool]:
             # Also when a death found as the block ended is raised in `stop` (at most once: `take_death`).
             watchdog.join()  # the one reader of `started` until then
             restore()
-            if close(pool, started, watchdog.reported):  # kills what a graceful stop or a cell would leave waiting
+            if close(pool, context.workers):  # kills what a graceful stop or a cell would leave waiting
                 pool.join()
             started.close()
 
@@ -331,36 +331,26 @@ def drain(started: multiprocessing.queues.SimpleQueue, reported: set[tuple[int, 
     return reported
 
 
-def pool_workers(
-    started: multiprocessing.queues.SimpleQueue, reported: set[tuple[int, str]] | None = None
-) -> list[multiprocessing.process.BaseProcess]:
-    """The live children of this process whose pid and name a pool's worker put on `started` (which this empties),
-    or that are in `reported` (the reports read from it before)."""
-    workers = drain(started, set() if reported is None else reported)
-    return [process for process in multiprocessing.active_children() if (process.pid, process.name) in workers]
-
-
 def close(
     pool: multiprocessing.pool.Pool,
-    started: multiprocessing.queues.SimpleQueue,
-    reported: set[tuple[int, str]] | None = None,
+    workers: list[multiprocessing.process.BaseProcess],
     grace: float = GRACE_SECONDS,
 ) -> bool:
-    """`pool.terminate()` in a thread; after `grace` seconds, SIGKILL for the pool's workers still alive (those that
-    took its SIGTERM as a graceful stop and wait for a task), so that it returns. `started`: what the workers
-    put there through `report_worker`; `reported`: the reports read from it before.
+    """`pool.terminate()` in a thread; after `grace` seconds, SIGKILL for the pool's `workers` (`WorkerContext`'s: each
+    one it started) still running (those that took its SIGTERM as a graceful stop and wait for a task, or a replacement
+    still starting), so that it returns.
 
     Returns whether the terminate ended within `grace` seconds more. It never does where a worker died while it waited
     for a task (a SIGKILL to an idle worker): a waiting worker holds the lock of the pool's task queue, which the
     terminate takes first, and without the rest of the terminate the pool's result thread waits for the lost task, so
-    `pool.join()` would wait forever too. The caller then leaves the pool as it is: its reported workers are dead
-    (a replacement still starting ends at the interpreter's exit, which terminates the daemonic children), and its
+    `pool.join()` would wait forever too. The caller then leaves the pool as it is: its workers are dead, and its
     threads are daemons."""
     # The base class's terminate: `CellPool`'s is refused, to the block.
     closing = threading.Thread(target=multiprocessing.pool.Pool.terminate, args=(pool,), daemon=True)
     closing.start()
     closing.join(grace)
-    for process in pool_workers(started, reported):
-        process.kill()
+    for process in list(workers):  # a copy: the pool's thread appends to it
+        if process.pid is not None:  # started: one made but not started yet has no process to kill
+            process.kill()  # none once it ended: its `Process` keeps its exit status, and its pid is not signalled
     closing.join(grace)  # the rest joins the pool's threads and dead workers, unless it waits for a dead one's lock
     return not closing.is_alive()
