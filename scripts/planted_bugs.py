@@ -878,6 +878,13 @@ BUGS = {
         ["tests/test_cell_pool.py"],
         "a child's SIGCHLD while the main thread holds the watchdog's lock deadlocks it: the study hangs",
     ),
+    "cell-pool-stop-raised-while-closing": (
+        "dhpo_trl/demo/cell_pool.py",
+        "        if not ending:\n            raise stop\n",
+        "        raise stop\n",
+        ["tests/test_cell_pool.py"],
+        "a stop signal as the block's end closes the pool leaves it running: the study waits for a graceful worker",
+    ),
     "close-kills-an-unstarted-worker": (
         "dhpo_trl/demo/cell_pool.py",
         "        if process.pid is not None:  # started",

@@ -45,7 +45,7 @@ from dhpo_trl.demo.stops import TrainingStopped
 
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = """
-import argparse, multiprocessing, os, signal, sys, time
+import argparse, multiprocessing, os, signal, sys, threading, time
 from pathlib import Path
 sys.path[:0] = [{repo!r}]
 import dhpo_trl.demo.cell_pool as cell_pool_module
@@ -120,6 +120,12 @@ def block(folder, case):
             pool.apply_async(run_until_terminated, (folder,))  # the other worker; the replacement takes the next
             pool.apply_async(stop_gracefully, (folder,))
             wait_for(folder, 3)  # the replacement is in a graceful task
+            raise RuntimeError("a cell failed")
+        elif case == "stop while closing":  # a stop signal as the block's end closes the pool (its grace for a cell)
+            pool.apply_async(stop_gracefully, (folder,))
+            wait_for(folder, 1)
+            lost = time.monotonic()
+            threading.Timer(2 * POLL_SECONDS, os.kill, (os.getpid(), signal.SIGTERM)).start()
             raise RuntimeError("a cell failed")
         elif case == "system exit":  # argparse's --help in a cell, through each of the pool's ways to run a task
             pool.apply_async(stop_gracefully, (folder,))
@@ -236,6 +242,17 @@ def test_an_error_in_the_block_ends_every_worker_a_replacement_included(tmp_path
     # not the pool's
     assert status == 3, stderr
     assert len(workers) == 3, workers  # two workers and the replacement ran a task
+
+
+def test_a_stop_signal_as_the_blocks_end_closes_the_pool_ends_the_study_as_a_stop_once_the_pool_is_closed(tmp_path):
+    """A first SIGTERM to the main process while the block's end closes the pool (here in the grace for a worker in a
+    graceful task, after an error in the block) neither ends the main process at once, orphaning that worker, nor
+    leaves the close half done: the pool is closed as without it, then the stop ends the study as a stop, on one line
+    with status 128 + SIGTERM."""
+    status, stdout, stderr, workers = _drive(tmp_path, "stop while closing", timeout=60)
+    lines = [line for line in stderr.splitlines() if line.startswith("[driver] ")]
+    assert status == 128 + signal.SIGTERM and len(lines) == 1 and "SIGTERM" in lines[0], (status, stderr)
+    assert 0 <= float(stdout.split()[-1]) < 30 and len(workers) == 1, (stdout, workers)
 
 
 def test_a_block_that_ends_normally_keeps_its_results_and_leaves_no_worker(tmp_path):

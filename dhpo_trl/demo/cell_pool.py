@@ -7,6 +7,8 @@ to the main process alone ends it at once (the default action), leaving the work
 So here:
 
 * the first SIGTERM / SIGUSR1 to the main process raises `TrainingStopped` in it (a second one ends it at once);
+  one that arrives as the block's end closes the pool is raised once the pool is closed: raised in the middle, it
+  would leave the pool running, its workers waiting for tasks that never come;
 * whatever ends the block (that, a worker's `TrainingStopped`, a failing cell, a dead worker, its end) terminates the
   pool, and kills (SIGKILL) the workers still there after `GRACE_SECONDS`: a cell in progress is not saved either
   way (`run_embedded` writes its summary last, atomically) and the same command reruns it. A terminate still running
@@ -219,10 +221,16 @@ def cell_pool(workers: int) -> Iterator[CellPool]:
         for signum, handler in previous.items():
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
+    stops: list[TrainingStopped] = []  # those that arrived as the block's end closed the pool
+    ending = False
+
     def handle(signum, frame) -> None:
         restore()  # a second signal takes the previous action: the default one ends the process at once
         name = signal.Signals(signum).name
-        raise TrainingStopped(f"stopped by {name}: the cells in progress are not saved", {"signal": name})
+        stop = TrainingStopped(f"stopped by {name}: the cells in progress are not saved", {"signal": name})
+        if not ending:
+            raise stop
+        stops.append(stop)
 
     def on_child(signum, frame) -> None:
         if callable(previous[signal.SIGCHLD]):
@@ -237,15 +245,18 @@ def cell_pool(workers: int) -> Iterator[CellPool]:
     try:
         yield pool
     finally:
+        ending = True  # before any call: a signal's handler runs at one
         try:
             watchdog.stop()  # before the pool's SIGTERMs: those are no death
         finally:
             # Also when a death found as the block ended is raised in `stop` (at most once: `take_death`).
             watchdog.join()  # the one reader of `started` until then
-            restore()
             if close(pool, context.workers):  # kills what a graceful stop or a cell would leave waiting
                 pool.join()
             started.close()
+            restore()
+        if stops:
+            raise stops[0]
 
 
 class WorkerContext(multiprocessing.context.SpawnContext):
