@@ -102,6 +102,11 @@ def block(folder, case):
     global lost
     if case == "error":  # no poll: a worker's end leaves a replacement for the stop to kill
         cell_pool_module.POLL_SECONDS = 300
+    children_ended = []
+    def on_child(signum, frame):  # the program's own SIGCHLD handler, which the block's must call on
+        children_ended.append(signum)
+    if case == "end":
+        signal.signal(signal.SIGCHLD, on_child)
     with cell_pool(2) as pool:
         if case == "end":  # a block that ends normally, a worker in a task, one idle: no error, the results kept
             print(pool.map(abs, [-2, 3], chunksize=1))
@@ -113,6 +118,8 @@ def block(folder, case):
                     print(name, "refused")
             print(pool.map(abs, [-4], chunksize=1))  # the pool runs on
             time.sleep(3 * POLL_SECONDS)  # the watchdog polls the idle workers
+            signal.raise_signal(signal.SIGCHLD)  # another child of the program ended
+            print("chained", children_ended)
             pool.apply_async(stop_gracefully, (folder,))
             wait_for(folder, 1)  # the stop waits the grace for it: a watchdog running on would see the idle one end
         elif case == "error":
@@ -173,6 +180,8 @@ def block(folder, case):
                 lost = time.monotonic()
                 os.kill(int(sorted(os.listdir(folder))[0]), signal.SIGKILL)
             result.get() if case == "death" else list(result)
+    if case == "end":
+        print("restored", signal.getsignal(signal.SIGCHLD) is on_child)
     return 0
 
 
@@ -256,12 +265,15 @@ def test_a_stop_signal_as_the_blocks_end_closes_the_pool_ends_the_study_as_a_sto
 
 
 def test_a_block_that_ends_normally_keeps_its_results_and_leaves_no_worker(tmp_path):
-    """Its results kept; `close`, `terminate` and `with pool:` refused, the pool running on; the pool's own SIGTERMs
-    and sentinels at the end, during the stop's grace for a worker in a graceful task, are no death."""
+    """Its results kept; `close`, `terminate` and `with pool:` refused, the pool running on; the program's own SIGCHLD
+    handler called in the block and restored after; the pool's own SIGTERMs and sentinels at the end, during the
+    stop's grace for a worker in a graceful task, are no death."""
     status, stdout, stderr, _ = _drive(tmp_path, "end")
     assert status == 0, stderr  # 1: the pool's end, or a close, taken for a death
     refused = ["close refused", "terminate refused", "with refused"]
-    assert stdout.split("\n")[:5] == ["[2, 3]", *refused, "[4]"], stdout
+    # The program's own SIGCHLD handler ran in the block (called by the block's) and is its handler again after.
+    chained = [f"chained [{int(signal.SIGCHLD)}]", "restored True"]
+    assert stdout.split("\n")[:7] == ["[2, 3]", *refused, "[4]", *chained], stdout
 
 
 @pytest.mark.parametrize("case", ["death", "idle death", "exit 0", "system exit"])
@@ -449,6 +461,34 @@ def test_the_watchdog_reports_the_first_worker_that_died_reported_or_not_and_not
         for child in children:
             child.kill()
             child.join()
+
+
+class _Ended:
+    """A stand-in for the `Process` of a worker that ended; with `started`, reading its `exitcode` first puts its
+    report there (a worker that reported, then died, as the watchdog looked)."""
+
+    def __init__(self, pid: int, exitcode: int, started=None) -> None:
+        self.pid, self.name, self.code, self.started = pid, f"SpawnPoolWorker-{pid}", exitcode, started
+
+    @property
+    def exitcode(self) -> int:
+        if self.started is not None:
+            self.started.put((self.pid, self.name))
+            self.started = None
+        return self.code
+
+
+def test_the_watchdog_names_the_first_worker_that_ended_and_reads_the_reports_after_the_ends():
+    """Several workers ended (a death, then the pool's replacements failing): the first the pool made is named, the
+    cause. A worker whose report reaches the queue as the watchdog reads the ends (it reported, then died) is said to
+    have reported, a cell perhaps lost, not to have died as it started: the reports are read after the ends."""
+    started = multiprocessing.get_context("fork").SimpleQueue()
+    try:
+        workers = [_Ended(7, -signal.SIGKILL, started), _Ended(8, 1), _Ended(9, 1)]
+        watchdog = Watchdog(started, workers, threading.main_thread().ident)
+        assert watchdog.check() == death_message("SpawnPoolWorker-7", 7, -signal.SIGKILL, True)
+    finally:
+        started.close()
 
 
 def test_a_death_names_the_worker_and_how_it_ended():
