@@ -885,6 +885,30 @@ BUGS = {
         ["tests/test_cell_pool.py"],
         "a stop signal as the block's end closes the pool leaves it running: the study waits for a graceful worker",
     ),
+    "watchdog-names-the-last-death": (
+        "dhpo_trl/demo/cell_pool.py",
+        "process, exitcode = ended[0]",
+        "process, exitcode = ended[-1]",
+        ["tests/test_cell_pool.py"], "the line names the pool's last failed replacement, not the worker that died first",
+    ),
+    "watchdog-reads-reports-before-ends": (
+        "dhpo_trl/demo/cell_pool.py",
+        """        ended = [(process, process.exitcode) for process in list(self.workers)]
+        ended = [(process, exitcode) for process, exitcode in ended if exitcode is not None]
+        # After the ends: a worker that reported had its report in the queue's pipe before it ended.
+        drain(self.started, self.reported)""",
+        """        drain(self.started, self.reported)
+        ended = [(process, process.exitcode) for process in list(self.workers)]
+        ended = [(process, exitcode) for process, exitcode in ended if exitcode is not None]""",
+        ["tests/test_cell_pool.py"],
+        "a worker that reports, then dies, as the watchdog looks is said to have died as it started: no cell lost",
+    ),
+    "cell-pool-sigchld-not-chained": (
+        "dhpo_trl/demo/cell_pool.py",
+        "        if callable(previous[signal.SIGCHLD]):\n            previous[signal.SIGCHLD](signum, frame)\n",
+        "",
+        ["tests/test_cell_pool.py"], "the program's own SIGCHLD handler is not called while the block runs",
+    ),
     "close-kills-an-unstarted-worker": (
         "dhpo_trl/demo/cell_pool.py",
         "        if process.pid is not None:  # started",
