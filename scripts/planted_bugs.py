@@ -684,7 +684,7 @@ BUGS = {
         "    while not started.empty():",
         "    if not started.empty():",
         ["tests/test_cell_pool.py"],
-        "the watchdog reads one report a poll: a worker that reported, then died, is said to have died as it started",
+        "the watchdog reads one report a poll: a worker that reported, then died, is said to have died starting",
     ),
     "cell-pool-kills-the-reported-only": (
         "dhpo_trl/demo/cell_pool.py",
@@ -889,7 +889,7 @@ BUGS = {
         "dhpo_trl/demo/cell_pool.py",
         "process, exitcode = ended[0]",
         "process, exitcode = ended[-1]",
-        ["tests/test_cell_pool.py"], "the line names the pool's last failed replacement, not the worker that died first",
+        ["tests/test_cell_pool.py"], "the line names the last failed replacement, not the first worker that died",
     ),
     "watchdog-reads-reports-before-ends": (
         "dhpo_trl/demo/cell_pool.py",
