@@ -20,7 +20,7 @@ from ..core.losses import masked_log_ratio
 from ..core.objectives import get_objective
 from .moe import maybe_set_zero3_leaf_modules, zero3_leaf_modules_for_trl_prepared_models
 from .vllm_utils import check_vllm_setup
-from . import batching, collectives, nonfinite, resume, routing_replay, trl_mirror, update_path
+from . import batching, collectives, input_grad_hooks, nonfinite, resume, routing_replay, trl_mirror, update_path
 from ..scoring.rewards import pop_grading_counts
 from .reward_checks import check_reward_functions
 from .sampler import EpochRepeatSampler
@@ -68,7 +68,8 @@ class DHPOTrainer(GRPOTrainer):
     def _generate_and_score_completions(self, inputs):
         """TRL's generation batch; with `routing_replay` on, the routing to replay added to it as rows. Logs
         `reward/over_budget`: answers the math reward scored 0 because its call ran out of time, on all processes."""
-        with self._routing.generation_batch(self) as recorded:
+        # TRL turns gradient checkpointing off and on around the batch's no-grad passes: one embedding hook kept
+        with self._routing.generation_batch(self) as recorded, input_grad_hooks.replaced_hooks_removed(self.model):
             batch = super()._generate_and_score_completions(inputs)
         counts, _ = self._reduce({key: float(count) for key, count in pop_grading_counts().items()}, {})
         if counts["answers"]:  # the same on every process: the math reward was called
