@@ -456,7 +456,8 @@ def main(argv=None) -> None:
         arm_shapes = [arm_shape(arm, options.batch_size, options.accumulation) for arm in arms]
     except ValueError as error:
         parser.error(str(error))
-    if len({(s["name"], s["batch_size"], s["accumulation"], s["torch_compile"]) for s in arm_shapes}) != len(arms):
+    keys = {(s["name"], s["batch_size"], s["accumulation"], s["torch_compile"]) for s in arm_shapes}
+    if len(keys) != len(arms):
         parser.error(f"--arms {options.arms!r}: each arm once (NAME is NAME@{options.batch_size}x{options.accumulation})")
     for flag, value in (("--repeats", options.repeats), ("--wide-repeats", options.wide_repeats)):
         if value is not None and value < 0:
@@ -479,6 +480,10 @@ def main(argv=None) -> None:
     device_name = torch.cuda.get_device_name() if options.device == "cuda" else "cpu"
     peak = options.peak_tflops or (peak_tflops(device_name) if options.device == "cuda" else None)
 
+    if any(arm.endswith(COMPILED) for arm in arms):
+        # Compiled arms share the model's code objects, and dynamo's compilations of a code object accumulate over
+        # the process's runs (one per arm and shape); past the default limit of 8 a later arm would run eagerly.
+        torch._dynamo.config.recompile_limit = 64
     tokenizer = build_char_tokenizer()
     rng = random.Random(0)
     # 16 to 64 tokens: about what a MATH prompt is next to the paper's 4096-token completions, scaled to the maximum
