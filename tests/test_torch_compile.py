@@ -66,7 +66,7 @@ def parameter_change(tok, tmp_path, path: str, trainer_cls=DHPOTrainer, **settin
     return torch.cat([(p.detach() - s).flatten() for p, s in zip(trained, start, strict=True)]), trainer
 
 
-# About 45 s of CPU for the three paths on the 2-core machine, dynamic batching the longest (about 20 s: three
+# About 40 s of CPU for the three paths on the 2-core machine, dynamic batching the longest (about 20 s: three
 # compilations of each frame).
 @pytest.mark.parametrize("path", list(PATHS))
 def test_compiled_update_equals_the_eager_one_without_recompiling_per_layout(tok, tmp_path, path):
