@@ -22,7 +22,9 @@ from transformers import TrainerCallback
 from trl import GRPOTrainer
 
 from dhpo_trl import DHPOTrainer
+from dhpo_trl.core.config import DHPOConfig, compiled_packing_reason
 from dhpo_trl.core.presets import config_for
+from dhpo_trl.training import batching, update_path
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
 
 CPU = dict(use_cpu=True, bf16=False, report_to="none", seed=0, data_seed=0, save_strategy="no", logging_steps=1)
@@ -31,10 +33,11 @@ RUN = dict(
     per_device_train_batch_size=4, num_generations=4, gradient_accumulation_steps=2, steps_per_generation=4,
     max_completion_length=MAX_COMPLETION, max_steps=4, optim="sgd", learning_rate=0.5, mask_truncated_completions=True,
 )  # fmt: skip
+# Packed rows are compiled without gradient checkpointing only (`compiled_packing_reason`: with it they are refused).
 PATHS = {
     "dynamic": dict(padding_free=False),
-    "packed": dict(padding_free=True),
-    "shared": dict(padding_free=True, share_prompts=True),
+    "packed": dict(padding_free=True, gradient_checkpointing=False),
+    "shared": dict(padding_free=True, share_prompts=True, gradient_checkpointing=False),
 }
 # Compilations a frame may have in these runs: static shapes, then one dimension dynamic, then a second (dynamic
 # batching changes the width of its micro-batches, then their rows). A micro-batch of one row would add one (dynamo
@@ -98,3 +101,25 @@ def test_one_input_embedding_hook_however_often_trl_toggles_gradient_checkpointi
         counts[name] = hooks
     assert len(counts["dhpo"]) == 4 and set(counts["dhpo"]) == {1}  # 2 generation batches
     assert counts["trl"] == [2, 2, 3, 3]  # one more each generation batch
+
+
+def test_packed_rows_are_refused_compiled_under_gradient_checkpointing_and_not_chosen(tok, tmp_path):
+    """Packed rows' per-sequence attention breaks the compiled graph inside each checkpointed layer, which dynamo then
+    runs eagerly (docs/update_paths.md#torchcompile): an explicit request is refused naming it, the automatic
+    default keeps dynamic batching, which compiles, and says why."""
+    base = dict(output_dir=str(tmp_path), **RUN, **CPU)
+    for name, settings in (("padding_free", dict(padding_free=True)),
+                           ("share_prompts", dict(padding_free=None, share_prompts=True))):  # fmt: skip
+        with pytest.raises(ValueError, match=rf"^DHPOConfig\.{name}=True: torch_compile=True"):
+            DHPOConfig(**settings, torch_compile=True, gradient_checkpointing=True, **base)
+        DHPOConfig(**settings, torch_compile=True, gradient_checkpointing=False, **base)
+        DHPOConfig(**settings, torch_compile=False, gradient_checkpointing=True, **base)
+    model = build_tiny_qwen3(tok, num_layers=1, hidden_size=32)
+    for compiled, checkpointed, path in ((True, True, batching.DYNAMIC), (True, False, None), (False, True, None)):
+        config = DHPOConfig(torch_compile=compiled, gradient_checkpointing=checkpointed, **base)
+        chosen = update_path.choose(config.padding_free, False, True, {"model": model}, "cpu", None,
+                                    compiled_packing_reason(config))  # fmt: skip
+        if path is None:
+            assert chosen.padding_free and chosen.note is None
+        else:
+            assert chosen.path is path and "torch_compile" in chosen.note and "padding_free=None" in chosen.note

@@ -15,7 +15,7 @@ from accelerate.utils import DistributedType
 from trl import GRPOTrainer
 
 from ..core import aggregation, entropy_control, metrics, paper
-from ..core.config import DHPOConfig, as_dhpo_config, trl_batching_reason
+from ..core.config import DHPOConfig, as_dhpo_config, compiled_packing_reason, trl_batching_reason
 from ..core.losses import masked_log_ratio
 from ..core.objectives import get_objective
 from .moe import maybe_set_zero3_leaf_modules, zero3_leaf_modules_for_trl_prepared_models
@@ -59,7 +59,8 @@ class DHPOTrainer(GRPOTrainer):
         # padded, dynamic, packed or shared-prompt forwards: decided once (dhpo_trl/training/update_path.py)
         self._update = update_path.choose(args.padding_free, args.share_prompts, args.dynamic_batching,
                                           {"model": self.model, "ref_model": self.ref_model},
-                                          self.accelerator.device.type, trl_batching_reason(args))  # fmt: skip
+                                          self.accelerator.device.type, trl_batching_reason(args),
+                                          compiled_packing_reason(args))  # fmt: skip
         if self._update.notes and self.accelerator.is_main_process:
             print(self._update.notes)
         self._routing = routing_replay.TrainerRouting.of(self)  # `routing_replay`: MoE only
