@@ -113,6 +113,9 @@ def arm_shape(label: str, batch_size: int, accumulation: int) -> dict:
         raise ValueError(f"--arms: {label!r} trains {rows} x {steps} = {rows * steps} sequences an optimizer step; "
                          f"the base shape trains {batch_size} x {accumulation} = {batch_size * accumulation} "
                          f"(--batch-size x --accumulation): give B x A = {batch_size * accumulation}")  # fmt: skip
+    if compiled and name in ("packed", "shared"):  # DHPOConfig refuses it under the benchmark's gradient checkpointing
+        raise ValueError(f"--arms: {label}{COMPILED}: packed rows are not compiled with gradient checkpointing "
+                         "(docs/update_paths.md#torchcompile); compile trl, fixed or dynamic arms")
     return {"name": name, "batch_size": rows, "accumulation": steps, "steps_per_generation": 2 * steps,
             "torch_compile": compiled}
 
@@ -451,7 +454,7 @@ def main(argv=None) -> None:
                              "machine than wall time); --device cpu only")  # fmt: skip
     options = parser.parse_args(argv)
     arms = tuple(options.arms.split(","))
-    arms += tuple(arm + COMPILED for arm in arms) if options.compile else ()
+    arms += tuple(arm + COMPILED for arm in arms) if options.compile else ()  # a packed arm's twin: refused below
     try:
         arm_shapes = [arm_shape(arm, options.batch_size, options.accumulation) for arm in arms]
     except ValueError as error:

@@ -34,8 +34,8 @@ BASE = ["--hidden-size", "32", "--layers", "1", "--heads", "2", "--batch-size", 
 def test_an_arm_shape_keeps_the_generation_batch(bench):
     assert bench.arm_shape("packed", 4, 8) == {"name": "packed", "batch_size": 4, "accumulation": 8,
                                                "steps_per_generation": 16, "torch_compile": False}  # fmt: skip
-    assert bench.arm_shape("packed@16x2+compile", 4, 8) == {"name": "packed", "batch_size": 16, "accumulation": 2,
-                                                            "steps_per_generation": 4, "torch_compile": True}  # fmt: skip
+    assert bench.arm_shape("dynamic@16x2+compile", 4, 8) == {"name": "dynamic", "batch_size": 16, "accumulation": 2,
+                                                             "steps_per_generation": 4, "torch_compile": True}  # fmt: skip
     for label, rows, steps in (("packed@16x2", 16, 2), ("dynamic@32x1", 32, 1), ("trl@2x16", 2, 16)):
         shape = bench.arm_shape(label, 4, 8)
         assert (shape["batch_size"], shape["accumulation"]) == (rows, steps)
@@ -58,6 +58,7 @@ def test_a_shape_that_changes_the_optimizer_step_is_refused(bench, label, capsys
     (["--arms", "trl,packed", "--wide-repeats", "1"], "--wide-repeats"),  # no arm it would act on
     (["--arms", "trl,packed@16x2", "--profile", "packed"], "--profile"),  # a shape is an arm of its own
     (["--arms", "trl,packed@16x2", "--wide-repeats", "-1"], "--wide-repeats"),  # no run, silently
+    (["--arms", "trl,packed", "--compile"], "--arms"),  # packed rows are refused compiled (gradient checkpointing)
 ])  # fmt: skip
 def test_arm_options_that_would_not_act_are_refused(bench, argv, named, capsys):
     with pytest.raises(SystemExit) as stopped:
