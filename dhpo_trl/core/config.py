@@ -551,10 +551,12 @@ def trl_batching_reason(config) -> str | None:
 
 
 def compiled_packing_reason(config) -> str | None:
-    """Why `torch_compile=True` would not act on packed rows, or None. Their per-sequence attention ends the compiled
-    graph (a Python loop over the row's sequences), and a graph break inside a gradient-checkpointed layer makes
-    dynamo run the whole layer eagerly: on the CPU replica of the host-bound regime (28 layers) a packed micro-step
-    ran 34,000 aten operators compiled or not, dynamic batching's 28,600 fell to 5,600 (docs/update_paths.md)."""
+    """Why `torch_compile=True` would not act on packed rows, or None. Their attention is not traced
+    (`packing.packed_sdpa_attention`, `shared_prompts.shared_sdpa_attention`: Python over the row's layout), which
+    breaks the compiled graph, and a graph break inside a gradient-checkpointed layer makes dynamo run the whole layer
+    eagerly: on the CPU replica of the host-bound regime (28 layers) a packed micro-step ran 34,000 aten operators
+    compiled or not, dynamic batching's 28,600 fell to 5,600 (docs/update_paths.md#torchcompile). Not measured with
+    a flash implementation's varlen path, which the refusal covers too."""
     if getattr(config, "torch_compile", False) and config.gradient_checkpointing:
         return ("torch_compile=True does not compile packed rows with gradient_checkpointing=True (their per-sequence "
                 "attention breaks the compiled graph inside every checkpointed layer, which then runs eagerly)")
