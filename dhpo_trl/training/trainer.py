@@ -57,19 +57,17 @@ class DHPOTrainer(GRPOTrainer):
         self._tag_names = ["trl", "dhpo", args.algorithm]
         self.graceful_stop = None  # set by train(): how a stop signal ended the run (see resume.py)
         # padded, dynamic, packed or shared-prompt forwards: decided once (dhpo_trl/training/update_path.py)
-        self._update = update_path.choose(args.padding_free, args.share_prompts, args.dynamic_batching,
-                                          {"model": self.model, "ref_model": self.ref_model},
-                                          self.accelerator.device.type, trl_batching_reason(args),
-                                          compiled_packing_reason(args))  # fmt: skip
+        models, device = {"model": self.model, "ref_model": self.ref_model}, self.accelerator.device.type
+        self._update = update_path.choose(args.padding_free, args.share_prompts, args.dynamic_batching, models, device,
+                                          trl_batching_reason(args), compiled_packing_reason(args))  # fmt: skip
         if self._update.notes and self.accelerator.is_main_process:
             print(self._update.notes)
         self._routing = routing_replay.TrainerRouting.of(self)  # `routing_replay`: MoE only
         self._gradient_check = nonfinite.StepCheck.of(args, self.accelerator)  # fp16 + explicit True: refused here
 
     def _generate_and_score_completions(self, inputs):
-        """TRL's generation batch; with `routing_replay` on, the routing to replay added to it as rows. Logs
-        `reward/over_budget`: answers the math reward scored 0 because its call ran out of time, on all processes."""
-        # TRL turns gradient checkpointing off and on around the batch's no-grad passes: one embedding hook kept
+        """TRL's generation batch (one input-embedding hook kept: `input_grad_hooks`); with `routing_replay` on, the
+        routing to replay added as rows. Logs `reward/over_budget`: math answers scored 0 out of time, all ranks."""
         with self._routing.generation_batch(self) as recorded, input_grad_hooks.replaced_hooks_removed(self.model):
             batch = super()._generate_and_score_completions(inputs)
         counts, _ = self._reduce({key: float(count) for key, count in pop_grading_counts().items()}, {})
