@@ -15,6 +15,9 @@ An arm written `NAME@BxA` (`packed@16x2`) trains at B rows per micro-step and A 
 --batch-size x --accumulation, B x A equal to the base shape's: steps_per_generation 2 x A keeps the generation batch,
 so every optimizer step trains the same sequences and the update gap to TRL still says whether the update is the same.
 Fewer, larger micro-steps test whether per-micro-step cost bounds the update; its timed runs are --wide-repeats.
+With --compile every arm also runs as `NAME+compile` (`torch_compile=True`: the model the update trains is
+`torch.compile`d by accelerate, inductor), interleaved with the others; its warm-up run compiles, and each run records
+the graphs dynamo compiled during it (`graphs_compiled_per_run`: 0 in a timed run says no compilation was timed).
 
 Completions come from a `rollout_func` with the long tail of RLVR responses: lognormal lengths with median
 max/8 (--median-fraction), some cut at the maximum; prompts of 16 to --max-prompt (64) tokens. Sampling costs
@@ -85,10 +88,16 @@ PROFILE_MICRO_STEPS = 2
 PROFILE_MARKER = "bench_micro_step"  # the record_function range around each profiled micro-step
 
 
+COMPILED = "+compile"  # the suffix of an arm's compiled twin (--compile)
+
+
 def arm_shape(label: str, batch_size: int, accumulation: int) -> dict:
     """An arm of `--arms`: `NAME` trains at the base shape (--batch-size x --accumulation), `NAME@BxA` at B rows per
     micro-step and A micro-steps per optimizer step, with the same generation batch (steps_per_generation 2 x A, so
-    2 optimizer steps of the same sequences each). Raises ValueError naming --arms."""
+    2 optimizer steps of the same sequences each); a `+compile` suffix (the twins --compile adds) trains it with
+    `torch_compile=True`. Raises ValueError naming --arms."""
+    compiled = label.endswith(COMPILED)
+    label = label.removesuffix(COMPILED)
     name, at, shape = label.partition("@")
     if name not in TRAINERS:
         raise ValueError(f"--arms: {label!r} names no arm; each is one of {','.join(TRAINERS)}, optionally @BxA")
@@ -104,7 +113,11 @@ def arm_shape(label: str, batch_size: int, accumulation: int) -> dict:
         raise ValueError(f"--arms: {label!r} trains {rows} x {steps} = {rows * steps} sequences an optimizer step; "
                          f"the base shape trains {batch_size} x {accumulation} = {batch_size * accumulation} "
                          f"(--batch-size x --accumulation): give B x A = {batch_size * accumulation}")  # fmt: skip
-    return {"name": name, "batch_size": rows, "accumulation": steps, "steps_per_generation": 2 * steps}
+    if compiled and name in ("packed", "shared"):  # DHPOConfig refuses it under the benchmark's gradient checkpointing
+        raise ValueError(f"--arms: {label}{COMPILED}: packed rows are not compiled with gradient checkpointing "
+                         "(docs/update_paths.md#torchcompile); compile trl, fixed or dynamic arms")
+    return {"name": name, "batch_size": rows, "accumulation": steps, "steps_per_generation": 2 * steps,
+            "torch_compile": compiled}
 
 
 class TRLTrainer(GRPOTrainer):
@@ -192,6 +205,7 @@ class Probe:
         self.largest_pass = 0  # forwarded tokens (rows x widths, or a packed row's) of the largest update pass
         self.profiler = None
         self.seconds = 0.0  # the whole run's wall time: model build, trainer, training
+        self.graphs_compiled = 0  # graphs torch.compile (dynamo) compiled during the run
 
     def release(self):
         """Give the trainer its own methods back and drop every reference to it (the probe is kept after the run)."""
@@ -306,7 +320,7 @@ def run_once(name: str, options, tokenizer, dataset, output_dir: str, measure_me
         max_completion_length=options.max_completion,
         max_steps=options.steps, optim="sgd", learning_rate=1e-3, logging_steps=1, save_strategy="no",
         report_to="none", seed=0, bf16=options.dtype == "bfloat16", use_cpu=options.device == "cpu",
-        disable_tqdm=True,
+        disable_tqdm=True, torch_compile=shape["torch_compile"],
     )  # fmt: skip
     row = PAPER_ALGORITHMS["GRPO"]
     shape["max_tokens_per_micro_batch"] = None  # TRL's arm and the fixed one: no budget
@@ -331,6 +345,7 @@ def run_once(name: str, options, tokenizer, dataset, output_dir: str, measure_me
     # the parameter change, for the update gap: warm-up runs only (a copy of the model, kept on its device)
     start = [p.detach().clone() for p in model.parameters()] if measure_memory else None
     calls = attention_kernels.CALLS.copy()
+    graphs = compiled_graphs()
     rollout = long_tailed_rollout(tokenizer, options.max_completion, options.median_fraction, options.sigma)
     trainer = trainer_cls(model=model, reward_funcs=content_reward, args=args, train_dataset=dataset,
                           processing_class=tokenizer, rollout_func=rollout)  # fmt: skip
@@ -347,6 +362,7 @@ def run_once(name: str, options, tokenizer, dataset, output_dir: str, measure_me
     change = None if start is None else [p.detach().float() - s.float() for p, s in zip(model.parameters(), start,
                                                                                       strict=True)]  # fmt: skip
     probe.kernels = dict(attention_kernels.CALLS - calls)
+    probe.graphs_compiled = compiled_graphs() - graphs
     probe.config, probe.shape = config, shape
     probe.health = health(trainer.state.log_history, change)
     probe.release()
@@ -359,6 +375,11 @@ def run_once(name: str, options, tokenizer, dataset, output_dir: str, measure_me
         torch.cuda.empty_cache()
     probe.seconds = time.perf_counter() - began
     return probe, change, parameters
+
+
+def compiled_graphs() -> int:
+    """Graphs dynamo has compiled in this process so far (its `unique_graphs` counter)."""
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
 def health(log_history: list[dict], change: list[torch.Tensor] | None) -> dict:
@@ -418,7 +439,10 @@ def main(argv=None) -> None:
                         help="a released Qwen3's shape, random weights (instead of --hidden-size/--layers/--heads)")
     parser.add_argument("--arms", default=",".join(TRAINERS), help=f"comma-separated subset of {','.join(TRAINERS)}; "
                         "NAME@BxA trains that arm at B rows x A accumulation steps, the same sequences an optimizer "
-                        "step and the same generation batch as --batch-size x --accumulation (B x A equal)")  # fmt: skip
+                        "step and the same generation batch as --batch-size x --accumulation (B x A equal); "
+                        "NAME+compile (or NAME@BxA+compile) with torch_compile=True")  # fmt: skip
+    parser.add_argument("--compile", action="store_true", help="also run every arm of --arms with torch_compile=True "
+                        "(as NAME+compile, interleaved with the others)")
     parser.add_argument("--json", default=None, help="write the figures to this file (rewritten after every run)")
     parser.add_argument("--profile", default="", help="comma-separated arms run once more, after the first timed "
                         "round and untimed, with torch.profiler over the first micro-steps of the second optimizer "
@@ -430,11 +454,13 @@ def main(argv=None) -> None:
                              "machine than wall time); --device cpu only")  # fmt: skip
     options = parser.parse_args(argv)
     arms = tuple(options.arms.split(","))
+    arms += tuple(arm + COMPILED for arm in arms) if options.compile else ()  # a packed arm's twin: refused below
     try:
         arm_shapes = [arm_shape(arm, options.batch_size, options.accumulation) for arm in arms]
     except ValueError as error:
         parser.error(str(error))
-    if len({(s["name"], s["batch_size"], s["accumulation"]) for s in arm_shapes}) != len(arms):
+    keys = {(s["name"], s["batch_size"], s["accumulation"], s["torch_compile"]) for s in arm_shapes}
+    if len(keys) != len(arms):
         parser.error(f"--arms {options.arms!r}: each arm once (NAME is NAME@{options.batch_size}x{options.accumulation})")
     for flag, value in (("--repeats", options.repeats), ("--wide-repeats", options.wide_repeats)):
         if value is not None and value < 0:
@@ -457,6 +483,10 @@ def main(argv=None) -> None:
     device_name = torch.cuda.get_device_name() if options.device == "cuda" else "cpu"
     peak = options.peak_tflops or (peak_tflops(device_name) if options.device == "cuda" else None)
 
+    if any(arm.endswith(COMPILED) for arm in arms):
+        # Compiled arms share the model's code objects, and dynamo's compilations of a code object accumulate over
+        # the process's runs (one per arm and shape); past the default limit of 8 a later arm would run eagerly.
+        torch._dynamo.config.recompile_limit = 64
     tokenizer = build_char_tokenizer()
     rng = random.Random(0)
     # 16 to 64 tokens: about what a MATH prompt is next to the paper's 4096-token completions, scaled to the maximum
@@ -510,7 +540,8 @@ def arm_figures(probes: list, gap: float | None, steps: int, peak: float | None)
     figures = {"padding_fraction": 1 - first.real / first.forwarded, "peak_step_memory_bytes": max(first.peaks),
                "update_gap_to_trl": gap, "attention_kernels": first.kernels, "timed_runs": len(probes) - 1,
                "warm_up_run": first.health, "run_seconds": [p.seconds for p in probes], "shape": first.shape,
-               "largest_pass_tokens": first.largest_pass}  # fmt: skip
+               "largest_pass_tokens": first.largest_pass,
+               "graphs_compiled_per_run": [p.graphs_compiled for p in probes]}  # fmt: skip
     if first.prompts_total:  # shared prompts: prompt tokens not forwarded again
         figures["prompt_tokens_saved"] = 1 - first.prompts_forwarded / first.prompts_total
         figures["old_logp_prompt_tokens_saved"] = 1 - first.old_prompts_forwarded / first.old_prompts_total
@@ -541,7 +572,8 @@ def build_report(options, arms, runs, gaps, parameters, device_name, peak, profi
                              profile_summary=probe.profile_summary)  # fmt: skip
     ratios = {}
     pairs = [("packed", "dynamic"), ("packed", "trl"), ("dynamic", "trl"), ("shared", "packed")]
-    pairs += [(name, name.partition("@")[0]) for name in arms if "@" in name]  # a shape against the base shape
+    pairs += [(name, name.partition("@")[0]) for name in arms if "@" in name and COMPILED not in name]  # a shape
+    pairs += [(name, name.removesuffix(COMPILED)) for name in arms if name.endswith(COMPILED)]  # compiled twins
     for top, bottom in pairs:
         rates = [figures.get(name, {}).get("trained_tokens_per_second") for name in (top, bottom)]
         if None not in rates:

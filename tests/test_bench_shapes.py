@@ -33,7 +33,9 @@ BASE = ["--hidden-size", "32", "--layers", "1", "--heads", "2", "--batch-size", 
 
 def test_an_arm_shape_keeps_the_generation_batch(bench):
     assert bench.arm_shape("packed", 4, 8) == {"name": "packed", "batch_size": 4, "accumulation": 8,
-                                               "steps_per_generation": 16}  # fmt: skip
+                                               "steps_per_generation": 16, "torch_compile": False}  # fmt: skip
+    assert bench.arm_shape("dynamic@16x2+compile", 4, 8) == {"name": "dynamic", "batch_size": 16, "accumulation": 2,
+                                                             "steps_per_generation": 4, "torch_compile": True}  # fmt: skip
     for label, rows, steps in (("packed@16x2", 16, 2), ("dynamic@32x1", 32, 1), ("trl@2x16", 2, 16)):
         shape = bench.arm_shape(label, 4, 8)
         assert (shape["batch_size"], shape["accumulation"]) == (rows, steps)
@@ -56,6 +58,7 @@ def test_a_shape_that_changes_the_optimizer_step_is_refused(bench, label, capsys
     (["--arms", "trl,packed", "--wide-repeats", "1"], "--wide-repeats"),  # no arm it would act on
     (["--arms", "trl,packed@16x2", "--profile", "packed"], "--profile"),  # a shape is an arm of its own
     (["--arms", "trl,packed@16x2", "--wide-repeats", "-1"], "--wide-repeats"),  # no run, silently
+    (["--arms", "trl,packed", "--compile"], "--arms"),  # packed rows are refused compiled (gradient checkpointing)
 ])  # fmt: skip
 def test_arm_options_that_would_not_act_are_refused(bench, argv, named, capsys):
     with pytest.raises(SystemExit) as stopped:
@@ -85,7 +88,8 @@ def test_wide_arms_train_the_same_update_as_trl(bench, tmp_path, monkeypatch):
         assert arms[label]["update_gap_to_trl"] < 1e-4, label
     assert arms["packed@8x4"]["update_gap_to_trl"] > 1e-2
     assert arms["packed@16x2"]["shape"] == {"name": "packed", "batch_size": 16, "accumulation": 2,
-                                            "steps_per_generation": 4, "max_tokens_per_micro_batch": None}  # fmt: skip
+                                            "steps_per_generation": 4, "torch_compile": False,
+                                            "max_tokens_per_micro_batch": None}  # fmt: skip
     assert arms["trl"]["shape"]["batch_size"] == 4 and arms["trl"]["timed_runs_asked"] == 0
 
 
@@ -101,7 +105,7 @@ def test_wide_repeats_time_each_shaped_arm_its_own_runs(bench, tmp_path, monkeyp
         order.append(name if measure_memory else f"{'profile' if profiled else 'timed'} {name}")
         probe = SimpleNamespace(real=9, forwarded=10, peaks=[1], kernels={}, prompts_total=0, trained_tokens=6,
                                 step_seconds=2.0, score_seconds=1.0, config=config, prompt_lengths=[2],
-                                completion_lengths=[3], health={}, seconds=1.0, largest_pass=5,
+                                completion_lengths=[3], health={}, seconds=1.0, largest_pass=5, graphs_compiled=0,
                                 shape=bench.arm_shape(name, options.batch_size, options.accumulation),
                                 profile=[], profile_steps=range(2, 4), profile_summary=None)  # fmt: skip
         return probe, [torch.ones(2)] if measure_memory else None, 100

@@ -472,7 +472,7 @@ def test_an_arm_without_a_timed_run_reports_no_speed(bench):
     probe = SimpleNamespace(real=90, forwarded=120, peaks=[5, 7], kernels={"sdpa": 3}, prompts_total=0,
                             trained_tokens=60, step_seconds=2.0, score_seconds=0.5, config=None,
                             prompt_lengths=[], completion_lengths=[], health={}, seconds=3.5,
-                            shape={"batch_size": 16, "accumulation": 2}, largest_pass=48)  # fmt: skip
+                            shape={"batch_size": 16, "accumulation": 2}, largest_pass=48, graphs_compiled=0)  # fmt: skip
     figures = bench.arm_figures([probe], None, 2, 989.0)
     assert figures["padding_fraction"] == 0.25 and figures["peak_step_memory_bytes"] == 7
     assert figures["shape"] == {"batch_size": 16, "accumulation": 2} and figures["largest_pass_tokens"] == 48

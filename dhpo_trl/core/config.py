@@ -495,6 +495,12 @@ class DHPOConfig(GRPOConfig):
                 f"DHPOConfig.max_tokens_per_micro_batch={budget} acts only with dynamic_batching: set "
                 "dynamic_batching=True, or drop max_tokens_per_micro_batch."
             )
+        compiled = compiled_packing_reason(self)
+        for name in (name for name in ("padding_free", "share_prompts") if getattr(self, name) is True and compiled):
+            raise ValueError(  # padding_free=None: the trainer keeps dynamic batching and says so
+                f"DHPOConfig.{name}=True: {compiled}. Set padding_free=False (dynamic batching, which compiles), "
+                "torch_compile=False, or gradient_checkpointing=False."
+            )
         reason = trl_batching_reason(self) if self.dynamic_batching is not False else None
         for name in (name for name, asked in planning_requested(self).items() if asked and reason):
             raise ValueError(
@@ -548,6 +554,19 @@ def trl_batching_reason(config) -> str | None:
         return (f"steps_per_generation ({config.steps_per_generation}) is not a multiple of "
                 f"gradient_accumulation_steps ({config.gradient_accumulation_steps}), and dynamic batching regroups "
                 "sequences within each optimizer step's accumulation window")  # fmt: skip
+    return None
+
+
+def compiled_packing_reason(config) -> str | None:
+    """Why `torch_compile=True` would not act on packed rows, or None. Their attention is not traced
+    (`packing.packed_sdpa_attention`, `shared_prompts.shared_sdpa_attention`: Python over the row's layout), which
+    breaks the compiled graph, and a graph break inside a gradient-checkpointed layer makes dynamo run the whole layer
+    eagerly: on the CPU replica of the host-bound regime (28 layers) a packed micro-step ran 34,000 aten operators
+    compiled or not, dynamic batching's 28,600 fell to 5,600 (docs/update_paths.md#torchcompile). Not measured with
+    a flash implementation's varlen path, which the refusal covers too."""
+    if getattr(config, "torch_compile", False) and config.gradient_checkpointing:
+        return ("torch_compile=True does not compile packed rows with gradient_checkpointing=True (their per-sequence "
+                "attention breaks the compiled graph inside every checkpointed layer, which then runs eagerly)")
     return None
 
 

@@ -169,6 +169,10 @@ def head_on_predictors(backbone, predictors: torch.Tensor):
 
 
 # ----------------------------------------------------------------------------------------------- attention
+# Not traced by torch.compile (`torch_compile=True`): the loop over a row's sequences reads their lengths in Python,
+# so a traced one (resumed after the `cu_seq_lens` read) would compile again for every row layout, and past dynamo's
+# recompile limit run eagerly. Its kernels run as without compile; the layers around it are compiled.
+@torch.compiler.disable
 def packed_sdpa_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """Causal attention over each packed sequence on its own: `query` (1, heads, L, dim), boundaries from
     `cu_seq_lens_q`. No mask is built; each sequence costs its own length squared.

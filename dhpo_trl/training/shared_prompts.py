@@ -320,6 +320,10 @@ def packed_forward(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
 
 
 # ----------------------------------------------------------------------------------------------- attention
+# Not traced by torch.compile (`torch_compile=True`): the loop reads the row's segments (lengths, prefixes, masks) in
+# Python, so a traced one would compile the model again for every row layout, and past dynamo's recompile limit the
+# whole model would run eagerly. Its SDPA calls run as without compile; the layers around it are compiled.
+@torch.compiler.disable
 def shared_sdpa_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """Attention over a shared row (`query` (1, heads, L, dim)): a prefix or unshared sequence causally over itself,
     a suffix over [its prefix; itself] under its lower-right causal mask. Returns (1, L, heads, dim), None."""

@@ -15,12 +15,12 @@ from accelerate.utils import DistributedType
 from trl import GRPOTrainer
 
 from ..core import aggregation, entropy_control, metrics, paper
-from ..core.config import DHPOConfig, as_dhpo_config, trl_batching_reason
+from ..core.config import DHPOConfig, as_dhpo_config, compiled_packing_reason, trl_batching_reason
 from ..core.losses import masked_log_ratio
 from ..core.objectives import get_objective
 from .moe import maybe_set_zero3_leaf_modules, zero3_leaf_modules_for_trl_prepared_models
 from .vllm_utils import check_vllm_setup
-from . import batching, collectives, nonfinite, resume, routing_replay, trl_mirror, update_path
+from . import batching, collectives, input_grad_hooks, nonfinite, resume, routing_replay, trl_mirror, update_path
 from ..scoring.rewards import pop_grading_counts
 from .reward_checks import check_reward_functions
 from .sampler import EpochRepeatSampler
@@ -57,18 +57,18 @@ class DHPOTrainer(GRPOTrainer):
         self._tag_names = ["trl", "dhpo", args.algorithm]
         self.graceful_stop = None  # set by train(): how a stop signal ended the run (see resume.py)
         update_path.refuse_multimodal_planning(args, self.processing_class)  # the forwards' path: update_path.py
-        self._update = update_path.choose(args.padding_free, args.share_prompts, args.dynamic_batching,
-                                          {"model": self.model, "ref_model": self.ref_model},
-                                          self.accelerator.device.type, trl_batching_reason(args))  # fmt: skip
+        models, device = {"model": self.model, "ref_model": self.ref_model}, self.accelerator.device.type
+        self._update = update_path.choose(args.padding_free, args.share_prompts, args.dynamic_batching, models, device,
+                                          trl_batching_reason(args), compiled_packing_reason(args))  # fmt: skip
         if self._update.notes and self.accelerator.is_main_process:
             print(self._update.notes)
         self._routing = routing_replay.TrainerRouting.of(self)  # `routing_replay`: MoE only
         self._gradient_check = nonfinite.StepCheck.of(args, self.accelerator)  # fp16 + explicit True: refused here
 
     def _generate_and_score_completions(self, inputs):
-        """TRL's generation batch; with `routing_replay` on, the routing to replay added to it as rows. Logs
-        `reward/over_budget`: answers the math reward scored 0 because its call ran out of time, on all processes."""
-        with self._routing.generation_batch(self) as recorded:
+        """TRL's generation batch (one input-embedding hook kept: `input_grad_hooks`); with `routing_replay` on, the
+        routing to replay added as rows. Logs `reward/over_budget`: math answers scored 0 out of time, all ranks."""
+        with self._routing.generation_batch(self) as recorded, input_grad_hooks.replaced_hooks_removed(self.model):
             batch = super()._generate_and_score_completions(inputs)
         counts, _ = self._reduce({key: float(count) for key, count in pop_grading_counts().items()}, {})
         if counts["answers"]:  # the same on every process: the math reward was called

@@ -119,23 +119,24 @@ def refuse_multimodal_planning(args, processing_class) -> None:
 
 
 def choose(padding_free: bool | None, share_prompts: bool, dynamic_batching: bool | None, models: dict,
-           device_type: str, trl_only: str | None = None) -> UpdatePath:  # fmt: skip
+           device_type: str, trl_only: str | None = None, uncompiled: str | None = None) -> UpdatePath:  # fmt: skip
     """`models`: name -> model for the policy and the reference model (None where there is none). `trl_only`: why
-    dynamic batching cannot serve this run's TRL settings (`core.config.trl_batching_reason`), or None. Every path
-    gets the attention context of `cuda_attention.for_update(device_type)`."""
-    chosen = _choose(padding_free, share_prompts, dynamic_batching, models, device_type, trl_only)
+    dynamic batching cannot serve this run's TRL settings (`core.config.trl_batching_reason`), or None. `uncompiled`:
+    why `torch_compile` would not act on packed rows (`core.config.compiled_packing_reason`), or None: the automatic
+    choice then keeps dynamic batching. Every path gets the attention context of `cuda_attention.for_update`."""
+    chosen = _choose(padding_free, share_prompts, dynamic_batching, models, device_type, trl_only, uncompiled)
     chosen.attention, chosen.attention_note = cuda_attention.for_update(device_type)
     return chosen
 
 
-def _choose(padding_free, share_prompts, dynamic_batching, models, device_type, trl_only) -> UpdatePath:
+def _choose(padding_free, share_prompts, dynamic_batching, models, device_type, trl_only, uncompiled) -> UpdatePath:
     models = {name: model for name, model in models.items() if model is not None}
     if dynamic_batching is False:
         return UpdatePath(batching.PADDED)
     if trl_only is not None:  # the config refuses an explicit request: only the automatic choice gets here
         return UpdatePath(batching.PADDED, f"DHPOConfig.dynamic_batching=None (automatic): TRL's batching for this "
                                            f"run, since {trl_only}.")  # fmt: skip
-    packed, note = _packs(padding_free, share_prompts, models, device_type)
+    packed, note = _packs(padding_free, share_prompts, models, device_type, uncompiled)
     for name, model in models.items() if share_prompts else ():
         reason = shared_prompts.unsupported_model_reason(model)
         if reason:
@@ -146,7 +147,8 @@ def _choose(padding_free, share_prompts, dynamic_batching, models, device_type, 
     return UpdatePath(shared_prompts.SHARED if share_prompts else packing.PACKED)
 
 
-def _packs(padding_free: bool | None, share_prompts: bool, models: dict, device_type: str) -> tuple[bool, str | None]:
+def _packs(padding_free: bool | None, share_prompts: bool, models: dict, device_type: str,
+           uncompiled: str | None = None) -> tuple[bool, str | None]:  # fmt: skip
     """Whether the forwards run on packed rows, and the line that says why the automatic choice does not pack."""
     for name, model in models.items() if padding_free is True else ():
         reason = packing.unsupported_model_reason(model)
@@ -155,7 +157,7 @@ def _packs(padding_free: bool | None, share_prompts: bool, models: dict, device_
                              "padding_free=False (dynamic batching) or change the model.")  # fmt: skip
     if padding_free is not None:
         return padding_free, None
-    reason = packing.automatic_reason(list(models.values()), device_type)
+    reason = packing.automatic_reason(list(models.values()), device_type) or uncompiled
     if reason and share_prompts:
         raise ValueError(f"DHPOConfig.share_prompts=True needs padding-free packing, which padding_free=None "
                          f"leaves off here ({reason}): set padding_free=True, or share_prompts=False.")
