@@ -82,6 +82,25 @@ def test_planned_batching_asked_for_with_a_vision_language_processor_is_refused(
         assert f"{name}={value!r}" in str(error.value)
 
 
+def test_a_vision_language_model_on_text_only_prompts_packs_as_asked(tmp_path):
+    """The same processor on a text-only dataset: TRL forwards no image input, so `padding_free=True` acts (packed
+    rows, no fallback warning) and the off-policy update is TRL's."""
+    texts = Dataset.from_dict({"prompt": [[{"role": "user", "content": "x" * (1 + i % 3)}] for i in range(8)]})
+    run = dict(**RUN, max_completion_length=8, **CPU)
+    changes = []
+    for trainer_cls, args in ((GRPOTrainer, GRPOConfig(str(tmp_path / "trl"), **run)),
+                              (DHPOTrainer, DHPOConfig(str(tmp_path / "dhpo"), algorithm="grpo", loss_type="dapo",
+                                                       padding_free=True, **run))):  # fmt: skip
+        processor = build_processor()
+        trainer = trainer_cls(model=build_model(processor), reward_funcs=length_reward, args=args,
+                              train_dataset=texts, processing_class=processor)  # fmt: skip
+        changes.append(train(trainer))
+    assert trainer._update.padding_free and not trainer._update.warned  # packed, every batch planned
+    assert logged(trainer, "batching/padding_fraction") == [0.0]
+    assert logged(trainer, "off_policy/abs_log_ratio")[1] > 1e-3
+    assert (changes[1] - changes[0]).norm() <= 1e-5 * changes[0].norm()
+
+
 # ------------------------------------------------------------------ multi-turn tool calling (`tools=`)
 TOOL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<tool_response>",
                "</tool_response>", "<think>", "</think>"]  # fmt: skip

@@ -56,7 +56,7 @@ class DHPOTrainer(GRPOTrainer):
         self.zero3_leaf_modules = maybe_set_zero3_leaf_modules(self.model, self.accelerator)
         self._tag_names = ["trl", "dhpo", args.algorithm]
         self.graceful_stop = None  # set by train(): how a stop signal ended the run (see resume.py)
-        update_path.refuse_multimodal_planning(args, self.processing_class)  # the forwards' path: update_path.py
+        update_path.refuse_multimodal_planning(args, self.processing_class, self.train_dataset)  # see update_path.py
         self._update = update_path.choose(args.padding_free, args.share_prompts, args.dynamic_batching,
                                           {"model": self.model, "ref_model": self.ref_model},
                                           self.accelerator.device.type, trl_batching_reason(args))  # fmt: skip
