@@ -82,6 +82,14 @@ def test_planned_batching_asked_for_with_a_vision_language_processor_is_refused(
         assert f"{name}={value!r}" in str(error.value)
 
 
+def test_the_refusal_comes_before_the_model_loads(tmp_path):
+    """A model id that does not exist: the refusal, not the load error, when the processor is passed in."""
+    args = DHPOConfig(str(tmp_path), padding_free=True, **RUN, **CPU)
+    with pytest.raises(ValueError, match="padding_free=True"):
+        DHPOTrainer(str(tmp_path / "no-such-model"), length_reward, args, image_dataset(2),
+                    processing_class=build_processor())  # fmt: skip
+
+
 def test_a_vision_language_model_on_text_only_prompts_packs_as_asked(tmp_path):
     """The same processor on a text-only dataset: TRL forwards no image input, so `padding_free=True` acts (packed
     rows, no fallback warning) and the off-policy update is TRL's."""

@@ -8,6 +8,7 @@ and the `dhpo/` / `gmpo/` metrics are ours too; TRL's metric keys keep their mea
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import torch
@@ -50,6 +51,10 @@ class DHPOTrainer(GRPOTrainer):
         # vllm missing or server unreachable: fail now, before any model is loaded.
         check_vllm_setup(args, model_name, is_main_process=args.process_index == 0)
         reward_funcs = check_reward_functions(reward_funcs, args.reward_weights)  # garbage, weights: named errors
+        passed = inspect.signature(GRPOTrainer.__init__).bind(self, model, reward_funcs, args, *pos, **kwargs)
+        # Before any model loads; checked again once TRL has loaded a processing class that was not passed.
+        update_path.refuse_multimodal_planning(args, passed.arguments.get("processing_class"),
+                                               passed.arguments.get("train_dataset"))  # fmt: skip
         with zero3_leaf_modules_for_trl_prepared_models(), routing_replay.building_engine(args):  # ref. model; R3
             super().__init__(model, reward_funcs, args, *pos, **kwargs)
         # ZeRO-3 + MoE: mark the MoE blocks as leaves (logged). DeepSpeed wraps the policy later, in train().
