@@ -55,7 +55,7 @@ def vlm_trainer(trainer_cls, args):
 
 
 def test_a_vision_language_model_on_image_prompts_trains_as_trls(tmp_path):
-    """A tiny Qwen2.5-VL on prompts with images of three sizes: the default path keeps TRL's micro-batches and TRL's
+    """A tiny Qwen2.5-VL on prompts with images of four shapes: the default path keeps TRL's micro-batches and TRL's
     forwards with the image inputs, so the off-policy update is TRL's."""
     run = dict(**RUN, max_completion_length=8, **CPU)
     trl = vlm_trainer(GRPOTrainer, GRPOConfig(str(tmp_path / "trl"), **run))
