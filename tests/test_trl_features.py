@@ -182,16 +182,17 @@ def trl_tool_run(tmp_path_factory):
 @pytest.mark.parametrize("path", [dict(dynamic_batching=False), dict(padding_free=False), dict(padding_free=True),
                                   dict(padding_free=True, max_tokens_per_micro_batch=160),
                                   dict(padding_free=True, share_prompts=True)],
-                         ids=["trl_batching", "dynamic", "packed", "packed_budget", "shared_prompts"])  # fmt: skip
-def test_tool_calling_trains_as_trls_on_every_path(tmp_path, trl_tool_run, path):
+                         ids=["Padded", "Dynamic", "Packed", "Packed_budget", "Shared"])  # fmt: skip
+def test_tool_calling_trains_as_trls_on_every_path(tmp_path, trl_tool_run, path, request):
     """`tools=[...]`: TRL runs the tool and appends its result to the completion, masked out of the loss by its
     `tool_mask`. On every path the off-policy update is TRL's (the tool result tokens carry no gradient)."""
     trl_change, trl = trl_tool_run
-    masked = []
+    masked, passes = [], []
     ours = tool_trainer(DHPOTrainer, DHPOConfig(str(tmp_path), algorithm="grpo", loss_type="dapo", **path, **TOOL_RUN))
     compute_loss = ours.compute_loss
 
     def recording(model, inputs, *args, **kwargs):
+        passes.append(len(inputs) if isinstance(inputs, list) else 1)
         for part in inputs if isinstance(inputs, list) else [inputs]:
             masked.append(int((part["completion_mask"] * (1 - part["tool_mask"])).sum()))
         return compute_loss(model, inputs, *args, **kwargs)
@@ -200,6 +201,10 @@ def test_tool_calling_trains_as_trls_on_every_path(tmp_path, trl_tool_run, path)
     ours_change = train(ours)
     assert logged(trl, "tools/call_frequency")[0] == 1.0 and logged(ours, "tools/call_frequency")[0] == 1.0
     assert min(masked) > 0  # every micro-batch holds tool result tokens
+    assert (max(passes) > 1) == ("max_tokens_per_micro_batch" in path)  # the budget splits micro-steps
+    assert type(ours._update.path).__name__ == request.node.callspec.id.split("_")[0]  # the path asked for ran
+    saved = logged(ours, "batching/prompt_tokens_saved")  # logged by the shared-prompt path only
+    assert (bool(saved) and saved[0] > 0) == path.get("share_prompts", False)
     assert logged(ours, "off_policy/abs_log_ratio")[1] > 1e-3
     assert (ours_change - trl_change).norm() <= 1e-5 * trl_change.norm()
     assert logged(ours, "loss") == pytest.approx(logged(trl, "loss"), abs=1e-6)
