@@ -39,6 +39,10 @@ def length_reward(completions, **kwargs):
     return [float(len(str(completion)) % 5) for completion in completions]
 
 
+def flat(model):
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
 def train(trainer):
     start = [p.detach().clone() for p in trainer.model.parameters()]
     with warnings.catch_warnings():
@@ -296,6 +300,7 @@ def test_evaluation_kl_to_a_synced_reference_and_chat_template_kwargs_as_trls(tm
         eval_dataset=Dataset.from_dict({"prompt": prompts}))  # fmt: skip
     assert logged(ours, "off_policy/abs_log_ratio")[1] > 1e-3
     assert (ours_change - trl_change).norm() <= 1e-5 * trl_change.norm()
+    assert (flat(ours.ref_model) - (flat(ours.model) - ours_change)).norm() > 1e-3  # the reference was synced
     rendered = ours.processing_class.decode(ours._buffered_inputs[0]["prompt_ids"][0])
     assert rendered.endswith("assistant, thinking:")  # the kwarg reached the template
     evaluations = [entry for entry in trl.state.log_history if "eval_loss" in entry]
