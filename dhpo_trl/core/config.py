@@ -128,8 +128,8 @@ class DHPOConfig(GRPOConfig):
             each micro-batch's mean over the tokens it acts on, weighted by its share of the window's loss tokens
             (without `top_entropy_quantile`: the mean over the window's tokens). Planned only where
             `steps_per_generation` is a multiple of `gradient_accumulation_steps`. Multimodal batches keep TRL's
-            micro-batches (a warning says so); `True` with a vision-language processor and images in the dataset is refused.
-            `False` gives TRL's batching exactly.
+            micro-batches (a warning says so); `True` with a vision-language processor and images in the dataset is
+            refused. `False` gives TRL's batching exactly.
         max_tokens_per_micro_batch (`int`, *optional*):
             With `dynamic_batching`, the largest padded token count (rows x (prompt + completion columns)) of one
             forward pass. A micro-batch above it runs as several forward/backward passes inside the same optimizer
