@@ -16,6 +16,7 @@ is supported and the faster path known (`packing.automatic_reason`), else keeps 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -121,6 +122,14 @@ def refuse_multimodal_planning(args, processing_class, train_dataset) -> None:
         raise ValueError(f"DHPOConfig.{', '.join(asked)} cannot act with the vision-language processor "
                          f"{type(processing_class).__name__}: its batches carry image inputs, which keep TRL's "
                          "micro-batches. Leave these settings at their defaults, or set dynamic_batching=False.")
+
+
+def refuse_planning_passed(init: Callable, *call_args, **call_kwargs) -> None:
+    """`refuse_multimodal_planning` before any model loads, on the `args`, processing class and training dataset of
+    the call `init(*call_args, **call_kwargs)` (`GRPOTrainer.__init__`), passed by position or by name. A processing
+    class that TRL loads itself (None passed) is checked once it is loaded."""
+    passed = inspect.signature(init).bind(*call_args, **call_kwargs).arguments
+    refuse_multimodal_planning(passed["args"], passed.get("processing_class"), passed.get("train_dataset"))
 
 
 def _may_hold_images(dataset) -> bool:
