@@ -158,10 +158,10 @@ def _grpo_config_trainer():
 
 def _with_a_vision_processor(**settings):
     """The planned batching asked for with a vision-language processing class, whose batches keep TRL's."""
-    from vlm_stand_in import build_processor
+    from vlm_stand_in import build_processor, image_dataset
 
     args = DHPOConfig("/tmp/unused", **CPU, **OFF_POLICY, **settings)
-    update_path.refuse_multimodal_planning(args, build_processor())
+    update_path.refuse_multimodal_planning(args, build_processor(), image_dataset(2))
 
 
 CASES = [(setting, trigger, names) for setting, cases in CONTRACTS.items() for trigger, names in cases]

@@ -39,6 +39,10 @@ def length_reward(completions, **kwargs):
     return [float(len(str(completion)) % 5) for completion in completions]
 
 
+def flat(model):
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
 def train(trainer):
     start = [p.detach().clone() for p in trainer.model.parameters()]
     with warnings.catch_warnings():
@@ -55,7 +59,7 @@ def vlm_trainer(trainer_cls, args):
 
 
 def test_a_vision_language_model_on_image_prompts_trains_as_trls(tmp_path):
-    """A tiny Qwen2.5-VL on prompts with images of three sizes: the default path keeps TRL's micro-batches and TRL's
+    """A tiny Qwen2.5-VL on prompts with images of four shapes: the default path keeps TRL's micro-batches and TRL's
     forwards with the image inputs, so the off-policy update is TRL's."""
     run = dict(**RUN, max_completion_length=8, **CPU)
     trl = vlm_trainer(GRPOTrainer, GRPOConfig(str(tmp_path / "trl"), **run))
@@ -80,6 +84,33 @@ def test_planned_batching_asked_for_with_a_vision_language_processor_is_refused(
         vlm_trainer(DHPOTrainer, args)
     for name, value in setting.items():
         assert f"{name}={value!r}" in str(error.value)
+
+
+def test_the_refusal_comes_before_the_model_loads(tmp_path):
+    """A model id that does not exist: the refusal, not the load error, when the processor is passed in."""
+    args = DHPOConfig(str(tmp_path), padding_free=True, **RUN, **CPU)
+    with pytest.raises(ValueError, match="padding_free=True"):
+        DHPOTrainer(str(tmp_path / "no-such-model"), length_reward, args, image_dataset(2),
+                    processing_class=build_processor())  # fmt: skip
+
+
+def test_a_vision_language_model_on_text_only_prompts_packs_as_asked(tmp_path):
+    """The same processor on a text-only dataset: TRL forwards no image input, so `padding_free=True` acts (packed
+    rows, no fallback warning) and the off-policy update is TRL's."""
+    texts = Dataset.from_dict({"prompt": [[{"role": "user", "content": "x" * (1 + i % 3)}] for i in range(8)]})
+    run = dict(**RUN, max_completion_length=8, **CPU)
+    changes = []
+    for trainer_cls, args in ((GRPOTrainer, GRPOConfig(str(tmp_path / "trl"), **run)),
+                              (DHPOTrainer, DHPOConfig(str(tmp_path / "dhpo"), algorithm="grpo", loss_type="dapo",
+                                                       padding_free=True, **run))):  # fmt: skip
+        processor = build_processor()
+        trainer = trainer_cls(model=build_model(processor), reward_funcs=length_reward, args=args,
+                              train_dataset=texts, processing_class=processor)  # fmt: skip
+        changes.append(train(trainer))
+    assert trainer._update.padding_free and not trainer._update.warned  # packed, every batch planned
+    assert logged(trainer, "batching/padding_fraction") == [0.0]
+    assert logged(trainer, "off_policy/abs_log_ratio")[1] > 1e-3
+    assert (changes[1] - changes[0]).norm() <= 1e-5 * changes[0].norm()
 
 
 # ------------------------------------------------------------------ multi-turn tool calling (`tools=`)
@@ -155,16 +186,17 @@ def trl_tool_run(tmp_path_factory):
 @pytest.mark.parametrize("path", [dict(dynamic_batching=False), dict(padding_free=False), dict(padding_free=True),
                                   dict(padding_free=True, max_tokens_per_micro_batch=160),
                                   dict(padding_free=True, share_prompts=True)],
-                         ids=["trl_batching", "dynamic", "packed", "packed_budget", "shared_prompts"])  # fmt: skip
-def test_tool_calling_trains_as_trls_on_every_path(tmp_path, trl_tool_run, path):
+                         ids=["Padded", "Dynamic", "Packed", "Packed_budget", "Shared"])  # fmt: skip
+def test_tool_calling_trains_as_trls_on_every_path(tmp_path, trl_tool_run, path, request):
     """`tools=[...]`: TRL runs the tool and appends its result to the completion, masked out of the loss by its
     `tool_mask`. On every path the off-policy update is TRL's (the tool result tokens carry no gradient)."""
     trl_change, trl = trl_tool_run
-    masked = []
+    masked, passes = [], []
     ours = tool_trainer(DHPOTrainer, DHPOConfig(str(tmp_path), algorithm="grpo", loss_type="dapo", **path, **TOOL_RUN))
     compute_loss = ours.compute_loss
 
     def recording(model, inputs, *args, **kwargs):
+        passes.append(len(inputs) if isinstance(inputs, list) else 1)
         for part in inputs if isinstance(inputs, list) else [inputs]:
             masked.append(int((part["completion_mask"] * (1 - part["tool_mask"])).sum()))
         return compute_loss(model, inputs, *args, **kwargs)
@@ -173,6 +205,10 @@ def test_tool_calling_trains_as_trls_on_every_path(tmp_path, trl_tool_run, path)
     ours_change = train(ours)
     assert logged(trl, "tools/call_frequency")[0] == 1.0 and logged(ours, "tools/call_frequency")[0] == 1.0
     assert min(masked) > 0  # every micro-batch holds tool result tokens
+    assert (max(passes) > 1) == ("max_tokens_per_micro_batch" in path)  # the budget splits micro-steps
+    assert type(ours._update.path).__name__ == request.node.callspec.id.split("_")[0]  # the path asked for ran
+    saved = logged(ours, "batching/prompt_tokens_saved")  # logged by the shared-prompt path only
+    assert (bool(saved) and saved[0] > 0) == path.get("share_prompts", False)
     assert logged(ours, "off_policy/abs_log_ratio")[1] > 1e-3
     assert (ours_change - trl_change).norm() <= 1e-5 * trl_change.norm()
     assert logged(ours, "loss") == pytest.approx(logged(trl, "loss"), abs=1e-6)
@@ -264,6 +300,7 @@ def test_evaluation_kl_to_a_synced_reference_and_chat_template_kwargs_as_trls(tm
         eval_dataset=Dataset.from_dict({"prompt": prompts}))  # fmt: skip
     assert logged(ours, "off_policy/abs_log_ratio")[1] > 1e-3
     assert (ours_change - trl_change).norm() <= 1e-5 * trl_change.norm()
+    assert (flat(ours.ref_model) - (flat(ours.model) - ours_change)).norm() > 1e-3  # the reference was synced
     rendered = ours.processing_class.decode(ours._buffered_inputs[0]["prompt_ids"][0])
     assert rendered.endswith("assistant, thinking:")  # the kwarg reached the template
     evaluations = [entry for entry in trl.state.log_history if "eval_loss" in entry]

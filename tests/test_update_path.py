@@ -2,9 +2,10 @@
 
 import pytest
 import torch
+from datasets import Dataset
 from test_padding_free import sliding_qwen3
 from trl.trainer.utils import add_fused_lm_head
-from vlm_stand_in import build_processor
+from vlm_stand_in import build_processor, image_dataset
 
 from dhpo_trl import DHPOConfig
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
@@ -119,16 +120,23 @@ def test_a_model_that_already_ran_packed_decides_as_a_fresh_one(tok, implementat
 
 def test_planned_batching_with_a_vision_language_processor_is_refused_only_when_asked_for(tok, tmp_path):
     """The automatic default keeps TRL's micro-batches for image batches (with one warning, test_trainer_paths.py);
-    an explicit request is refused, naming each setting; a tokenizer is no vision-language processor."""
+    an explicit request is refused, naming each setting, where the dataset may hold images (an `image` or `images`
+    column, or unknown columns); a tokenizer is no vision-language processor, and text-only rows are planned."""
     def args(**settings):
         return DHPOConfig(str(tmp_path), use_cpu=True, report_to="none", gradient_accumulation_steps=1,
                           steps_per_generation=2, **settings)  # fmt: skip
 
-    processor = build_processor()
-    update_path.refuse_multimodal_planning(args(), processor)  # automatic: accepted
-    update_path.refuse_multimodal_planning(args(dynamic_batching=False), processor)
-    update_path.refuse_multimodal_planning(args(padding_free=True, max_tokens_per_micro_batch=64), tok)
-    with pytest.raises(ValueError) as error:
-        update_path.refuse_multimodal_planning(args(padding_free=True, max_tokens_per_micro_batch=64), processor)
-    assert "padding_free=True" in str(error.value) and "max_tokens_per_micro_batch=64" in str(error.value)
-    assert "dynamic_batching=True" not in str(error.value)  # not asked for: left at its default
+    processor, images = build_processor(), image_dataset(2)
+    update_path.refuse_multimodal_planning(args(), processor, images)  # automatic: accepted
+    update_path.refuse_multimodal_planning(args(dynamic_batching=False), processor, images)
+    update_path.refuse_multimodal_planning(args(padding_free=True, max_tokens_per_micro_batch=64), tok, images)
+    texts = Dataset.from_dict({"prompt": ["a", "b"]})
+    update_path.refuse_multimodal_planning(args(padding_free=True), processor, texts)
+    update_path.refuse_multimodal_planning(args(padding_free=True), processor, None)
+    several = Dataset.from_dict({"prompt": ["a", "b"], "images": [[], []]})
+    for dataset in (images, several, images.to_iterable_dataset().map(lambda row: row)):  # the last: columns unknown
+        with pytest.raises(ValueError) as error:
+            update_path.refuse_multimodal_planning(args(padding_free=True, max_tokens_per_micro_batch=64), processor,
+                                                   dataset)  # fmt: skip
+        assert "padding_free=True" in str(error.value) and "max_tokens_per_micro_batch=64" in str(error.value)
+        assert "dynamic_batching=True" not in str(error.value)  # not asked for: left at its default

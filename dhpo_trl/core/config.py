@@ -128,8 +128,8 @@ class DHPOConfig(GRPOConfig):
             each micro-batch's mean over the tokens it acts on, weighted by its share of the window's loss tokens
             (without `top_entropy_quantile`: the mean over the window's tokens). Planned only where
             `steps_per_generation` is a multiple of `gradient_accumulation_steps`. Multimodal batches keep TRL's
-            micro-batches (a warning says so); `True` with a vision-language processor is refused.
-            `False` gives TRL's batching exactly.
+            micro-batches (a warning says so); `True` with a vision-language processor and images in the dataset is
+            refused. `False` gives TRL's batching exactly.
         max_tokens_per_micro_batch (`int`, *optional*):
             With `dynamic_batching`, the largest padded token count (rows x (prompt + completion columns)) of one
             forward pass. A micro-batch above it runs as several forward/backward passes inside the same optimizer
@@ -164,7 +164,7 @@ class DHPOConfig(GRPOConfig):
             state-space layers, sliding windows or logit soft-capping without flash attention, an attention that
             bypasses `AttentionInterface`) is refused when the trainer is built with `True` (kept on dynamic
             batching, one line, with `None`); multimodal batches keep TRL's micro-batches (one warning), and `True`
-            with a vision-language processor is refused.
+            with a vision-language processor and images in the dataset is refused.
         share_prompts (`bool`, *optional*, defaults to `False`):
             With `padding_free`: sequences of one packed row whose attended prompt tokens are identical (a GRPO
             group's completions) carry their prompt once. The row holds the prompt minus its last token, then, for each

@@ -47,16 +47,16 @@ class DHPOTrainer(GRPOTrainer):
         if note and args.process_index == 0:
             print(note)
         args.validate()  # the config may have been changed since it was built: refuse what would not act
-        # vllm missing or server unreachable: fail now, before any model is loaded.
+        # Fail now, before any model is loaded: vllm missing or server unreachable; planning an image run cannot serve.
         check_vllm_setup(args, model_name, is_main_process=args.process_index == 0)
         reward_funcs = check_reward_functions(reward_funcs, args.reward_weights)  # garbage, weights: named errors
+        update_path.refuse_planning_passed(super().__init__, model, reward_funcs, args, *pos, **kwargs)
         with zero3_leaf_modules_for_trl_prepared_models(), routing_replay.building_engine(args):  # ref. model; R3
             super().__init__(model, reward_funcs, args, *pos, **kwargs)
-        # ZeRO-3 + MoE: mark the MoE blocks as leaves (logged). DeepSpeed wraps the policy later, in train().
-        self.zero3_leaf_modules = maybe_set_zero3_leaf_modules(self.model, self.accelerator)
+        self.zero3_leaf_modules = maybe_set_zero3_leaf_modules(self.model, self.accelerator)  # ZeRO-3 + MoE: moe.py
         self._tag_names = ["trl", "dhpo", args.algorithm]
         self.graceful_stop = None  # set by train(): how a stop signal ended the run (see resume.py)
-        update_path.refuse_multimodal_planning(args, self.processing_class)  # the forwards' path: update_path.py
+        update_path.refuse_multimodal_planning(args, self.processing_class, self.train_dataset)  # one TRL loaded
         models, device = {"model": self.model, "ref_model": self.ref_model}, self.accelerator.device.type
         self._update = update_path.choose(args.padding_free, args.share_prompts, args.dynamic_batching, models, device,
                                           trl_batching_reason(args), compiled_packing_reason(args))  # fmt: skip

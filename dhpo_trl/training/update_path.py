@@ -16,6 +16,7 @@ is supported and the faster path known (`packing.automatic_reason`), else keeps 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -105,17 +106,38 @@ class UpdatePath:
         return self.path.logged(sums)
 
 
-def refuse_multimodal_planning(args, processing_class) -> None:
-    """A `ProcessorMixin` processing class makes TRL treat the model as vision-language: its batches carry image
-    inputs (`batching.UNSUPPORTED_KEYS`; Qwen-VL's `mm_token_type_ids` even without an image), which keep TRL's
-    micro-batches. An explicit request for planned ones could not act, so it is refused."""
-    if not isinstance(processing_class, ProcessorMixin):
+# The dataset columns TRL reads images from (`GRPOTrainer._generate_and_score_completions`).
+IMAGE_COLUMNS = ("image", "images")
+
+
+def refuse_multimodal_planning(args, processing_class, train_dataset) -> None:
+    """With a `ProcessorMixin` processing class, TRL forwards image inputs (`batching.UNSUPPORTED_KEYS`) with every
+    batch that has an image from the dataset's `image` / `images` column; such batches keep TRL's micro-batches, so an
+    explicit request for planned ones could not act and is refused. Text-only rows carry no image input and are
+    planned: a vision-language model on a text-only dataset is not refused."""
+    if not isinstance(processing_class, ProcessorMixin) or not _may_hold_images(train_dataset):
         return
     asked = [f"{name}={getattr(args, name)!r}" for name, wanted in planning_requested(args).items() if wanted]
     if asked:
         raise ValueError(f"DHPOConfig.{', '.join(asked)} cannot act with the vision-language processor "
                          f"{type(processing_class).__name__}: its batches carry image inputs, which keep TRL's "
                          "micro-batches. Leave these settings at their defaults, or set dynamic_batching=False.")
+
+
+def refuse_planning_passed(init: Callable, *call_args, **call_kwargs) -> None:
+    """`refuse_multimodal_planning` before any model loads, on the `args`, processing class and training dataset of
+    the call `init(*call_args, **call_kwargs)` (`GRPOTrainer.__init__`), passed by position or by name. A processing
+    class that TRL loads itself (None passed) is checked once it is loaded."""
+    passed = inspect.signature(init).bind(*call_args, **call_kwargs).arguments
+    refuse_multimodal_planning(passed["args"], passed.get("processing_class"), passed.get("train_dataset"))
+
+
+def _may_hold_images(dataset) -> bool:
+    """Whether TRL may read images from `dataset`'s rows (unknown columns, as a streamed dataset may have: yes)."""
+    if dataset is None:
+        return False
+    columns = getattr(dataset, "column_names", None)
+    return columns is None or any(column in columns for column in IMAGE_COLUMNS)
 
 
 def choose(padding_free: bool | None, share_prompts: bool, dynamic_batching: bool | None, models: dict,
