@@ -14,17 +14,20 @@ is the eager one to 5e-7 relative (docs/update_paths.md#torchcompile). TRL's bat
 runs TRL's own forward, untrimmed: it is compiled as dynamic batching is, with one dynamic dimension fewer.
 """
 
+import contextlib
+
 import pytest
 import torch
 import torch._dynamo
 from long_tail import MAX_COMPLETION, dataset, length_reward, long_tailed_rollout
 from transformers import TrainerCallback
 from trl import GRPOTrainer
+from trl.models.utils import disable_gradient_checkpointing
 
 from dhpo_trl import DHPOTrainer
 from dhpo_trl.core.config import DHPOConfig, compiled_packing_reason
 from dhpo_trl.core.presets import config_for
-from dhpo_trl.training import batching, update_path
+from dhpo_trl.training import batching, input_grad_hooks, update_path
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
 
 CPU = dict(use_cpu=True, bf16=False, report_to="none", seed=0, data_seed=0, save_strategy="no", logging_steps=1)
@@ -123,3 +126,46 @@ def test_packed_rows_are_refused_compiled_under_gradient_checkpointing_and_not_c
             assert chosen.padding_free and chosen.note is None
         else:
             assert chosen.path is path and "torch_compile" in chosen.note and "padding_free=None" in chosen.note
+
+
+def test_lora_under_reentrant_gradient_checkpointing_trains_as_trl_over_generation_batches(tok, tmp_path):
+    """Reentrant checkpointing (TRL forces it for PEFT under ZeRO-3) passes gradients to the adapters inside a
+    checkpointed layer only if the embeddings' output requires grad: the hook kept across TRL's checkpointing toggles
+    must be a live one. Three generation batches, compared with `trl.GRPOTrainer`."""
+    from peft import LoraConfig
+
+    changes, hooks = {}, {}
+    for name, trainer_cls in (("dhpo", DHPOTrainer), ("trl", GRPOTrainer)):
+        settings = dict(RUN, max_steps=6)
+        config = config_for("GRPO", output_dir=str(tmp_path / name), dynamic_batching=False, **settings, **CPU,
+                            gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": True})  # fmt: skip
+        lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+        trainer = trainer_cls(model=build_tiny_qwen3(tok, seed=0, num_layers=1, hidden_size=32), args=config,
+                              reward_funcs=length_reward, train_dataset=dataset(), processing_class=tok,
+                              rollout_func=long_tailed_rollout(tok, 5), peft_config=lora)  # fmt: skip
+        adapters = {n: p for n, p in trainer.model.named_parameters() if "lora_A" in n}
+        start = {n: p.detach().clone() for n, p in adapters.items()}
+        trainer.train()
+        changes[name] = torch.cat([(adapters[n].detach() - start[n]).flatten() for n in sorted(adapters)])
+        embeddings = trainer.model.get_input_embeddings()
+        hooks[name] = len(embeddings._forward_hooks)
+    # lora_A moves only through lora_B (zero at the start) and the layer's input: the gradient through the checkpoint
+    # Before training TRL's enable_input_require_grads (PEFT with checkpointing) and the Trainer's checkpointing each
+    # register one; `trl.GRPOTrainer` adds one per generation batch, DHPOTrainer keeps the count.
+    assert hooks == {"dhpo": 2, "trl": 5}
+    assert changes["trl"].norm() > 1e-3
+    assert ((changes["dhpo"] - changes["trl"]).norm() / changes["trl"].norm()).item() < 1e-5
+
+
+def test_replaced_hooks_are_removed_when_the_generation_batch_raises(tok):
+    """A generation batch that raises after TRL turned checkpointing back on (its `finally`) and is caught (a
+    callback, an interactive session) leaves one hook, as one that returns does."""
+    model = build_tiny_qwen3(tok, num_layers=1, hidden_size=32)
+    model.gradient_checkpointing_enable()
+    for fails in (False, True):
+        with pytest.raises(RuntimeError) if fails else contextlib.nullcontext():
+            with input_grad_hooks.replaced_hooks_removed(model):
+                with disable_gradient_checkpointing(model):
+                    if fails:
+                        raise RuntimeError("reward function failed")
+        assert len(model.get_input_embeddings()._forward_hooks) == 1

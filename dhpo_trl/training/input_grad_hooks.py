@@ -30,9 +30,11 @@ def replaced_hooks_removed(model: nn.Module):
     """Within the block, a module whose input-embedding hooks are registered again (its `_require_grads_hooks`
     replaced) loses the hooks it had before: it ends with the new ones only."""
     before = _handles(model)
-    yield
-    for module, handles in before.values():
-        kept = {handle.id for handle in getattr(module, ATTRIBUTE, None) or []}
-        for handle in handles:
-            if handle.id not in kept:
-                handle.remove()  # idempotent: a hook transformers removed already stays removed
+    try:
+        yield
+    finally:  # TRL re-enables checkpointing in a `finally` too: a generation batch that raises replaced the hooks
+        for module, handles in before.values():
+            kept = {handle.id for handle in getattr(module, ATTRIBUTE, None) or []}
+            for handle in handles:
+                if handle.id not in kept:
+                    handle.remove()  # idempotent: a hook transformers removed already stays removed
