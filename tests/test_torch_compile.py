@@ -112,9 +112,14 @@ def test_packed_rows_are_refused_compiled_under_gradient_checkpointing_and_not_c
     default keeps dynamic batching, which compiles, and says why."""
     base = dict(output_dir=str(tmp_path), **RUN, **CPU)
     for name, settings in (("padding_free", dict(padding_free=True)),
-                           ("share_prompts", dict(padding_free=None, share_prompts=True))):  # fmt: skip
-        with pytest.raises(ValueError, match=rf"^DHPOConfig\.{name}=True: torch_compile=True"):
+                           ("share_prompts", dict(padding_free=None, share_prompts=True)),
+                           ("padding_free", dict(padding_free=True, share_prompts=True))):  # fmt: skip
+        with pytest.raises(ValueError, match=rf"^DHPOConfig\.{name}=True: torch_compile=True") as refused:
             DHPOConfig(**settings, torch_compile=True, gradient_checkpointing=True, **base)
+        # the dynamic-batching fix it names is accepted as named (share_prompts=True refuses padding_free=False)
+        named = {key: False for key in ("padding_free", "share_prompts") if f"{key}=False" in str(refused.value)}
+        assert named.keys() == {"padding_free", *(("share_prompts",) if "share_prompts" in settings else ())}
+        DHPOConfig(**{**settings, **named}, torch_compile=True, gradient_checkpointing=True, **base)
         DHPOConfig(**settings, torch_compile=True, gradient_checkpointing=False, **base)
         DHPOConfig(**settings, torch_compile=False, gradient_checkpointing=True, **base)
     model = build_tiny_qwen3(tok, num_layers=1, hidden_size=32)
