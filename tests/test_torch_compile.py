@@ -68,6 +68,12 @@ def parameter_change(tok, tmp_path, path: str, trainer_cls=DHPOTrainer, **settin
                           rollout_func=long_tailed_rollout(tok, 5))  # fmt: skip
     trained = [p for p in trainer.model.parameters() if p.requires_grad]
     start = [p.detach().clone() for p in trained]
+    trainer.eager_update_forwards = 0  # a layer's Python forward run with grad on, outside a compiled graph
+
+    def count(module, args, output):
+        trainer.eager_update_forwards += torch.is_grad_enabled() and not torch.compiler.is_compiling()
+
+    trainer.model.get_decoder().layers[0].mlp.register_forward_hook(count)
     trainer.train()
     return torch.cat([(p.detach() - s).flatten() for p, s in zip(trained, start, strict=True)]), trainer
 
@@ -76,11 +82,13 @@ def parameter_change(tok, tmp_path, path: str, trainer_cls=DHPOTrainer, **settin
 # compilations of each frame).
 @pytest.mark.parametrize("path", list(PATHS))
 def test_compiled_update_equals_the_eager_one_without_recompiling_per_layout(tok, tmp_path, path):
-    eager, _ = parameter_change(tok, tmp_path, path)
+    eager, uncompiled = parameter_change(tok, tmp_path, path)
     with torch._dynamo.config.patch(recompile_limit=COMPILATIONS_PER_FRAME, fail_on_recompile_limit_hit=True):
         compiled, trainer = parameter_change(tok, tmp_path, path, torch_compile=True,
                                              torch_compile_backend="aot_eager")  # fmt: skip
-    assert type(trainer.model_wrapped).__name__ == "OptimizedModule"  # the update ran the compiled model
+    assert type(trainer.model_wrapped).__name__ == "OptimizedModule"
+    # every forward of the update ran the compiled model (the no-grad passes run it uncompiled, as TRL's do)
+    assert uncompiled.eager_update_forwards > 0 and trainer.eager_update_forwards == 0
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0
     assert eager.norm() > 1e-3 and ((compiled - eager).norm() / eager.norm()).item() < 1e-5
 
