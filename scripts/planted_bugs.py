@@ -41,6 +41,7 @@ REPLAY_TRAINER = ["tests/test_routing_replay_trainer.py"]
 ROLLOUT = ["tests/test_rollout_routing.py", "tests/test_routing_replay_rollout.py"]
 ZERO3_FORWARDS = ["tests/test_zero3_forwards.py"]
 GUARDS = ["tests/test_guard_limits.py", "tests/test_hostile_completions.py"]
+COMPILE = ["tests/test_torch_compile.py"]
 
 # id: (file, anchor, replacement, test files, what the bug is)
 BUGS = {
@@ -921,6 +922,48 @@ BUGS = {
         'return index >= 0 and event["start"] < windows[index][1]',
         'return index >= 0 and event["start"] <= windows[index][1]',
         ["tests/test_step_profile.py"], "an operator that starts as a micro-step's range ends is counted in it",
+    ),
+    "compile-packed-attention-traced": (
+        "dhpo_trl/training/packing.py",
+        "@torch.compiler.disable\ndef packed_sdpa_attention(",
+        "def packed_sdpa_attention(",
+        COMPILE, "torch_compile traces packed rows' attention: a compilation per row layout, then eager past the limit",
+    ),
+    "compile-shared-attention-traced": (
+        "dhpo_trl/training/shared_prompts.py",
+        "@torch.compiler.disable\ndef shared_sdpa_attention(",
+        "def shared_sdpa_attention(",
+        COMPILE, "torch_compile traces shared rows' attention: a compilation per row layout, then eager past the limit",
+    ),
+    "compile-fallback-not-taken": (
+        "dhpo_trl/training/update_path.py",
+        "reason = packing.automatic_reason(list(models.values()), device_type) or uncompiled",
+        "reason = packing.automatic_reason(list(models.values()), device_type)",
+        COMPILE, "padding_free=None packs under torch_compile and checkpointing, where nothing of the layers compiles",
+    ),
+    "compile-refusal-without-checkpointing": (
+        "dhpo_trl/core/config.py",
+        'if getattr(config, "torch_compile", False) and config.gradient_checkpointing:',
+        'if getattr(config, "torch_compile", False):',
+        COMPILE, "packed rows are refused under torch_compile without checkpointing too, where they compile",
+    ),
+    "compile-update-forwards-unwrapped-model": (
+        "dhpo_trl/training/trainer.py",
+        "return self._update.forward(model, trl,",
+        "return self._update.forward(self.model, trl,",
+        COMPILE, "packed and shared rows forward the uncompiled model: torch_compile does nothing on those paths",
+    ),
+    "input-hooks-not-removed": (
+        "dhpo_trl/training/trainer.py",
+        "self._routing.generation_batch(self) as recorded, input_grad_hooks.replaced_hooks_removed(self.model):",
+        "self._routing.generation_batch(self) as recorded:",
+        COMPILE, "an input-embedding hook more each generation batch: a compiled model recompiles every one",
+    ),
+    "input-hooks-kept-when-the-batch-raises": (
+        "dhpo_trl/training/input_grad_hooks.py",
+        "    try:\n        yield\n    finally:",
+        "    yield\n    if True:",
+        COMPILE, "a generation batch that raises (and is caught) leaves the hooks it replaced",
     ),
 }
 

@@ -14,17 +14,20 @@ is the eager one to 5e-7 relative (docs/update_paths.md#torchcompile). TRL's bat
 runs TRL's own forward, untrimmed: it is compiled as dynamic batching is, with one dynamic dimension fewer.
 """
 
+import contextlib
+
 import pytest
 import torch
 import torch._dynamo
 from long_tail import MAX_COMPLETION, dataset, length_reward, long_tailed_rollout
 from transformers import TrainerCallback
 from trl import GRPOTrainer
+from trl.models.utils import disable_gradient_checkpointing
 
 from dhpo_trl import DHPOTrainer
 from dhpo_trl.core.config import DHPOConfig, compiled_packing_reason
 from dhpo_trl.core.presets import config_for
-from dhpo_trl.training import batching, update_path
+from dhpo_trl.training import batching, input_grad_hooks, update_path
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
 
 CPU = dict(use_cpu=True, bf16=False, report_to="none", seed=0, data_seed=0, save_strategy="no", logging_steps=1)
@@ -65,6 +68,12 @@ def parameter_change(tok, tmp_path, path: str, trainer_cls=DHPOTrainer, **settin
                           rollout_func=long_tailed_rollout(tok, 5))  # fmt: skip
     trained = [p for p in trainer.model.parameters() if p.requires_grad]
     start = [p.detach().clone() for p in trained]
+    trainer.eager_update_forwards = 0  # a layer's Python forward run with grad on, outside a compiled graph
+
+    def count(module, args, output):
+        trainer.eager_update_forwards += torch.is_grad_enabled() and not torch.compiler.is_compiling()
+
+    trainer.model.get_decoder().layers[0].mlp.register_forward_hook(count)
     trainer.train()
     return torch.cat([(p.detach() - s).flatten() for p, s in zip(trained, start, strict=True)]), trainer
 
@@ -73,11 +82,13 @@ def parameter_change(tok, tmp_path, path: str, trainer_cls=DHPOTrainer, **settin
 # compilations of each frame).
 @pytest.mark.parametrize("path", list(PATHS))
 def test_compiled_update_equals_the_eager_one_without_recompiling_per_layout(tok, tmp_path, path):
-    eager, _ = parameter_change(tok, tmp_path, path)
+    eager, uncompiled = parameter_change(tok, tmp_path, path)
     with torch._dynamo.config.patch(recompile_limit=COMPILATIONS_PER_FRAME, fail_on_recompile_limit_hit=True):
         compiled, trainer = parameter_change(tok, tmp_path, path, torch_compile=True,
                                              torch_compile_backend="aot_eager")  # fmt: skip
-    assert type(trainer.model_wrapped).__name__ == "OptimizedModule"  # the update ran the compiled model
+    assert type(trainer.model_wrapped).__name__ == "OptimizedModule"
+    # every forward of the update ran the compiled model (the no-grad passes run it uncompiled, as TRL's do)
+    assert uncompiled.eager_update_forwards > 0 and trainer.eager_update_forwards == 0
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0
     assert eager.norm() > 1e-3 and ((compiled - eager).norm() / eager.norm()).item() < 1e-5
 
@@ -109,9 +120,14 @@ def test_packed_rows_are_refused_compiled_under_gradient_checkpointing_and_not_c
     default keeps dynamic batching, which compiles, and says why."""
     base = dict(output_dir=str(tmp_path), **RUN, **CPU)
     for name, settings in (("padding_free", dict(padding_free=True)),
-                           ("share_prompts", dict(padding_free=None, share_prompts=True))):  # fmt: skip
-        with pytest.raises(ValueError, match=rf"^DHPOConfig\.{name}=True: torch_compile=True"):
+                           ("share_prompts", dict(padding_free=None, share_prompts=True)),
+                           ("padding_free", dict(padding_free=True, share_prompts=True))):  # fmt: skip
+        with pytest.raises(ValueError, match=rf"^DHPOConfig\.{name}=True: torch_compile=True") as refused:
             DHPOConfig(**settings, torch_compile=True, gradient_checkpointing=True, **base)
+        # the dynamic-batching fix it names is accepted as named (share_prompts=True refuses padding_free=False)
+        named = {key: False for key in ("padding_free", "share_prompts") if f"{key}=False" in str(refused.value)}
+        assert named.keys() == {"padding_free", *(("share_prompts",) if "share_prompts" in settings else ())}
+        DHPOConfig(**{**settings, **named}, torch_compile=True, gradient_checkpointing=True, **base)
         DHPOConfig(**settings, torch_compile=True, gradient_checkpointing=False, **base)
         DHPOConfig(**settings, torch_compile=False, gradient_checkpointing=True, **base)
     model = build_tiny_qwen3(tok, num_layers=1, hidden_size=32)
@@ -123,3 +139,46 @@ def test_packed_rows_are_refused_compiled_under_gradient_checkpointing_and_not_c
             assert chosen.padding_free and chosen.note is None
         else:
             assert chosen.path is path and "torch_compile" in chosen.note and "padding_free=None" in chosen.note
+
+
+def test_lora_under_reentrant_gradient_checkpointing_trains_as_trl_over_generation_batches(tok, tmp_path):
+    """Reentrant checkpointing (TRL forces it for PEFT under ZeRO-3) passes gradients to the adapters inside a
+    checkpointed layer only if the embeddings' output requires grad: the hook kept across TRL's checkpointing toggles
+    must be a live one. Three generation batches, compared with `trl.GRPOTrainer`."""
+    from peft import LoraConfig
+
+    changes, hooks = {}, {}
+    for name, trainer_cls in (("dhpo", DHPOTrainer), ("trl", GRPOTrainer)):
+        settings = dict(RUN, max_steps=6)
+        config = config_for("GRPO", output_dir=str(tmp_path / name), dynamic_batching=False, **settings, **CPU,
+                            gradient_checkpointing=True, gradient_checkpointing_kwargs={"use_reentrant": True})  # fmt: skip
+        lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+        trainer = trainer_cls(model=build_tiny_qwen3(tok, seed=0, num_layers=1, hidden_size=32), args=config,
+                              reward_funcs=length_reward, train_dataset=dataset(), processing_class=tok,
+                              rollout_func=long_tailed_rollout(tok, 5), peft_config=lora)  # fmt: skip
+        adapters = {n: p for n, p in trainer.model.named_parameters() if "lora_A" in n}
+        start = {n: p.detach().clone() for n, p in adapters.items()}
+        trainer.train()
+        changes[name] = torch.cat([(adapters[n].detach() - start[n]).flatten() for n in sorted(adapters)])
+        embeddings = trainer.model.get_input_embeddings()
+        hooks[name] = len(embeddings._forward_hooks)
+    # Before training TRL's enable_input_require_grads (PEFT with checkpointing) and the Trainer's checkpointing each
+    # register one; `trl.GRPOTrainer` adds one per generation batch, DHPOTrainer keeps the count.
+    assert hooks == {"dhpo": 2, "trl": 5}
+    # the adapters sit inside the checkpointed layer: they move only through the gradient the checkpoint passes
+    assert changes["trl"].norm() > 1e-3
+    assert ((changes["dhpo"] - changes["trl"]).norm() / changes["trl"].norm()).item() < 1e-5
+
+
+def test_replaced_hooks_are_removed_when_the_generation_batch_raises(tok):
+    """A generation batch that raises after TRL turned checkpointing back on (its `finally`) and is caught (a
+    callback, an interactive session) leaves one hook, as one that returns does."""
+    model = build_tiny_qwen3(tok, num_layers=1, hidden_size=32)
+    model.gradient_checkpointing_enable()
+    for fails in (False, True):
+        with pytest.raises(RuntimeError) if fails else contextlib.nullcontext():
+            with input_grad_hooks.replaced_hooks_removed(model):
+                with disable_gradient_checkpointing(model):
+                    if fails:
+                        raise RuntimeError("reward function failed")
+        assert len(model.get_input_embeddings()._forward_hooks) == 1

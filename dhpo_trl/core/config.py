@@ -497,8 +497,9 @@ class DHPOConfig(GRPOConfig):
             )
         compiled = compiled_packing_reason(self)
         for name in (name for name in ("padding_free", "share_prompts") if getattr(self, name) is True and compiled):
+            unpacked = "share_prompts=False and padding_free=False" if self.share_prompts else "padding_free=False"
             raise ValueError(  # padding_free=None: the trainer keeps dynamic batching and says so
-                f"DHPOConfig.{name}=True: {compiled}. Set padding_free=False (dynamic batching, which compiles), "
+                f"DHPOConfig.{name}=True: {compiled}. Set {unpacked} (dynamic batching, which compiles), "
                 "torch_compile=False, or gradient_checkpointing=False."
             )
         reason = trl_batching_reason(self) if self.dynamic_batching is not False else None

@@ -1,4 +1,4 @@
-"""One input-embedding hook per model, however often TRL turns gradient checkpointing off and on.
+"""As many input-embedding hooks as training began with, however often TRL turns gradient checkpointing off and on.
 
 TRL runs each generation batch's no-grad passes (old and reference log-probs) with gradient checkpointing off
 (`trl.models.utils.disable_gradient_checkpointing`) and turns it on again after. transformers'
@@ -9,6 +9,8 @@ per generation batch. Eagerly that is a growing list of calls that each set `req
 `torch_compile=True` the compiled model guards on the number of hooks of the modules it runs, so every generation
 batch compiles it again, and past dynamo's recompile limit (8 by default) it runs eagerly for the rest of the run:
 `trl.GRPOTrainer` with `torch_compile=True` does, on TRL's batching and dynamic batching (tests/test_torch_compile.py).
+A hook registered before training and already replaced then stays (with PEFT and checkpointing, TRL's own
+`enable_input_require_grads` before the Trainer's checkpointing one: two hooks throughout).
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ def replaced_hooks_removed(model: nn.Module):
     """Within the block, a module whose input-embedding hooks are registered again (its `_require_grads_hooks`
     replaced) loses the hooks it had before: it ends with the new ones only."""
     before = _handles(model)
-    yield
-    for module, handles in before.values():
-        kept = {handle.id for handle in getattr(module, ATTRIBUTE, None) or []}
-        for handle in handles:
-            if handle.id not in kept:
-                handle.remove()  # idempotent: a hook transformers removed already stays removed
+    try:
+        yield
+    finally:  # TRL re-enables checkpointing in a `finally` too: a generation batch that raises replaced the hooks
+        for module, handles in before.values():
+            kept = {handle.id for handle in getattr(module, ATTRIBUTE, None) or []}
+            for handle in handles:
+                if handle.id not in kept:
+                    handle.remove()  # idempotent: a hook transformers removed already stays removed
