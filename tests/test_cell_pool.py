@@ -724,10 +724,15 @@ def test_close_terminates_the_pool_and_kills_the_workers_its_terminate_waits_for
 
         begun = time.monotonic()
         workers = [*children, unstarted]
-        closer = threading.Thread(target=lambda: ended.append(close(Pool(), workers, grace=0.3)), daemon=True)
+        before = set(threading.enumerate())
+        # Not a daemon, as the main thread that calls `close` in a study is not: the terminate it gives up must be
+        # one (a thread inherits its creator's kind), or the interpreter would wait for it at exit, forever.
+        closer = threading.Thread(target=lambda: ended.append(close(Pool(), workers, grace=0.3)), daemon=False)
         closer.start()
         closer.join(20)
         assert not closer.is_alive() and terminated == [True] and ended == [ends]
+        left = [thread for thread in threading.enumerate() if thread not in before]
+        assert all(thread.daemon for thread in left) and len(left) == (0 if ends else 1)
         assert time.monotonic() - begun >= (0.3 if ends else 0.6)  # the grace first; the second one given up
         assert [worker.exitcode for worker in children] == [-signal.SIGKILL, -signal.SIGKILL, 0]
         assert unstarted.pid is None and bystander.is_alive()

@@ -134,7 +134,8 @@ def test_planned_batching_with_a_vision_language_processor_is_refused_only_when_
     update_path.refuse_multimodal_planning(args(padding_free=True), processor, texts)
     update_path.refuse_multimodal_planning(args(padding_free=True), processor, None)
     several = Dataset.from_dict({"prompt": ["a", "b"], "images": [[], []]})
-    for dataset in (images, several, images.to_iterable_dataset().map(lambda row: row)):  # the last: columns unknown
+    unknown = (images.to_iterable_dataset().map(lambda row: row), [{"prompt": "a"}])  # columns unknown, or none named
+    for dataset in (images, several, *unknown):
         with pytest.raises(ValueError) as error:
             update_path.refuse_multimodal_planning(args(padding_free=True, max_tokens_per_micro_batch=64), processor,
                                                    dataset)  # fmt: skip

@@ -565,7 +565,7 @@ def compiled_packing_reason(config) -> str | None:
     eagerly: on the CPU replica of the host-bound regime (28 layers) a packed micro-step ran 34,000 aten operators
     compiled or not, dynamic batching's 28,600 fell to 5,600 (docs/update_paths.md#torchcompile). Not measured with
     a flash implementation's varlen path, which the refusal covers too."""
-    if getattr(config, "torch_compile", False) and config.gradient_checkpointing:
+    if config.torch_compile and config.gradient_checkpointing:
         return ("torch_compile=True does not compile packed rows with gradient_checkpointing=True (their per-sequence "
                 "attention breaks the compiled graph inside every checkpointed layer, which then runs eagerly)")
     return None

@@ -23,7 +23,7 @@ ATTRIBUTE = "_require_grads_hooks"  # transformers' PreTrainedModel: the handles
 
 
 def _handles(model: nn.Module) -> dict[int, tuple[nn.Module, list]]:
-    return {id(module): (module, list(getattr(module, ATTRIBUTE, None) or []))
+    return {id(module): (module, list(getattr(module, ATTRIBUTE)))
             for module in model.modules() if getattr(module, ATTRIBUTE, None)}  # fmt: skip
 
 
