@@ -8,6 +8,12 @@ import random
 from datasets import Dataset
 
 MAX_COMPLETION = 40
+# The off-policy run these tests train: two optimizer steps per generation batch (two micro-batches each), two
+# generation batches, so steps 2 and 4 are off-policy; SGD at a large rate so that small gaps show in the weights.
+OFF_POLICY_RUN = dict(
+    per_device_train_batch_size=4, num_generations=4, gradient_accumulation_steps=2, steps_per_generation=4,
+    max_completion_length=MAX_COMPLETION, max_steps=4, optim="sgd", learning_rate=0.5, mask_truncated_completions=True,
+)  # fmt: skip
 
 
 def long_tailed_rollout(tok, truncated_every=0):

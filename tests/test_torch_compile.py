@@ -19,7 +19,7 @@ import contextlib
 import pytest
 import torch
 import torch._dynamo
-from long_tail import MAX_COMPLETION, dataset, length_reward, long_tailed_rollout
+from long_tail import OFF_POLICY_RUN, dataset, length_reward, long_tailed_rollout
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 from trl.models.utils import disable_gradient_checkpointing
@@ -31,11 +31,7 @@ from dhpo_trl.training import batching, input_grad_hooks, update_path
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
 
 CPU = dict(use_cpu=True, bf16=False, report_to="none", seed=0, data_seed=0, save_strategy="no", logging_steps=1)
-# off-policy: two optimizer steps per generation batch, two generation batches
-RUN = dict(
-    per_device_train_batch_size=4, num_generations=4, gradient_accumulation_steps=2, steps_per_generation=4,
-    max_completion_length=MAX_COMPLETION, max_steps=4, optim="sgd", learning_rate=0.5, mask_truncated_completions=True,
-)  # fmt: skip
+RUN = OFF_POLICY_RUN  # long_tail.py: steps 2 and 4 off-policy
 # Packed rows are compiled without gradient checkpointing only (`compiled_packing_reason`: with it they are refused).
 PATHS = {
     "dynamic": dict(padding_free=False),

@@ -5,18 +5,14 @@ batching and padding-free packing. Same completions (a deterministic rollout), s
 
 import pytest
 import torch
-from long_tail import MAX_COMPLETION, dataset, length_reward, long_tailed_rollout
+from long_tail import OFF_POLICY_RUN, dataset, length_reward, long_tailed_rollout
 from trl import GRPOConfig, GRPOTrainer
 
 from dhpo_trl import DHPOConfig, DHPOTrainer
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
 
 CPU = dict(use_cpu=True, bf16=False, report_to="none", seed=0, data_seed=0, save_strategy="no", logging_steps=1)
-# Two optimizer steps per generation batch, two micro-batches each: steps 2 and 4 are off-policy.
-RUN = dict(
-    per_device_train_batch_size=4, num_generations=4, gradient_accumulation_steps=2, steps_per_generation=4,
-    max_completion_length=MAX_COMPLETION, max_steps=4, optim="sgd", learning_rate=0.5, mask_truncated_completions=True,
-)  # fmt: skip
+RUN = OFF_POLICY_RUN  # long_tail.py: steps 2 and 4 off-policy
 # TRL's settings per case: its loss_type, the level and the objective's own knobs away from their defaults where
 # that makes them bind on this data.
 CASES = {
