@@ -4,18 +4,16 @@ settings cannot act with the feature, the early refusal that names it.
 """
 
 import asyncio
-import string
 import warnings
 
 import pytest
 import torch
 from datasets import Dataset
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForSequenceClassification
+from transformers import Qwen3Config, Qwen3ForSequenceClassification
 from trl import GRPOConfig, GRPOTrainer
 from trl.chat_template_utils import qwen3_chat_template
 from trl.import_utils import is_liger_kernel_available
-from vlm_stand_in import build_model, build_processor, image_dataset
+from vlm_stand_in import build_model, build_processor, char_tokenizer, image_dataset
 
 from dhpo_trl import DHPOConfig, DHPOTrainer
 from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
@@ -121,14 +119,7 @@ TOOL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</
 def qwen3_tokenizer():
     """Characters and Qwen3's special tokens, with Qwen3's chat template as TRL ships it (TRL then sets the response
     template that parses tool calls, and the training template that renders tool results)."""
-    vocab = {token: index for index, token in enumerate(TOOL_TOKENS + list(dict.fromkeys(string.printable)))}
-    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|endoftext|>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    tokenizer.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<|endoftext|>", eos_token="<|im_end|>",
-                                   padding_side="left", additional_special_tokens=TOOL_TOKENS[1:])  # fmt: skip
-    fast.chat_template = qwen3_chat_template
-    return fast
+    return char_tokenizer(TOOL_TOKENS, "<|endoftext|>", TOOL_TOKENS[1:], qwen3_chat_template)
 
 
 def multiply(a: int, b: int) -> int:

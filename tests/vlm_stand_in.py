@@ -43,14 +43,21 @@ class ImageOnlyProcessor(Qwen2_5_VLProcessor):
         return super().check_argument_for_proper_class(argument_name, argument)
 
 
-def build_processor() -> ImageOnlyProcessor:
-    vocab = {token: index for index, token in enumerate(SPECIAL + list(dict.fromkeys(string.printable)))}
-    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|pad|>"))
+def char_tokenizer(special: list[str], pad: str, kept: list[str], template: str) -> PreTrainedTokenizerFast:
+    """A tokenizer of single characters after the tokens `special`, those in `kept` never split, `pad` padding on
+    the left and standing for unknown characters, `<|im_end|>` as end of sequence, and the chat `template`."""
+    vocab = {token: index for index, token in enumerate(special + list(dict.fromkeys(string.printable)))}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token=pad))
     tokenizer.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tokenizer.decoder = decoders.Fuse()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<|pad|>", eos_token="<|im_end|>",
-                                   padding_side="left", additional_special_tokens=SPECIAL[2:])  # fmt: skip
-    fast.chat_template = TEMPLATE
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token=pad, eos_token="<|im_end|>",
+                                   padding_side="left", additional_special_tokens=kept)  # fmt: skip
+    fast.chat_template = template
+    return fast
+
+
+def build_processor() -> ImageOnlyProcessor:
+    fast = char_tokenizer(SPECIAL, "<|pad|>", SPECIAL[2:], TEMPLATE)
     images = Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=56 * 56, patch_size=14, merge_size=2,
                                       temporal_patch_size=2)  # fmt: skip
     return ImageOnlyProcessor(image_processor=images, tokenizer=fast, video_processor=None, chat_template=TEMPLATE)
