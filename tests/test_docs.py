@@ -97,3 +97,93 @@ def test_the_seven_rows_reader_sees_a_wrong_setting():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     edited = readme.replace("`epsilon=3e-4, epsilon_high=4e-4`", "`epsilon=3e-4, epsilon_high=5e-4`")
     assert seven_rows(edited)["GSPO"] == {"algorithm": "gspo", "epsilon": 3e-4, "epsilon_high": 5e-4}
+
+
+# ------------------------------------------------------------------ links, anchors and paths
+LINKED = [*PAGES, *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("docs/*/*.md")),
+          *sorted(str(p.relative_to(ROOT)) for p in ROOT.glob("examples/**/README.md")), "CHANGELOG.md"]  # fmt: skip
+# A path a page names that is not this repository's: TRL's own test file, of which tests/test_trl_grpo_trainer.py
+# is the adaptation.
+OTHER_REPOSITORIES = {"tests/test_grpo_trainer.py"}
+
+
+def prose(text):
+    """The text outside fenced code blocks (a `#` there is a shell comment, `[a](b)` is code)."""
+    return re.sub(r"^```.*?^```", "", text, flags=re.DOTALL | re.MULTILINE)
+
+
+def slug(heading):
+    """GitHub's anchor of a heading: lower case, markup and punctuation other than `-` and `_` dropped, each space
+    a hyphen."""
+    text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # a link in a heading keeps its text
+    return re.sub(r"[^\w\- ]", "", text.replace("`", "").strip().lower()).replace(" ", "-")
+
+
+def anchors(text):
+    """Every anchor of a page: each heading's slug, a repeated one suffixed -1, -2, ... as GitHub does."""
+    found, seen = set(), {}
+    for heading in re.findall(r"^#{1,6}\s+(.+?)\s*#*$", prose(text), flags=re.MULTILINE):
+        base = slug(heading)
+        count = seen.get(base, 0)
+        seen[base] = count + 1
+        found.add(base if count == 0 else f"{base}-{count}")
+    return found
+
+
+def broken_links(page, text):
+    """The relative links of `text` (as the page `page`) whose file or `#anchor` does not exist."""
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", prose(text)):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (ROOT / page).parent / path if path else ROOT / page
+        if not linked.exists():
+            broken.append(f"{target} (no file)")
+        elif anchor and linked.suffix == ".md":
+            own = text if not path else linked.read_text(encoding="utf-8")
+            if anchor not in anchors(own):
+                broken.append(f"{target} (no heading)")
+    return broken
+
+
+def missing_paths(text):
+    """The repository paths named in code spans (`dhpo_trl/...`, `tests/...`, ...) that do not exist; a span with a
+    placeholder (`DATE-DEVICE/runN.json`, `<module>`) is a pattern, not a path."""
+    missing = []
+    roots = "dhpo_trl|tests|scripts|benchmarks|examples|docs|accelerate_configs"
+    for span in re.findall(rf"`((?:{roots})/[^`\s]*)`", prose(text)):
+        path = span.split("::")[0].split("#")[0].rstrip(".,;:")
+        if re.search(r"[<>*{}$]|[A-Z]{3,}", path) or path in OTHER_REPOSITORIES:
+            continue
+        if not (ROOT / path).exists():
+            missing.append(path)
+    return missing
+
+
+@pytest.mark.parametrize("page", LINKED)
+def test_every_relative_link_and_anchor_resolves(page):
+    broken = broken_links(page, (ROOT / page).read_text(encoding="utf-8"))
+    assert not broken, f"{page}: broken links {broken}"
+
+
+@pytest.mark.parametrize("page", [p for p in LINKED if p != "CHANGELOG.md"])  # the changelog names past files
+def test_every_named_repository_path_exists(page):
+    missing = missing_paths((ROOT / page).read_text(encoding="utf-8"))
+    assert not missing, f"{page}: names files that do not exist: {missing}"
+
+
+def test_the_link_checker_sees_a_missing_file_a_missing_heading_and_a_missing_path():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert not broken_links("README.md", readme)
+    planted = readme.replace("(docs/objectives.md#trl-fields-per-row)", "(docs/objectives.md#trl-field-per-row)")
+    assert broken_links("README.md", planted) == ["docs/objectives.md#trl-field-per-row (no heading)"]
+    planted = readme.replace("(docs/resume.md)", "(docs/resuming.md)", 1)
+    assert broken_links("README.md", planted) == ["docs/resuming.md (no file)"]
+    planted = readme.replace("(#the-papers-seven-rows)", "(#the-paper-seven-rows)")
+    assert broken_links("README.md", planted) == ["#the-paper-seven-rows (no heading)"]
+    assert missing_paths(readme.replace("`tests/test_trainer.py`", "`tests/test_trainers.py`")) == [
+        "tests/test_trainers.py"]
+    # GitHub's slugs: punctuation dropped, code marks dropped, a repeated heading numbered
+    assert anchors("## TRL's own objectives\n## `torch.compile`\n## Memory: 8 × 80 GB\n## Memory: 8 × 80 GB\n") == {
+        "trls-own-objectives", "torchcompile", "memory-8--80-gb", "memory-8--80-gb-1"}
