@@ -157,12 +157,16 @@ def _parse_with_main(main, argv, monkeypatch, *, uses_sys_argv=False):
     raise AssertionError(f"{main} returned without parsing its arguments")
 
 
-def _load_main(path):
+def _load_module(path):
     spec = importlib.util.spec_from_file_location(Path(path).stem + "_cli_under_test", ROOT / path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
-    return module.main
+    return module
+
+
+def _load_main(path):
+    return _load_module(path).main
 
 
 def _pyproject_extras():
@@ -247,7 +251,10 @@ def check(where, block, monkeypatch):
                 check_training(args if program == "dhpo-train" else args[1:], 1, env, servers, where)
             else:
                 reads_sys_argv = args[0].endswith(SYS_ARGV_SCRIPTS)
-                _parse_with_main(_load_main(args[0]), args[1:], monkeypatch, uses_sys_argv=reads_sys_argv)
+                module = _load_module(args[0])
+                options = _parse_with_main(module.main, args[1:], monkeypatch, uses_sys_argv=reads_sys_argv)
+                if hasattr(module, "checked_arms"):  # the checks the benchmark makes after its parse
+                    module.checked_arms(options)
         elif program == "torchrun":
             from torch.distributed.run import get_args_parser
 
@@ -337,6 +344,8 @@ def test_printed_command_parses(where, block, monkeypatch):
          "--tensor-parallel-size 4", "TP x DP"),
         ("VLLM_TP=2 bash examples/vllm_server/serve_and_train_single_node.sh", "does not read VLLM_TP"),
         ("frobnicate --now", "no parser"),
+        # a compiled packed arm: the benchmark refuses it after the parse
+        ("python benchmarks/bench_dynamic_batching.py --arms trl,packed --compile", "packed\\+compile"),
     ],
 )  # fmt: skip
 def test_the_check_rejects_what_it_should(block, message, monkeypatch):
