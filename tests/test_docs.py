@@ -187,3 +187,38 @@ def test_the_link_checker_sees_a_missing_file_a_missing_heading_and_a_missing_pa
     # GitHub's slugs: punctuation dropped, code marks dropped, a repeated heading numbered
     assert anchors("## TRL's own objectives\n## `torch.compile`\n## Memory: 8 × 80 GB\n## Memory: 8 × 80 GB\n") == {
         "trls-own-objectives", "torchcompile", "memory-8--80-gb", "memory-8--80-gb-1"}
+
+
+# ------------------------------------------------------------------ testing.md's planted bugs
+def planted_bug_ids(testing):
+    """The bug ids of testing.md's table of planted bugs (`| class | bug (file) | caught by |`), its first column's
+    code spans."""
+    table = testing.split("| class | bug (file) | caught by |\n", 1)[1].split("\n\n", 1)[0]
+    cells = [line.strip("|").split("|") for line in table.splitlines()[1:]]
+    return {name for row in cells for name in re.findall(r"`([a-z0-9]+(?:-[a-z0-9]+)+)`", row[1])}
+
+
+def script_bugs():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("planted_bugs_under_test", ROOT / "scripts/planted_bugs.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.BUGS
+
+
+def test_every_bug_of_the_testing_table_is_one_the_script_plants():
+    """`python scripts/planted_bugs.py --only ID` runs each bug the table names, and the count it states is the
+    script's."""
+    testing = (ROOT / "docs/testing.md").read_text(encoding="utf-8")
+    named, bugs = planted_bug_ids(testing), script_bugs()
+    assert len(named) > 100
+    assert named <= set(bugs), f"named in docs/testing.md's table, not in scripts/planted_bugs.py: {named - set(bugs)}"
+    stated = re.search(r"The script holds (\d+) bugs \(`len\(BUGS\)`\)", testing)
+    assert stated and int(stated.group(1)) == len(bugs), "docs/testing.md's count of the script's bugs"
+
+
+def test_the_bug_table_reader_sees_an_unknown_bug():
+    testing = (ROOT / "docs/testing.md").read_text(encoding="utf-8")
+    planted = testing.replace("`tool-mask-dropped` (batching)", "`tool-mask-forgotten` (batching)")
+    assert "tool-mask-forgotten" in planted_bug_ids(planted) - set(script_bugs())
