@@ -1,6 +1,8 @@
 """The README's configuration table is `DHPOConfig`: every field DHPO adds to TRL's `GRPOConfig` has a row, and every
 row's default is the dataclass default; the tables of the paper's seven rows name and set each row as its preset
-does. The docs state what is, not how it came to be: no issue or round numbers."""
+does. The docs state what is, not how it came to be: no issue or round numbers. Every relative link, `#anchor` and
+named repository path resolves; objectives.md names exactly the loss metrics the objectives log; testing.md's
+planted-bug table names bugs the script plants."""
 
 import ast
 import dataclasses
@@ -222,3 +224,67 @@ def test_the_bug_table_reader_sees_an_unknown_bug():
     testing = (ROOT / "docs/testing.md").read_text(encoding="utf-8")
     planted = testing.replace("`tool-mask-dropped` (batching)", "`tool-mask-forgotten` (batching)")
     assert "tool-mask-forgotten" in planted_bug_ids(planted) - set(script_bugs())
+
+
+# ------------------------------------------------------------------ objectives.md's logged metrics
+OTHER_LOGGERS = ("batching/", "reward/", "moe/", "entropy_coef")  # logged outside the loss metrics, documented there
+
+
+def documented_metrics(objectives):
+    """Regexes of the metric names under objectives.md's `## Logged metrics` (`a/{b,c}` and `a/*` expanded)."""
+    section = objectives.split("\n## Logged metrics\n", 1)[1].split("\n## ", 1)[0]
+    names = [span for span in re.findall(r"`([^`]+)`", section)
+             if re.fullmatch(r"[a-z_]+(?:/[a-z_{},*]+)+|entropy|kl|cispo_clip_ratio", span)]  # fmt: skip
+    patterns = {}
+    for name in names:
+        pattern = re.sub(r"\{([^}]*)\}", lambda m: "(?:" + "|".join(m.group(1).split(",")) + ")", name)
+        patterns[name] = re.compile(pattern.replace("*", "[a-z_]+"))
+    return patterns
+
+
+def as_floats(sums, maxima):
+    """One process's reduction: the sums and maxima as they are."""
+    return {k: float(v) for k, v in sums.items()}, {k: float(v) for k, v in maxima.items()}
+
+
+def logged_loss_metric_names():
+    """Every name `metrics.logged_loss_metrics` logs for some objective, from each objective's own loss on a batch
+    with off-policy ratios, both advantage signs and a KL term (DHPO with `delta`, so its dual clip logs too)."""
+    import torch
+
+    from dhpo_trl.core import metrics
+    from dhpo_trl.core.losses import masked_log_ratio
+    from dhpo_trl.core.objectives import OBJECTIVES
+
+    torch.manual_seed(0)
+    logps = -torch.rand(4, 6) * 3
+    old, mask, entropies = logps + 0.3 * torch.randn(4, 6), torch.ones(4, 6), torch.rand(4, 6)
+    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    names = set()
+    for algorithm, objective in OBJECTIVES.items():
+        extra = {"delta": 3.0} if algorithm == "dhpo" else {}
+        args = DHPOConfig(output_dir="unused", algorithm=algorithm, use_cpu=True, bf16=False, report_to="none",
+                          **extra)  # fmt: skip
+        _, _, info = objective.compute(logps, old, advantages, mask, entropies, args, None)
+        log_ratio = masked_log_ratio(logps, old, mask)  # as the trainer adds it for every row
+        info = {**info, "abs_log_ratio": log_ratio.abs(), "log_ratio": log_ratio}
+        logged = metrics.logged_loss_metrics(objective, info, entropies, mask, torch.zeros(4, 6), {}, {}, as_floats)
+        names |= set(logged)
+    return names
+
+
+def test_objectives_md_names_every_loss_metric_and_no_other():
+    documented = documented_metrics((ROOT / "docs/objectives.md").read_text(encoding="utf-8"))
+    logged = logged_loss_metric_names()
+    undocumented = sorted(n for n in logged if not any(p.fullmatch(n) for p in documented.values()))
+    assert not undocumented, f"logged but not in docs/objectives.md's Logged metrics: {undocumented}"
+    unlogged = sorted(d for d, p in documented.items()
+                      if not d.startswith(OTHER_LOGGERS) and not any(p.fullmatch(n) for n in logged))  # fmt: skip
+    assert not unlogged, f"in docs/objectives.md's Logged metrics, logged by no objective: {unlogged}"
+
+
+def test_the_metric_reader_sees_a_renamed_metric():
+    objectives = (ROOT / "docs/objectives.md").read_text(encoding="utf-8")
+    documented = documented_metrics(objectives.replace("`dhpo/clipped_term_fraction`", "`dhpo/clipped_fraction`"))
+    assert not any(p.fullmatch("dhpo/clipped_term_fraction") for p in documented.values())
+    assert documented["dhpo/mixing_weight/{mean,std}"].fullmatch("dhpo/mixing_weight/std")
