@@ -288,3 +288,42 @@ def test_the_metric_reader_sees_a_renamed_metric():
     documented = documented_metrics(objectives.replace("`dhpo/clipped_term_fraction`", "`dhpo/clipped_fraction`"))
     assert not any(p.fullmatch("dhpo/clipped_term_fraction") for p in documented.values())
     assert documented["dhpo/mixing_weight/{mean,std}"].fullmatch("dhpo/mixing_weight/std")
+
+
+# ------------------------------------------------------------------ testing.md's commands run what they say
+def stand_in_environment(tmp_path):
+    """Variables under which `bash scripts/test.sh` finds an installed environment whose `python` prints its
+    arguments, one a line (`DHPO_VENV`: the script's setup installs nothing)."""
+    import os
+
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "activate").write_text('PATH="$VIRTUAL_ENV_BIN:$PATH"\n')
+    python = venv / "bin" / "python"
+    python.write_text('#!/bin/sh\nfor a in "$@"; do printf "%s\\n" "$a"; done\n')
+    python.chmod(0o755)
+    (venv / ".dhpo-installed").touch()
+    os.utime(venv / ".dhpo-installed", (2**31, 2**31))  # newer than pyproject.toml
+    return {**os.environ, "DHPO_VENV": str(venv), "VIRTUAL_ENV_BIN": str(venv / "bin")}
+
+
+def pytest_arguments(env, *args):
+    """The pytest arguments `bash scripts/test.sh ARGS` runs, after its fixed options."""
+    import subprocess
+
+    out = subprocess.run(["bash", "scripts/test.sh", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                         check=True, timeout=60)  # fmt: skip
+    printed = out.stdout.splitlines()
+    return printed[printed.index("--no-loadscope-reorder") + 1 :]
+
+
+def test_test_sh_runs_the_named_file_only_and_the_whole_suite_otherwise(tmp_path):
+    """docs/testing.md's `bash scripts/test.sh tests/test_losses.py -k entropy` runs that file's tests, not every
+    test of the suite that matches `-k`."""
+    env = stand_in_environment(tmp_path)
+    one_file = ["tests/test_losses.py", "-k", "entropy"]
+    assert pytest_arguments(env, *one_file) == one_file
+    one_test = "tests/test_docs.py::test_the_seven_rows_reader_sees_a_wrong_setting"
+    assert pytest_arguments(env, one_test) == [one_test]
+    assert pytest_arguments(env, "-m", "pure") == ["tests", "-m", "pure"]
+    assert pytest_arguments(env) == ["tests"]
