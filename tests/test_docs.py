@@ -327,3 +327,43 @@ def test_test_sh_runs_the_named_file_only_and_the_whole_suite_otherwise(tmp_path
     assert pytest_arguments(env, one_test) == [one_test]
     assert pytest_arguments(env, "-m", "pure") == ["tests", "-m", "pure"]
     assert pytest_arguments(env) == ["tests"]
+
+
+# ------------------------------------------------------------------ the README's Python runs
+def python_blocks(page):
+    return re.findall(r"^```python\n(.*?)^```", page, flags=re.DOTALL | re.MULTILINE)
+
+
+def test_the_readme_python_api_runs_as_printed(monkeypatch, tmp_path):
+    """The config of the README's example is valid and off-policy as its comment says (the trainer, which would
+    download the model, is a stand-in that records what it gets); the loss example runs on tensors of its names."""
+    import functools
+
+    import torch
+
+    import dhpo_trl
+
+    built = {}
+
+    class Trainer:
+        def __init__(self, **kwargs):
+            built.update(kwargs)
+
+        def train(self):
+            built["trained"] = True
+
+    monkeypatch.setattr(dhpo_trl, "DHPOTrainer", Trainer)
+    # the example is written for a GPU (bf16): here the same settings on the CPU
+    monkeypatch.setattr(dhpo_trl, "DHPOConfig", functools.partial(DHPOConfig, use_cpu=True, bf16=False))
+    monkeypatch.chdir(tmp_path)
+    trainer_block, loss_block = python_blocks((ROOT / "README.md").read_text(encoding="utf-8"))
+    exec(trainer_block, {})
+    args = built["args"]
+    assert built["trained"] and isinstance(args, DHPOConfig)
+    assert args.steps_per_generation == 2 * args.gradient_accumulation_steps  # "2 optimizer steps per generation"
+    torch.manual_seed(0)
+    logps = -torch.rand(3, 5)
+    names = {"logps": logps, "old_logps": logps + 0.1 * torch.randn(3, 5), "advantages": torch.tensor([1.0, -1.0, 0.5]),
+             "mask": torch.ones(3, 5), "entropies": torch.rand(3, 5)}  # fmt: skip
+    exec(loss_block, names)
+    assert names["loss"].shape == () and torch.isfinite(names["loss"])
