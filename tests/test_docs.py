@@ -363,7 +363,7 @@ def test_the_readme_python_api_runs_as_printed(monkeypatch, tmp_path):
     assert args.steps_per_generation == 2 * args.gradient_accumulation_steps  # "2 optimizer steps per generation"
     torch.manual_seed(0)
     logps = -torch.rand(3, 5)
-    names = {"logps": logps, "old_logps": logps + 0.1 * torch.randn(3, 5), "advantages": torch.tensor([1.0, -1.0, 0.5]),
-             "mask": torch.ones(3, 5), "entropies": torch.rand(3, 5)}  # fmt: skip
+    names = {"logps": logps, "old_logps": logps + 0.1 * torch.randn(3, 5), "mask": torch.ones(3, 5),
+             "advantages": torch.tensor([1.0, -1.0, 0.5]), "entropies": torch.rand(3, 5)}  # fmt: skip
     exec(loss_block, names)
     assert names["loss"].shape == () and torch.isfinite(names["loss"])
