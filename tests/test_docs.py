@@ -367,3 +367,21 @@ def test_the_readme_python_api_runs_as_printed(monkeypatch, tmp_path):
              "advantages": torch.tensor([1.0, -1.0, 0.5]), "entropies": torch.rand(3, 5)}  # fmt: skip
     exec(loss_block, names)
     assert names["loss"].shape == () and torch.isfinite(names["loss"])
+
+
+# ------------------------------------------------------------------ architecture.md's layer table
+def layer_table_modules(architecture):
+    """{package: the module names its row of architecture.md's layer table mentions (`name` or `name.attr`)}."""
+    section = architecture.split("| layer | package | what it holds |\n", 1)[1].split("\n\n", 1)[0]
+    rows = {}
+    for line in section.splitlines()[1:]:
+        _, package, holds = [cell.strip() for cell in line.strip("|").split("|")]
+        rows[package.strip("`/")] = {span.split(".")[0] for span in re.findall(r"`([\w.]+)`", holds)}
+    return rows
+
+
+@pytest.mark.parametrize("package", ["core", "scoring", "training"])
+def test_the_architecture_layer_table_names_every_module(package):
+    rows = layer_table_modules((ROOT / "docs/architecture.md").read_text(encoding="utf-8"))
+    modules = {path.stem for path in (ROOT / "dhpo_trl" / package).glob("*.py") if path.stem != "__init__"}
+    assert modules <= rows[package], f"docs/architecture.md's {package}/ row misses {sorted(modules - rows[package])}"
