@@ -227,7 +227,8 @@ def test_the_bug_table_reader_sees_an_unknown_bug():
 
 
 # ------------------------------------------------------------------ objectives.md's logged metrics
-OTHER_LOGGERS = ("batching/", "reward/", "moe/", "entropy_coef")  # logged outside the loss metrics, documented there
+# logged from the trainer's own sums or by TRL, not by an objective's loss metrics
+OTHER_LOGGERS = ("batching/", "reward/", "moe/", "entropy_coef", "policy_loss", "aux_loss")
 
 
 def documented_metrics(objectives):
