@@ -411,6 +411,28 @@ def relative_gap(change: list[torch.Tensor], reference: list[torch.Tensor]) -> f
     return math.sqrt(difference / sum(float(r.double().pow(2).sum()) for r in reference))
 
 
+def checked_arms(options) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The arms of --arms (with their compiled twins under --compile) and of --profile, checked against each other
+    and the base shape; raises ValueError naming the flag (the docs' printed commands are checked with it)."""
+    arms = tuple(options.arms.split(","))
+    arms += tuple(arm + COMPILED for arm in arms) if options.compile else ()  # a packed arm's twin: refused below
+    arm_shapes = [arm_shape(arm, options.batch_size, options.accumulation) for arm in arms]
+    keys = {(s["name"], s["batch_size"], s["accumulation"], s["torch_compile"]) for s in arm_shapes}
+    if len(keys) != len(arms):
+        raise ValueError(f"--arms {options.arms!r}: each arm once (NAME is NAME@{options.batch_size}x"
+                         f"{options.accumulation})")  # fmt: skip
+    for flag, value in (("--repeats", options.repeats), ("--wide-repeats", options.wide_repeats)):
+        if value is not None and value < 0:
+            raise ValueError(f"{flag} {value}: timed runs per arm, 0 or more")
+    if options.wide_repeats is not None and not any("@" in arm for arm in arms):
+        raise ValueError(f"--wide-repeats {options.wide_repeats}: no arm of --arms {options.arms!r} is written "
+                         "NAME@BxA")  # fmt: skip
+    profile_arms = tuple(filter(None, options.profile.split(",")))
+    if set(profile_arms) - set(arms):
+        raise ValueError(f"--profile {options.profile!r}: a comma-separated subset of --arms ({options.arms})")
+    return arms, profile_arms
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
@@ -453,23 +475,10 @@ def main(argv=None) -> None:
                         help="cpu: this process's CPU time (one thread: less sensitive to other jobs on a shared "
                              "machine than wall time); --device cpu only")  # fmt: skip
     options = parser.parse_args(argv)
-    arms = tuple(options.arms.split(","))
-    arms += tuple(arm + COMPILED for arm in arms) if options.compile else ()  # a packed arm's twin: refused below
     try:
-        arm_shapes = [arm_shape(arm, options.batch_size, options.accumulation) for arm in arms]
+        arms, profile_arms = checked_arms(options)
     except ValueError as error:
         parser.error(str(error))
-    keys = {(s["name"], s["batch_size"], s["accumulation"], s["torch_compile"]) for s in arm_shapes}
-    if len(keys) != len(arms):
-        parser.error(f"--arms {options.arms!r}: each arm once (NAME is NAME@{options.batch_size}x{options.accumulation})")
-    for flag, value in (("--repeats", options.repeats), ("--wide-repeats", options.wide_repeats)):
-        if value is not None and value < 0:
-            parser.error(f"{flag} {value}: timed runs per arm, 0 or more")
-    if options.wide_repeats is not None and not any("@" in arm for arm in arms):
-        parser.error(f"--wide-repeats {options.wide_repeats}: no arm of --arms {options.arms!r} is written NAME@BxA")
-    profile_arms = tuple(filter(None, options.profile.split(",")))
-    if set(profile_arms) - set(arms):
-        parser.error(f"--profile {options.profile!r}: a comma-separated subset of --arms ({options.arms})")
     if options.device == "cpu":
         torch.set_num_threads(options.threads or 1)
         if options.clock == "cpu" and torch.get_num_threads() != 1:

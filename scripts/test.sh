@@ -2,8 +2,17 @@
 # The test command: sets up the environment (first run only), then runs the whole suite offline on CPU.
 # Two pytest workers (one per core of the reference 2-core machine), each test file kept on one worker so its
 # module-scoped fixtures are built once, the files in the order tests/conftest.py gives them (the slowest tier
-# first); DHPO_TEST_WORKERS=0 runs everything in this process.
+# first); DHPO_TEST_WORKERS=0 runs everything in this process. Arguments go to pytest; one that names a test file
+# or folder (`tests/test_losses.py`, `tests/test_losses.py::test_x`) replaces the whole suite.
 set -euo pipefail
 # shellcheck disable=SC1091
 . "$(dirname "$0")/setup_env.sh"
-python -m pytest -q --durations=15 -n "${DHPO_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder tests "$@"
+targets=(tests)
+for arg in "$@"; do
+  if [[ $arg != -* && -e ${arg%%::*} ]]; then
+    targets=()
+    break
+  fi
+done
+python -m pytest -q --durations=15 -n "${DHPO_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder \
+  ${targets[@]+"${targets[@]}"} "$@"

@@ -5,10 +5,12 @@ needs a vLLM server is printed beside that server's command, which must serve it
 Parsers: `accelerate launch`'s own, then `examples/train_dhpo.py`'s (TrlParser + recipe YAMLs + the batch plan for
 the launched process count, so 7 processes or a typo'd flag fail here); `trl vllm-serve`'s (TRL's dataclass parser;
 it forwards unknown flags to `vllm serve`, which is not importable here, so those must be in VLLM_FLAGS); torchrun's;
-the argparse parser of each of our own CLIs and scripts (called up to the parse, not run). The launch scripts
+the argparse parser of each of our own CLIs and scripts (called up to the parse, not run; flags spelled in full,
+and `bench_dynamic_batching.py`'s arms checked as it checks them after the parse). The launch scripts
 (`bash`/`sbatch examples/vllm_server/...`) start their own server: their extra arguments are parsed as training
 arguments of their recipe, for their process count, and the environment variables set in front of them must be ones
-the script reads. Text with placeholders (`<model>`, `...`) is a template, not a command, and is skipped.
+the script reads. Fenced `bash` blocks, indented code blocks and inline commands are read. Text with placeholders
+(`<model>`, `...`) is a template, not a command, and is skipped.
 """
 
 import argparse
@@ -16,6 +18,7 @@ import importlib.util
 import re
 import shlex
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -61,6 +64,10 @@ def _blocks_from_markdown(text):
     for match in re.finditer(r"```(?:bash|sh|shell)\n(.*?)```", text, re.DOTALL):
         yield match.group(1)
     prose = re.sub(r"```.*?```", "", text, flags=re.DOTALL)
+    for indented in re.findall(r"\n\n((?: {4,}\S.*(?:\n|$))+)", prose):  # an indented code block (in a list item)
+        block = textwrap.dedent(indented)
+        if COMMAND_START.match(block):
+            yield block
     for span in re.findall(r"`([^`\n]+)`", prose):
         # a whole command, not a mention of a tool (`trl vllm-serve`) or a flag (`accelerate launch --num_processes`)
         if COMMAND_START.match(span) and (re.search(r"\w/\w|\.(?:py|sh)\b", span) or INLINE_WHOLE.match(span)):
@@ -144,6 +151,7 @@ def _parse_with_main(main, argv, monkeypatch, *, uses_sys_argv=False):
     original = argparse.ArgumentParser.parse_args
 
     def parse_and_stop(self, args=None, namespace=None):
+        self.allow_abbrev = False  # a printed flag is spelled in full: an abbreviation breaks when a flag is added
         raise _Parsed(original(self, args, namespace))
 
     with monkeypatch.context() as patch:
@@ -157,12 +165,16 @@ def _parse_with_main(main, argv, monkeypatch, *, uses_sys_argv=False):
     raise AssertionError(f"{main} returned without parsing its arguments")
 
 
-def _load_main(path):
+def _load_module(path):
     spec = importlib.util.spec_from_file_location(Path(path).stem + "_cli_under_test", ROOT / path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
-    return module.main
+    return module
+
+
+def _load_main(path):
+    return _load_module(path).main
 
 
 def _pyproject_extras():
@@ -247,7 +259,10 @@ def check(where, block, monkeypatch):
                 check_training(args if program == "dhpo-train" else args[1:], 1, env, servers, where)
             else:
                 reads_sys_argv = args[0].endswith(SYS_ARGV_SCRIPTS)
-                _parse_with_main(_load_main(args[0]), args[1:], monkeypatch, uses_sys_argv=reads_sys_argv)
+                module = _load_module(args[0])
+                options = _parse_with_main(module.main, args[1:], monkeypatch, uses_sys_argv=reads_sys_argv)
+                if hasattr(module, "checked_arms"):  # the checks the benchmark makes after its parse
+                    module.checked_arms(options)
         elif program == "torchrun":
             from torch.distributed.run import get_args_parser
 
@@ -337,9 +352,31 @@ def test_printed_command_parses(where, block, monkeypatch):
          "--tensor-parallel-size 4", "TP x DP"),
         ("VLLM_TP=2 bash examples/vllm_server/serve_and_train_single_node.sh", "does not read VLLM_TP"),
         ("frobnicate --now", "no parser"),
+        # a compiled packed arm: the benchmark refuses it after the parse
+        ("python benchmarks/bench_dynamic_batching.py --arms trl,packed --compile", "packed\\+compile"),
     ],
 )  # fmt: skip
 def test_the_check_rejects_what_it_should(block, message, monkeypatch):
     monkeypatch.chdir(ROOT)
     with pytest.raises((AssertionError, ValueError), match=message):
         check("example", block, monkeypatch)
+
+
+@pytest.mark.parametrize(
+    "block",
+    [
+        "python benchmarks/routing_replay.py --overhead-only --overhead-row 4",  # an abbreviation of --overhead-rows
+        "    python benchmarks/routing_replay.py --overhead-cols 4",  # no such flag
+    ],
+)
+def test_a_flag_the_parser_does_not_know_by_its_full_name_fails(block, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit):
+        check("example", textwrap.dedent(block), monkeypatch)
+    assert "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_an_indented_command_block_is_extracted():
+    text = "- an item:\n\n      python benchmarks/routing_replay.py --repeats 2 \\\n          --json a.json\n\n  more"
+    expected = "python benchmarks/routing_replay.py --repeats 2 \\\n    --json a.json\n"
+    assert list(_blocks_from_markdown(text)) == [expected]
