@@ -253,7 +253,8 @@ def advised(message):
 def test_a_path_changed_by_torch_compile_is_refused_naming_the_setting_that_changed_it(tmp_path, saved, now, changed):
     """The automatic padding_free resolves otherwise when torch_compile (with gradient checkpointing) changes: the
     refusal names the setting that changed the path, with the checkpoint's value to resume with, not only the
-    resolved padding_free; torch_compile and gradient_checkpointing themselves are not compared."""
+    resolved padding_free (alone where padding_free is passed now, or the marker did not record them);
+    torch_compile and gradient_checkpointing themselves are not compared."""
     def settings(side):  # the trainer's automatic choice on the CPU packs unless both are on
         return path_settings(tmp_path, not all(side), torch_compile=side[0], gradient_checkpointing=side[1])
 
@@ -262,6 +263,10 @@ def test_a_path_changed_by_torch_compile_is_refused_naming_the_setting_that_chan
     path = marked(tmp_path, {"format": 4, "global_step": 3, "settings": recorded})
     message = refusal(path, current)
     assert named(message) == ["padding_free", *changed] and advised(message) == changed, message
+    # padding_free passed explicitly now: the value passed decided the path, named alone.
+    with pytest.raises(ValueError) as refused:
+        resume.check_resumable(path, current, current["padding_free"])
+    assert named(str(refused.value)) == ["padding_free"] and advised(str(refused.value)) == [], str(refused.value)
     # The same settings, with padding_free chosen as before: they resume (not compared themselves).
     assert refusal(path, {**current, "padding_free": recorded["padding_free"]}) is None
     # A marker without them: the resolved path named, as before.

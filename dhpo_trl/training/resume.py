@@ -143,7 +143,7 @@ def aux_loss_default(model) -> float:
     config = model.config.get_text_config()
     if not hasattr(config, "output_router_logits"):
         return 0.0
-    return float(getattr(config, AUX_LOSS, 0.0))
+    return float(getattr(config, AUX_LOSS, None) or 0.0)
 
 
 def acting_aux_loss(value, default: float | None):
@@ -348,7 +348,8 @@ def check_resumable(path: str, current: dict, requested_padding_free: bool | Non
     if differ:
         listed = ", ".join(f"{name}={saved.get(name)!r} in the checkpoint but {current.get(name)!r} now" for name in differ)
         resolved = {"padding_free", "dynamic_batching"} & set(differ)
-        cause, changed = path_cause(*causes) if "padding_free" in resolved else (None, {})
+        automatic = "padding_free" in resolved and requested_padding_free is None  # else the value passed decided
+        cause, changed = path_cause(*causes) if automatic else (None, {})
         path_ran = f"{' and '.join(sorted(resolved))}: the update path that ran, as resolved{cause or ''}"
         hint = f" ({path_ran})" if resolved else ""
         ran = ", ".join(f"{name}={value!r}" for name, value in changed.items())
