@@ -187,8 +187,11 @@ def main(argv: list[str] | None = None) -> int:
     # Warm start once, before the workers, so they all load it from the cache instead of racing to train it.
     run_embedded(args.algorithms[0], seed=args.seeds[0], max_steps=1, output_dir=args.out_dir / "_warmup",
                  num_heldout=1, disable_tqdm=True)  # fmt: skip
-    with cell_pool(args.workers) as pool:  # a stop signal or an error ends the workers too (dhpo_trl/demo/cell_pool.py)
-        summaries = pool.map(_run_one, jobs, chunksize=1)
+    # A stop signal or an error ends the workers too (dhpo_trl/demo/cell_pool.py). The cells are taken as they finish,
+    # so a cell that raises ends the study at once: the finished ones are saved, the ones still running are rerun.
+    with cell_pool(args.workers) as pool:
+        finished = {(s["algorithm"], s["seed"]): s for s in pool.imap_unordered(_run_one, jobs)}
+    summaries = [finished[algorithm, seed] for algorithm, seed, _, _ in jobs]  # in plan order: the page's rows
     wall_minutes = (time.perf_counter() - started) / 60
     budgets = {(s["algorithm"], s["seed"]): s["optimizer_steps"] for s in summaries}
     if len(set(budgets.values())) != 1:  # a stale run from another budget in --out-dir would skew the comparison

@@ -12,6 +12,7 @@ cell), one in a graceful task that only a SIGKILL ends, or idle."""
 
 from __future__ import annotations
 
+import errno
 import functools
 import multiprocessing
 import os
@@ -32,20 +33,23 @@ from dhpo_trl.demo.cell_pool import (
     NAME_CHARACTERS,
     Cell,
     CellExited,
+    CellFailed,
     CellPool,
     Watchdog,
+    WorkerContext,
     WorkerDied,
     close,
     death_message,
     drain,
     report_worker,
     reported,
+    start_message,
 )
 from dhpo_trl.demo.stops import TrainingStopped
 
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = """
-import argparse, multiprocessing, os, signal, sys, threading, time
+import argparse, errno, multiprocessing, os, signal, sys, threading, time
 from pathlib import Path
 sys.path[:0] = [{repo!r}]
 import dhpo_trl.demo.cell_pool as cell_pool_module
@@ -163,6 +167,10 @@ def block(folder, case):
             lost = time.monotonic()
             os.kill(idle[0].pid, signal.SIGKILL)
             result.get()
+        elif case == "start refused 3":  # a cell ends its worker; the pool's thread cannot start its replacement
+            pool.apply_async(exit_zero, (folder,)).get()
+        elif case.startswith("start refused"):  # the pool's constructor cannot start its workers: no block
+            raise AssertionError("the block ran")
         elif case in ("import fails", "killed starting", "initializer raises"):  # every worker, each replacement too
             lost = time.monotonic()
             pool.map(abs, [-1, 2], chunksize=1)
@@ -185,11 +193,27 @@ def block(folder, case):
     return 0
 
 
+def refuse_start(refused):
+    # The system refusing the `refused`-th process started from here on (fork or spawn failing with EAGAIN).
+    start, starts = multiprocessing.process.BaseProcess.start, []
+
+    def refusing(process):
+        starts.append(process)
+        if len(starts) == refused:
+            raise OSError(errno.EAGAIN, os.strerror(errno.EAGAIN))
+        start(process)
+
+    multiprocessing.process.BaseProcess.start = refusing
+
+
 if __name__ == "__main__":
     folder, case = sys.argv[1:3]  # then --debug, read by `reported`
     lost = None
     bystander = multiprocessing.get_context("fork").Process(target=time.sleep, args=(300,), daemon=True)
     bystander.start()  # a child of this process that is none of the pool's
+    if case.startswith("start refused"):  # the pool's first, second or third start (the replacement for a death)
+        refuse_start(int(case.split()[-1]))
+        lost = time.monotonic()
     try:
         code = reported(lambda argv: block(folder, case), None, "[driver]")  # 1: a cell lost, reported on one line
     except RuntimeError:
@@ -325,6 +349,67 @@ def test_a_worker_that_dies_before_it_reports_ends_the_block_on_one_line_with_st
     assert lines[0].removeprefix("[driver] ") == death_message(named[1], int(named[2]), exitcode, False), lines
     if exitcode > 0:  # the worker's own traceback is above the line
         assert ("ModuleNotFoundError" if case == "import fails" else "OSError: the worker's setup failed") in stderr
+
+
+@pytest.mark.parametrize("refused", [1, 2, 3])
+def test_a_worker_the_system_refuses_to_start_ends_the_block_on_one_line_with_status_1(tmp_path, refused):
+    """`Process.start` raising OSError (EAGAIN: too many processes) for the pool's first worker, its second (the
+    first started, then ended by the pool), or the replacement for a worker whose cell ended it (started by the
+    pool's own thread, which the error ends): the block ends within seconds with one line from `reported` naming the
+    worker that could not start and the error, and status 1; no worker is left. For the replacement, the death that
+    asked for it may be the line instead, when the watchdog polls between the two."""
+    status, stdout, stderr, workers = _drive(tmp_path, f"start refused {refused}", timeout=60)
+    lines = [line for line in stderr.splitlines() if line.startswith("[driver] ")]
+    assert status == 1 and len(lines) == 1, stderr  # not a traceback; 4: a bystander killed
+    assert 0 <= float(stdout.split()[-1]) < 30 and len(workers) == (refused == 3), (stdout, workers)
+    # The pool's workers are the driver's second process on (the bystander is its first).
+    refusal = start_message(f"SpawnPoolWorker-{refused + 1}", OSError(errno.EAGAIN, os.strerror(errno.EAGAIN)))
+    deaths = [death_message(f"SpawnPoolWorker-{n}", pid, 0) for n in (2, 3) for pid in workers]
+    assert lines[0].removeprefix("[driver] ") in [refusal, *(deaths if refused == 3 else [])], lines
+
+
+def test_a_refused_start_names_the_worker_and_the_error_on_one_line():
+    """`start_message`: the worker, the error's type and errno name (its number where it has none), its message on
+    one line, and what to do: fewer workers or free memory, then the same command."""
+    for error, shown in [(OSError(errno.EAGAIN, os.strerror(errno.EAGAIN)), "BlockingIOError EAGAIN: "),
+                         (OSError(errno.ENOMEM, "Cannot\nallocate memory"), "OSError ENOMEM: Cannot allocate memory"),
+                         (OSError("no errno"), "OSError: no errno")]:  # fmt: skip
+        message = start_message("SpawnPoolWorker-4", error)
+        assert "\n" not in message and f"worker SpawnPoolWorker-4 could not start ({shown}" in message, message
+        assert "fewer workers" in message and "rerun the same command" in message, message
+
+
+def test_the_watchdog_reports_a_refused_start_before_any_death():
+    """`Watchdog.check`: a worker whose start raised (`start_error`, set by the pool's context) is reported as such,
+    before a worker that died (the death that asked for its replacement), which it is reported as without one."""
+    started = multiprocessing.get_context("fork").SimpleQueue()
+    try:
+        refused = _Ended(9, None)
+        refused.start_error = OSError(errno.EAGAIN, os.strerror(errno.EAGAIN))
+        watchdog = Watchdog(started, [_Ended(7, 0), refused], threading.main_thread().ident)
+        assert watchdog.check() == start_message("SpawnPoolWorker-9", refused.start_error)
+        watchdog.workers.pop()
+        assert watchdog.check() == death_message("SpawnPoolWorker-7", 7, 0, False)
+    finally:
+        started.close()
+
+
+def test_the_pools_context_keeps_the_error_of_a_start_the_system_refused(monkeypatch):
+    """`WorkerContext.Process` makes `SpawnProcess`es, named as the spawn context's, whose `start` keeps the OSError
+    it raises (and raises it); another error is not kept."""
+    context = WorkerContext()
+    process = context.Process(target=time.sleep, args=(0,))
+    assert context.workers == [process] and process.name.startswith("SpawnProcess-") and process.start_error is None
+    refusal = OSError(errno.ENOMEM, os.strerror(errno.ENOMEM))
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", lambda self: (_ for _ in ()).throw(refusal))
+    with pytest.raises(OSError) as raised:
+        process.start()
+    assert raised.value is refusal and process.start_error is refusal
+    other = context.Process(target=time.sleep, args=(0,))
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", lambda self: (_ for _ in ()).throw(ValueError()))
+    with pytest.raises(ValueError):
+        other.start()
+    assert other.start_error is None
 
 
 def test_under_debug_a_cells_system_exit_shows_where_the_cell_raised_it(tmp_path):
@@ -515,16 +600,23 @@ def _raise(error: BaseException):
 
 
 def test_a_cell_raises_what_would_end_its_worker_as_cell_exited_naming_itself():
-    """`Cell`, called here as a worker calls a task: its value and an `Exception` pass through unchanged; a
-    `SystemExit` (status 0, no status, a message), a `KeyboardInterrupt` or a `GeneratorExit` is raised as
-    `CellExited` from it (what `reported` reports), naming the function, its arguments and what it raised, or with
-    `carried`, only those (a `KeyboardInterrupt` passes); the message stays one line of bounded length whatever the
-    arguments."""
+    """`Cell`, called here as a worker calls a task: its value and a stop (`TrainingStopped`) pass through
+    unchanged; another `Exception` is raised as `CellFailed` from it, with `carried` too; a `SystemExit` (status 0, no
+    status, a message), a `KeyboardInterrupt` or a `GeneratorExit` is raised as `CellExited` from it, or with
+    `carried`, only those (a `KeyboardInterrupt` passes); each (what `reported` reports) names the function, its
+    arguments and what it raised, and stays one line of bounded length whatever the arguments."""
     assert Cell(divmod)(7, 2) == (3, 1) and Cell(dict)(a=1) == {"a": 1}
-    bug = KeyError("a bug")
-    with pytest.raises(KeyError) as raised:
-        Cell(_raise(bug))(1)
-    assert raised.value is bug
+    stop = TrainingStopped("stopped by SIGTERM", {"signal": "SIGTERM"})
+    with pytest.raises(TrainingStopped) as raised:
+        Cell(_raise(stop))(1)
+    assert raised.value is stop
+    for carried in [(BaseException,), (SystemExit,)]:
+        bug = KeyError("a bug")
+        with pytest.raises(CellFailed) as raised:
+            Cell(_raise(bug), carried)(("GRPO", 1), seed=1)
+        message = str(raised.value)
+        assert isinstance(raised.value, WorkerDied) and raised.value.__cause__ is bug
+        assert "(('GRPO', 1), seed=1) raised KeyError('a bug'): " in message and "--debug" in message, message
     for error in [SystemExit(0), SystemExit(), SystemExit("usage: cell"), KeyboardInterrupt(), GeneratorExit()]:
         cell = _raise(error)
         with pytest.raises(CellExited) as raised:

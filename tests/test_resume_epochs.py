@@ -9,6 +9,7 @@ steps before and after the resume, and `train_loss` averages all of them.
 
 import json
 import os
+import re
 import shutil
 import warnings
 
@@ -281,6 +282,37 @@ def test_an_automatic_choice_that_no_longer_packs_is_refused_before_the_checkpoi
     with pytest.raises(ValueError, match="padding_free=True in the checkpoint but False now"):
         trainer.train(resume_from_checkpoint=checkpoint)
     assert max_parameter_gap(trainer.model, build_tiny_qwen3(tok, hidden_size=32, seed=0)) == 0.0
+
+
+def test_torch_compile_turned_on_is_refused_naming_it_before_the_checkpoint_loads(epochs_full, tok, tmp_path):
+    """The epoch runs pack automatically with TRL's default gradient checkpointing; torch_compile=True there keeps
+    dynamic batching (`compiled_packing_reason`), so the resume is refused, naming torch_compile and its
+    checkpoint value to resume with, not only the resolved padding_free (which was None both times)."""
+    checkpoint = os.path.join(epochs_full.args.output_dir, "checkpoint-5")
+    settings = resume.read_marker(checkpoint)["settings"]
+    assert (settings["torch_compile"], settings["gradient_checkpointing"]) == (False, True)
+    compiled = config(tmp_path, **EPOCHS, torch_compile=True)
+    assert resume.resolve_for_run(checkpoint, compiled, world_size=1) == checkpoint  # undecided before the models
+    trainer = RecordingTrainer(model=build_tiny_qwen3(tok, hidden_size=32, seed=0), reward_funcs=digit_share,
+                               args=compiled, train_dataset=Dataset.from_dict({"prompt": ["1+1="] * 4}),
+                               processing_class=tok)  # fmt: skip
+    assert trainer._update.padding_free is False
+    with pytest.raises(ValueError) as refused:
+        trainer.train(resume_from_checkpoint=checkpoint)
+    message = str(refused.value)
+    assert re.findall(r"(\w+)=\S+ in the checkpoint", message) == ["padding_free", "torch_compile"], message
+    assert re.search(r"Resume with (\w+)=(\w+),", message).groups() == ("torch_compile", "False"), message
+    assert max_parameter_gap(trainer.model, build_tiny_qwen3(tok, hidden_size=32, seed=0)) == 0.0
+
+
+def test_router_aux_loss_coef_0_resumes_a_dense_run_that_left_it_none(epochs_full, tok, tmp_path):
+    """A dense model adds no auxiliary loss whether router_aux_loss_coef is None (the model's own: none) or 0.0:
+    the marker records the coefficient that acted (0.0), and a resume passing 0.0 continues exactly."""
+    checkpoint = os.path.join(epochs_full.args.output_dir, "checkpoint-9")
+    assert epochs_full.args.router_aux_loss_coef is None and not epochs_full.aux_loss_enabled
+    assert resume.read_marker(checkpoint)["settings"]["router_aux_loss_coef"] == 0.0
+    resumed = resumed_run(tok, tmp_path, epochs_full, 9, **{**EPOCHS, "router_aux_loss_coef": 0.0})
+    assert_resumed_exactly(epochs_full, resumed, 9)
 
 
 def test_a_marker_recording_padding_free_as_passed_stays_resumable(epochs_full, tok, tmp_path):

@@ -75,7 +75,7 @@ REFUSED = [  # (the checkpoint's run, the change on resume, the setting named)
     ({}, dict(entropy_coef=0.01), "entropy_coef"),
     (dict(use_adaptive_entropy=True, entropy_coef=0.01), dict(entropy_coef=0.02), "entropy_coef"),
     ({}, dict(use_adaptive_entropy=True), "use_adaptive_entropy"),
-    ({}, dict(router_aux_loss_coef=0.01), "router_aux_loss_coef"),
+    (dict(router_aux_loss_coef=0.0), dict(router_aux_loss_coef=0.001), "router_aux_loss_coef"),
     (dict(loss_type="dr_grpo"), dict(max_completion_length=256), "max_completion_length"),
 ]
 
@@ -174,3 +174,103 @@ def test_vespo_reads_the_level_as_the_recorded_kl_switch_says(tmp_path):
     path = marked(tmp_path, {"format": 4, "global_step": 3, "settings": saved})
     current = settings_of(tmp_path, algorithm="vespo", beta=0.04, use_bias_correction_kl=False)
     assert "use_bias_correction_kl=True in the checkpoint but False now" in refusal(path, current)
+
+
+# ----------------------------------------------------------- router_aux_loss_coef as it acts (None: the model's)
+def aux_settings(tmp_path, coef, default):
+    """`run_settings` with `router_aux_loss_coef=coef` where None stands for `default` (None: before the models
+    load)."""
+    from dhpo_trl import DHPOConfig
+
+    args = DHPOConfig(str(tmp_path), use_cpu=True, bf16=False, report_to="none", steps_per_generation=2,
+                      router_aux_loss_coef=coef)  # fmt: skip
+    return resume.run_settings(args, world_size=1, aux_default=default)
+
+
+@pytest.mark.parametrize(("saved", "now", "default", "refused"), [
+    (None, 0.0, 0.0, False),  # a dense model: TRL adds no auxiliary loss either way
+    (0.0, None, 0.0, False),
+    (0.0, 0.001, 0.0, True),  # a real change (an MoE model's)
+    (None, 0.01, 0.01, False),  # an MoE model declaring 0.01: None is that coefficient
+    (0.01, None, 0.01, False),
+    (None, 0.0, 0.01, True),  # ... and 0.0 turns its auxiliary loss off
+    (0.0, None, 0.01, True),
+    (None, 0.0, None, False),  # before the models load: undecided, the trainer compares again
+    (0.0, 0.001, None, True),
+])  # fmt: skip
+def test_router_aux_loss_coef_compares_as_it_acts(tmp_path, saved, now, default, refused):
+    """Recorded as it acts (None is the model's own coefficient, `aux_default`), and compared so on both sides, also
+    against a marker that recorded it as passed (None) before: a real change is refused naming it, in either
+    direction."""
+    recorded = aux_settings(tmp_path, saved, default)
+    assert recorded["router_aux_loss_coef"] == (default if saved is None else saved)
+    path = marked(tmp_path, {"format": 4, "global_step": 3, "settings": recorded})
+    (tmp_path / "older").mkdir()
+    as_passed = marked(tmp_path / "older", {"format": 4, "global_step": 3,
+                                            "settings": {**recorded, "router_aux_loss_coef": saved}})  # fmt: skip
+    for checkpoint in (path, as_passed):
+        try:
+            resume.check_resumable(checkpoint, aux_settings(tmp_path, now, default), None, default)
+            message = None
+        except ValueError as error:
+            message = str(error)
+        assert (named(message) if refused else message) == (["router_aux_loss_coef"] if refused else None), message
+
+
+def test_the_aux_loss_default_is_the_moe_models_own_coefficient():
+    """`aux_loss_default`, what TRL's trainer makes of `router_aux_loss_coef=None`: the MoE config's coefficient, 0.0
+    for a dense model."""
+    from dhpo_trl.demo.tiny import build_char_tokenizer, build_tiny_qwen3
+
+    tok = build_char_tokenizer()
+    assert resume.aux_loss_default(build_tiny_qwen3(tok, hidden_size=16, num_layers=1)) == 0.0
+    moe = build_tiny_qwen3(tok, hidden_size=16, num_layers=1, moe=True)
+    assert moe.config.router_aux_loss_coef == 0.01 and resume.aux_loss_default(moe) == 0.01
+    moe.config.router_aux_loss_coef = 0.003
+    assert resume.aux_loss_default(moe) == 0.003
+
+
+# --------------------------------------------------------------- the settings that decide the automatic padding_free
+def path_settings(tmp_path, packed, **values):
+    from dhpo_trl import DHPOConfig
+
+    args = DHPOConfig(str(tmp_path), use_cpu=True, bf16=False, report_to="none", steps_per_generation=2, **values)
+    return resume.run_settings(args, world_size=1, packed=packed)
+
+
+def advised(message):
+    """The settings a refusal advises resuming with."""
+    found = re.search(r"Resume with ((?:\w+=\S+?(?:, |,? as))+)", message)
+    return re.findall(r"(\w+)=", found[1]) if found else []
+
+
+@pytest.mark.parametrize(("saved", "now", "changed"), [  # (torch_compile, gradient_checkpointing) on each side
+    ((False, True), (True, True), ["torch_compile"]),  # TRL's default checkpointing: torch_compile alone changes it
+    ((True, True), (False, True), ["torch_compile"]),
+    ((True, False), (True, True), ["gradient_checkpointing"]),
+    ((True, True), (False, False), ["torch_compile", "gradient_checkpointing"]),
+])  # fmt: skip
+def test_a_path_changed_by_torch_compile_is_refused_naming_the_setting_that_changed_it(tmp_path, saved, now, changed):
+    """The automatic padding_free resolves otherwise when torch_compile (with gradient checkpointing) changes: the
+    refusal names the setting that changed the path, with the checkpoint's value to resume with, not only the
+    resolved padding_free (alone where padding_free is passed now, or the marker did not record them);
+    torch_compile and gradient_checkpointing themselves are not compared."""
+    def settings(side):  # the trainer's automatic choice on the CPU packs unless both are on
+        return path_settings(tmp_path, not all(side), torch_compile=side[0], gradient_checkpointing=side[1])
+
+    recorded, current = settings(saved), settings(now)
+    assert recorded["padding_free"] != current["padding_free"]
+    path = marked(tmp_path, {"format": 4, "global_step": 3, "settings": recorded})
+    message = refusal(path, current)
+    assert named(message) == ["padding_free", *changed] and advised(message) == changed, message
+    # padding_free passed explicitly now: the value passed decided the path, named alone.
+    with pytest.raises(ValueError) as refused:
+        resume.check_resumable(path, current, current["padding_free"])
+    assert named(str(refused.value)) == ["padding_free"] and advised(str(refused.value)) == [], str(refused.value)
+    # The same settings, with padding_free chosen as before: they resume (not compared themselves).
+    assert refusal(path, {**current, "padding_free": recorded["padding_free"]}) is None
+    # A marker without them: the resolved path named, as before.
+    older = {name: value for name, value in recorded.items() if name not in resume.PATH_CAUSES}
+    (tmp_path / "older").mkdir()
+    message = refusal(marked(tmp_path / "older", {"format": 4, "global_step": 3, "settings": older}), current)
+    assert named(message) == ["padding_free"] and advised(message) == [], message

@@ -102,3 +102,73 @@ def test_a_stop_signal_ends_a_two_worker_study_with_nothing_saved_and_no_worker_
         for pid in workers if "workers" in locals() else []:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+FAILING = """
+import json, os, sys, time
+from pathlib import Path
+sys.path[:0] = [{benchmarks!r}, {repo!r}]
+import {study} as benchmark
+
+
+def cell(name, seed, output_dir, **settings):
+    # (GRPO, seed 0) finishes at once; (GRPO, seed 1) raises once the other worker is in its (long) cell.
+    out, log = Path(output_dir), Path(os.environ["CELL_LOG"])
+    if out.name == "_warmup":
+        return {{}}
+    with open(log, "a") as handle:
+        handle.write(f"{{name}} {{seed}} {{os.getpid()}}\\n")
+    if (name, seed) == ("GRPO", 0):
+        out.mkdir(parents=True, exist_ok=True)
+        summary = {{"algorithm": name, "seed": seed, "optimizer_steps": settings.get("max_steps"),
+                    "summary_path": str(out / "summary.json"), "heldout_accuracy_before": 0.5,
+                    "heldout_accuracy_after": 0.75, "train_seconds": 1.0}}
+        (out / "summary.json").write_text(json.dumps(summary))
+        return summary
+    if (name, seed) == ("GRPO", 1):
+        while len(log.read_text().splitlines()) < 3:
+            time.sleep(0.05)
+        raise ValueError("a bug in one cell")
+    time.sleep(300)  # waited for by a study that takes its results only once every cell ended
+
+
+benchmark.run_embedded = cell
+benchmark.load_task = lambda settings: None
+
+if __name__ == "__main__":
+    sys.exit(benchmark.cli())
+"""
+
+
+@pytest.mark.parametrize("study", ["study", "staleness"])
+def test_a_cell_that_raises_ends_the_study_at_once_naming_it_and_keeps_the_finished_cells(tmp_path, study):
+    """Two workers, four cells: the first finishes and is saved, the second runs long, the third raises. The study
+    ends within seconds, not when the long cell would end (a `Pool.map` waits for every cell first), with one line
+    naming the cell that raised (its objective and seed) and what it raised, and exit status 1; the finished cell's
+    summary is on disk (the rerun skips it), the long one is stopped unsaved, and no worker is left."""
+    driver = tmp_path / "driver.py"
+    driver.write_text(FAILING.format(benchmarks=str(REPO / "benchmarks"), repo=str(REPO), study=study))
+    log, out = tmp_path / "cells.log", tmp_path / "out"
+    python, env = processes.served_python(processes._rank_variables(False, {"CELL_LOG": str(log)}), timeout=240)
+    names = ["--algorithms", "GRPO", "GSPO"] if study == "study" else ["--objectives", "GRPO", "GSPO", "--ks", "2",
+                                                                       "--generation-batches", "500"]  # fmt: skip
+    command = [*python, str(driver), *names, "--seeds", "0", "1", "--workers", "2", "--out-dir", str(out),
+               "--docs-dir", str(tmp_path / "docs")]  # fmt: skip
+    study_process = processes.popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _, stderr = study_process.communicate(timeout=90)  # the long cell would take 300 s
+        lines = [line for line in stderr.splitlines() if line.startswith(f"[{study}] ")]
+        assert study_process.returncode == 1 and len(lines) == 1, stderr
+        cell = "('GRPO', 1, " if study == "study" else "('GRPO', 2, 1, "
+        assert cell in lines[0] and "ValueError('a bug in one cell')" in lines[0], lines
+        ran = [line.split() for line in log.read_text().splitlines()]
+        # the last cell may have begun too, on the worker whose cell raised
+        assert {("GRPO", "0"), ("GSPO", "0"), ("GRPO", "1")} <= {(name, seed) for name, seed, _ in ran}, ran
+        assert [path.parent.name for path in out.rglob("summary.json")] == ["GRPO-seed0"]
+        workers = {int(pid) for _, _, pid in ran}
+        left = time.monotonic() + 10
+        while any(_alive(pid) for pid in workers) and time.monotonic() < left:
+            time.sleep(0.2)
+        assert not [pid for pid in workers if _alive(pid)]
+    finally:
+        processes.kill_tree(study_process, grace=1)

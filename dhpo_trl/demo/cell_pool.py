@@ -24,7 +24,11 @@ starting (importing the main module) when the block ends is killed too.
 A cell that raises a `BaseException` that is not an `Exception` (`SystemExit` from argparse in a cell or a library's
 `sys.exit()`, `KeyboardInterrupt`) would end its worker, with exit status 0 for `SystemExit(0)`: the pool's tasks run
 as `Cell`s, which raise `CellExited` instead, naming the cell; the pool carries it back as any error of a task, and it
-ends the block (`reported`: one line, exit status 1).
+ends the block (`reported`: one line, exit status 1). A cell that raises an `Exception` other than a stop
+(`TrainingStopped`) raises `CellFailed` the same way, naming the cell, its error the cause (its traceback, the worker's
+included, under `--debug`). A block that waits for its cells as they finish (`imap_unordered`) ends at the first
+such error; `map` would wait for every other cell first. The cells still running then are stopped with the pool and
+not saved: the rerun runs them again, and skips the finished ones.
 
 A worker that dies while the block runs (an OOM kill, a SIGKILL from a cluster, `os._exit` in a cell) takes its task
 with it, and `Pool.map` would wait for that task forever. A worker of this pool has no legitimate end while the block
@@ -45,12 +49,22 @@ SIGTERMs and sentinels are no death. To reach the main thread where it waits on 
 (`signal.pthread_kill`): a real signal interrupts the wait, which `_thread.interrupt_main` does not, and SIGCHLD's
 default action is to ignore it, so one that arrives after the block leaves its handler is harmless.
 
+A worker the system refuses to start (`Process.start` raising `OSError`: fork or spawn failing with EAGAIN for too
+many processes, ENOMEM) leaves no process to watch. The pool starts its first workers in its constructor, where the
+error would end the study with a traceback, and each replacement for a dead worker in its worker-handler thread,
+which the error ends (it prints its traceback): the death that asked for the replacement is reported, but a line
+blaming it alone hides that the rerun would fail on the start again. The context's `Process` records such an error on
+its process (`SpawnProcess`): the constructor's raises `WorkerNotStarted` (the pool already ended the workers it
+started), and the watchdog reports a later one before any death: one line from `reported` naming the worker and the
+error, and what to do (fewer workers, or more free memory), status 1.
+
 The queue's pipe (64 KiB, about 47 bytes a worker) holds some 1,400 reports, and the watchdog empties it as they come.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import multiprocessing
 import multiprocessing.pool
 import os
@@ -60,18 +74,27 @@ import threading
 import traceback
 from collections.abc import Callable, Iterator
 
-from ..user_errors import debug_given
+from ..user_errors import DEBUG_FLAG, debug_given
 from .stops import TrainingStopped
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # those DHPOTrainer.train() stops on (training/resume.py)
 GRACE_SECONDS = 2.0  # for the idle workers to take the pool's end-of-work sentinel and exit
 POLL_SECONDS = 0.5  # how often the watchdog looks for a dead worker
-NAME_CHARACTERS = 300  # of a cell's arguments in `CellExited`'s message: one line, whatever the arguments
+NAME_CHARACTERS = 300  # of a cell's arguments in `CellExited`'s, `CellFailed`'s message: one line, whatever they are
 
 
 class WorkerDied(RuntimeError):
     """A pool's worker died while the block ran: the cell it ran is lost (not saved), the finished ones are kept.
     Not a `TrainingStopped`: no stop was asked for."""
+
+
+class WorkerNotStarted(WorkerDied):
+    """The system refused to start one of the pool's workers (`OSError` from `Process.start`): no cell ran in it."""
+
+
+class CellFailed(WorkerDied):
+    """A cell raised an `Exception` that is not a stop: raised by `Cell` in its place, naming the cell, so that the
+    block ends on one line (`reported`) with the original as its cause."""
 
 
 class CellExited(WorkerDied):
@@ -81,11 +104,11 @@ class CellExited(WorkerDied):
 
 
 class Cell:
-    """`func` as a pool's task: a `BaseException` of `carried` that is not an `Exception` escaping it is raised as
-    `CellExited`, naming `func` and its arguments, from the original (whose traceback the pool's remote traceback then
-    shows). A study that runs its cells in its main process (one worker, no pool) wraps them as `Cell(func,
-    (SystemExit,))`: there a cell's `SystemExit(0)` would end the study with status 0, and a `KeyboardInterrupt` is
-    the user's Ctrl-C, left as it is."""
+    """`func` as a pool's task: an `Exception` escaping it that is not a `TrainingStopped` is raised as `CellFailed`,
+    and a `BaseException` of `carried` that is not an `Exception` as `CellExited`, naming `func` and its arguments,
+    from the original (whose traceback the pool's remote traceback then shows). A study that runs its cells in its
+    main process (one worker, no pool) wraps them as `Cell(func, (SystemExit,))`: there a cell's `SystemExit(0)` would
+    end the study with status 0, and a `KeyboardInterrupt` is the user's Ctrl-C, left as it is."""
 
     def __init__(self, func: Callable, carried: tuple[type[BaseException], ...] = (BaseException,)) -> None:
         self.func, self.carried = func, carried
@@ -93,25 +116,31 @@ class Cell:
     def __call__(self, *args, **kwargs):
         try:
             return self.func(*args, **kwargs)
-        except Exception:
+        except TrainingStopped:  # a stop: `reported` reports it as one
             raise
+        except Exception as error:
+            raise CellFailed(exit_message(self.func, args, kwargs, error, FAILED)) from error
         except self.carried as error:
             raise CellExited(exit_message(self.func, args, kwargs, error)) from error
 
 
-def exit_message(func: Callable, args: tuple, kwargs: dict, error: BaseException) -> str:
+EXITED = "it was not saved; rerun the same command to resume (finished cells are kept)"
+FAILED = (
+    f"it was not saved, nor were the cells still running ({DEBUG_FLAG} shows its traceback); once it is fixed, "
+    "rerun the same command to resume (finished cells are kept)"
+)
+
+
+def exit_message(func: Callable, args: tuple, kwargs: dict, error: BaseException, then: str = EXITED) -> str:
     """The one-line report of the cell `func(*args, **kwargs)` that raised `error`, its arguments cut to
-    `NAME_CHARACTERS`. One line: a `repr` may span several (an array's, a table's)."""
+    `NAME_CHARACTERS`, then `then`. One line: a `repr` may span several (an array's, a table's)."""
     call = " ".join(", ".join([*map(repr, args), *(f"{key}={value!r}" for key, value in kwargs.items())]).splitlines())
     if len(call) > NAME_CHARACTERS:
         call = call[: NAME_CHARACTERS - 3] + "..."
     raised = " ".join(repr(error).splitlines())
     raised = raised if len(raised) <= NAME_CHARACTERS else f"{type(error).__name__}(...)"
     name = getattr(func, "__qualname__", type(func).__qualname__)
-    return (
-        f"cell_pool: the cell {name}({call}) raised {raised}: it was not saved; rerun the same "
-        "command to resume (finished cells are kept)"
-    )
+    return f"cell_pool: the cell {name}({call}) raised {raised}: {then}"
 
 
 class CellPool(multiprocessing.pool.Pool):
@@ -155,10 +184,10 @@ class CellPool(multiprocessing.pool.Pool):
 
 def reported(main: Callable[[list[str] | None], int], argv: list[str] | None, prefix: str) -> int:
     """`main(argv)`'s exit status, with a stop or a lost cell reported on one line of stderr after `prefix`: a stop
-    signal's status (the cells in progress are not saved; the same command resumes), or 1 for a worker that died or a
-    cell that raised `SystemExit` or another non-`Exception` (`WorkerDied`, `CellExited`: its cell is not saved; a
-    rerun starts it over). With `--debug` in `argv` (default: the command line; `debug_given`), its traceback instead
-    of the line, with the same status: a `CellExited`'s shows where the cell raised, in the worker; so too for
+    signal's status (the cells in progress are not saved; the same command resumes), or 1 for a worker that died or
+    could not start, or a cell that raised (`WorkerDied`, `WorkerNotStarted`, `CellFailed`, `CellExited`: its cell is
+    not saved; a rerun starts it over). With `--debug` in `argv` (default: the command line; `debug_given`), its
+    traceback instead of the line, with the same status: a cell's shows where it raised, in the worker; so too for
     `main`'s own one-line errors, a `SystemExit` with a message (status 1), which leaves `main` as it is without."""
     debug = debug_given(sys.argv[1:] if argv is None else argv)
     try:
@@ -208,12 +237,30 @@ def death_message(name: str, pid: int, exitcode: int, ready: bool = True) -> str
     )
 
 
+def start_message(name: str, error: OSError) -> str:
+    """The one-line report of the worker `name` whose start raised `error` (its errno's name where it has one)."""
+    code = errno.errorcode.get(error.errno) if error.errno is not None else None
+    raised = " ".join(f"{type(error).__name__}{f' {code}' if code else ''}: {error.strerror or error}".splitlines())
+    return (
+        f"cell_pool: worker {name} could not start ({raised[:NAME_CHARACTERS]}): the system refused a new process "
+        "(too many processes, or too little memory); run fewer workers or free memory, then rerun the same command "
+        "to resume (finished cells are kept)"
+    )
+
+
 @contextlib.contextmanager
 def cell_pool(workers: int) -> Iterator[CellPool]:
     """A spawn pool of `workers` processes, stopped as the module docstring says. Call from the main thread."""
     context = WorkerContext()
     started = context.SimpleQueue()  # each worker's pid, put there by the worker as it starts
-    pool = CellPool(workers, initializer=report_worker, initargs=(started,), context=context)
+    try:
+        pool = CellPool(workers, initializer=report_worker, initargs=(started,), context=context)
+    except OSError:  # the pool terminated and joined the workers it had started
+        started.close()
+        refused = next((process for process in context.workers if process.start_error is not None), None)
+        if refused is None:  # not a start: the pool's own pipes
+            raise
+        raise WorkerNotStarted(start_message(refused.name, refused.start_error)) from refused.start_error
     watchdog = Watchdog(started, context.workers, threading.main_thread().ident)
     previous = {signum: signal.getsignal(signum) for signum in (*STOP_SIGNALS, signal.SIGCHLD)}
 
@@ -265,12 +312,27 @@ class WorkerContext(multiprocessing.context.SpawnContext):
 
     def __init__(self) -> None:
         super().__init__()
-        self.workers: list[multiprocessing.process.BaseProcess] = []  # appended by the pool's thread, read by copy
+        self.workers: list[SpawnProcess] = []  # appended by the pool's thread, read by copy
 
-    def Process(self, *args, **kwargs) -> multiprocessing.process.BaseProcess:  # the name the pool calls
-        process = super().Process(*args, **kwargs)
+    def Process(self, *args, **kwargs) -> SpawnProcess:  # the name the pool calls
+        process = SpawnProcess(*args, **kwargs)
         self.workers.append(process)
         return process
+
+
+class SpawnProcess(multiprocessing.context.SpawnProcess):
+    """The spawn context's process, keeping the `OSError` its `start` raised (`start_error`, None otherwise) for the
+    watchdog to report: the pool's thread that started it ends with it. Named as the context's, so that the pool's
+    workers keep their names (SpawnPoolWorker-N)."""
+
+    start_error: OSError | None = None  # a class default: set on the main process's object only, after pickling
+
+    def start(self) -> None:
+        try:
+            super().start()
+        except OSError as error:
+            self.start_error = error
+            raise
 
 
 class Watchdog(threading.Thread):
@@ -304,8 +366,11 @@ class Watchdog(threading.Thread):
                     return  # one death ends the block
 
     def check(self) -> str | None:
-        """The report of the first worker that died, or None. Its `Process` keeps its exit status whichever thread
-        reaped it (the pool's does); one not started yet has none."""
+        """The report of the first worker the system refused to start, else of the first that died, or None. Its
+        `Process` keeps its exit status whichever thread reaped it (the pool's does); one not started yet has none."""
+        refused = [process for process in list(self.workers) if getattr(process, "start_error", None) is not None]
+        if refused:
+            return start_message(refused[0].name, refused[0].start_error)
         ended = [(process, process.exitcode) for process in list(self.workers)]
         ended = [(process, exitcode) for process, exitcode in ended if exitcode is not None]
         # After the ends: a worker that reported had its report in the queue's pipe before it ended.

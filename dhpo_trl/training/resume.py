@@ -95,6 +95,11 @@ LOSS_SETTINGS = (
 )  # fmt: skip
 # The first marker format recording each group: an older marker is checked without that group.
 RECORDED_FROM = ((2, BUFFER_SETTINGS), (4, LOSS_SETTINGS))
+# Recorded, not compared: they change no buffered batch themselves, but with gradient checkpointing torch_compile keeps
+# an automatic padding_free on dynamic batching (`core.config.compiled_packing_reason`). Where the resolved update
+# path differs, the refusal names the one of them that changed it.
+PATH_CAUSES = ("torch_compile", "gradient_checkpointing")
+AUX_LOSS = "router_aux_loss_coef"
 
 # Trainer attributes that change during training and decide what later steps do. `_last_loaded_step` (vLLM) is
 # deliberately not here: after a resume the server must receive the resumed weights before it generates.
@@ -104,21 +109,48 @@ LOSS_ACCUMULATORS = ("_tr_loss", "_total_loss_scalar", "_globalstep_last_logged"
 
 
 # ----------------------------------------------------------------------------------------------- settings
-def run_settings(args, world_size: int, packed: bool | None = None) -> dict:
-    """The settings a resume must agree with (see `RESUME_SETTINGS`), with the objective's own settings.
+def run_settings(args, world_size: int, packed: bool | None = None, aux_default: float | None = None) -> dict:
+    """The settings a resume must agree with (see `RESUME_SETTINGS`), with the objective's own settings, and
+    `PATH_CAUSES` (not compared).
 
     `dynamic_batching` and `padding_free` are the update path that runs, not the values passed: the buffered
     micro-batches are laid out for it. `packed`: whether the trainer's chosen path packs; None before the models
-    load, when an automatic `padding_free=None` is still undecided (recorded as None, compared once decided)."""
+    load, when an automatic `padding_free=None` is still undecided (recorded as None, compared once decided).
+    `router_aux_loss_coef` is the coefficient that acts: None stands for `aux_default` (`aux_loss_default` of the
+    policy), and stays None (undecided) before the models load."""
     from ..core.config import uses_dynamic_batching
     from ..core.objectives import get_objective
 
-    names = (*RESUME_SETTINGS, *get_objective(args.algorithm).settings(args), *BUFFER_SETTINGS, *loss_settings(args))
+    names = (*RESUME_SETTINGS, *get_objective(args.algorithm).settings(args), *BUFFER_SETTINGS, *loss_settings(args),
+             *PATH_CAUSES)  # fmt: skip
     settings = {name: _plain(getattr(args, name, None)) for name in dict.fromkeys(names)}
     settings["dynamic_batching"] = uses_dynamic_batching(args)
     settings["padding_free"] = resolved_padding_free(args.padding_free, settings["dynamic_batching"], packed)
+    settings[AUX_LOSS] = acting_aux_loss(settings[AUX_LOSS], aux_default)
     settings[WORLD_SIZE] = int(world_size)
     return settings
+
+
+def decided(trainer) -> dict:
+    """What `trainer` decided of the settings left automatic, as `run_settings` and `resolve_for_run` take it."""
+    return {"packed": trainer._update.padding_free, "aux_default": aux_loss_default(trainer.model)}
+
+
+def aux_loss_default(model) -> float:
+    """The coefficient `router_aux_loss_coef=None` stands for with `model`, as TRL's `GRPOTrainer` resolves it: the
+    coefficient its config declares where it returns router logits (a Mixture-of-Experts model), else 0.0 (no
+    auxiliary loss: TRL adds none, whatever the config declares, and refuses another value)."""
+    config = model.config.get_text_config()
+    if not hasattr(config, "output_router_logits"):
+        return 0.0
+    return float(getattr(config, AUX_LOSS, None) or 0.0)
+
+
+def acting_aux_loss(value, default: float | None):
+    """`router_aux_loss_coef` as it acts: None is `default` (None: not known yet, before the models load)."""
+    if value is None:
+        return default
+    return float(value)
 
 
 def loss_settings(args) -> tuple[str, ...]:
@@ -283,13 +315,17 @@ def resolve_checkpoint(value, output_dir: str, warn: Callable[[str], None] | Non
 DEFAULTS = _defaults()
 
 
-def check_resumable(path: str, current: dict, requested_padding_free: bool | None = None) -> None:
+def check_resumable(path: str, current: dict, requested_padding_free: bool | None = None,
+                    aux_default: float | None = None) -> None:  # fmt: skip
     """Refuse to resume `path` under other settings (`current`: `run_settings` of this run), naming them.
-    `requested_padding_free`: `padding_free` as this run passes it, which reads a marker of format 2."""
+    `requested_padding_free`: `padding_free` as this run passes it, which reads a marker of format 2. `aux_default`:
+    what `router_aux_loss_coef=None` stands for here (`aux_loss_default`; None before the models load)."""
     marker = read_marker(path)
     if marker is None:  # older checkpoint: no settings recorded (restore_generation_state warns once)
         return
     saved, current = update_path_settings(marker, current, requested_padding_free)
+    saved, current = aux_loss_settings(saved, current, aux_default)
+    causes = [{name: side.pop(name) for name in PATH_CAUSES if name in side} for side in (saved, current)]
     # A setting first recorded by a later marker format is compared on neither side (RECORDED_FROM).
     unrecorded = {name for since, names in RECORDED_FROM if marker.get("format", 1) < since for name in names}
     # A loss setting one side does not read follows a beta or loss_type that differs, which is named instead.
@@ -312,11 +348,43 @@ def check_resumable(path: str, current: dict, requested_padding_free: bool | Non
     if differ:
         listed = ", ".join(f"{name}={saved.get(name)!r} in the checkpoint but {current.get(name)!r} now" for name in differ)
         resolved = {"padding_free", "dynamic_batching"} & set(differ)
-        hint = f" ({' and '.join(sorted(resolved))}: the update path that ran, as resolved)" if resolved else ""
-        raise ValueError(
-            f"--resume_from_checkpoint {path}: {listed}{hint}. Resume with the checkpoint's settings, or train into a "
-            "new output_dir."
-        )
+        automatic = "padding_free" in resolved and requested_padding_free is None  # else the value passed decided
+        cause, changed = path_cause(*causes) if automatic else (None, {})
+        path_ran = f"{' and '.join(sorted(resolved))}: the update path that ran, as resolved{cause or ''}"
+        hint = f" ({path_ran})" if resolved else ""
+        ran = ", ".join(f"{name}={value!r}" for name, value in changed.items())
+        advice = f"Resume with {ran}, as the checkpoint ran" if changed else "Resume with the checkpoint's settings"
+        raise ValueError(f"--resume_from_checkpoint {path}: {listed}{hint}. {advice}, or train into a new output_dir.")
+
+
+def path_cause(saved: dict, current: dict) -> tuple[str | None, dict]:
+    """Whether the automatic padding_free resolved otherwise because `PATH_CAUSES` changed (`saved`, `current`: their
+    values on each side): the clause naming the changed ones and how they decide the path, and their checkpoint
+    values; (None, {}) where they did not change it, or the marker did not record them."""
+    from ..core.config import compiled_packing_reason
+
+    if set(saved) != set(PATH_CAUSES) or set(current) != set(PATH_CAUSES):
+        return None, {}
+    reasons = [compiled_packing_reason(SimpleNamespace(**side)) for side in (saved, current)]
+    if (reasons[0] is None) == (reasons[1] is None):
+        return None, {}
+    changed = {name: saved[name] for name in PATH_CAUSES if saved[name] != current[name]}
+    named = " and ".join(f"{name}={saved[name]!r} in the checkpoint but {current[name]!r} now" for name in changed)
+    kept = "keeps" if reasons[1] else "kept, in the checkpoint,"
+    return f"; {named} changed it: {reasons[1] or reasons[0]}, so padding_free=None {kept} dynamic batching", changed
+
+
+def aux_loss_settings(saved: dict, current: dict, default: float | None) -> tuple[dict, dict]:
+    """`router_aux_loss_coef` made comparable as it acts (`acting_aux_loss`): None, as an older marker recorded it
+    passed, is `default`. Where that is not known yet (before the models load), a None on either side takes the
+    other side's value here; the trainer compares again once it knows."""
+    if AUX_LOSS not in saved or AUX_LOSS not in current:
+        return saved, current
+    saved, current = dict(saved), dict(current)
+    saved[AUX_LOSS], current[AUX_LOSS] = (acting_aux_loss(side[AUX_LOSS], default) for side in (saved, current))
+    if saved[AUX_LOSS] is None or current[AUX_LOSS] is None:
+        current[AUX_LOSS] = saved[AUX_LOSS]
+    return saved, current
 
 
 class _Unrecorded(Exception):
@@ -358,11 +426,12 @@ def update_path_settings(marker: dict, current: dict, requested: bool | None) ->
     return saved, current
 
 
-def resolve_for_run(value, args, world_size: int, main: bool = True, packed: bool | None = None) -> str | None:
+def resolve_for_run(value, args, world_size: int, main: bool = True, packed: bool | None = None,
+                    aux_default: float | None = None) -> str | None:  # fmt: skip
     """The one place `resume_from_checkpoint` is resolved (the command, before any model loads, and `train()`):
     the checkpoint `value` names (see `resolve_checkpoint`), refused when saved under other settings than `args`
-    with `world_size` processes (`packed`: see `run_settings`). Skipped folders are warned about and the outcome
-    printed on the main process."""
+    with `world_size` processes (`packed`, `aux_default`: see `run_settings`; `decided`). Skipped folders are warned
+    about and the outcome printed on the main process."""
     fsdp = bool(args.fsdp) or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() in ("1", "true")
     if args.sync_ref_model and fsdp and (args.save_strategy != "no" or value not in (None, False)):
         raise ValueError("sync_ref_model under FSDP: the synced reference model cannot be saved in or restored from a "
@@ -373,7 +442,7 @@ def resolve_for_run(value, args, world_size: int, main: bool = True, packed: boo
         if main and str(value).strip().lower() == "latest":
             print(f"resume_from_checkpoint=latest: no checkpoint in {args.output_dir} yet, training from step 0.")
         return None
-    check_resumable(checkpoint, run_settings(args, world_size, packed), args.padding_free)
+    check_resumable(checkpoint, run_settings(args, world_size, packed, aux_default), args.padding_free, aux_default)
     return checkpoint
 
 
@@ -675,7 +744,7 @@ def write_checkpoint(trainer, model, trial, full: bool = False) -> str:
             shutil.copyfile(card, os.path.join(checkpoint, "README.md"))
     trainer.accelerator.wait_for_everyone()  # every process's files are written
     if main:
-        mark_complete(checkpoint, run_settings(args, trainer.accelerator.num_processes, trainer._update.padding_free),
+        mark_complete(checkpoint, run_settings(args, trainer.accelerator.num_processes, **decided(trainer)),
                       state.global_step, weights_only)  # fmt: skip
     if args.push_to_hub:
         trainer._push_from_checkpoint(checkpoint)

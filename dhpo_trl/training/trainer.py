@@ -250,7 +250,7 @@ class DHPOTrainer(GRPOTrainer):
         checkpoint (`self.graceful_stop` then names the signal, step and checkpoint; None otherwise)."""
         self.graceful_stop = None
         main, processes = self.accelerator.is_main_process, self.accelerator.num_processes
-        checkpoint = resume.resolve_for_run(resume_from_checkpoint, self.args, processes, main, self._update.padding_free)
+        checkpoint = resume.resolve_for_run(resume_from_checkpoint, self.args, processes, main, **resume.decided(self))
         callbacks = [] if checkpoint is None else resume.restore(self, checkpoint)
         with resume.stop_on_signals() as request:
             stop = resume.GracefulStopCallback(request, lambda flag: collectives.any_process(flag, self._all_reduce))
