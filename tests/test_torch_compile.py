@@ -78,7 +78,8 @@ def parameter_change(tok, tmp_path, path: str, trainer_cls=DHPOTrainer, **settin
     return torch.cat([(p.detach() - s).flatten() for p, s in zip(trained, start, strict=True)]), trainer
 
 
-# About 40 s of CPU for the three paths on the 2-core machine: two compilations of each frame, 12-18 s a path.
+# About 50 s of CPU for the three paths on the 2-core machine (load average 4-6): 15-20 s a path, eager run included,
+# each frame compiled twice.
 @pytest.mark.parametrize("path", list(PATHS))
 def test_compiled_update_equals_the_eager_one_without_recompiling_per_layout(tok, tmp_path, path):
     eager, uncompiled = parameter_change(tok, tmp_path, path)
