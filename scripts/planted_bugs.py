@@ -943,8 +943,8 @@ BUGS = {
     ),
     "compile-refusal-without-checkpointing": (
         "dhpo_trl/core/config.py",
-        'if getattr(config, "torch_compile", False) and config.gradient_checkpointing:',
-        'if getattr(config, "torch_compile", False):',
+        "if config.torch_compile and config.gradient_checkpointing:",
+        "if config.torch_compile:",
         COMPILE, "packed rows are refused under torch_compile without checkpointing too, where they compile",
     ),
     "compile-update-forwards-unwrapped-model": (

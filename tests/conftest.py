@@ -48,14 +48,15 @@ def tier(module: str, test: str) -> str:
 # The files that take longest (whole-suite runs with --durations=0, launches and module fixtures included), longest
 # first. A file missing here only starts later than it could: a long one among the last files keeps one worker busy
 # while the other, out of files, waits.
-SLOWEST = ("test_gpu_dry_run", "test_torch_compile", "test_shared_prompts", "test_teardown", "test_study_stops",
-           "test_routing_replay_trainer", "test_evaluation_callback_distributed", "test_processes",
-           "test_resume_processes", "test_resume_zero3", "test_nonfinite", "test_scale_out_scripts", "test_rewards",
-           "test_feature_matrix", "test_zero3_forwards", "test_cli", "test_dynamic_batching", "test_notebook",
-           "test_fork_server", "test_trainer", "test_resume", "test_padding_free", "test_accelerate_configs",
-           "test_trl_rows", "test_distributed", "test_metrics_distributed", "test_resume_epochs",
-           "test_routing_replay_rollout", "test_grading_audit", "test_resume_moe", "test_trl_grpo_trainer",
-           "test_trl_features", "test_embedded")  # fmt: skip
+SLOWEST = ("test_torch_compile", "test_study_stops", "test_teardown", "test_shared_prompts", "test_scale_out_scripts",
+           "test_gpu_dry_run", "test_processes", "test_rewards", "test_cell_pool", "test_cli", "test_fork_server",
+           "test_trainer", "test_resume_zero3", "test_notebook", "test_feature_matrix", "test_gpu_check",
+           "test_resume", "test_evaluation_callback_distributed", "test_trl_features", "test_routing_replay_trainer",
+           "test_resume_processes", "test_dynamic_batching", "test_accelerate_configs", "test_cli_units",
+           "test_nonfinite", "test_zero3_forwards", "test_bench_shapes", "test_grading_audit", "test_embedded",
+           "test_padding_free", "test_trl_rows", "test_resume_epochs", "test_routing_replay_rollout",
+           "test_hostile_completions", "test_trl_grpo_trainer", "test_metrics_distributed", "test_resume_moe",
+           "test_distributed")  # fmt: skip
 TIERS = ("processes", "trainer", "pure")
 
 
