@@ -1,7 +1,7 @@
 """The README's configuration table is `DHPOConfig`: every field DHPO adds to TRL's `GRPOConfig` has a row, and every
 row's default is the dataclass default; the tables of the paper's seven rows name and set each row as its preset
 does. The docs state what is, not how it came to be: no issue or round numbers. Every relative link, `#anchor` and
-named repository path resolves; objectives.md names exactly the loss metrics the objectives log; testing.md's
+named repository path and test resolves; objectives.md names exactly the loss metrics the objectives log; testing.md's
 planted-bug table names bugs the script plants."""
 
 import ast
@@ -156,10 +156,22 @@ def missing_paths(text):
     roots = "dhpo_trl|tests|scripts|benchmarks|examples|docs|accelerate_configs"
     for span in re.findall(rf"`((?:{roots})/[^`\s]*)`", prose(text)):
         path = span.split("::")[0].split("#")[0].rstrip(".,;:")
-        if re.search(r"[<>*{}$]|[A-Z]{3,}", path) or path in OTHER_REPOSITORIES:
+        placeholder = re.search(r"[<>*{}$]|[A-Z]{3,}", re.sub(r"\b(?:README|CHANGELOG)\.md$", "", path))
+        if placeholder or path in OTHER_REPOSITORIES:
             continue
         if not (ROOT / path).exists():
             missing.append(path)
+    return missing
+
+
+def missing_tests(text):
+    """The tests named in code spans (`tests/test_x.py::test_y`, `test_x.py::test_y[param]`) that their file does not
+    define."""
+    missing = []
+    for file, name in re.findall(r"`(?:tests/)?(test_\w+\.py)::(\w+)", prose(text)):
+        source = ROOT / "tests" / file
+        if not source.exists() or not re.search(rf"^\s*(?:async )?(?:def|class) {name}\b", source.read_text(), re.M):
+            missing.append(f"{file}::{name}")
     return missing
 
 
@@ -171,8 +183,11 @@ def test_every_relative_link_and_anchor_resolves(page):
 
 @pytest.mark.parametrize("page", [p for p in LINKED if p != "CHANGELOG.md"])  # the changelog names past files
 def test_every_named_repository_path_exists(page):
-    missing = missing_paths((ROOT / page).read_text(encoding="utf-8"))
+    text = (ROOT / page).read_text(encoding="utf-8")
+    missing = missing_paths(text)
     assert not missing, f"{page}: names files that do not exist: {missing}"
+    missing = missing_tests(text)
+    assert not missing, f"{page}: names tests that do not exist: {missing}"
 
 
 def test_the_link_checker_sees_a_missing_file_a_missing_heading_and_a_missing_path():
@@ -186,6 +201,13 @@ def test_the_link_checker_sees_a_missing_file_a_missing_heading_and_a_missing_pa
     assert broken_links("README.md", planted) == ["#the-paper-seven-rows (no heading)"]
     assert missing_paths(readme.replace("`tests/test_trainer.py`", "`tests/test_trainers.py`")) == [
         "tests/test_trainers.py"]
+    testing = (ROOT / "docs/testing.md").read_text(encoding="utf-8")
+    assert not missing_tests(testing)
+    renamed = testing.replace("::test_an_older_deepspeed_checkpoint_is_resumable", "::test_an_old_checkpoint", 1)
+    assert missing_tests(renamed) == ["test_resume.py::test_an_old_checkpoint"]
+    # a README is a file name, not a placeholder such as DATE-DEVICE
+    assert missing_paths("`examples/recipe/README.md`, `docs/gpu_runs/DATE-DEVICE/runN.json`") == [
+        "examples/recipe/README.md"]
     # GitHub's slugs: punctuation dropped, code marks dropped, a repeated heading numbered
     assert anchors("## TRL's own objectives\n## `torch.compile`\n## Memory: 8 × 80 GB\n## Memory: 8 × 80 GB\n") == {
         "trls-own-objectives", "torchcompile", "memory-8--80-gb", "memory-8--80-gb-1"}
