@@ -249,15 +249,17 @@ def test_the_bug_table_reader_sees_an_unknown_bug():
 
 
 # ------------------------------------------------------------------ objectives.md's logged metrics
-# logged from the trainer's own sums or by TRL, not by an objective's loss metrics
-OTHER_LOGGERS = ("batching/", "reward/", "moe/", "entropy_coef", "policy_loss", "aux_loss")
+# logged from the trainer's own sums or by TRL, not by an objective's loss metrics: each must be a key the package
+# writes (a string literal of dhpo_trl)
+OTHER_LOGGERS = ("batching/", "reward/", "entropy_coef")
 
 
 def documented_metrics(objectives):
     """Regexes of the metric names under objectives.md's `## Logged metrics` (`a/{b,c}` and `a/*` expanded)."""
     section = objectives.split("\n## Logged metrics\n", 1)[1].split("\n## ", 1)[0]
     names = [span for span in re.findall(r"`([^`]+)`", section)
-             if re.fullmatch(r"[a-z_]+(?:/[a-z_{},*]+)+|entropy|kl|cispo_clip_ratio", span)]  # fmt: skip
+             if re.fullmatch(r"[a-z_]+(?:/[a-z_{},*]+)+|entropy|kl|cispo_clip_ratio|policy_loss|aux_loss|entropy_coef",
+                             span)]  # fmt: skip
     patterns = {}
     for name in names:
         pattern = re.sub(r"\{([^}]*)\}", lambda m: "(?:" + "|".join(m.group(1).split(",")) + ")", name)
@@ -272,7 +274,8 @@ def as_floats(sums, maxima):
 
 def logged_loss_metric_names():
     """Every name `metrics.logged_loss_metrics` logs for some objective, from each objective's own loss on a batch
-    with off-policy ratios, both advantage signs and a KL term (DHPO with `delta`, so its dual clip logs too)."""
+    with off-policy ratios, both advantage signs and a KL term (DHPO with `delta`, so its dual clip logs too), with
+    the sums the trainer adds: the policy loss, an MoE aux loss and routing replay's counts."""
     import torch
 
     from dhpo_trl.core import metrics
@@ -283,6 +286,10 @@ def logged_loss_metric_names():
     logps = -torch.rand(4, 6) * 3
     old, mask, entropies = logps + 0.3 * torch.randn(4, 6), torch.ones(4, 6), torch.rand(4, 6)
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    trainer_sums = {**metrics.nan_mean_sums("policy_loss", torch.tensor(0.5)),
+                    **metrics.nan_mean_sums("aux_loss", torch.tensor(0.1)),
+                    "moe_decisions": torch.tensor(8.0), "moe_flipped": torch.tensor(2.0),
+                    "moe_replayed": torch.tensor(8.0)}  # fmt: skip
     names = set()
     for algorithm, objective in OBJECTIVES.items():
         extra = {"delta": 3.0} if algorithm == "dhpo" else {}
@@ -291,7 +298,8 @@ def logged_loss_metric_names():
         _, _, info = objective.compute(logps, old, advantages, mask, entropies, args, None)
         log_ratio = masked_log_ratio(logps, old, mask)  # as the trainer adds it for every row
         info = {**info, "abs_log_ratio": log_ratio.abs(), "log_ratio": log_ratio}
-        logged = metrics.logged_loss_metrics(objective, info, entropies, mask, torch.zeros(4, 6), {}, {}, as_floats)
+        logged = metrics.logged_loss_metrics(objective, info, entropies, mask, torch.zeros(4, 6), trainer_sums, {},
+                                                 as_floats)  # fmt: skip
         names |= set(logged)
     return names
 
@@ -304,6 +312,9 @@ def test_objectives_md_names_every_loss_metric_and_no_other():
     unlogged = sorted(d for d, p in documented.items()
                       if not d.startswith(OTHER_LOGGERS) and not any(p.fullmatch(n) for n in logged))  # fmt: skip
     assert not unlogged, f"in docs/objectives.md's Logged metrics, logged by no objective: {unlogged}"
+    source = "".join(path.read_text(encoding="utf-8") for path in (ROOT / "dhpo_trl").rglob("*.py"))
+    unknown = sorted(d for d in documented if d.startswith(OTHER_LOGGERS) and f'"{d}"' not in source)
+    assert not unknown, f"in docs/objectives.md's Logged metrics, a key dhpo_trl never logs: {unknown}"
 
 
 def test_the_metric_reader_sees_a_renamed_metric():
