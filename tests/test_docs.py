@@ -232,12 +232,18 @@ def script_bugs():
 
 
 def test_every_bug_of_the_testing_table_is_one_the_script_plants():
-    """`python scripts/planted_bugs.py --only ID` runs each bug the table names, and the count it states is the
-    script's."""
+    """`python scripts/planted_bugs.py --only ID` runs each bug the table names, every bug of the script is in the
+    table (the R3 bugs: counted after it), and the count it states is the script's."""
     testing = (ROOT / "docs/testing.md").read_text(encoding="utf-8")
     named, bugs = planted_bug_ids(testing), script_bugs()
     assert len(named) > 100
     assert named <= set(bugs), f"named in docs/testing.md's table, not in scripts/planted_bugs.py: {named - set(bugs)}"
+    # the R3 bugs are described after the table, by their count
+    rollout = {bug for bug in bugs if bug.startswith("rollout-")} - named
+    unnamed = sorted(set(bugs) - named - rollout)
+    assert not unnamed, f"in scripts/planted_bugs.py, not in docs/testing.md's table: {unnamed}"
+    r3 = re.search(r"The R3 bugs \(`rollout-\*`[^)]*\), (\d+)/(\d+) caught", testing)
+    assert r3 and int(r3.group(1)) == int(r3.group(2)) == len(rollout), "docs/testing.md's count of the R3 bugs"
     stated = re.search(r"The script holds (\d+) bugs \(`len\(BUGS\)`\)", testing)
     assert stated and int(stated.group(1)) == len(bugs), "docs/testing.md's count of the script's bugs"
 
