@@ -367,6 +367,20 @@ def test_test_sh_runs_the_named_file_only_and_the_whole_suite_otherwise(tmp_path
     assert pytest_arguments(env, one_test) == [one_test]
     assert pytest_arguments(env, "-m", "pure") == ["tests", "-m", "pure"]
     assert pytest_arguments(env) == ["tests"]
+    # a path that does not exist is pytest's error ("file or directory not found"), not a silent whole suite
+    assert pytest_arguments(env, "tests/test_nonexistent.py") == ["tests", "tests/test_nonexistent.py"]
+
+
+def test_test_sh_runs_the_whole_suite_when_an_option_value_is_a_path(tmp_path):
+    """`-k tests` or `--basetemp DIR` names no test: no path reaches pytest, which then runs its testpaths, the
+    suite."""
+    import tomllib
+
+    env = stand_in_environment(tmp_path)
+    assert pytest_arguments(env, "-k", "tests") == ["-k", "tests"]
+    assert pytest_arguments(env, "--basetemp", str(tmp_path), "-x") == ["--basetemp", str(tmp_path), "-x"]
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    assert pyproject["tool"]["pytest"]["ini_options"]["testpaths"] == ["tests"]
 
 
 # ------------------------------------------------------------------ the README's Python runs
