@@ -199,7 +199,7 @@ def test_the_link_checker_sees_a_missing_file_a_missing_heading_and_a_missing_pa
     assert broken_links("README.md", planted) == ["docs/resuming.md (no file)"]
     planted = readme.replace("(#the-papers-seven-rows)", "(#the-paper-seven-rows)")
     assert broken_links("README.md", planted) == ["#the-paper-seven-rows (no heading)"]
-    assert missing_paths(readme.replace("`tests/test_trainer.py`", "`tests/test_trainers.py`")) == [
+    assert missing_paths(readme.replace("`tests/test_trainer.py`", "`tests/test_trainers.py`", 1)) == [
         "tests/test_trainers.py"]
     testing = (ROOT / "docs/testing.md").read_text(encoding="utf-8")
     assert not missing_tests(testing)
