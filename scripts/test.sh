@@ -2,8 +2,10 @@
 # The test command: sets up the environment (first run only), then runs the whole suite offline on CPU.
 # Two pytest workers (one per core of the reference 2-core machine), each test file kept on one worker so its
 # module-scoped fixtures are built once, the files in the order tests/conftest.py gives them (the slowest tier
-# first); DHPO_TEST_WORKERS=0 runs everything in this process. Arguments go to pytest; one that names a test file
-# or folder (`tests/test_losses.py`, `tests/test_losses.py::test_x`) replaces the whole suite.
+# first); DHPO_TEST_WORKERS=0 runs everything in this process. Arguments go to pytest. An argument that is an existing
+# path (`tests/test_losses.py`, `tests/test_losses.py::test_x`) replaces `tests`, so what it names runs alone; an
+# option's value that is a path (`--basetemp DIR`, `-k tests`) drops `tests` too, and pytest then runs
+# pyproject.toml's testpaths, the same suite.
 set -euo pipefail
 # shellcheck disable=SC1091
 . "$(dirname "$0")/setup_env.sh"

@@ -1,7 +1,7 @@
 """The README's configuration table is `DHPOConfig`: every field DHPO adds to TRL's `GRPOConfig` has a row, and every
 row's default is the dataclass default; the tables of the paper's seven rows name and set each row as its preset
 does. The docs state what is, not how it came to be: no issue or round numbers. Every relative link, `#anchor` and
-named repository path resolves; objectives.md names exactly the loss metrics the objectives log; testing.md's
+named repository path and test resolves; objectives.md names exactly the loss metrics the objectives log; testing.md's
 planted-bug table names bugs the script plants."""
 
 import ast
@@ -156,10 +156,22 @@ def missing_paths(text):
     roots = "dhpo_trl|tests|scripts|benchmarks|examples|docs|accelerate_configs"
     for span in re.findall(rf"`((?:{roots})/[^`\s]*)`", prose(text)):
         path = span.split("::")[0].split("#")[0].rstrip(".,;:")
-        if re.search(r"[<>*{}$]|[A-Z]{3,}", path) or path in OTHER_REPOSITORIES:
+        placeholder = re.search(r"[<>*{}$]|[A-Z]{3,}", re.sub(r"\b(?:README|CHANGELOG)\.md$", "", path))
+        if placeholder or path in OTHER_REPOSITORIES:
             continue
         if not (ROOT / path).exists():
             missing.append(path)
+    return missing
+
+
+def missing_tests(text):
+    """The tests named in code spans (`tests/test_x.py::test_y`, `test_x.py::test_y[param]`) that their file does not
+    define."""
+    missing = []
+    for file, name in re.findall(r"`(?:tests/)?(test_\w+\.py)::(\w+)", prose(text)):
+        source = ROOT / "tests" / file
+        if not source.exists() or not re.search(rf"^\s*(?:async )?(?:def|class) {name}\b", source.read_text(), re.M):
+            missing.append(f"{file}::{name}")
     return missing
 
 
@@ -171,8 +183,11 @@ def test_every_relative_link_and_anchor_resolves(page):
 
 @pytest.mark.parametrize("page", [p for p in LINKED if p != "CHANGELOG.md"])  # the changelog names past files
 def test_every_named_repository_path_exists(page):
-    missing = missing_paths((ROOT / page).read_text(encoding="utf-8"))
+    text = (ROOT / page).read_text(encoding="utf-8")
+    missing = missing_paths(text)
     assert not missing, f"{page}: names files that do not exist: {missing}"
+    missing = missing_tests(text)
+    assert not missing, f"{page}: names tests that do not exist: {missing}"
 
 
 def test_the_link_checker_sees_a_missing_file_a_missing_heading_and_a_missing_path():
@@ -184,8 +199,15 @@ def test_the_link_checker_sees_a_missing_file_a_missing_heading_and_a_missing_pa
     assert broken_links("README.md", planted) == ["docs/resuming.md (no file)"]
     planted = readme.replace("(#the-papers-seven-rows)", "(#the-paper-seven-rows)")
     assert broken_links("README.md", planted) == ["#the-paper-seven-rows (no heading)"]
-    assert missing_paths(readme.replace("`tests/test_trainer.py`", "`tests/test_trainers.py`")) == [
+    assert missing_paths(readme.replace("`tests/test_trainer.py`", "`tests/test_trainers.py`", 1)) == [
         "tests/test_trainers.py"]
+    testing = (ROOT / "docs/testing.md").read_text(encoding="utf-8")
+    assert not missing_tests(testing)
+    renamed = testing.replace("::test_an_older_deepspeed_checkpoint_is_resumable", "::test_an_old_checkpoint", 1)
+    assert missing_tests(renamed) == ["test_resume.py::test_an_old_checkpoint"]
+    # a README is a file name, not a placeholder such as DATE-DEVICE
+    assert missing_paths("`examples/recipe/README.md`, `docs/gpu_runs/DATE-DEVICE/runN.json`") == [
+        "examples/recipe/README.md"]
     # GitHub's slugs: punctuation dropped, code marks dropped, a repeated heading numbered
     assert anchors("## TRL's own objectives\n## `torch.compile`\n## Memory: 8 × 80 GB\n## Memory: 8 × 80 GB\n") == {
         "trls-own-objectives", "torchcompile", "memory-8--80-gb", "memory-8--80-gb-1"}
@@ -210,12 +232,18 @@ def script_bugs():
 
 
 def test_every_bug_of_the_testing_table_is_one_the_script_plants():
-    """`python scripts/planted_bugs.py --only ID` runs each bug the table names, and the count it states is the
-    script's."""
+    """`python scripts/planted_bugs.py --only ID` runs each bug the table names, every bug of the script is in the
+    table (the R3 bugs: counted after it), and the count it states is the script's."""
     testing = (ROOT / "docs/testing.md").read_text(encoding="utf-8")
     named, bugs = planted_bug_ids(testing), script_bugs()
     assert len(named) > 100
     assert named <= set(bugs), f"named in docs/testing.md's table, not in scripts/planted_bugs.py: {named - set(bugs)}"
+    # the R3 bugs are described after the table, by their count
+    rollout = {bug for bug in bugs if bug.startswith("rollout-")} - named
+    unnamed = sorted(set(bugs) - named - rollout)
+    assert not unnamed, f"in scripts/planted_bugs.py, not in docs/testing.md's table: {unnamed}"
+    r3 = re.search(r"The R3 bugs \(`rollout-\*`[^)]*\), (\d+)/(\d+) caught", testing)
+    assert r3 and int(r3.group(1)) == int(r3.group(2)) == len(rollout), "docs/testing.md's count of the R3 bugs"
     stated = re.search(r"The script holds (\d+) bugs \(`len\(BUGS\)`\)", testing)
     assert stated and int(stated.group(1)) == len(bugs), "docs/testing.md's count of the script's bugs"
 
@@ -227,15 +255,17 @@ def test_the_bug_table_reader_sees_an_unknown_bug():
 
 
 # ------------------------------------------------------------------ objectives.md's logged metrics
-# logged from the trainer's own sums or by TRL, not by an objective's loss metrics
-OTHER_LOGGERS = ("batching/", "reward/", "moe/", "entropy_coef", "policy_loss", "aux_loss")
+# logged from the trainer's own sums or by TRL, not by an objective's loss metrics: each must be a key the package
+# writes (a string literal of dhpo_trl)
+OTHER_LOGGERS = ("batching/", "reward/", "entropy_coef")
 
 
 def documented_metrics(objectives):
     """Regexes of the metric names under objectives.md's `## Logged metrics` (`a/{b,c}` and `a/*` expanded)."""
     section = objectives.split("\n## Logged metrics\n", 1)[1].split("\n## ", 1)[0]
     names = [span for span in re.findall(r"`([^`]+)`", section)
-             if re.fullmatch(r"[a-z_]+(?:/[a-z_{},*]+)+|entropy|kl|cispo_clip_ratio", span)]  # fmt: skip
+             if re.fullmatch(r"[a-z_]+(?:/[a-z_{},*]+)+|entropy|kl|cispo_clip_ratio|policy_loss|aux_loss|entropy_coef",
+                             span)]  # fmt: skip
     patterns = {}
     for name in names:
         pattern = re.sub(r"\{([^}]*)\}", lambda m: "(?:" + "|".join(m.group(1).split(",")) + ")", name)
@@ -250,7 +280,8 @@ def as_floats(sums, maxima):
 
 def logged_loss_metric_names():
     """Every name `metrics.logged_loss_metrics` logs for some objective, from each objective's own loss on a batch
-    with off-policy ratios, both advantage signs and a KL term (DHPO with `delta`, so its dual clip logs too)."""
+    with off-policy ratios, both advantage signs and a KL term (DHPO with `delta`, so its dual clip logs too), with
+    the sums the trainer adds: the policy loss, an MoE aux loss and routing replay's counts."""
     import torch
 
     from dhpo_trl.core import metrics
@@ -261,6 +292,10 @@ def logged_loss_metric_names():
     logps = -torch.rand(4, 6) * 3
     old, mask, entropies = logps + 0.3 * torch.randn(4, 6), torch.ones(4, 6), torch.rand(4, 6)
     advantages = torch.tensor([1.0, -1.0, 0.5, -0.5])
+    trainer_sums = {**metrics.nan_mean_sums("policy_loss", torch.tensor(0.5)),
+                    **metrics.nan_mean_sums("aux_loss", torch.tensor(0.1)),
+                    "moe_decisions": torch.tensor(8.0), "moe_flipped": torch.tensor(2.0),
+                    "moe_replayed": torch.tensor(8.0)}  # fmt: skip
     names = set()
     for algorithm, objective in OBJECTIVES.items():
         extra = {"delta": 3.0} if algorithm == "dhpo" else {}
@@ -269,7 +304,8 @@ def logged_loss_metric_names():
         _, _, info = objective.compute(logps, old, advantages, mask, entropies, args, None)
         log_ratio = masked_log_ratio(logps, old, mask)  # as the trainer adds it for every row
         info = {**info, "abs_log_ratio": log_ratio.abs(), "log_ratio": log_ratio}
-        logged = metrics.logged_loss_metrics(objective, info, entropies, mask, torch.zeros(4, 6), {}, {}, as_floats)
+        logged = metrics.logged_loss_metrics(objective, info, entropies, mask, torch.zeros(4, 6), trainer_sums, {},
+                                                 as_floats)  # fmt: skip
         names |= set(logged)
     return names
 
@@ -282,6 +318,9 @@ def test_objectives_md_names_every_loss_metric_and_no_other():
     unlogged = sorted(d for d, p in documented.items()
                       if not d.startswith(OTHER_LOGGERS) and not any(p.fullmatch(n) for n in logged))  # fmt: skip
     assert not unlogged, f"in docs/objectives.md's Logged metrics, logged by no objective: {unlogged}"
+    source = "".join(path.read_text(encoding="utf-8") for path in (ROOT / "dhpo_trl").rglob("*.py"))
+    unknown = sorted(d for d in documented if d.startswith(OTHER_LOGGERS) and f'"{d}"' not in source)
+    assert not unknown, f"in docs/objectives.md's Logged metrics, a key dhpo_trl never logs: {unknown}"
 
 
 def test_the_metric_reader_sees_a_renamed_metric():
@@ -328,6 +367,20 @@ def test_test_sh_runs_the_named_file_only_and_the_whole_suite_otherwise(tmp_path
     assert pytest_arguments(env, one_test) == [one_test]
     assert pytest_arguments(env, "-m", "pure") == ["tests", "-m", "pure"]
     assert pytest_arguments(env) == ["tests"]
+    # a path that does not exist is pytest's error ("file or directory not found"), not a silent whole suite
+    assert pytest_arguments(env, "tests/test_nonexistent.py") == ["tests", "tests/test_nonexistent.py"]
+
+
+def test_test_sh_runs_the_whole_suite_when_an_option_value_is_a_path(tmp_path):
+    """`-k tests` or `--basetemp DIR` names no test: no path reaches pytest, which then runs its testpaths, the
+    suite."""
+    import tomllib
+
+    env = stand_in_environment(tmp_path)
+    assert pytest_arguments(env, "-k", "tests") == ["-k", "tests"]
+    assert pytest_arguments(env, "--basetemp", str(tmp_path), "-x") == ["--basetemp", str(tmp_path), "-x"]
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+    assert pyproject["tool"]["pytest"]["ini_options"]["testpaths"] == ["tests"]
 
 
 # ------------------------------------------------------------------ the README's Python runs

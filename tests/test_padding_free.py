@@ -247,9 +247,12 @@ def test_the_default_packs_on_cpu_and_keeps_dynamic_batching_where_packing_canno
 def test_rows_update_as_without_packing(tok, row, tmp_path):
     # DHPO-E's default entropy min-max is per micro-batch, which any regrouping changes: per sequence here
     extra = dict(entropy_norm_scope="sequence") if row == "DHPO-E" else {}
-    base, _ = parameter_change(tok, config_for(row, output_dir=str(tmp_path), **extra, **RUN, **CPU))
+    # against dynamic batching: the automatic default packs on CPU, so it would compare packed rows with themselves
+    base, unpacked = parameter_change(tok, config_for(row, output_dir=str(tmp_path), padding_free=False, **extra,
+                                                      **RUN, **CPU))  # fmt: skip
     packed, trainer = parameter_change(tok, config_for(row, output_dir=str(tmp_path), padding_free=True, **extra,
                                                        **RUN, **CPU))  # fmt: skip
+    assert (unpacked._update.path, trainer._update.path) == (batching.DYNAMIC, packing.PACKED)
     assert base.norm() > 1e-3 and relative_gap(packed, base) < 1e-3
     padding = [entry["batching/padding_fraction"] for entry in trainer.state.log_history
                if "batching/padding_fraction" in entry]  # fmt: skip
