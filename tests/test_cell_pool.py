@@ -171,7 +171,7 @@ def block(folder, case):
             pool.apply_async(exit_zero, (folder,)).get()
         elif case.startswith("start refused"):  # the pool's constructor cannot start its workers: no block
             raise AssertionError("the block ran")
-        elif case in ("import fails", "killed starting", "initializer raises"):  # every worker, each replacement too
+        elif case in ("import fails", "killed starting", "initializer raises", "exec fails"):  # each replacement too
             lost = time.monotonic()
             pool.map(abs, [-1, 2], chunksize=1)
         else:  # a worker killed (SIGKILL) or ended (exit status 0) in a task, which `Pool.map` waits for forever
@@ -211,6 +211,10 @@ if __name__ == "__main__":
     lost = None
     bystander = multiprocessing.get_context("fork").Process(target=time.sleep, args=(300,), daemon=True)
     bystander.start()  # a child of this process that is none of the pool's
+    if case == "exec fails":  # the interpreter gone (a venv rebuilt under a running study): each spawn's exec fails
+        from multiprocessing import resource_tracker
+        resource_tracker.ensure_running()  # started by the first lock, before the interpreter went
+        multiprocessing.spawn.set_executable(str(Path(folder).with_name("removed-python")))
     if case.startswith("start refused"):  # the pool's first, second or third start (the replacement for a death)
         refuse_start(int(case.split()[-1]))
         lost = time.monotonic()
@@ -349,6 +353,19 @@ def test_a_worker_that_dies_before_it_reports_ends_the_block_on_one_line_with_st
     assert lines[0].removeprefix("[driver] ") == death_message(named[1], int(named[2]), exitcode, False), lines
     if exitcode > 0:  # the worker's own traceback is above the line
         assert ("ModuleNotFoundError" if case == "import fails" else "OSError: the worker's setup failed") in stderr
+
+
+def test_a_worker_whose_interpreter_cannot_run_ends_the_block_on_one_line_naming_it(tmp_path):
+    """The spawn's exec of the interpreter fails (gone, not executable, no memory to load it): `Process.start` does
+    not raise and the worker ends with status 255 before any Python runs, so it prints no traceback. The block ends
+    within seconds with one line, status 1, naming the worker's exit status and the interpreter that could not run,
+    and pointing to no traceback."""
+    status, stdout, stderr, workers = _drive(tmp_path, "exec fails", timeout=60)
+    lines = [line for line in stderr.splitlines() if line.startswith("[driver] ")]
+    assert status == 1 and len(lines) == 1 and workers == [], (stderr, workers)
+    assert 0 <= float(stdout.split()[-1]) < 30, stdout
+    assert "(exit status 255)" in lines[0] and str(tmp_path / "removed-python") in lines[0], lines
+    assert "Traceback" not in stderr and "traceback above" not in lines[0], stderr
 
 
 @pytest.mark.parametrize("refused", [1, 2, 3])
@@ -590,6 +607,11 @@ def test_a_death_names_the_worker_and_how_it_ended():
             assert ("cell it ran" in message) == ready, message  # a cell lost only once the worker was ready
             if not ready:  # what to fix first: the worker's traceback, or the memory that a kill as it started says
                 assert ("memory" in message, "traceback" in message) == (exitcode < 0, exitcode >= 0), message
+    # Status 255 before the report: the exec of the interpreter failed, and no Python ran to print a traceback.
+    message = death_message("SpawnPoolWorker-3", 4321, 255, False)
+    assert "(exit status 255)" in message and f"interpreter {sys.executable} " in message, message
+    assert "traceback above" not in message and "\n" not in message, message
+    assert "traceback above" in death_message("SpawnPoolWorker-3", 4321, 1, False)
 
 
 def _raise(error: BaseException):

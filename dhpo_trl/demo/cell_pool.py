@@ -67,6 +67,7 @@ import contextlib
 import errno
 import multiprocessing
 import multiprocessing.pool
+import multiprocessing.spawn
 import os
 import signal
 import sys
@@ -80,6 +81,9 @@ from .stops import TrainingStopped
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # those DHPOTrainer.train() stops on (training/resume.py)
 GRACE_SECONDS = 2.0  # for the idle workers to take the pool's end-of-work sentinel and exit
 POLL_SECONDS = 0.5  # how often the watchdog looks for a dead worker
+# A spawned worker's status when the exec of its interpreter fails: `Process.start` does not raise (the spawn starts
+# it through `_posixsubprocess`, whose error pipe it never reads) and no Python ran to print a traceback.
+EXEC_FAILED = 255
 NAME_CHARACTERS = 300  # of a cell's arguments in `CellExited`'s, `CellFailed`'s message: one line, whatever they are
 
 
@@ -226,15 +230,23 @@ def death_message(name: str, pid: int, exitcode: int, ready: bool = True) -> str
             f"cell_pool: worker {name} (pid {pid}) died ({how}) while the pool ran: the cell it ran, if any, was "
             "not saved; rerun the same command to resume (finished cells are kept)"
         )
-    cause = (
-        "it was killed as it started (out of memory? fewer workers need less)"
-        if exitcode < 0
-        else "its import of the main module or its setup failed in the spawned process: see its traceback above"
-    )
     return (
-        f"cell_pool: worker {name} (pid {pid}) died ({how}) while it started, before it ran any cell: {cause}; "
-        "fix that, then rerun the same command to resume (finished cells are kept)"
+        f"cell_pool: worker {name} (pid {pid}) died ({how}) while it started, before it ran any cell: "
+        f"{starting_cause(exitcode)}; fix that, then rerun the same command to resume (finished cells are kept)"
     )
+
+
+def starting_cause(exitcode: int) -> str:
+    """What ended a worker with `exitcode` before it reported: a kill, an exec that failed (`EXEC_FAILED`), or its
+    Python code, whose traceback the worker printed."""
+    if exitcode < 0:
+        return "it was killed as it started (out of memory? fewer workers need less)"
+    if exitcode == EXEC_FAILED:
+        return (
+            f"the system could not run its interpreter {os.fsdecode(multiprocessing.spawn.get_executable())} (missing, not "
+            "executable, or too little memory to load it), which leaves no traceback"
+        )
+    return "its import of the main module or its setup failed in the spawned process: see its traceback above"
 
 
 def start_message(name: str, error: OSError) -> str:
