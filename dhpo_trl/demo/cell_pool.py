@@ -242,9 +242,10 @@ def starting_cause(exitcode: int) -> str:
     if exitcode < 0:
         return "it was killed as it started (out of memory? fewer workers need less)"
     if exitcode == EXEC_FAILED:
+        interpreter = os.fsdecode(multiprocessing.spawn.get_executable())
         return (
-            f"the system could not run its interpreter {os.fsdecode(multiprocessing.spawn.get_executable())} (missing, not "
-            "executable, or too little memory to load it), which leaves no traceback"
+            f"the system could not run its interpreter {interpreter} (missing, not executable, or too little memory "
+            "to load it), which leaves no traceback"
         )
     return "its import of the main module or its setup failed in the spawned process: see its traceback above"
 
