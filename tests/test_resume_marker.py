@@ -270,6 +270,11 @@ def test_a_path_changed_by_torch_compile_is_refused_naming_the_setting_that_chan
     with pytest.raises(ValueError) as refused:
         resume.check_resumable(path, current, current["padding_free"])
     assert named(str(refused.value)) == ["padding_free"] and advised(str(refused.value)) == {}, str(refused.value)
+    # Before the models load, a side with both on is decided already (dynamic batching): refused as early.
+    early = path_settings(tmp_path, None, torch_compile=now[0], gradient_checkpointing=now[1])
+    assert early["padding_free"] == (False if all(now) else None), early
+    if all(now):
+        assert named(refusal(path, early)) == ["padding_free", *changed], refusal(path, early)
     # The same settings, with padding_free chosen as before: they resume (not compared themselves).
     assert refusal(path, {**current, "padding_free": recorded["padding_free"]}) is None
     # A marker without them: the resolved path named, as before.
