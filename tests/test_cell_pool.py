@@ -49,7 +49,7 @@ from dhpo_trl.demo.stops import TrainingStopped
 
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = """
-import argparse, errno, multiprocessing, os, signal, sys, threading, time
+import argparse, errno, functools, multiprocessing, os, signal, sys, threading, time
 from pathlib import Path
 sys.path[:0] = [{repo!r}]
 import dhpo_trl.demo.cell_pool as cell_pool_module
@@ -89,6 +89,12 @@ def parse_help(folder, name="cell"):
     # A cell that parses a command line with argparse: --help raises SystemExit(0).
     Path(folder, str(os.getpid())).touch()
     argparse.ArgumentParser(prog=name).parse_args(["--help"])
+
+
+def divide(folder, by):
+    # A cell with a bug: a ZeroDivisionError, which the previous pool's map raised as a traceback.
+    Path(folder, str(os.getpid())).touch()
+    return 1 / by
 
 
 def run_until_terminated(folder):
@@ -156,6 +162,11 @@ def block(folder, case):
                     print("exited", name)
             lost = time.monotonic()
             pool.starmap(parse_help, [(folder, "cell-7")])
+        elif case == "cell raises":  # the other worker in a graceful task, stopped with the pool
+            pool.apply_async(stop_gracefully, (folder,))
+            wait_for(folder, 1)
+            lost = time.monotonic()
+            list(pool.imap_unordered(functools.partial(divide, folder), [0]))
         elif case == "idle death":  # a worker killed as it waits for a task, holding the task queue's lock
             result = pool.apply_async(stop_gracefully, (folder,))
             wait_for(folder, 1)
@@ -440,6 +451,24 @@ def test_under_debug_a_cells_system_exit_shows_where_the_cell_raised_it(tmp_path
     assert "parse_help(" in last and "'cell-7'" in last and "SystemExit(0)" in last, last
 
 
+@pytest.mark.parametrize("flags", [[], ["--debug"]], ids=["line", "debug"])
+def test_a_cell_that_raises_ends_the_block_on_one_line_or_under_debug_with_the_workers_traceback(tmp_path, flags):
+    """A cell's `ZeroDivisionError` ends the block within seconds with status 1, the other worker's cell stopped
+    with the pool: one line naming the cell, its arguments and what it raised; under `--debug`, the traceback
+    instead, whose remote part shows the frame in the worker that raised it, `CellFailed` last."""
+    status, stdout, stderr, workers = _drive(tmp_path, "cell raises", *flags, timeout=60)
+    lines = [line for line in stderr.splitlines() if line.startswith("[driver] ")]
+    assert status == 1 and 0 <= float(stdout.split()[-1]) < 30 and len(workers) == 2, (stdout, stderr, workers)
+    last = stderr.rstrip("\n").split("\n")[-1]
+    if not flags:
+        assert len(lines) == 1 and "Traceback" not in stderr, stderr
+        assert f"divide({str(tmp_path / 'started')!r}, 0) raised ZeroDivisionError(" in lines[0], lines
+        return
+    assert lines == [] and re.search(r'^  File ".+", line \d+, in divide$', stderr, re.MULTILINE), stderr
+    assert "ZeroDivisionError: division by zero" in stderr, stderr
+    assert last.startswith("dhpo_trl.demo.cell_pool.CellFailed: ") and "started', 0) raised" in last, last
+
+
 def _raises(error):
     def main(argv):
         raise error
@@ -672,10 +701,14 @@ def test_a_cell_raises_what_would_end_its_worker_as_cell_exited_naming_itself():
         with pytest.raises(CellExited) as raised:
             Cell(_raise(error))(*args)
         assert shown in str(raised.value), (shown, str(raised.value))
-    # A callable without a `__qualname__` (a partial) is named by its type.
+    # A partial is named as the function it calls, its bound arguments first (nested ones too); another callable
+    # without a `__qualname__` (an instance) by its type.
     with pytest.raises(CellExited) as raised:
-        Cell(functools.partial(_raise(SystemExit(0)), 1))(2)
-    assert " partial(2) " in str(raised.value) and "SystemExit(0)" in str(raised.value), str(raised.value)
+        Cell(functools.partial(functools.partial(_raise(SystemExit(0)), 1, seed=3), 2))(4, seed=5)
+    assert " _raise.<locals>.cell(1, 2, 4, seed=5) raised SystemExit(0)" in str(raised.value), str(raised.value)
+    with pytest.raises(CellFailed) as raised:
+        Cell(Table())(2)
+    assert " Table(2) raised TypeError(" in str(raised.value), str(raised.value)
 
 
 class Table:

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import multiprocessing
 import multiprocessing.pool
 import multiprocessing.spawn
@@ -137,7 +138,10 @@ FAILED = (
 
 def exit_message(func: Callable, args: tuple, kwargs: dict, error: BaseException, then: str = EXITED) -> str:
     """The one-line report of the cell `func(*args, **kwargs)` that raised `error`, its arguments cut to
-    `NAME_CHARACTERS`, then `then`. One line: a `repr` may span several (an array's, a table's)."""
+    `NAME_CHARACTERS`, then `then`. One line: a `repr` may span several (an array's, a table's). A
+    `functools.partial` is named as the function it calls, with its bound arguments: its own name says nothing."""
+    while isinstance(func, functools.partial):
+        func, args, kwargs = func.func, (*func.args, *args), {**func.keywords, **kwargs}
     call = " ".join(", ".join([*map(repr, args), *(f"{key}={value!r}" for key, value in kwargs.items())]).splitlines())
     if len(call) > NAME_CHARACTERS:
         call = call[: NAME_CHARACTERS - 3] + "..."
