@@ -19,6 +19,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 from dhpo_trl.core.presets import PAPER_ALGORITHMS
@@ -53,6 +54,13 @@ def _run_one(job: tuple[str, int, Path, int | None]) -> dict:
     print(f"[study] {algorithm} seed {seed}: {summary['heldout_accuracy_before']:.3f} -> "
           f"{summary['heldout_accuracy_after']:.3f} in {summary['train_seconds']:.0f}s", flush=True)  # fmt: skip
     return summary
+
+
+def in_plan_order(jobs: list[tuple[str, int, Path, int | None]], finished: Iterable[dict]) -> list[dict]:
+    """The summaries of `jobs`' cells, `finished` in any order, in the order of `jobs` (the page's rows): each job's
+    own, found by its objective and seed."""
+    by_cell = {(summary["algorithm"], summary["seed"]): summary for summary in finished}
+    return [by_cell[algorithm, seed] for algorithm, seed, _, _ in jobs]
 
 
 def _mean_std(values: list[float]) -> tuple[float, float]:
@@ -190,8 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     # A stop signal or an error ends the workers too (dhpo_trl/demo/cell_pool.py). The cells are taken as they finish,
     # so a cell that raises ends the study at once: the finished ones are saved, the ones still running are rerun.
     with cell_pool(args.workers) as pool:
-        finished = {(s["algorithm"], s["seed"]): s for s in pool.imap_unordered(_run_one, jobs)}
-    summaries = [finished[algorithm, seed] for algorithm, seed, _, _ in jobs]  # in plan order: the page's rows
+        summaries = in_plan_order(jobs, pool.imap_unordered(_run_one, jobs))
     wall_minutes = (time.perf_counter() - started) / 60
     budgets = {(s["algorithm"], s["seed"]): s["optimizer_steps"] for s in summaries}
     if len(set(budgets.values())) != 1:  # a stale run from another budget in --out-dir would skew the comparison

@@ -1028,6 +1028,55 @@ BUGS = {
         ["tests/test_resume_epochs.py"],
         "the trainer records router_aux_loss_coef as passed (None), so a resume passing 0.0 compares it undecided",
     ),
+    "cell-pool-exec-failure-blames-a-traceback": (
+        "dhpo_trl/demo/cell_pool.py",
+        "    if exitcode == EXEC_FAILED:",
+        "    if False:",
+        ["tests/test_cell_pool.py"],
+        "a worker whose interpreter cannot run (status 255) is told to read a traceback that no Python printed",
+    ),
+    "cell-pool-partial-named-by-type": (
+        "dhpo_trl/demo/cell_pool.py",
+        "    while isinstance(func, functools.partial):",
+        "    while False:",
+        ["tests/test_cell_pool.py"],
+        "a partial cell is named 'partial', its bound arguments (the objective, the seed) left out",
+    ),
+    "resume-aux-none-undecided-one-side": (
+        "dhpo_trl/training/resume.py",
+        "    if saved[AUX_LOSS] is None or current[AUX_LOSS] is None:",
+        "    if saved[AUX_LOSS] is None:",
+        ["tests/test_resume_marker.py"],
+        "an MoE checkpoint resumed with router_aux_loss_coef=None is refused before its model loads (undecided)",
+    ),
+    "resume-path-cause-without-its-reason": (
+        "dhpo_trl/training/resume.py",
+        "    if (reasons[0] is None) == (reasons[1] is None):\n        return None, {}",
+        "    if False:\n        return None, {}",
+        ["tests/test_resume_marker.py"],
+        "a path the machine changed is blamed on a torch_compile change that decides nothing without checkpointing",
+    ),
+    "resume-path-cause-advises-current-value": (
+        "dhpo_trl/training/resume.py",
+        "    changed = {name: saved[name] for name in PATH_CAUSES if saved[name] != current[name]}",
+        "    changed = {name: current[name] for name in PATH_CAUSES if saved[name] != current[name]}",
+        ["tests/test_resume_marker.py"],
+        "the refusal advises resuming with this run's torch_compile, the value that changed the path",
+    ),
+    "resume-compiled-path-undecided-early": (
+        "dhpo_trl/training/resume.py",
+        "    packed = False if packed is None and compiled_packing_reason(args) else packed",
+        "    pass",
+        ["tests/test_resume_marker.py", "tests/test_resume_epochs.py"],
+        "a resume whose torch_compile changed the path is refused after the model loads, not by dhpo-train's check",
+    ),
+    "study-rows-in-finishing-order": (
+        "benchmarks/study.py",
+        "    return [by_cell[algorithm, seed] for algorithm, seed, _, _ in jobs]",
+        "    return list(by_cell.values())",
+        ["tests/test_study_pages.py"],
+        "the study's rows follow the order the cells finished in, not the plan's",
+    ),
 }
 
 

@@ -49,7 +49,7 @@ from dhpo_trl.demo.stops import TrainingStopped
 
 REPO = Path(__file__).resolve().parents[1]
 DRIVER = """
-import argparse, errno, multiprocessing, os, signal, sys, threading, time
+import argparse, errno, functools, multiprocessing, os, signal, sys, threading, time
 from pathlib import Path
 sys.path[:0] = [{repo!r}]
 import dhpo_trl.demo.cell_pool as cell_pool_module
@@ -89,6 +89,12 @@ def parse_help(folder, name="cell"):
     # A cell that parses a command line with argparse: --help raises SystemExit(0).
     Path(folder, str(os.getpid())).touch()
     argparse.ArgumentParser(prog=name).parse_args(["--help"])
+
+
+def divide(folder, by):
+    # A cell with a bug: a ZeroDivisionError, which the previous pool's map raised as a traceback.
+    Path(folder, str(os.getpid())).touch()
+    return 1 / by
 
 
 def run_until_terminated(folder):
@@ -156,6 +162,11 @@ def block(folder, case):
                     print("exited", name)
             lost = time.monotonic()
             pool.starmap(parse_help, [(folder, "cell-7")])
+        elif case == "cell raises":  # the other worker in a graceful task, stopped with the pool
+            pool.apply_async(stop_gracefully, (folder,))
+            wait_for(folder, 1)
+            lost = time.monotonic()
+            list(pool.imap_unordered(functools.partial(divide, folder), [0]))
         elif case == "idle death":  # a worker killed as it waits for a task, holding the task queue's lock
             result = pool.apply_async(stop_gracefully, (folder,))
             wait_for(folder, 1)
@@ -171,7 +182,7 @@ def block(folder, case):
             pool.apply_async(exit_zero, (folder,)).get()
         elif case.startswith("start refused"):  # the pool's constructor cannot start its workers: no block
             raise AssertionError("the block ran")
-        elif case in ("import fails", "killed starting", "initializer raises"):  # every worker, each replacement too
+        elif case in ("import fails", "killed starting", "initializer raises", "exec fails"):  # each replacement too
             lost = time.monotonic()
             pool.map(abs, [-1, 2], chunksize=1)
         else:  # a worker killed (SIGKILL) or ended (exit status 0) in a task, which `Pool.map` waits for forever
@@ -211,6 +222,10 @@ if __name__ == "__main__":
     lost = None
     bystander = multiprocessing.get_context("fork").Process(target=time.sleep, args=(300,), daemon=True)
     bystander.start()  # a child of this process that is none of the pool's
+    if case == "exec fails":  # the interpreter gone (a venv rebuilt under a running study): each spawn's exec fails
+        from multiprocessing import resource_tracker
+        resource_tracker.ensure_running()  # started by the first lock, before the interpreter went
+        multiprocessing.spawn.set_executable(str(Path(folder).with_name("removed-python")))
     if case.startswith("start refused"):  # the pool's first, second or third start (the replacement for a death)
         refuse_start(int(case.split()[-1]))
         lost = time.monotonic()
@@ -351,6 +366,19 @@ def test_a_worker_that_dies_before_it_reports_ends_the_block_on_one_line_with_st
         assert ("ModuleNotFoundError" if case == "import fails" else "OSError: the worker's setup failed") in stderr
 
 
+def test_a_worker_whose_interpreter_cannot_run_ends_the_block_on_one_line_naming_it(tmp_path):
+    """The spawn's exec of the interpreter fails (gone, not executable, no memory to load it): `Process.start` does
+    not raise and the worker ends with status 255 before any Python runs, so it prints no traceback. The block ends
+    within seconds with one line, status 1, naming the worker's exit status and the interpreter that could not run,
+    and pointing to no traceback."""
+    status, stdout, stderr, workers = _drive(tmp_path, "exec fails", timeout=60)
+    lines = [line for line in stderr.splitlines() if line.startswith("[driver] ")]
+    assert status == 1 and len(lines) == 1 and workers == [], (stderr, workers)
+    assert 0 <= float(stdout.split()[-1]) < 30, stdout
+    assert "(exit status 255)" in lines[0] and str(tmp_path / "removed-python") in lines[0], lines
+    assert "Traceback" not in stderr and "traceback above" not in lines[0], stderr
+
+
 @pytest.mark.parametrize("refused", [1, 2, 3])
 def test_a_worker_the_system_refuses_to_start_ends_the_block_on_one_line_with_status_1(tmp_path, refused):
     """`Process.start` raising OSError (EAGAIN: too many processes) for the pool's first worker, its second (the
@@ -421,6 +449,24 @@ def test_under_debug_a_cells_system_exit_shows_where_the_cell_raised_it(tmp_path
     assert re.search(r'^  File ".+", line \d+, in parse_help$', stderr, re.MULTILINE), stderr  # in the worker
     assert last.startswith("dhpo_trl.demo.cell_pool.CellExited: "), last  # the error, not the cause, comes last
     assert "parse_help(" in last and "'cell-7'" in last and "SystemExit(0)" in last, last
+
+
+@pytest.mark.parametrize("flags", [[], ["--debug"]], ids=["line", "debug"])
+def test_a_cell_that_raises_ends_the_block_on_one_line_or_under_debug_with_the_workers_traceback(tmp_path, flags):
+    """A cell's `ZeroDivisionError` ends the block within seconds with status 1, the other worker's cell stopped
+    with the pool: one line naming the cell, its arguments and what it raised; under `--debug`, the traceback
+    instead, whose remote part shows the frame in the worker that raised it, `CellFailed` last."""
+    status, stdout, stderr, workers = _drive(tmp_path, "cell raises", *flags, timeout=60)
+    lines = [line for line in stderr.splitlines() if line.startswith("[driver] ")]
+    assert status == 1 and 0 <= float(stdout.split()[-1]) < 30 and len(workers) == 2, (stdout, stderr, workers)
+    last = stderr.rstrip("\n").split("\n")[-1]
+    if not flags:
+        assert len(lines) == 1 and "Traceback" not in stderr, stderr
+        assert f"divide({str(tmp_path / 'started')!r}, 0) raised ZeroDivisionError(" in lines[0], lines
+        return
+    assert lines == [] and re.search(r'^  File ".+", line \d+, in divide$', stderr, re.MULTILINE), stderr
+    assert "ZeroDivisionError: division by zero" in stderr, stderr
+    assert last.startswith("dhpo_trl.demo.cell_pool.CellFailed: ") and "started', 0) raised" in last, last
 
 
 def _raises(error):
@@ -590,6 +636,11 @@ def test_a_death_names_the_worker_and_how_it_ended():
             assert ("cell it ran" in message) == ready, message  # a cell lost only once the worker was ready
             if not ready:  # what to fix first: the worker's traceback, or the memory that a kill as it started says
                 assert ("memory" in message, "traceback" in message) == (exitcode < 0, exitcode >= 0), message
+    # Status 255 before the report: the exec of the interpreter failed, and no Python ran to print a traceback.
+    message = death_message("SpawnPoolWorker-3", 4321, 255, False)
+    assert "(exit status 255)" in message and f"interpreter {sys.executable} " in message, message
+    assert "traceback above" not in message and "\n" not in message, message
+    assert "traceback above" in death_message("SpawnPoolWorker-3", 4321, 1, False)
 
 
 def _raise(error: BaseException):
@@ -650,10 +701,14 @@ def test_a_cell_raises_what_would_end_its_worker_as_cell_exited_naming_itself():
         with pytest.raises(CellExited) as raised:
             Cell(_raise(error))(*args)
         assert shown in str(raised.value), (shown, str(raised.value))
-    # A callable without a `__qualname__` (a partial) is named by its type.
+    # A partial is named as the function it calls, its bound arguments first (nested ones too); another callable
+    # without a `__qualname__` (an instance) by its type.
     with pytest.raises(CellExited) as raised:
-        Cell(functools.partial(_raise(SystemExit(0)), 1))(2)
-    assert " partial(2) " in str(raised.value) and "SystemExit(0)" in str(raised.value), str(raised.value)
+        Cell(functools.partial(functools.partial(_raise(SystemExit(0)), 1, seed=3), 2))(4, seed=5)
+    assert " _raise.<locals>.cell(1, 2, 4, seed=5) raised SystemExit(0)" in str(raised.value), str(raised.value)
+    with pytest.raises(CellFailed) as raised:
+        Cell(Table())(2)
+    assert " Table(2) raised TypeError(" in str(raised.value), str(raised.value)
 
 
 class Table:

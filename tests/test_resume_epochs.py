@@ -286,13 +286,16 @@ def test_an_automatic_choice_that_no_longer_packs_is_refused_before_the_checkpoi
 
 def test_torch_compile_turned_on_is_refused_naming_it_before_the_checkpoint_loads(epochs_full, tok, tmp_path):
     """The epoch runs pack automatically with TRL's default gradient checkpointing; torch_compile=True there keeps
-    dynamic batching (`compiled_packing_reason`), so the resume is refused, naming torch_compile and its
-    checkpoint value to resume with, not only the resolved padding_free (which was None both times)."""
+    dynamic batching (`compiled_packing_reason`) whatever the model, so the resume is refused, naming torch_compile
+    and its checkpoint value to resume with, not only the resolved padding_free (which was None both times): by
+    `dhpo-train`'s check before any model loads, and by train()."""
     checkpoint = os.path.join(epochs_full.args.output_dir, "checkpoint-5")
     settings = resume.read_marker(checkpoint)["settings"]
     assert (settings["torch_compile"], settings["gradient_checkpointing"]) == (False, True)
     compiled = config(tmp_path, **EPOCHS, torch_compile=True)
-    assert resume.resolve_for_run(checkpoint, compiled, world_size=1) == checkpoint  # undecided before the models
+    with pytest.raises(ValueError) as early:
+        resume.resolve_for_run(checkpoint, compiled, world_size=1)  # no model: decided by the settings alone
+    assert re.search(r"Resume with (\w+)=(\w+),", str(early.value)).groups() == ("torch_compile", "False")
     trainer = RecordingTrainer(model=build_tiny_qwen3(tok, hidden_size=32, seed=0), reward_funcs=digit_share,
                                args=compiled, train_dataset=Dataset.from_dict({"prompt": ["1+1="] * 4}),
                                processing_class=tok)  # fmt: skip

@@ -196,6 +196,7 @@ def aux_settings(tmp_path, coef, default):
     (None, 0.0, 0.01, True),  # ... and 0.0 turns its auxiliary loss off
     (0.0, None, 0.01, True),
     (None, 0.0, None, False),  # before the models load: undecided, the trainer compares again
+    (0.01, None, None, False),  # ... on either side: an MoE run resumed with the default, before its model loads
     (0.0, 0.001, None, True),
 ])  # fmt: skip
 def test_router_aux_loss_coef_compares_as_it_acts(tmp_path, saved, now, default, refused):
@@ -239,9 +240,9 @@ def path_settings(tmp_path, packed, **values):
 
 
 def advised(message):
-    """The settings a refusal advises resuming with."""
+    """The settings a refusal advises resuming with, and their values."""
     found = re.search(r"Resume with ((?:\w+=\S+?(?:, |,? as))+)", message)
-    return re.findall(r"(\w+)=", found[1]) if found else []
+    return dict(re.findall(r"(\w+)=(\w+)", found[1])) if found else {}
 
 
 @pytest.mark.parametrize(("saved", "now", "changed"), [  # (torch_compile, gradient_checkpointing) on each side
@@ -262,15 +263,33 @@ def test_a_path_changed_by_torch_compile_is_refused_naming_the_setting_that_chan
     assert recorded["padding_free"] != current["padding_free"]
     path = marked(tmp_path, {"format": 4, "global_step": 3, "settings": recorded})
     message = refusal(path, current)
-    assert named(message) == ["padding_free", *changed] and advised(message) == changed, message
+    # Each changed setting with its checkpoint value: the one to resume with.
+    assert named(message) == ["padding_free", *changed], message
+    assert advised(message) == {name: str(recorded[name]) for name in changed}, message
     # padding_free passed explicitly now: the value passed decided the path, named alone.
     with pytest.raises(ValueError) as refused:
         resume.check_resumable(path, current, current["padding_free"])
-    assert named(str(refused.value)) == ["padding_free"] and advised(str(refused.value)) == [], str(refused.value)
+    assert named(str(refused.value)) == ["padding_free"] and advised(str(refused.value)) == {}, str(refused.value)
+    # Before the models load, a side with both on is decided already (dynamic batching): refused as early.
+    early = path_settings(tmp_path, None, torch_compile=now[0], gradient_checkpointing=now[1])
+    assert early["padding_free"] == (False if all(now) else None), early
+    if all(now):
+        assert named(refusal(path, early)) == ["padding_free", *changed], refusal(path, early)
     # The same settings, with padding_free chosen as before: they resume (not compared themselves).
     assert refusal(path, {**current, "padding_free": recorded["padding_free"]}) is None
     # A marker without them: the resolved path named, as before.
     older = {name: value for name, value in recorded.items() if name not in resume.PATH_CAUSES}
     (tmp_path / "older").mkdir()
     message = refusal(marked(tmp_path / "older", {"format": 4, "global_step": 3, "settings": older}), current)
-    assert named(message) == ["padding_free"] and advised(message) == [], message
+    assert named(message) == ["padding_free"] and advised(message) == {}, message
+
+
+@pytest.mark.parametrize("compiled", [(False, True), (True, False)])  # (checkpoint, now), neither checkpointing
+def test_a_path_that_torch_compile_did_not_decide_is_not_blamed_on_it(tmp_path, compiled):
+    """torch_compile changed, but without gradient checkpointing on either side it decides no path; the automatic
+    padding_free resolved otherwise for another reason (the machine's kernels): the refusal names padding_free
+    alone and advises no torch_compile value."""
+    recorded = path_settings(tmp_path, True, torch_compile=compiled[0], gradient_checkpointing=False)
+    current = path_settings(tmp_path, False, torch_compile=compiled[1], gradient_checkpointing=False)
+    message = refusal(marked(tmp_path, {"format": 4, "global_step": 3, "settings": recorded}), current)
+    assert named(message) == ["padding_free"] and advised(message) == {}, message

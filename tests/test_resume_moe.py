@@ -174,3 +174,19 @@ def test_a_lora_moe_run_resumes_exactly(targets, tok, tmp_path):
     assert any(".experts." in name for name in trained) == ("target_parameters" in targets)
     assert relative_gap(resumed.model, full.model) <= 1e-6
     assert resumed.seen[4] == full.seen[4]
+
+
+def test_the_models_own_aux_loss_coefficient_resumes_a_run_that_left_it_none_and_0_is_refused(uninterrupted, tok,
+                                                                                              tmp_path):  # fmt: skip
+    """router_aux_loss_coef=None on this MoE model is its config's coefficient (0.01, as TRL reads it): the marker
+    records 0.01, a resume passing 0.01 continues exactly, and one passing 0.0 (the auxiliary loss off) is refused
+    by train() naming router_aux_loss_coef."""
+    checkpoint = os.path.join(uninterrupted.args.output_dir, "checkpoint-3")
+    assert uninterrupted.args.router_aux_loss_coef is None and uninterrupted.model.config.router_aux_loss_coef == 0.01
+    assert resume.read_marker(checkpoint)["settings"]["router_aux_loss_coef"] == 0.01
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=QUIET)
+        resumed = train(tok, tmp_path / "same", resume_from=checkpoint, router_aux_loss_coef=0.01, **K2)
+        assert relative_gap(resumed.model, uninterrupted.model) <= 1e-6 and resumed.seen[4] == uninterrupted.seen[4]
+        with pytest.raises(ValueError, match=r"router_aux_loss_coef=0\.01 in the checkpoint but 0\.0 now"):
+            train(tok, tmp_path / "off", resume_from=checkpoint, router_aux_loss_coef=0.0, **K2)

@@ -181,3 +181,17 @@ def test_a_saved_run_of_another_budget_is_refused_before_anything_trains(tmp_pat
     with pytest.raises(SystemExit, match="GRPO-seed3"):
         study.main(["--algorithms", "GRPO", "--seeds", "3", "--max-steps", "32", "--out-dir", str(tmp_path),
                     "--docs-dir", str(tmp_path / "docs")])  # fmt: skip
+
+
+def test_the_studys_cells_taken_as_they_finish_are_put_back_in_plan_order():
+    """`study.in_plan_order`: the pool yields the cells as they finish (`imap_unordered`); each row of the page is
+    the summary of its own job (objective and seed), in the order of the jobs, however they finished."""
+    study = _load("study")
+    jobs = [(algorithm, seed, Path("out"), 4) for seed in (0, 1) for algorithm in ("GRPO", "DHPO-A")]
+    summaries = [{"algorithm": algorithm, "seed": seed, "heldout_accuracy_after": seed + 0.1 * len(algorithm)}
+                 for algorithm, seed, _, _ in jobs]  # fmt: skip
+    for finished in (summaries[::-1], summaries[1::2] + summaries[::2]):
+        ordered = study.in_plan_order(jobs, iter(finished))
+        assert [(row["algorithm"], row["seed"]) for row in ordered] == [job[:2] for job in jobs]
+        expected = [seed + 0.1 * len(name) for name, seed, *_ in jobs]
+        assert [row["heldout_accuracy_after"] for row in ordered] == expected

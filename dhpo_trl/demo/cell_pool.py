@@ -65,8 +65,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import multiprocessing
 import multiprocessing.pool
+import multiprocessing.spawn
 import os
 import signal
 import sys
@@ -80,6 +82,9 @@ from .stops import TrainingStopped
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)  # those DHPOTrainer.train() stops on (training/resume.py)
 GRACE_SECONDS = 2.0  # for the idle workers to take the pool's end-of-work sentinel and exit
 POLL_SECONDS = 0.5  # how often the watchdog looks for a dead worker
+# A spawned worker's status when the exec of its interpreter fails: `Process.start` does not raise (the spawn starts
+# it through `_posixsubprocess`, whose error pipe it never reads) and no Python ran to print a traceback.
+EXEC_FAILED = 255
 NAME_CHARACTERS = 300  # of a cell's arguments in `CellExited`'s, `CellFailed`'s message: one line, whatever they are
 
 
@@ -133,7 +138,10 @@ FAILED = (
 
 def exit_message(func: Callable, args: tuple, kwargs: dict, error: BaseException, then: str = EXITED) -> str:
     """The one-line report of the cell `func(*args, **kwargs)` that raised `error`, its arguments cut to
-    `NAME_CHARACTERS`, then `then`. One line: a `repr` may span several (an array's, a table's)."""
+    `NAME_CHARACTERS`, then `then`. One line: a `repr` may span several (an array's, a table's). A
+    `functools.partial` is named as the function it calls, with its bound arguments: its own name says nothing."""
+    while isinstance(func, functools.partial):
+        func, args, kwargs = func.func, (*func.args, *args), {**func.keywords, **kwargs}
     call = " ".join(", ".join([*map(repr, args), *(f"{key}={value!r}" for key, value in kwargs.items())]).splitlines())
     if len(call) > NAME_CHARACTERS:
         call = call[: NAME_CHARACTERS - 3] + "..."
@@ -226,15 +234,24 @@ def death_message(name: str, pid: int, exitcode: int, ready: bool = True) -> str
             f"cell_pool: worker {name} (pid {pid}) died ({how}) while the pool ran: the cell it ran, if any, was "
             "not saved; rerun the same command to resume (finished cells are kept)"
         )
-    cause = (
-        "it was killed as it started (out of memory? fewer workers need less)"
-        if exitcode < 0
-        else "its import of the main module or its setup failed in the spawned process: see its traceback above"
-    )
     return (
-        f"cell_pool: worker {name} (pid {pid}) died ({how}) while it started, before it ran any cell: {cause}; "
-        "fix that, then rerun the same command to resume (finished cells are kept)"
+        f"cell_pool: worker {name} (pid {pid}) died ({how}) while it started, before it ran any cell: "
+        f"{starting_cause(exitcode)}; fix that, then rerun the same command to resume (finished cells are kept)"
     )
+
+
+def starting_cause(exitcode: int) -> str:
+    """What ended a worker with `exitcode` before it reported: a kill, an exec that failed (`EXEC_FAILED`), or its
+    Python code, whose traceback the worker printed."""
+    if exitcode < 0:
+        return "it was killed as it started (out of memory? fewer workers need less)"
+    if exitcode == EXEC_FAILED:
+        interpreter = os.fsdecode(multiprocessing.spawn.get_executable())
+        return (
+            f"the system could not run its interpreter {interpreter} (missing, not executable, or too little memory "
+            "to load it), which leaves no traceback"
+        )
+    return "its import of the main module or its setup failed in the spawned process: see its traceback above"
 
 
 def start_message(name: str, error: OSError) -> str:

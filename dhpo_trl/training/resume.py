@@ -115,12 +115,14 @@ def run_settings(args, world_size: int, packed: bool | None = None, aux_default:
 
     `dynamic_batching` and `padding_free` are the update path that runs, not the values passed: the buffered
     micro-batches are laid out for it. `packed`: whether the trainer's chosen path packs; None before the models
-    load, when an automatic `padding_free=None` is still undecided (recorded as None, compared once decided).
+    load, when an automatic `padding_free=None` is still undecided (recorded as None, compared once decided), unless
+    torch_compile with gradient checkpointing decides it: dynamic batching whatever the models (`update_path._packs`).
     `router_aux_loss_coef` is the coefficient that acts: None stands for `aux_default` (`aux_loss_default` of the
     policy), and stays None (undecided) before the models load."""
-    from ..core.config import uses_dynamic_batching
+    from ..core.config import compiled_packing_reason, uses_dynamic_batching
     from ..core.objectives import get_objective
 
+    packed = False if packed is None and compiled_packing_reason(args) else packed
     names = (*RESUME_SETTINGS, *get_objective(args.algorithm).settings(args), *BUFFER_SETTINGS, *loss_settings(args),
              *PATH_CAUSES)  # fmt: skip
     settings = {name: _plain(getattr(args, name, None)) for name in dict.fromkeys(names)}
