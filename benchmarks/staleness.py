@@ -46,7 +46,7 @@ from dhpo_trl.demo.cell_pool import Cell, cell_pool, reported
 from dhpo_trl.demo.embedded import EmbeddedSettings, load_task, run_embedded, write_atomically
 from dhpo_trl.demo.long_arithmetic import make_chain_splits
 from dhpo_trl.demo.long_task import LongSettings
-from dhpo_trl.user_errors import DEBUG_FLAG, DEBUG_HELP, debug_given
+from dhpo_trl.user_errors import DEBUG_FLAG, DEBUG_HELP, debug_given, repeated_values, seed_int
 
 TASKS = {"addition": EmbeddedSettings, "long": LongSettings}  # --task: the settings class of each embedded task
 
@@ -904,8 +904,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--on-policy-objectives", nargs="+", default=None, choices=[*PAPER_ALGORITHMS, *VARIANTS],
                         help="at k = 1 run only these of --objectives (default: all): on-policy every ratio is 1, no "
                              "clip or gate acts, and the rows differ only in how they weight token gradients")  # fmt: skip
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--reference-seeds", nargs="*", type=int, default=[],
+    parser.add_argument("--seeds", nargs="+", type=seed_int, default=[0, 1, 2])
+    parser.add_argument("--reference-seeds", nargs="*", type=seed_int, default=[],
                         help="--task long: seeds of two-digit-task cells at each k > 1, run with the study's "
                              "learning rate and generation batches, to compare the within-sequence spread of log r "
                              "against")  # fmt: skip
@@ -926,6 +926,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("generation_batches", "eval_every", "workers"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if repeated := repeated_values(args, "objectives", "ks", "seeds", "reference_seeds", "on_policy_objectives"):
+        parser.error(repeated)
     if args.on_policy_objectives and not set(args.on_policy_objectives) <= set(args.objectives):
         parser.error("--on-policy-objectives must be among --objectives")
     if args.on_policy_objectives and 1 not in args.ks:

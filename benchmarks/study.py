@@ -26,7 +26,7 @@ from dhpo_trl.core.presets import PAPER_ALGORITHMS
 from dhpo_trl.demo.cell_pool import cell_pool, reported
 from dhpo_trl.demo.embedded import run_embedded
 from dhpo_trl.evaluation.plotting import plot_runs
-from dhpo_trl.user_errors import DEBUG_FLAG, DEBUG_HELP, debug_given
+from dhpo_trl.user_errors import DEBUG_FLAG, DEBUG_HELP, debug_given, repeated_values, seed_int
 
 
 def saved_summary(job: tuple[str, int, Path, int | None]) -> dict | None:
@@ -176,7 +176,7 @@ def page_from_json(results: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--algorithms", nargs="+", default=list(PAPER_ALGORITHMS), choices=list(PAPER_ALGORITHMS))
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--seeds", nargs="+", type=seed_int, default=[0, 1, 2])
     parser.add_argument("--max-steps", type=int, default=None, help="optimizer steps per run (default: the embedded default)")
     parser.add_argument("--workers", type=int, default=2, help="runs in parallel (one torch thread each)")
     # The warm start now begins near 50% held-out accuracy and runs end near 85-90%: 80% separates fast from slow.
@@ -187,6 +187,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if len(args.seeds) < 1 or args.workers < 1:
         parser.error("--seeds needs at least one seed and --workers must be >= 1")
+    if repeated := repeated_values(args, "algorithms", "seeds"):
+        parser.error(repeated)
 
     jobs = [(algorithm, seed, args.out_dir, args.max_steps) for seed in args.seeds for algorithm in args.algorithms]
     for job in jobs:  # here, before anything trains: a saved run of another budget is refused by the main process

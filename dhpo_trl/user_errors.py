@@ -110,6 +110,19 @@ def seed_int(text: str) -> int:
     return int(text)
 
 
+def repeated_values(args: argparse.Namespace, *names: str) -> str | None:
+    """The one-line error for the first list option among `names` that holds a value twice, else None (an option
+    left at None holds nothing): a study's repeated seed or objective would run one cell twice into the same folder
+    and count it twice in the averages."""
+    for name in names:
+        values = getattr(args, name) or []
+        twice = sorted({value for value in values if values.count(value) > 1}, key=values.index)
+        if twice:
+            listed = " ".join(map(str, twice))
+            return f"--{name.replace('_', '-')}: {listed} given more than once; give each value once"
+    return None
+
+
 def make_folder(path, flag: str) -> None:
     """Create `path` now, so that a file in the way or a missing permission is an input error, not a late crash."""
     try:

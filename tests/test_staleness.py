@@ -358,6 +358,19 @@ def test_on_policy_objectives_choose_the_rows_run_at_k_1(monkeypatch, tmp_path):
     assert len(calls) == 5
 
 
+@pytest.mark.parametrize("argv, flag", [(["--seeds", "1", "1"], "--seeds"), (["--ks", "4", "2", "4"], "--ks"),
+                                        (["--objectives", "GRPO", "DHPO-E", "DHPO-E"], "--objectives"),
+                                        (["--task", "long", "--reference-seeds", "0", "0"], "--reference-seeds"),
+                                        (["--ks", "1", "4", "--on-policy-objectives", "GRPO", "GRPO"],
+                                         "--on-policy-objectives"),
+                                        (["--seeds", "4294967296"], "argument --seeds")])  # fmt: skip
+def test_a_repeated_value_is_refused_before_anything_runs(monkeypatch, capsys, argv, flag):
+    monkeypatch.setattr(staleness, "load_task", lambda *a, **k: pytest.fail("ran despite a repeated value"))
+    with pytest.raises(SystemExit) as exited:
+        staleness.main(argv)
+    assert exited.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1].split(": ")[2] == flag
+
+
 def test_reference_seeds_need_the_long_task(capsys):
     with pytest.raises(SystemExit):
         staleness.main(["--reference-seeds", "0"])

@@ -195,3 +195,16 @@ def test_the_studys_cells_taken_as_they_finish_are_put_back_in_plan_order():
         assert [(row["algorithm"], row["seed"]) for row in ordered] == [job[:2] for job in jobs]
         expected = [seed + 0.1 * len(name) for name, seed, *_ in jobs]
         assert [row["heldout_accuracy_after"] for row in ordered] == expected
+
+
+@pytest.mark.parametrize("argv, flag", [(["--seeds", "0", "1", "0"], "--seeds"),
+                                        (["--algorithms", "GRPO", "GSPO", "GRPO"], "--algorithms"),
+                                        (["--seeds", "0", "-1"], "argument --seeds")])  # fmt: skip
+def test_a_repeated_seed_or_objective_is_refused_before_anything_trains(tmp_path, monkeypatch, capsys, argv, flag):
+    """A repeated cell would train twice into one folder and count twice in the averages; a seed numpy cannot take
+    would stop the first cell after the warm start."""
+    study = _load("study")
+    monkeypatch.setattr(study, "run_embedded", lambda *args, **kwargs: pytest.fail("trained despite a repeat"))
+    with pytest.raises(SystemExit) as exited:
+        study.main([*argv, "--out-dir", str(tmp_path), "--docs-dir", str(tmp_path / "docs")])
+    assert exited.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1].split(": ")[2] == flag

@@ -20,6 +20,7 @@ from dhpo_trl.user_errors import (
     one_line,
     pop_debug_flag,
     positive_int,
+    repeated_values,
     report,
     seed_int,
     run_command,
@@ -187,6 +188,16 @@ def test_seed_int_accepts_what_numpy_seeds_with(text, value):
 def test_seed_int_refuses_the_rest_in_argparse_terms(text):
     with pytest.raises(argparse.ArgumentTypeError, match=r"2\*\*32 - 1"):
         seed_int(text)
+
+
+def test_repeated_values_names_the_first_option_with_a_repeat_and_its_repeated_values():
+    args = argparse.Namespace(seeds=[3, 1, 3, 2, 1, 1], objectives=["GRPO", "GRPO"], ks=None, empty=[])
+    assert repeated_values(args, "ks", "empty") is None  # None (an option not given) and [] hold nothing
+    assert repeated_values(argparse.Namespace(seeds=[0, 1, 2]), "seeds") is None
+    message = repeated_values(args, "ks", "seeds", "objectives")
+    assert message.startswith("--seeds:") and message.split(":")[1].split()[:2] == ["3", "1"]  # in order, each once
+    assert "\n" not in message and "2" not in message.split(":")[1].split()
+    assert repeated_values(args, "objectives").startswith("--objectives: GRPO ")
 
 
 def test_make_folder_creates_parents_or_names_the_flag_and_the_folder(tmp_path, monkeypatch):
