@@ -2,14 +2,16 @@
 
 Three arms: TRL's `GRPOTrainer` (GRPO); `DHPOTrainer` with DHPO-E on TRL's own micro-batches (`padding_free=False,
 dynamic_batching=False`), whose ratio to GRPO is the cost of the loss alone; and DHPO-E on the update path the
-automatic settings choose for the device (named in the output), which is what a user gets. Every arm runs the same number of optimizer steps on a locally built Qwen3 (hidden 256, 4 layers by default,
-64-token completions), one after the other, alternating which goes first in each repetition so that drift in
-machine load cancels. Only training steps that do not generate are timed (TRL samples at the first step of each
-generation batch; the other `steps_per_generation - 1` steps are pure forward + backward on an old batch), so the
-figure is the cost of the loss, not of sampling. Timing wraps `Trainer.training_step` (what TRL logs as
-`step_time`), synchronising CUDA around it; it reports wall time and the process CPU time of the step. On a
-shared CPU machine the CPU time is the reliable figure: wall time also counts the time other processes held the
-cores (the CPU default is one torch thread for the same reason).
+automatic settings choose for the device (named in the output), which is what a user gets. Every arm runs the same
+number of optimizer steps on a locally built Qwen3 (hidden 256, 4 layers by default, 64-token completions), one
+after the other. Each block of three repetitions puts every arm at every place in the order once, and every other
+block runs the reversed orders, so that drift in machine load cancels over a block and each arm follows each other
+arm equally often over two (`--repeats` is a multiple of 3; 6 by default). Only training steps that do not generate
+are timed (TRL samples at the first step of each generation batch; the other `steps_per_generation - 1` steps are
+pure forward + backward on an old batch), so the figure is the cost of the loss, not of sampling. Timing wraps
+`Trainer.training_step` (what TRL logs as `step_time`), synchronising CUDA around it; it reports wall time and the
+process CPU time of the step. On a shared CPU machine the CPU time is the reliable figure: wall time also counts the
+time other processes held the cores (the CPU default is one torch thread for the same reason).
 
 Peak memory is measured over one non-generating training step per run, above the memory held before it:
 CUDA: `torch.cuda.max_memory_allocated`; CPU: the running sum of tensor allocations and frees recorded by
@@ -101,6 +103,27 @@ class StepProbe:
 ARMS = {"GRPO": None, "DHPO-E trl-batching": dict(padding_free=False, dynamic_batching=False), "DHPO-E auto": {}}
 
 
+def arm_order(repeat: int) -> list[str]:
+    """The arms in the order of repetition `repeat`: rotated by one a repetition (over `len(ARMS)` repetitions each
+    arm runs once at each place), reversed in every other block of `len(ARMS)` (each arm then follows every other
+    equally often, so what one run leaves behind weighs on every arm alike)."""
+    arms = list(ARMS)
+    shift = repeat % len(arms)
+    order = arms[shift:] + arms[:shift]
+    return order[::-1] if (repeat // len(arms)) % 2 else order
+
+
+def options_error(options) -> str | None:
+    """What is wrong with the parsed options, naming the flag, or None."""
+    if options.repeats < 1 or options.repeats % len(ARMS):
+        return f"--repeats {options.repeats}: a positive multiple of {len(ARMS)} (one per arm and place in the order)"
+    if options.steps_per_generation < 2:
+        return "--steps-per-generation: at least 2 (only the steps that do not generate are timed)"
+    if options.steps % options.steps_per_generation == 1 or options.steps < 2:
+        return "--steps: the last step must not be a generation step (it is the memory-profiled one)"
+    return None
+
+
 def run_once(arm: str, options, tokenizer, dataset, output_dir: str) -> StepProbe:
     common = dict(
         output_dir=output_dir,
@@ -133,6 +156,7 @@ def run_once(arm: str, options, tokenizer, dataset, output_dir: str) -> StepProb
     trainer.remove_callback(PrinterCallback)  # keep stdout for the results
     probe = StepProbe(trainer, options.device, options.steps_per_generation, profile_call=options.steps - 1)
     probe.path = trainer._update.path.name if trainer_cls is DHPOTrainer else "TRL's"
+    probe.args = args
     trainer.train()
     del trainer, model
     if options.device == "cuda":
@@ -143,7 +167,8 @@ def run_once(arm: str, options, tokenizer, dataset, output_dir: str) -> StepProb
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    parser.add_argument("--repeats", type=int, default=4, help="runs per algorithm, alternating the order")
+    parser.add_argument("--repeats", type=int, default=6,
+                        help="runs per arm, a multiple of 3: every arm at every place in the order once a block of 3")
     parser.add_argument("--steps", type=int, default=16, help="optimizer steps per run")
     parser.add_argument("--steps-per-generation", type=int, default=4)
     parser.add_argument("--batch-size", type=int, default=8, help="completions per micro-batch (one group)")
@@ -159,8 +184,8 @@ def main() -> None:
         torch.set_num_threads(options.threads or 1)
     if options.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is visible to torch")
-    if options.steps % options.steps_per_generation == 1 or options.steps < 2:
-        parser.error("--steps: the last step must not be a generation step (it is the memory-profiled one)")
+    if options_error(options):
+        parser.error(options_error(options))
 
     tokenizer = build_char_tokenizer()
     dataset = Dataset.from_dict({"prompt": [f"Compute {a}+{3 * a + 7}. Answer:" for a in range(256)]})
@@ -169,8 +194,7 @@ def main() -> None:
         for arm in ARMS:  # warm-up: kernels, allocator, caches
             run_once(arm, options, tokenizer, dataset, output_dir)
         for repeat in range(options.repeats):
-            shift = repeat % len(ARMS)  # rotate which arm goes first, so drift in machine load cancels
-            for arm in list(ARMS)[shift:] + list(ARMS)[:shift]:
+            for arm in arm_order(repeat):
                 results[arm].append(run_once(arm, options, tokenizer, dataset, output_dir))
 
     print(f"device={options.device} threads={torch.get_num_threads()} hidden={options.hidden_size} "
@@ -184,7 +208,8 @@ def main() -> None:
         peaks = [probe.peak_bytes for probe in probes]
         summary[arm] = (statistics.median(wall), statistics.median(cpu), max(peaks))
         wall_q, cpu_q = statistics.quantiles(wall, n=4), statistics.quantiles(cpu, n=4)
-        print(f"{arm:20s} ({probes[0].path} update path) step time median wall {1e3 * statistics.median(wall):8.2f} ms "
+        print(f"{arm:20s} ({probes[0].path} update path) step time median wall "
+              f"{1e3 * statistics.median(wall):8.2f} ms "
               f"(IQR {1e3 * wall_q[0]:.2f}-{1e3 * wall_q[2]:.2f}), "
               f"process CPU {1e3 * statistics.median(cpu):8.2f} ms (IQR {1e3 * cpu_q[0]:.2f}-{1e3 * cpu_q[2]:.2f}), "
               f"n={len(wall)};  peak step memory {max(peaks) / 2**20:9.3f} MiB "
@@ -194,6 +219,7 @@ def main() -> None:
         # CPU time is what the step costs; wall time also carries other processes' load on a shared machine.
         print(f"{arm} / GRPO: step-time ratio wall {ratio['wall']:.3f}, process CPU {ratio['cpu']:.3f}; "
               f"peak-memory ratio {ratio['memory']:.3f}")  # fmt: skip
+
 
 if __name__ == "__main__":
     main()

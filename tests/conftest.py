@@ -31,7 +31,7 @@ PURE = {
     "test_moe_edges", "test_row_contracts", "test_plotting", "test_study_pages", "test_recipes", "test_collectives",
 }  # fmt: skip
 PURE |= {"test_teardown_units", "test_routing_replay_counts", "test_rollout_routing_edges", "test_resume_marker",
-         "test_resume_stop", "test_update_path_seam", "test_nonfinite_units"}  # fmt: skip
+         "test_resume_stop", "test_update_path_seam", "test_nonfinite_units", "test_conftest_lists"}  # fmt: skip
 PROCESSES = {
     "test_distributed", "test_metrics_distributed", "test_evaluation_callback_distributed", "test_resume_processes",
     "test_resume_zero3", "test_processes", "test_scale_out_scripts", "test_notebook", "test_accelerate_configs",
