@@ -816,6 +816,17 @@ def stop_on_signals(signals=STOP_SIGNALS) -> Iterator[StopRequest | None]:
         restore()
 
 
+def start_fresh(trainer) -> list:
+    """A `train()` without a checkpoint is a run of its own: TRL keeps its micro-step counter, buffered micro-batches
+    and unlogged train metrics across `train()` calls (a notebook cell run again, or after an interrupt), so the new
+    run would train first on the rest of the previous run's generation batch, out of phase. Cleared here, as a new
+    trainer has them. Returns no callbacks (as `restore`, which puts them back from a checkpoint)."""
+    trainer._step = 0
+    trainer._buffered_inputs = None
+    trainer._metrics["train"] = defaultdict(list)
+    return []
+
+
 def restore(trainer, checkpoint: str) -> list:
     """What transformers does not restore of a checkpoint: each process's generation state and, with
     `sync_ref_model`, the synced reference model. Returns the callbacks that finish the restore once training begins

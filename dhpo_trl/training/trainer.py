@@ -251,7 +251,7 @@ class DHPOTrainer(GRPOTrainer):
         self.graceful_stop = None
         main, processes = self.accelerator.is_main_process, self.accelerator.num_processes
         checkpoint = resume.resolve_for_run(resume_from_checkpoint, self.args, processes, main, **resume.decided(self))
-        callbacks = [] if checkpoint is None else resume.restore(self, checkpoint)
+        callbacks = resume.start_fresh(self) if checkpoint is None else resume.restore(self, checkpoint)
         with resume.stop_on_signals() as request:
             stop = resume.GracefulStopCallback(request, lambda flag: collectives.any_process(flag, self._all_reduce))
             callbacks.append(stop)
