@@ -111,3 +111,29 @@ def test_an_interrupted_run_resumes_exactly_in_the_same_process(tok, tmp_path):
     assert losses[0] == losses[1] and len(losses[0]) == 6
     for ours, reference in zip(trainer.model.parameters(), whole.model.parameters()):
         torch.testing.assert_close(ours, reference, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("second", [dict(), dict(bf16=True)])  # the same settings, and another mixed precision
+def test_a_config_built_after_the_trainer_is_refused_at_train_and_a_rebuilt_trainer_trains(tok, tmp_path, second):
+    """transformers empties accelerate's process-wide state whenever a config is built: the earlier trainer's next
+    `train()` is refused before any step (TRL's fails inside accelerate, below), and a trainer built after the
+    config trains, with the earlier trainer's mixed precision where that is what its config asks for."""
+    settings = {**SETTINGS, "save_strategy": "no", "max_steps": 2}
+    first = build(DHPOTrainer, config_for("DHPO-E", output_dir=str(tmp_path / "a"), **settings), tok)
+    first.train()
+    config_for("GRPO", output_dir=str(tmp_path / "b"), **{**settings, **second})  # the next cell's config
+    with pytest.raises(RuntimeError):
+        first.train()
+    assert first.state.global_step == 2  # refused before any step
+    again = build(DHPOTrainer, first.args, tok)
+    again.train()
+    assert again.state.global_step == 2 and again.accelerator.mixed_precision == "no"
+
+
+def test_trl_fails_inside_accelerate_after_a_config_built_after_its_trainer(tok, tmp_path):
+    settings = {**SETTINGS, "save_strategy": "no", "max_steps": 2}
+    first = build(GRPOTrainer, GRPOConfig(output_dir=str(tmp_path / "a"), **settings), tok)
+    first.train()
+    GRPOConfig(output_dir=str(tmp_path / "b"), **settings)
+    with pytest.raises(AttributeError):  # accelerate: "`AcceleratorState` object has no attribute ..."
+        first.train()
