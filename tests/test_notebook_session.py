@@ -137,3 +137,31 @@ def test_trl_fails_inside_accelerate_after_a_config_built_after_its_trainer(tok,
     GRPOConfig(output_dir=str(tmp_path / "b"), **settings)
     with pytest.raises(AttributeError):  # accelerate: "`AcceleratorState` object has no attribute ..."
         first.train()
+
+
+@pytest.mark.parametrize("fresh", [False, True])  # the same trainer's cell run again, and a new trainer's
+def test_resuming_a_finished_run_is_refused_and_the_model_is_unchanged(tok, tmp_path, fresh):
+    """transformers trains one step past `max_steps` when it resumes a checkpoint at `max_steps` (with a constant
+    learning rate the weights move): refused before any step. TRL's own trainer, below, takes that step."""
+    settings = {**SETTINGS, "max_steps": 4, "save_steps": 2, "lr_scheduler_type": "constant"}
+    trainer = build(DHPOTrainer, config_for("DHPO-E", output_dir=str(tmp_path), **settings), tok)
+    trainer.train()
+    finished = [parameter.detach().clone() for parameter in trainer.model.parameters()]
+    again = build(DHPOTrainer, trainer.args, tok) if fresh else trainer
+    with pytest.raises(ValueError):
+        again.train(resume_from_checkpoint=True)
+    assert again.state.global_step in (0, 4)
+    for parameter, before in zip(trainer.model.parameters(), finished):
+        torch.testing.assert_close(parameter, before, rtol=0, atol=0)
+    trainer.args.max_steps = 6  # raised: the run goes on from step 4
+    assert trainer.train(resume_from_checkpoint=True).global_step == 6
+
+
+def test_trl_trains_one_step_past_max_steps_when_resuming_a_finished_run(tok, tmp_path):
+    settings = {**SETTINGS, "max_steps": 4, "save_steps": 2, "lr_scheduler_type": "constant"}
+    trainer = build(GRPOTrainer, GRPOConfig(output_dir=str(tmp_path), **settings), tok)
+    trainer.train()
+    finished = [parameter.detach().clone() for parameter in trainer.model.parameters()]
+    assert trainer.train(resume_from_checkpoint=True).global_step == 5
+    moved = max((parameter - before).abs().max().item() for parameter, before in zip(trainer.model.parameters(), finished))
+    assert moved > 1e-4
