@@ -59,9 +59,9 @@ def recording(trainer_class):
 
 
 def build(trainer_class, args, tok):
+    data = Dataset.from_dict({"prompt": [f"{a}+{a}=" for a in range(24)]})
     trainer = recording(trainer_class)(model=build_tiny_qwen3(tok), reward_funcs=digit_share, args=args,
-                                       processing_class=tok,
-                                       train_dataset=Dataset.from_dict({"prompt": [f"{a}+{a}=" for a in range(24)]}))  # fmt: skip
+                                       processing_class=tok, train_dataset=data)  # fmt: skip
     trainer.generated_at = []
     return trainer
 
@@ -92,8 +92,7 @@ def test_a_new_train_after_an_interrupt_generates_its_own_first_batch(tok, tmp_p
 
 def test_trl_keeps_the_interrupted_runs_buffer(tok, tmp_path):
     """What the test above guards against, in `trl.GRPOTrainer` itself (so that test can fail)."""
-    settings = {key: value for key, value in SETTINGS.items()}
-    trainer = build(GRPOTrainer, GRPOConfig(output_dir=str(tmp_path), **settings), tok)
+    trainer = build(GRPOTrainer, GRPOConfig(output_dir=str(tmp_path), **SETTINGS), tok)
     interrupted(trainer, 3)
     trainer.train()
     assert trainer.generated_at == [1, 3, 5]
@@ -163,5 +162,5 @@ def test_trl_trains_one_step_past_max_steps_when_resuming_a_finished_run(tok, tm
     trainer.train()
     finished = [parameter.detach().clone() for parameter in trainer.model.parameters()]
     assert trainer.train(resume_from_checkpoint=True).global_step == 5
-    moved = max((parameter - before).abs().max().item() for parameter, before in zip(trainer.model.parameters(), finished))
-    assert moved > 1e-4
+    moved = [(now - before).abs().max().item() for now, before in zip(trainer.model.parameters(), finished)]
+    assert max(moved) > 1e-4  # the finished weights changed
