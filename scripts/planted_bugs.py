@@ -292,6 +292,24 @@ BUGS = {
         'weights_only = not any(name.startswith("optimizer") for name in names)',
         ["tests/test_resume.py"], "an older DeepSpeed checkpoint (optimizer in global_step<N>/) is refused",
     ),
+    "rerun-keeps-the-generation-buffer": (
+        "dhpo_trl/training/trainer.py",
+        "callbacks = resume.start_fresh(self) if checkpoint is None else resume.restore(self, checkpoint)",
+        "callbacks = [] if checkpoint is None else resume.restore(self, checkpoint)",
+        ["tests/test_notebook_session.py"], "train() again after an interrupt trains on the old run's buffered rest",
+    ),
+    "config-after-trainer-unguarded": (
+        "dhpo_trl/training/trainer.py",
+        "main, processes = session.check_accelerate_state(self.accelerator)",
+        "main, processes = self.accelerator.is_main_process, self.accelerator.num_processes",
+        ["tests/test_notebook_session.py"], "train() after a newer config dies inside accelerate (AttributeError)",
+    ),
+    "finished-run-resumed": (
+        "dhpo_trl/training/resume.py",
+        "    if 0 < max_steps <= step:",
+        "    if 0 < max_steps < step:",
+        ["tests/test_notebook_session.py"], "a checkpoint at max_steps resumes and trains one step past it",
+    ),
     "new-setting-unchecked": (
         "dhpo_trl/training/resume.py",
         "return [name for name in dict.fromkeys([*saved, *current]) if saved.get(name) != current.get(name)]",

@@ -445,7 +445,19 @@ def resolve_for_run(value, args, world_size: int, main: bool = True, packed: boo
             print(f"resume_from_checkpoint=latest: no checkpoint in {args.output_dir} yet, training from step 0.")
         return None
     check_resumable(checkpoint, run_settings(args, world_size, packed, aux_default), args.padding_free, aux_default)
+    check_unfinished(checkpoint, args.max_steps)
     return checkpoint
+
+
+def check_unfinished(checkpoint: str, max_steps: int) -> None:
+    """Refuse to resume a checkpoint at or past `max_steps`: transformers would train one optimizer step more
+    (its loop skips the checkpoint's batches, then takes the next step before it checks `max_steps`), changing the
+    finished model, as a notebook cell run again after the run ended would. `max_steps <= 0` (epochs) stops there."""
+    with open(os.path.join(checkpoint, TRAINER_STATE), encoding="utf-8") as handle:
+        step = json.load(handle)["global_step"]
+    if 0 < max_steps <= step:
+        raise ValueError(f"{checkpoint} is at step {step} and max_steps={max_steps}: that run is finished; raise "
+                         "max_steps to train it further.")  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------- generation state
@@ -814,6 +826,17 @@ def stop_on_signals(signals=STOP_SIGNALS) -> Iterator[StopRequest | None]:
         yield request
     finally:
         restore()
+
+
+def start_fresh(trainer) -> list:
+    """A `train()` without a checkpoint is a run of its own: TRL keeps its micro-step counter, buffered micro-batches
+    and unlogged train metrics across `train()` calls (a notebook cell run again, or after an interrupt), so the new
+    run would train first on the rest of the previous run's generation batch, out of phase. Cleared here, as a new
+    trainer has them. Returns no callbacks (as `restore`, which puts them back from a checkpoint)."""
+    trainer._step = 0
+    trainer._buffered_inputs = None
+    trainer._metrics["train"] = defaultdict(list)
+    return []
 
 
 def restore(trainer, checkpoint: str) -> list:

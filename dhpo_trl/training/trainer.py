@@ -20,10 +20,10 @@ from ..core.losses import masked_log_ratio
 from ..core.objectives import get_objective
 from .moe import maybe_set_zero3_leaf_modules, zero3_leaf_modules_for_trl_prepared_models
 from .vllm_utils import check_vllm_setup
-from . import batching, collectives, input_grad_hooks, nonfinite, resume, routing_replay, trl_mirror, update_path
+from . import batching, collectives, input_grad_hooks, nonfinite, resume, routing_replay, session, trl_mirror
+from . import sampler, update_path
 from ..scoring.rewards import pop_grading_counts
 from .reward_checks import check_reward_functions
-from .sampler import EpochRepeatSampler
 
 
 class DHPOTrainer(GRPOTrainer):
@@ -249,9 +249,9 @@ class DHPOTrainer(GRPOTrainer):
         `output_dir`), and stopping gracefully on SIGTERM / SIGUSR1: after the optimizer step in progress, with a
         checkpoint (`self.graceful_stop` then names the signal, step and checkpoint; None otherwise)."""
         self.graceful_stop = None
-        main, processes = self.accelerator.is_main_process, self.accelerator.num_processes
+        main, processes = session.check_accelerate_state(self.accelerator)  # a config built since: refused
         checkpoint = resume.resolve_for_run(resume_from_checkpoint, self.args, processes, main, **resume.decided(self))
-        callbacks = [] if checkpoint is None else resume.restore(self, checkpoint)
+        callbacks = resume.start_fresh(self) if checkpoint is None else resume.restore(self, checkpoint)
         with resume.stop_on_signals() as request:
             stop = resume.GracefulStopCallback(request, lambda flag: collectives.any_process(flag, self._all_reduce))
             callbacks.append(stop)
@@ -285,12 +285,12 @@ class DHPOTrainer(GRPOTrainer):
 
     def _get_train_sampler(self, dataset=None):
         """TRL's sampler, with a shuffle that follows the epoch (`dhpo_trl/training/sampler.py`)."""
-        self._epoch_sampler = EpochRepeatSampler.like(super()._get_train_sampler(dataset))
+        self._epoch_sampler = sampler.EpochRepeatSampler.like(super()._get_train_sampler(dataset))
         return self._epoch_sampler
 
     def _run_epoch(self, *args, **kwargs):
         """transformers' epoch loop, the sampler told its epoch first (a batch skip hides it from accelerate)."""
-        EpochRepeatSampler.tell(getattr(self, "_epoch_sampler", None), kwargs)
+        sampler.EpochRepeatSampler.tell(getattr(self, "_epoch_sampler", None), kwargs)
         return super()._run_epoch(*args, **kwargs)
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
