@@ -300,7 +300,7 @@ BUGS = {
     ),
     "config-after-trainer-unguarded": (
         "dhpo_trl/training/trainer.py",
-        "main, processes = session.check_accelerate_state(self.accelerator)",
+        "main, processes = session.check_accelerate_state(self.accelerator, getattr(self, \"_accelerate_state\", None))",
         "main, processes = self.accelerator.is_main_process, self.accelerator.num_processes",
         ["tests/test_notebook_session.py"], "train() after a newer config dies inside accelerate (AttributeError)",
     ),

@@ -164,3 +164,17 @@ def test_trl_trains_one_step_past_max_steps_when_resuming_a_finished_run(tok, tm
     assert trainer.train(resume_from_checkpoint=True).global_step == 5
     moved = [(now - before).abs().max().item() for now, before in zip(trainer.model.parameters(), finished)]
     assert max(moved) > 1e-4  # the finished weights changed
+
+
+def test_a_trainer_built_since_with_another_mixed_precision_is_refused_at_train(tok, tmp_path):
+    """A config then a trainer built after this trainer refill accelerate's state with their own settings (bf16
+    here): this trainer would train under them. Refused before any step, naming the setting; the later trainer
+    trains."""
+    settings = {**SETTINGS, "save_strategy": "no", "max_steps": 2}
+    first = build(DHPOTrainer, config_for("DHPO-E", output_dir=str(tmp_path / "a"), **settings), tok)
+    later = build(DHPOTrainer, config_for("DHPO-E", output_dir=str(tmp_path / "b"), **{**settings, "bf16": True}), tok)
+    with pytest.raises(RuntimeError, match="mixed_precision"):
+        first.train()
+    assert first.state.global_step == 0
+    later.train()
+    assert later.state.global_step == 2 and later.accelerator.mixed_precision == "bf16"

@@ -64,6 +64,7 @@ class DHPOTrainer(GRPOTrainer):
             print(self._update.notes)
         self._routing = routing_replay.TrainerRouting.of(self)  # `routing_replay`: MoE only
         self._gradient_check = nonfinite.StepCheck.of(args, self.accelerator)  # fp16 + explicit True: refused here
+        self._accelerate_state = session.accelerate_state(self.accelerator)  # train() checks it is in force
 
     def _generate_and_score_completions(self, inputs):
         """TRL's generation batch (one input-embedding hook kept: `input_grad_hooks`); with `routing_replay` on, the
@@ -249,7 +250,7 @@ class DHPOTrainer(GRPOTrainer):
         `output_dir`), and stopping gracefully on SIGTERM / SIGUSR1: after the optimizer step in progress, with a
         checkpoint (`self.graceful_stop` then names the signal, step and checkpoint; None otherwise)."""
         self.graceful_stop = None
-        main, processes = session.check_accelerate_state(self.accelerator)  # a config built since: refused
+        main, processes = session.check_accelerate_state(self.accelerator, getattr(self, "_accelerate_state", None))
         checkpoint = resume.resolve_for_run(resume_from_checkpoint, self.args, processes, main, **resume.decided(self))
         callbacks = resume.start_fresh(self) if checkpoint is None else resume.restore(self, checkpoint)
         with resume.stop_on_signals() as request:
