@@ -310,6 +310,18 @@ BUGS = {
         "    if 0 < max_steps < step:",
         ["tests/test_notebook_session.py"], "a checkpoint at max_steps resumes and trains one step past it",
     ),
+    "epoch-run-resume-refused": (
+        "dhpo_trl/training/resume.py",
+        "    if 0 < max_steps <= step:",
+        "    if max_steps <= step:",
+        ["tests/test_notebook_session.py"], "an epoch-based run (max_steps=-1) is refused at every resume",
+    ),
+    "accelerate-state-settings-unchecked": (
+        "dhpo_trl/training/trainer.py",
+        'session.check_accelerate_state(self.accelerator, getattr(self, "_accelerate_state", None))',
+        "session.check_accelerate_state(self.accelerator, None)",
+        ["tests/test_notebook_session.py"], "a trainer trains under a later trainer's mixed precision",
+    ),
     "new-setting-unchecked": (
         "dhpo_trl/training/resume.py",
         "return [name for name in dict.fromkeys([*saved, *current]) if saved.get(name) != current.get(name)]",

@@ -178,3 +178,14 @@ def test_a_trainer_built_since_with_another_mixed_precision_is_refused_at_train(
     assert first.state.global_step == 0
     later.train()
     assert later.state.global_step == 2 and later.accelerator.mixed_precision == "bf16"
+
+
+def test_an_interrupted_epoch_based_run_resumes_to_its_end(tok, tmp_path):
+    """`max_steps=-1` with `num_train_epochs`: a checkpoint before the end resumes (the finished-run refusal reads
+    `max_steps` only where it is set) and the run ends where an uninterrupted one does."""
+    settings = {**SETTINGS, "max_steps": -1, "num_train_epochs": 1, "save_steps": 2}
+    trainer = build(DHPOTrainer, config_for("DHPO-E", output_dir=str(tmp_path / "cut"), **settings), tok)
+    interrupted(trainer, 3)
+    resumed = trainer.train(resume_from_checkpoint=True).global_step
+    whole = build(DHPOTrainer, config_for("DHPO-E", output_dir=str(tmp_path / "whole"), **settings), tok)
+    assert resumed == whole.train().global_step > 3
