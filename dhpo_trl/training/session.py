@@ -37,6 +37,6 @@ def check_accelerate_state(accelerator, built: dict | None) -> tuple[bool, int]:
     if changed:
         raise RuntimeError(
             f"accelerate's process-wide state has {changed[0]}={now[changed[0]]!r}, set by a trainer built after this "
-            f"one with another config (this trainer's: {built[changed[0]]!r}): build this trainer again, then train it."
+            f"one with another config (this one's: {built[changed[0]]!r}): build this trainer again, then train it."
         )  # fmt: skip
     return accelerator.is_main_process, accelerator.num_processes
