@@ -452,7 +452,8 @@ def resolve_for_run(value, args, world_size: int, main: bool = True, packed: boo
 def check_unfinished(checkpoint: str, max_steps: int) -> None:
     """Refuse to resume a checkpoint at or past `max_steps`: transformers would train one optimizer step more
     (its loop skips the checkpoint's batches, then takes the next step before it checks `max_steps`), changing the
-    finished model, as a notebook cell run again after the run ended would. `max_steps <= 0` (epochs) stops there."""
+    finished model, as a notebook cell run again after the run ended would. `max_steps <= 0` (epochs): not checked
+    here (the step count needs the data loader); a whole number of epochs stops there, a fractional one does not."""
     with open(os.path.join(checkpoint, TRAINER_STATE), encoding="utf-8") as handle:
         step = json.load(handle)["global_step"]
     if 0 < max_steps <= step:
