@@ -300,7 +300,7 @@ BUGS = {
     ),
     "config-after-trainer-unguarded": (
         "dhpo_trl/training/trainer.py",
-        "main, processes = session.check_accelerate_state(self.accelerator, getattr(self, \"_accelerate_state\", None))",
+        "main, processes = session.check_accelerate_state(self.accelerator)",
         "main, processes = self.accelerator.is_main_process, self.accelerator.num_processes",
         ["tests/test_notebook_session.py"], "train() after a newer config dies inside accelerate (AttributeError)",
     ),
@@ -315,12 +315,6 @@ BUGS = {
         "    if 0 < max_steps <= step:",
         "    if max_steps <= step:",
         ["tests/test_notebook_session.py"], "an epoch-based run (max_steps=-1) is refused at every resume",
-    ),
-    "accelerate-state-settings-unchecked": (
-        "dhpo_trl/training/trainer.py",
-        'session.check_accelerate_state(self.accelerator, getattr(self, "_accelerate_state", None))',
-        "session.check_accelerate_state(self.accelerator, None)",
-        ["tests/test_notebook_session.py"], "a trainer trains under a later trainer's mixed precision",
     ),
     "new-setting-unchecked": (
         "dhpo_trl/training/resume.py",

@@ -14,8 +14,9 @@ import torch
 from accelerate.utils import DistributedType
 from trl import GRPOTrainer
 
-from ..core import aggregation, entropy_control, losses, metrics, paper
+from ..core import aggregation, entropy_control, metrics, paper
 from ..core.config import DHPOConfig, as_dhpo_config, compiled_packing_reason, trl_batching_reason
+from ..core.losses import masked_log_ratio
 from ..core.objectives import get_objective
 from .moe import maybe_set_zero3_leaf_modules, zero3_leaf_modules_for_trl_prepared_models
 from .vllm_utils import check_vllm_setup
@@ -63,7 +64,6 @@ class DHPOTrainer(GRPOTrainer):
             print(self._update.notes)
         self._routing = routing_replay.TrainerRouting.of(self)  # `routing_replay`: MoE only
         self._gradient_check = nonfinite.StepCheck.of(args, self.accelerator)  # fp16 + explicit True: refused here
-        self._accelerate_state = session.accelerate_state(self.accelerator)  # checked by train()
 
     def _generate_and_score_completions(self, inputs):
         """TRL's generation batch (one input-embedding hook kept: `input_grad_hooks`); with `routing_replay` on, the
@@ -192,7 +192,7 @@ class DHPOTrainer(GRPOTrainer):
         per_token_loss, kl_weight, info = get_objective(self.args.algorithm).compute(
             per_token_logps, old_per_token_logps, advantages, mask, entropies, self.args, entropy_range
         )
-        log_ratio = losses.masked_log_ratio(per_token_logps.detach(), old_per_token_logps, mask)  # drift, any row
+        log_ratio = masked_log_ratio(per_token_logps.detach(), old_per_token_logps, mask)  # drift from pi_old, any row
         info = {**info, "abs_log_ratio": log_ratio.abs(), "log_ratio": log_ratio}
         per_token_loss, entropy_mask, kl = trl_mirror.tail_corrections(
             self, inputs, per_token_loss, per_token_logps, old_per_token_logps, advantages, mask, entropies, kl_weight
@@ -249,7 +249,7 @@ class DHPOTrainer(GRPOTrainer):
         `output_dir`), and stopping gracefully on SIGTERM / SIGUSR1: after the optimizer step in progress, with a
         checkpoint (`self.graceful_stop` then names the signal, step and checkpoint; None otherwise)."""
         self.graceful_stop = None
-        main, processes = session.check_accelerate_state(self.accelerator, getattr(self, "_accelerate_state", None))
+        main, processes = session.check_accelerate_state(self.accelerator)  # a config built since: refused
         checkpoint = resume.resolve_for_run(resume_from_checkpoint, self.args, processes, main, **resume.decided(self))
         callbacks = resume.start_fresh(self) if checkpoint is None else resume.restore(self, checkpoint)
         with resume.stop_on_signals() as request:
