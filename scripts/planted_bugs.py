@@ -316,6 +316,12 @@ BUGS = {
         "    if max_steps <= step:",
         ["tests/test_notebook_session.py"], "an epoch-based run (max_steps=-1) is refused at every resume",
     ),
+    "fractional-epochs-resumed": (
+        "dhpo_trl/training/resume.py",
+        "    check_epochs_unfinished(trainer, checkpoint)\n",
+        "",
+        ["tests/test_notebook_session.py"], "a run finished by num_train_epochs=1.5 resumes one step past its end",
+    ),
     "new-setting-unchecked": (
         "dhpo_trl/training/resume.py",
         "return [name for name in dict.fromkeys([*saved, *current]) if saved.get(name) != current.get(name)]",

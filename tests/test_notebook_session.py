@@ -156,6 +156,22 @@ def test_resuming_a_finished_run_is_refused_and_the_model_is_unchanged(tok, tmp_
     assert trainer.train(resume_from_checkpoint=True).global_step == 6
 
 
+def test_resuming_a_run_finished_by_a_fractional_number_of_epochs_is_refused_naming_num_train_epochs(tok, tmp_path):
+    """`max_steps=-1`, `num_train_epochs=1.5`: the run ends inside its second epoch; transformers would resume it one
+    step past that end. Refused naming num_train_epochs, the weights unchanged; more epochs resume it."""
+    settings = {**SETTINGS, "max_steps": -1, "num_train_epochs": 1.5, "save_steps": 2, "lr_scheduler_type": "constant"}
+    trainer = build(DHPOTrainer, config_for("DHPO-E", output_dir=str(tmp_path), **settings), tok)
+    end = trainer.train().global_step
+    finished = [parameter.detach().clone() for parameter in trainer.model.parameters()]
+    with pytest.raises(ValueError) as refused:
+        trainer.train(resume_from_checkpoint=True)
+    assert f"num_train_epochs=1.5 ends the run at step {end}" in str(refused.value)
+    for parameter, before in zip(trainer.model.parameters(), finished):
+        torch.testing.assert_close(parameter, before, rtol=0, atol=0)
+    trainer.args.num_train_epochs = 2
+    assert trainer.train(resume_from_checkpoint=True).global_step > end
+
+
 def test_trl_trains_one_step_past_max_steps_when_resuming_a_finished_run(tok, tmp_path):
     settings = {**SETTINGS, "max_steps": 4, "save_steps": 2, "lr_scheduler_type": "constant"}
     trainer = build(GRPOTrainer, GRPOConfig(output_dir=str(tmp_path), **settings), tok)

@@ -449,16 +449,29 @@ def resolve_for_run(value, args, world_size: int, main: bool = True, packed: boo
     return checkpoint
 
 
-def check_unfinished(checkpoint: str, max_steps: int) -> None:
+def check_unfinished(checkpoint: str, max_steps: int, setting: str | None = None) -> None:
     """Refuse to resume a checkpoint at or past `max_steps`: transformers would train one optimizer step more
     (its loop skips the checkpoint's batches, then takes the next step before it checks `max_steps`), changing the
-    finished model, as a notebook cell run again after the run ended would. `max_steps <= 0` (epochs): not checked
-    here (the step count needs the data loader); a whole number of epochs stops there, a fractional one does not."""
+    finished model, as a notebook cell run again after the run ended would. `max_steps <= 0` (epochs): nothing to
+    check before the data loader exists; `restore` checks the steps the epochs make (`setting`: the setting that
+    set them, named in the refusal; default `max_steps=N`)."""
     with open(os.path.join(checkpoint, TRAINER_STATE), encoding="utf-8") as handle:
         step = json.load(handle)["global_step"]
     if 0 < max_steps <= step:
-        raise ValueError(f"{checkpoint} is at step {step} and max_steps={max_steps}: that run is finished; raise "
-                         "max_steps to train it further.")  # fmt: skip
+        setting = setting or f"max_steps={max_steps}"
+        name = setting.split("=")[0]
+        raise ValueError(f"{checkpoint} is at step {step} and {setting} ends the run at step {max_steps}: that run is "
+                         f"finished; raise {name} to train it further.")  # fmt: skip
+
+
+def check_epochs_unfinished(trainer, checkpoint: str) -> None:
+    """`check_unfinished` for a run that `num_train_epochs` bounds (`max_steps <= 0`), with the step count
+    transformers derives from the data loader (a fractional number of epochs ends inside an epoch)."""
+    args = trainer.args
+    if args.max_steps > 0:  # checked with the settings, before the models load
+        return
+    steps = trainer.set_initial_training_values(args, trainer.get_train_dataloader())[-1]
+    check_unfinished(checkpoint, steps, f"num_train_epochs={args.num_train_epochs}")
 
 
 # ---------------------------------------------------------------------------------------- generation state
@@ -844,6 +857,7 @@ def restore(trainer, checkpoint: str) -> list:
     """What transformers does not restore of a checkpoint: each process's generation state and, with
     `sync_ref_model`, the synced reference model. Returns the callbacks that finish the restore once training begins
     (transformers resets its loss accumulators then)."""
+    check_epochs_unfinished(trainer, checkpoint)
     accelerator = trainer.accelerator
     main = accelerator.is_main_process
     accumulators = restore_generation_state(trainer, checkpoint, accelerator.process_index, accelerator.device,
