@@ -455,13 +455,19 @@ def check_unfinished(checkpoint: str, max_steps: int, setting: str | None = None
     finished model, as a notebook cell run again after the run ended would. `max_steps <= 0` (epochs): nothing to
     check before the data loader exists; `restore` checks the steps the epochs make (`setting`: the setting that
     set them, named in the refusal; default `max_steps=N`)."""
-    with open(os.path.join(checkpoint, TRAINER_STATE), encoding="utf-8") as handle:
-        step = json.load(handle)["global_step"]
+    step = saved_global_step(checkpoint)
     if 0 < max_steps <= step:
         setting = setting or f"max_steps={max_steps}"
         name = setting.split("=")[0]
         raise ValueError(f"{checkpoint} is at step {step} and {setting} ends the run at step {max_steps}: that run is "
                          f"finished; raise {name} to train it further.")  # fmt: skip
+
+
+def saved_global_step(checkpoint: str) -> int:
+    """The optimizer steps `checkpoint` was saved after: transformers' `global_step` in its trainer state (the folder's
+    name says the same, `checkpoint_step`, but a renamed folder keeps its state)."""
+    with open(os.path.join(checkpoint, TRAINER_STATE), encoding="utf-8") as handle:
+        return json.load(handle)["global_step"]
 
 
 def check_epochs_unfinished(trainer, checkpoint: str) -> None:
@@ -582,8 +588,7 @@ def restore_generation_state(trainer, checkpoint: str, rank: int, device, warn: 
         if read_marker(checkpoint) is not None:
             raise FileNotFoundError(f"{path} is missing from a checkpoint marked complete: was it saved with "
                                     "another number of processes, or a file deleted?")  # fmt: skip
-        with open(os.path.join(checkpoint, TRAINER_STATE), encoding="utf-8") as handle:
-            global_step = json.load(handle)["global_step"]
+        global_step = saved_global_step(checkpoint)
         if warn:
             warnings.warn(
                 f"{checkpoint} has no generation state (saved before dhpo_trl kept it): the run regenerates at step "
