@@ -571,6 +571,23 @@ def arm_figures(probes: list, gap: float | None, steps: int, peak: float | None)
     return figures
 
 
+def throughput_ratios(figures: dict, arms: list[str]) -> dict:
+    """`top/bottom` -> trained tokens/s of top over bottom, for each pair of arms that ran: the paths against each
+    other at each shape (`packed@16x2/trl@16x2` as `packed/trl`), an arm at its own shape against its base shape, a
+    compiled arm against its eager twin."""
+    shapes = dict.fromkeys(name.partition("@")[1] + name.partition("@")[2] for name in arms if COMPILED not in name)
+    pairs = [(top + at, bottom + at) for at in shapes for top, bottom in
+             (("packed", "dynamic"), ("packed", "trl"), ("dynamic", "trl"), ("shared", "packed"))]  # fmt: skip
+    pairs += [(name, name.partition("@")[0]) for name in arms if "@" in name and COMPILED not in name]
+    pairs += [(name, name.removesuffix(COMPILED)) for name in arms if name.endswith(COMPILED)]
+    ratios = {}
+    for top, bottom in pairs:
+        rates = [figures.get(name, {}).get("trained_tokens_per_second") for name in (top, bottom)]
+        if None not in rates:
+            ratios[f"{top}/{bottom}"] = rates[0] / rates[1]
+    return ratios
+
+
 def build_report(options, arms, runs, gaps, parameters, device_name, peak, profiles=None) -> dict:
     figures = {name: arm_figures(runs[name], gaps[name], options.steps, peak) for name in arms if runs[name]}
     for name in figures:
@@ -579,14 +596,7 @@ def build_report(options, arms, runs, gaps, parameters, device_name, peak, profi
         figures[name].update(profile_top_operators=probe.profile, profile_run_seconds=probe.seconds,
                              profile_window={"micro_steps": list(probe.profile_steps)},
                              profile_summary=probe.profile_summary)  # fmt: skip
-    ratios = {}
-    pairs = [("packed", "dynamic"), ("packed", "trl"), ("dynamic", "trl"), ("shared", "packed")]
-    pairs += [(name, name.partition("@")[0]) for name in arms if "@" in name and COMPILED not in name]  # a shape
-    pairs += [(name, name.removesuffix(COMPILED)) for name in arms if name.endswith(COMPILED)]  # compiled twins
-    for top, bottom in pairs:
-        rates = [figures.get(name, {}).get("trained_tokens_per_second") for name in (top, bottom)]
-        if None not in rates:
-            ratios[f"{top}/{bottom}"] = rates[0] / rates[1]
+    ratios = throughput_ratios(figures, arms)
     first = next(iter(runs[name][0] for name in arms if runs[name]), None)
     return {
         "device": options.device, "device_name": device_name, "dtype": options.dtype, "shape": options.shape,

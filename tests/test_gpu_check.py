@@ -60,7 +60,7 @@ def test_gpu_parts_ask_for_the_gpu_workload():
         assert command[command.index("--dtype") + 1] == "bfloat16"
         value = {flag: command[command.index(flag) + 1] for flag in ("--arms", "--batch-size", "--accumulation")}
         wide = [arm.split("@") for arm in value["--arms"].split(",") if "@" in arm]
-        assert {name for name, _ in wide} == {"packed", "dynamic"}  # no TRL arm at 16 rows: its memory for nothing
+        assert {name for name, _ in wide} == {"trl", "packed", "dynamic"}  # the targets' arms at both shapes
         for _, shape_written in wide:  # fewer, larger micro-steps of the same sequences
             rows, steps = map(int, shape_written.split("x"))
             assert rows * steps == int(value["--batch-size"]) * int(value["--accumulation"]) and rows > 4
@@ -69,7 +69,8 @@ def test_gpu_parts_ask_for_the_gpu_workload():
         command = gpu[part]
         needed = {arm for ratio in ratios for arm in ratio.split("/")}
         assert needed <= set(command[command.index("--arms") + 1].split(","))
-        assert int(command[command.index("--repeats") + 1]) >= 2
+        for flag in ("--repeats", "--wide-repeats"):
+            assert int(command[command.index(flag) + 1]) >= 2
     overhead, rollout = gpu["routing-overhead"], gpu["routing-rollout"]
     assert overhead[overhead.index("--device") + 1] == "cuda" and overhead[overhead.index("--dtype") + 1] == "bfloat16"
     assert overhead[overhead.index("--overhead-shape") + 1] == "qwen3-30b-a3b-4-layers"
@@ -89,9 +90,9 @@ def test_a_benchmark_part_is_held_its_runs_time():
         runs += 1.5 * len(profiled)
         per_run = check.BENCH_RUN_SECONDS[value["--shape"]]
         assert part.minimum == check.BENCH_START_SECONDS + runs * per_run and part.box >= part.minimum, part.name
-    # trl, dynamic, packed with 2 timed runs; packed and dynamic at 16 x 2 with 1; 3 profiled
+    # trl, dynamic, packed at 4 x 8 and at 16 x 2, a warm-up and 2 timed runs each; none profiled
     assert [p.name for p in benches] == ["bench-qwen3-1.7b"]
-    assert check.bench_seconds("qwen3-1.7b") == 12 + (3 * 3 + 2 * 2 + 1.5 * 3) * 14
+    assert check.bench_seconds("qwen3-1.7b") == 12 + 6 * 3 * 14
 
 
 def test_a_benchmark_cut_to_its_least_box_keeps_every_arms_first_timed_run():
@@ -317,7 +318,7 @@ def bench_arm(tokens_per_second, timed, grad_norms=(1.5, 1.25), nonfinite=0, **e
 
 def bench_part(status, repeats, arms, ratios, targets=None, profile=""):
     options = {"batch_size": 4, "accumulation": 8, "max_completion": 2048, "median_fraction": 0.125,
-               "repeats": repeats, "profile": profile}  # fmt: skip
+               "repeats": repeats, "profile": profile, "algorithm": "DHPO-E"}  # fmt: skip
     result = {"shape": "qwen3-1.7b", "parameters": 1000, "dtype": "bfloat16", "peak_tflops": 989.0, "options": options,
               "arms": arms, "throughput_ratios": ratios}  # fmt: skip
     entry = {"status": status, "seconds": 99.0, "result": result}
@@ -390,6 +391,7 @@ def test_docs_block_renders_each_profiled_window_and_the_timed_runs_each_arm_ask
     assert profiled == [["packed", *figures, "12%", "5%", "91%", "46%"],
                         ["packed@16x2", *figures, "", "", "91%", "46%"]]  # fmt: skip
     assert table_row(block, "bench-qwen3-1.7b")[2] == "ok" and "packed@16x2/packed 1.40x" in block
+    assert "**Update benchmark, qwen3-1.7b** (run 1; 0.00B parameters, DHPO-E row, bfloat16" in block  # the row timed
     arms["packed@16x2"]["timed_runs"] = 0
     status = table_row(docs.render(gpu_report("d", "c", {"bench-qwen3-1.7b": part})), "bench-qwen3-1.7b")[2]
     assert status == "ok: timed runs: packed 2 of 2, packed@16x2 0 of 1"
@@ -636,3 +638,14 @@ def test_a_stop_signal_ends_the_benchmark_not_just_its_run(bench, monkeypatch):
     with pytest.raises(SystemExit, match="SIGTERM at optimizer step 1 of the dynamic run"):
         bench.main(["--arms", "dynamic,packed", "--repeats", "1", *TINY_BENCH])
     assert len(started) == 1
+
+
+def test_the_targets_are_judged_at_every_shape_both_arms_were_asked_for():
+    """`packed/trl` is judged at 4 x 8 and at 16 x 2 when both shapes' arms were asked; a shape missing one of the two
+    arms is not judged; an arm asked that did not run leaves the ratio None, not met."""
+    bench = {"options": {"arms": "trl,dynamic,packed,trl@16x2,packed@16x2"},
+             "throughput_ratios": {"packed/dynamic": 0.9, "packed@16x2/trl@16x2": 3.0, "dynamic/trl": 2.0}}
+    judged = check.judged_targets({"packed/dynamic": 1.3, "packed/trl": 2.5}, bench)
+    assert judged == {"packed/dynamic": {"value": 0.9, "target": 1.3, "met": False},
+                      "packed/trl": {"value": None, "target": 2.5, "met": False},
+                      "packed@16x2/trl@16x2": {"value": 3.0, "target": 2.5, "met": True}}  # fmt: skip
