@@ -1,6 +1,6 @@
 """Every command printed in the docs, the recipe and config headers, the launch scripts' usage lines, the training
-script's docstring and the benchmarks' docstrings is runnable as written: each one is parsed by the real tool's parser, and a training command that
-needs a vLLM server is printed beside that server's command, which must serve it.
+script's docstring and the benchmarks' docstrings is runnable as written: each one is parsed by the real tool's
+parser, and a training command that needs a vLLM server is printed beside that server's command, which must serve it.
 
 Parsers: `accelerate launch`'s own, then `examples/train_dhpo.py`'s (TrlParser + recipe YAMLs + the batch plan for
 the launched process count, so 7 processes or a typo'd flag fail here); `trl vllm-serve`'s (TRL's dataclass parser;
