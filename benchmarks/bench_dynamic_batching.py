@@ -48,7 +48,7 @@ attention; forward + backward, padding not counted) / update time / the GPU's de
 weights; `--json` writes the figures (after every run, so a run cut short leaves what it measured).
 
     python benchmarks/bench_dynamic_batching.py                       # CPU, 1 thread, the issue's workload
-    python benchmarks/bench_dynamic_batching.py --device cuda --dtype bfloat16 --shape qwen3-1.7b \\
+    python benchmarks/bench_dynamic_batching.py --device cuda --dtype bfloat16 --shape qwen3-1.7b \
         --max-completion 2048 --batch-size 4 --accumulation 8 --arms trl,dynamic,packed,shared --repeats 2
 """
 

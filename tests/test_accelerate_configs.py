@@ -145,8 +145,9 @@ def _prepare(names) -> dict:
         env = launcher_env(name, *overrides)
         env = {key: value for key, value in env.items() if key.startswith(("ACCELERATE_", "FSDP_"))}
         cases.append({"name": name, "env": env, "cpu": EXPECTED[name][0] == "MULTI_GPU"})
+    # the child's process group listens on MASTER_PORT: a free one, so that another suite's launch cannot hold it
     child_env = dict(os.environ, LOCAL_RANK="0", RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
-                     MASTER_ADDR="127.0.0.1", MASTER_PORT="29514", CUDA_VISIBLE_DEVICES="",
+                     MASTER_ADDR="127.0.0.1", MASTER_PORT=str(processes.free_port()), CUDA_VISIBLE_DEVICES="",
                      OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))  # fmt: skip
     command = [sys.executable, str(ROOT / "tests/dist_scripts/accelerate_prepare.py"), json.dumps(cases)]
     result = processes.run(command, env=child_env, timeout=600, cwd=ROOT)

@@ -1,16 +1,18 @@
-"""Every command printed in the docs, the recipe and config headers, the launch scripts' usage lines and the training
-script's docstring is runnable as written: each one is parsed by the real tool's parser, and a training command that
-needs a vLLM server is printed beside that server's command, which must serve it.
+"""Every command printed in the docs, the recipe and config headers, the launch scripts' usage lines, the training
+script's docstring and the benchmarks' docstrings is runnable as written: each one is parsed by the real tool's
+parser, and a training command that needs a vLLM server is printed beside that server's command, which must serve it.
 
 Parsers: `accelerate launch`'s own, then `examples/train_dhpo.py`'s (TrlParser + recipe YAMLs + the batch plan for
 the launched process count, so 7 processes or a typo'd flag fail here); `trl vllm-serve`'s (TRL's dataclass parser;
 it forwards unknown flags to `vllm serve`, which is not importable here, so those must be in VLLM_FLAGS); torchrun's;
 the argparse parser of each of our own CLIs and scripts (called up to the parse, not run; flags spelled in full,
-and `bench_dynamic_batching.py`'s arms checked as it checks them after the parse). The launch scripts
+and a benchmark's own checks of the parsed options made too, `OPTION_CHECKS` and `CHECKED_UNTIL`). The launch scripts
 (`bash`/`sbatch examples/vllm_server/...`) start their own server: their extra arguments are parsed as training
 arguments of their recipe, for their process count, and the environment variables set in front of them must be ones
 the script reads. Fenced `bash` blocks, indented code blocks and inline commands are read. Text with placeholders
-(`<model>`, `...`) is a template, not a command, and is skipped.
+(`<model>`, `...`) is a template, not a command, and is skipped; each command of a benchmark's docstring is a block
+of its own (none needs a server beside it), so a template there leaves the others checked, and an optional part
+of its synopsis is checked given (`[--budget 30]`) or left out (`[DATA_DIR]`).
 """
 
 import argparse
@@ -44,6 +46,7 @@ HEADERS = sorted(  # files whose leading comment or docstring prints commands
     )  # fmt: skip
     for path in ROOT.glob(pattern)
 )
+BENCHMARKS = sorted(str(path.relative_to(ROOT)) for path in ROOT.glob("benchmarks/*.py"))  # docstrings print commands
 COMMAND_START = re.compile(  # a program, after any VAR=value settings (which may fill a line of their own)
     r"^(?:[A-Z_]+=\S+\s+)*(?:accelerate launch|trl vllm-serve|python3? |torchrun |bash |sbatch |dhpo-\w+|pip install"
     r"|hf download|curl |nvidia-smi)|^(?:[A-Z_]+=\S+\s+)+\\$"
@@ -53,6 +56,15 @@ VLLM_FLAGS = {"--enable-expert-parallel"}  # forwarded by `trl vllm-serve` to `v
 SYS_ARGV_SCRIPTS = ("bench_speed.py", "bench_dynamic_batching.py", "bench_packed_attention.py",
                     "bench_reward_budget.py")  # main() takes no argv
 CPU = ["--use_cpu", "true", "--bf16", "false"]  # parse on a machine without GPU; appended last, so they win
+OPTION_CHECKS = {  # a benchmark's checks of its parsed options, before it runs: a message or a ValueError fails
+    "benchmarks/bench_dynamic_batching.py": "checked_arms",
+    "benchmarks/bench_speed.py": "options_error",
+    "benchmarks/routing_replay.py": "unused_options",
+}
+CHECKED_UNTIL = {  # a benchmark whose main checks its options inline: run up to the first call after its checks
+    "benchmarks/staleness.py": "plan",
+    "benchmarks/study.py": "saved_summary",
+}
 SCRIPT_RECIPES = {  # the launch scripts' default recipes
     "examples/vllm_server/serve_and_train_single_node.sh": "examples/recipes/dhpo_e_qwen3_1.7b_base.yaml",
     "examples/vllm_server/slurm_multi_node.sh": "examples/recipes/dhpo_e_qwen3_30b_a3b_base.yaml",
@@ -74,18 +86,26 @@ def _blocks_from_markdown(text):
             yield span
 
 
-def _blocks_from_header(text, path):
-    """The commands of a file's comments (YAML, shell) or docstring (Python), as one block: each starts on a line of
-    its own, indented, and goes on over lines that end in a backslash."""
+def _header_commands(text, path):
+    """The commands of a file's comments (YAML, shell) or docstring (Python, as written in the file): each starts on a
+    line of its own, indented, and goes on over lines that end in a backslash."""
     if path.endswith(".py"):
         lines = [line.strip() for line in text.split('"""')[1].splitlines()]
     else:
         lines = [line[1:].strip() for line in text.splitlines() if line.startswith("#   ")]
     commands, continued = [], False
     for line in lines:
-        if continued or COMMAND_START.match(line):
+        if continued:
+            commands[-1] += "\n" + line
+        elif COMMAND_START.match(line):
             commands.append(line)
         continued = line.endswith("\\") and (continued or COMMAND_START.match(line) is not None)
+    return commands
+
+
+def _blocks_from_header(text, path):
+    """A header's commands as one block (a training command and the server it needs are printed together)."""
+    commands = _header_commands(text, path)
     if commands:
         yield "\n".join(commands)
 
@@ -120,6 +140,14 @@ def all_blocks():
     for name in HEADERS:
         for index, block in enumerate(_blocks_from_header((ROOT / name).read_text(), name)):
             yield f"{name}#{index}", block
+    for name in BENCHMARKS:
+        for index, command in enumerate(_header_commands((ROOT / name).read_text(), name)):
+            yield f"{name}#{index}", _synopsis_as_command(command)
+
+
+def _synopsis_as_command(command):
+    """A usage line's optional options given (`[--budget 30]`) and its optional positionals left out (`[DATA_DIR]`)."""
+    return re.sub(r" ?\[[A-Z_]+\]", "", re.sub(r"\[(--\w[^\[\]]*)\]", r"\1", command))
 
 
 BLOCKS = [  # a block with a placeholder outside its comments is a template
@@ -139,6 +167,12 @@ def test_the_extraction_finds_the_commands_that_matter():
     where = {w.split("#")[0] for w, _ in BLOCKS}
     assert {"README.md", "docs/scale_out.md", "examples/recipes/README.md", "examples/train_dhpo.py"} <= where
     assert {f"examples/recipes/dhpo_e_qwen3_{m}_base.yaml" for m in ("1.7b", "4b", "30b_a3b")} <= where
+    assert set(BENCHMARKS) <= where and len(BENCHMARKS) >= 9  # every benchmark's docstring prints a command
+
+
+def test_a_benchmark_synopsis_is_checked_with_its_options_given_and_its_optional_positionals_left_out():
+    assert _synopsis_as_command("python b.py [--answers 256] [--budget 30]") == "python b.py --answers 256 --budget 30"
+    assert _synopsis_as_command("python b.py [DATA_DIR]   # a comment") == "python b.py   # a comment"
 
 
 # ------------------------------------------------------------------ parsers
@@ -146,16 +180,25 @@ class _Parsed(Exception):
     pass
 
 
-def _parse_with_main(main, argv, monkeypatch, *, uses_sys_argv=False):
-    """Run an argparse-based `main` up to its parse: the real parser, without running the program."""
+def _parse_with_main(main, argv, monkeypatch, *, uses_sys_argv=False, stop_at=None):
+    """Run an argparse-based `main` up to its parse: the real parser, without running the program. With `stop_at`
+    (module, name), up to its first call of that function instead, so that its checks after the parse run too."""
     original = argparse.ArgumentParser.parse_args
 
     def parse_and_stop(self, args=None, namespace=None):
         self.allow_abbrev = False  # a printed flag is spelled in full: an abbreviation breaks when a flag is added
-        raise _Parsed(original(self, args, namespace))
+        parsed = original(self, args, namespace)
+        if stop_at is None:
+            raise _Parsed(parsed)
+        return parsed
+
+    def stop(*args, **kwargs):
+        raise _Parsed(args[0] if args else None)
 
     with monkeypatch.context() as patch:
         patch.setattr(argparse.ArgumentParser, "parse_args", parse_and_stop)
+        if stop_at is not None:
+            patch.setattr(*stop_at, stop)
         if uses_sys_argv:
             patch.setattr(sys, "argv", ["prog", *argv])
         try:
@@ -219,6 +262,17 @@ def check_script(path, env, where):
     return None
 
 
+def check_python_script(path, argv, monkeypatch, where):
+    """Parse `argv` with the script's own parser, and make the checks a benchmark makes on the parsed options."""
+    module = _load_module(path)
+    stop_at = (module, CHECKED_UNTIL[path]) if path in CHECKED_UNTIL else None
+    options = _parse_with_main(module.main, argv, monkeypatch, uses_sys_argv=path.endswith(SYS_ARGV_SCRIPTS),
+                               stop_at=stop_at)  # fmt: skip
+    if path in OPTION_CHECKS:
+        problem = getattr(module, OPTION_CHECKS[path])(options)
+        assert not isinstance(problem, str), f"{where}: {problem}"
+
+
 def check(where, block, monkeypatch):
     servers = []
     for env, argv in _commands(block):
@@ -258,11 +312,7 @@ def check(where, block, monkeypatch):
             if program == "dhpo-train" or args[0] == "examples/train_dhpo.py":
                 check_training(args if program == "dhpo-train" else args[1:], 1, env, servers, where)
             else:
-                reads_sys_argv = args[0].endswith(SYS_ARGV_SCRIPTS)
-                module = _load_module(args[0])
-                options = _parse_with_main(module.main, args[1:], monkeypatch, uses_sys_argv=reads_sys_argv)
-                if hasattr(module, "checked_arms"):  # the checks the benchmark makes after its parse
-                    module.checked_arms(options)
+                check_python_script(args[0], args[1:], monkeypatch, where)
         elif program == "torchrun":
             from torch.distributed.run import get_args_parser
 
@@ -374,6 +424,22 @@ def test_a_flag_the_parser_does_not_know_by_its_full_name_fails(block, monkeypat
     with pytest.raises(SystemExit):
         check("example", textwrap.dedent(block), monkeypatch)
     assert "unrecognized arguments" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("block", "flag"),
+    [
+        ("python benchmarks/bench_speed.py --device cpu --repeats 4", "--repeats"),  # options_error
+        ("python benchmarks/routing_replay.py --train --overhead-rows 4", "--overhead-rows"),  # unused_options
+        ("python benchmarks/staleness.py --ks 2 4 --on-policy-objectives GRPO", "--on-policy-objectives"),  # inline
+        ("python benchmarks/study.py --seeds 0 1 1", "--seeds"),  # inline, after the parse
+    ],
+)
+def test_a_benchmarks_own_checks_of_its_options_run(block, flag, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    with pytest.raises((AssertionError, SystemExit)) as refused:
+        check("example", block, monkeypatch)
+    assert flag in str(refused.value) + capsys.readouterr().err
 
 
 def test_an_indented_command_block_is_extracted():

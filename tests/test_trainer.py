@@ -722,28 +722,45 @@ def test_off_policy_mask_bnpo_global_scope(feature_runs):
     assert min(logged(trainer, "dhpo/mixing_weight/std")) > 0.05
 
 
-def test_answers_the_reward_budget_cut_are_logged_per_generation_batch(tok, tmp_path):
-    """A math reward call that runs out of its budget scores the rest 0 and the trainer logs how many; a run whose
-    rewards never call the math grader logs nothing under that key."""
+# One math reward call per generation batch, 8 answers, all right (12 written as a fraction), graded by a stand-in
+# worker on its own clock (tests/grader_stand_in.py). Budget 10 s: the answers get 9.5 s (the kill margin is kept
+# back); first-pass deadline 0.625 s (half the budget over 8 answers); a slow answer takes 3 s, a quick one 0.01 s.
+BUDGET_CALLS = (  # (positions of the slow answers, seconds the worker loses before the first answer)
+    ({0, 1, 2, 4, 5, 6}, 0.0),  # first pass 3.77 s; second pass: answer 0 ends at 6.77 s, answer 1 is cut at 9.5 s
+    ({0, 2, 4, 6}, 0.0),  # first pass 2.54 s; answers 0 and 2 end at 5.54 s and 8.54 s, answer 4 is cut
+    ({0, 1, 2, 3, 4, 5, 6}, 8.0),  # 8 s lost: answers 0 and 1 overrun 0.625 s, answer 2 is cut at 9.5 s, and the
+)  # quick answer 7 is never started: answers after the budget ran out score 0 however quick they are
+BUDGET_SCORES = ([1, 0, 0, 1, 0, 0, 0, 1], [1, 1, 1, 1, 0, 1, 0, 1], [0] * 8)  # worked out by hand from the above
+
+
+def test_answers_the_reward_budget_cut_are_logged_per_generation_batch(tok, tmp_path, monkeypatch):
+    """A math reward call that runs out of its budget scores the answers it did not decide 0, and the trainer logs
+    how many at that generation batch (not a running total); a run whose rewards never call the math grader logs
+    nothing under that key. Which answers fit the budget is set by construction, whatever the machine's load."""
+    from grader_stand_in import StandInClock, StandInWorker, installed
+
     from dhpo_trl.scoring.rewards import make_math_verify_reward, pop_grading_counts
 
-    graded = make_math_verify_reward(budget_s=1.0, timeout_s=2.0)
-    calls = []
+    texts = [[rf"\frac{{{12 * m}}}{{{m}}}" for m in range(2 + 8 * call, 10 + 8 * call)] for call in range(3)]
+    costs = {texts[call][k]: 3.0 for call, (slow, _) in enumerate(BUDGET_CALLS) for k in slow}
+    late = {texts[call][0]: lost for call, (_, lost) in enumerate(BUDGET_CALLS) if lost}
+    clock = StandInClock()
+    graded, calls = make_math_verify_reward(budget_s=10.0, timeout_s=4.0, workers=1), []
 
-    def slow_math(completions, **kwargs):  # distinct slow integrals (no cache), one quick right answer per call
-        first = 100 * len(calls)
-        texts = [rf"\boxed{{\int_{{0}}^{{1}} x^{{{first + k}}} e^{{x}} \sin(3 x) \cos(5 x) \, dx}}"
-                 for k in range(len(completions))]  # fmt: skip
-        texts[-1] = r"\boxed{\frac{24}{2}}"
-        scores = graded(texts, answer=["12"] * len(texts))
-        calls.append(scores)
-        return scores
+    def slow_math(completions, **kwargs):
+        answers = texts[len(calls)]
+        assert len(answers) == len(completions)
+        calls.append(graded([rf"\boxed{{{text}}}" for text in answers], answer=["12"] * len(answers)))
+        return calls[-1]
 
     pop_grading_counts()
-    args = DHPOConfig(output_dir=str(tmp_path), **{**SMALL_RUN, "max_steps": 2}, **CPU)
-    trainer = run(DHPOTrainer, args, tok, reward=slow_math)
-    cut = [value for entry in trainer.state.log_history for key, value in entry.items() if key == "reward/over_budget"]
-    assert cut and all(0 < value <= len(calls[0]) - 1 for value in cut)  # slow answers past the budget, counted
-    assert all(scores[-1] == 1.0 for scores in calls)  # the quick answer after the slow ones still scored
+    args = DHPOConfig(output_dir=str(tmp_path), **{**SMALL_RUN, "max_steps": 6}, **CPU)  # 3 generation batches
+    with installed(monkeypatch, clock, StandInWorker(clock, costs, late)):
+        trainer = run(DHPOTrainer, args, tok, reward=slow_math)
+    assert calls == [[float(score) for score in scores] for scores in BUDGET_SCORES]
+    cut = [(entry["step"], entry["reward/over_budget"]) for entry in trainer.state.log_history
+           if "reward/over_budget" in entry]  # fmt: skip
+    assert cut == [(1, 5), (3, 2), (5, 8)]  # the first step of each generation batch, each batch's own count
+    assert [value for _, value in cut] == [scores.count(0.0) for scores in calls]  # every 0 is a right answer cut
     plain = run(DHPOTrainer, DHPOConfig(output_dir=str(tmp_path / "plain"), **{**SMALL_RUN, "max_steps": 2}, **CPU), tok)
     assert not logged(plain, "reward/over_budget")
