@@ -188,7 +188,8 @@ def bench_lines(name: str, entry: dict, label: str) -> list[str]:
     bench, options = entry["result"], entry["result"]["options"]
     cut = bench_completeness(entry)
     lines = ["", f"**Update benchmark, {bench['shape'] or name}** ({label}; {bench['parameters'] / 1e9:.2f}B "
-             f"parameters, {options['algorithm']} row, {bench['dtype']}, batch {options['batch_size']} x {options['accumulation']} accumulation, "
+             f"parameters, {options['algorithm']} row, {bench['dtype']}, batch {options['batch_size']} x "
+             f"{options['accumulation']} accumulation, "
              f"completions up to {options['max_completion']} tokens, median {options['median_fraction']:.3f} of it; "
              f"{options['repeats']} timed runs per arm asked, interleaved; peak {bench['peak_tflops']} TFLOPS)"
              + (f". **Not complete**: {cut}." if cut else ""), "",

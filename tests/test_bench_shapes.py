@@ -158,11 +158,11 @@ def test_the_paths_are_compared_at_each_shape_they_ran(bench):
     at 16 x 2 compare packed rows with TRL at 16 x 2, not at 4 x 8), each arm at its own shape against its base, and
     a compiled arm against its eager twin; a pair one of whose arms did not run is left out."""
     rates = {"trl": 1.0, "dynamic": 2.0, "packed": 3.0, "trl@16x2": 5.0, "packed@16x2": 20.0, "dynamic@16x2": 8.0,
-             "dynamic+compile": 6.0}  # fmt: skip
+             "dynamic+compile": 6.0, "dynamic@16x2+compile": 16.0}  # fmt: skip
     figures = {name: {"trained_tokens_per_second": rate} for name, rate in rates.items()}
     ratios = bench.throughput_ratios(figures, list(rates) + ["shared@16x2"])
     assert ratios == pytest.approx({
         "packed/dynamic": 1.5, "packed/trl": 3.0, "dynamic/trl": 2.0,
         "packed@16x2/dynamic@16x2": 2.5, "packed@16x2/trl@16x2": 4.0, "dynamic@16x2/trl@16x2": 1.6,
         "trl@16x2/trl": 5.0, "packed@16x2/packed": 20 / 3, "dynamic@16x2/dynamic": 4.0,
-        "dynamic+compile/dynamic": 3.0})  # fmt: skip
+        "dynamic+compile/dynamic": 3.0, "dynamic@16x2+compile/dynamic@16x2": 2.0})  # fmt: skip

@@ -307,8 +307,9 @@ def unsupported_model_reason(model) -> str | None:
 
 def automatic_reason(models: list, device_type: str) -> str | None:
     """`padding_free=None`: why this run keeps dynamic batching, or None to pack. Packed where it is supported and
-    the faster path known: CPU (measured: benchmarks/bench_dynamic_batching.py) and CUDA with transformers' varlen
-    flash path (what VERL and OpenRLHF pack with) or, with `sdpa`/`eager`, a varlen kernel of `attention_kernels`.
+    measured faster or runs one varlen kernel call per layer: CPU (measured: benchmarks/bench_dynamic_batching.py)
+    and CUDA with transformers' varlen flash path (what VERL and OpenRLHF pack with) or, with `sdpa`/`eager`, a
+    varlen kernel of `attention_kernels`.
     Without one, the per-sequence SDPA loop would launch a kernel per sequence and layer, on a GPU whose update is
     already bound by launches (docs/performance_gpu.md): dynamic batching there, and on every other device."""
     for model in models:
