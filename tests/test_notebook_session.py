@@ -208,3 +208,96 @@ def test_an_interrupted_epoch_based_run_resumes_to_its_end(tok, tmp_path):
     resumed = trainer.train(resume_from_checkpoint=True).global_step
     whole = build(DHPOTrainer, config_for("DHPO-E", output_dir=str(tmp_path / "whole"), **settings), tok)
     assert resumed == whole.train().global_step > 3
+
+
+# The adaptive entropy controller moves its coefficient at every step (the window's entropy is always under the target)
+ADAPTIVE = dict(use_adaptive_entropy=True, entropy_coef=0.05, entropy_coef_delta=0.05, entropy_target=10.0)
+
+
+def logged(trainer) -> list[dict]:
+    """The run's log entries without the wall-clock figures (`step_time`, `train_runtime`, the rates)."""
+    timed = ("time", "runtime", "per_second")
+    return [{key: value for key, value in entry.items() if not any(part in key for part in timed)}
+            for entry in trainer.state.log_history]  # fmt: skip
+
+
+def weights(trainer) -> dict:
+    return {name: tensor.detach().clone() for name, tensor in trainer.model.state_dict().items()}
+
+
+@pytest.mark.parametrize("at", [None, 3])  # a finished first run, and one interrupted mid generation batch
+def test_a_second_train_is_the_run_a_new_trainer_does_from_the_same_weights(tok, tmp_path, at):
+    """`train()` again without a checkpoint, adaptive entropy on: every logged value (losses, `entropy_coef`,
+    rewards, gradient norms) and the final weights equal a new trainer's single run with the same seed from the
+    weights the second run starts from. The coefficient starts again at the configured `entropy_coef`."""
+    settings = {**SETTINGS, "save_strategy": "no", **ADAPTIVE}
+    trainer = build(DHPOTrainer, config_for("DHPO-E", output_dir=str(tmp_path / "again"), **settings), tok)
+    if at is None:
+        trainer.train()
+    else:
+        interrupted(trainer, at)
+    start = weights(trainer)
+    trainer.train()
+    new = build(DHPOTrainer, config_for("DHPO-E", output_dir=str(tmp_path / "new"), **settings), tok)
+    new.model.load_state_dict(start)
+    new.train()
+    coefficients = [entry["entropy_coef"] for entry in trainer.state.log_history if "entropy_coef" in entry]
+    assert coefficients == pytest.approx([0.05 + 0.05 * step for step in range(1, 7)], rel=1e-9)
+    assert len(logged(trainer)) == 7 and logged(trainer) == logged(new)
+    for name, tensor in weights(trainer).items():
+        torch.testing.assert_close(tensor, new.model.state_dict()[name], rtol=0, atol=0)
+
+
+def test_trl_carries_the_entropy_coefficient_into_a_second_train(tok, tmp_path):
+    """What the test above guards against, in `trl.GRPOTrainer` itself: its second run starts from the first run's
+    coefficient, not the configured one."""
+    settings = {**SETTINGS, "save_strategy": "no", **ADAPTIVE}
+    trainer = build(GRPOTrainer, GRPOConfig(output_dir=str(tmp_path), **settings), tok)
+    trainer.train()
+    trainer.train()
+    coefficients = [entry["entropy_coef"] for entry in trainer.state.log_history if "entropy_coef" in entry]
+    assert coefficients == pytest.approx([0.05 + 0.05 * step for step in range(7, 13)], rel=1e-9)
+
+
+def completion_codes(completions, log_metric, **kwargs):
+    """Scores nothing; logs a figure of the batch's text (`log_metric`), different for any other batch."""
+    log_metric("completion_codes", float(sum(ord(ch) for text in completions for ch in text)))
+    return [0.0] * len(completions)
+
+
+def interrupting_at(step):
+    """A reward function after `completion_codes` that raises KeyboardInterrupt in the generation batch of `step`."""
+    at = [step]
+
+    def stop_at(completions, trainer_state, **kwargs):
+        if trainer_state.global_step == at[0]:
+            at[0] = None
+            raise KeyboardInterrupt
+        return digit_share(completions)
+
+    return stop_at
+
+
+def test_a_second_train_logs_none_of_the_metrics_an_interrupted_reward_call_left(tok, tmp_path):
+    """A KeyboardInterrupt in a reward function after another logged a metric for the batch (`log_metric`): TRL keeps
+    that value to log it with the next batch's. The next `train()` logs what a new trainer's run from the same weights
+    logs, that metric included."""
+    settings = {**SETTINGS, "save_strategy": "no", "max_steps": 4}
+    data = Dataset.from_dict({"prompt": [f"{a}+{a}=" for a in range(24)]})
+
+    def trainer_with(rewards, out):
+        args = config_for("DHPO-E", output_dir=str(tmp_path / out), **settings)
+        return DHPOTrainer(model=build_tiny_qwen3(tok), reward_funcs=rewards, args=args, processing_class=tok,
+                           train_dataset=data)  # fmt: skip
+
+    trainer = trainer_with([completion_codes, interrupting_at(2)], "again")
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    assert trainer.state.global_step == 2
+    start = weights(trainer)
+    trainer.train()
+    new = trainer_with([completion_codes, interrupting_at(None)], "new")
+    new.model.load_state_dict(start)
+    new.train()
+    assert "completion_codes" in logged(trainer)[0] and len(logged(trainer)) == 5
+    assert logged(trainer) == logged(new)
