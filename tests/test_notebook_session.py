@@ -225,17 +225,39 @@ def weights(trainer) -> dict:
     return {name: tensor.detach().clone() for name, tensor in trainer.model.state_dict().items()}
 
 
-@pytest.mark.parametrize("at", [None, 3])  # a finished first run, and one interrupted mid generation batch
-def test_a_second_train_is_the_run_a_new_trainer_does_from_the_same_weights(tok, tmp_path, at):
+class SubstepInterrupt(TrainerCallback):
+    """A KeyboardInterrupt after the first micro-step of the window of optimizer step `at` + 1, once."""
+
+    def __init__(self, at):
+        self.at = at
+
+    def on_substep_end(self, args, state, control, **kwargs):
+        if self.at is not None and state.global_step == self.at:
+            self.at = None
+            raise KeyboardInterrupt
+
+
+# A finished first run, one interrupted after step 3 (in the middle of a generation batch), and one interrupted in the
+# middle of an accumulation window (two micro-steps a step), its entropy window half summed.
+CUTS = {"finished": {}, "after step 3": {}, "mid-window": dict(gradient_accumulation_steps=2, steps_per_generation=4)}
+
+
+@pytest.mark.parametrize("cut", list(CUTS))
+def test_a_second_train_is_the_run_a_new_trainer_does_from_the_same_weights(tok, tmp_path, cut):
     """`train()` again without a checkpoint, adaptive entropy on: every logged value (losses, `entropy_coef`,
     rewards, gradient norms) and the final weights equal a new trainer's single run with the same seed from the
     weights the second run starts from. The coefficient starts again at the configured `entropy_coef`."""
-    settings = {**SETTINGS, "save_strategy": "no", **ADAPTIVE}
+    settings = {**SETTINGS, "save_strategy": "no", **ADAPTIVE, **CUTS[cut]}
     trainer = build(DHPOTrainer, config_for("DHPO-E", output_dir=str(tmp_path / "again"), **settings), tok)
-    if at is None:
+    if cut == "finished":
         trainer.train()
+    elif cut == "after step 3":
+        interrupted(trainer, 3)
     else:
-        interrupted(trainer, at)
+        trainer.add_callback(SubstepInterrupt(2))
+        with pytest.raises(KeyboardInterrupt):
+            trainer.train()
+        assert trainer.state.global_step == 2
     start = weights(trainer)
     trainer.train()
     new = build(DHPOTrainer, config_for("DHPO-E", output_dir=str(tmp_path / "new"), **settings), tok)

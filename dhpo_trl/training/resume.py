@@ -852,22 +852,24 @@ def start_fresh(trainer) -> list:
     """A `train()` without a checkpoint is a run of its own, the one a new trainer with the same arguments would train
     from the model's current weights. TRL and transformers keep per-run state across `train()` calls (a notebook cell
     run again, or after an interrupt): the micro-step counter and buffered micro-batches (the new run would train
-    first on the rest of the previous run's generation batch, out of phase), the unlogged train metrics and what
-    reward functions logged for a batch an interrupt cut short, the adaptive entropy controller (its coefficient
-    would start where the last run left it), the random state (the generations would follow the last run's) and the
-    optimizer transformers made (Adam's moments and step count). Each is set as a new trainer sets it; an optimizer
-    passed to the trainer (`optimizers`) is the caller's and kept. Returns no callbacks (as `restore`, which puts the
-    state back from a checkpoint)."""
+    first on the rest of the previous run's generation batch, out of phase), the unlogged train metrics and those
+    reward functions logged (`log_metric`) for a batch an interrupt cut short, the adaptive entropy controller (its
+    coefficient would start where the last run left it), the random state (the generations would follow the last
+    run's), the optimizer transformers made (Adam's moments and step count) and the step whose weights vLLM holds
+    (the weights would not be sent at a step the last run sent them at). Each is set as a new trainer sets it; an
+    optimizer passed to the trainer (`optimizers`) is the caller's and kept. Returns no callbacks (as `restore`,
+    which puts the state back from a checkpoint)."""
     trainer._step = 0
     trainer._buffered_inputs = None
     trainer._metrics["train"] = defaultdict(list)
     trainer._pending_metrics.clear()
-    trainer._pending_extra_logs.clear()
     trainer.entropy_coef, trainer._last_world_entropy, trainer._entropy_window_stats = entropy_control.initial(
         trainer.args)
     set_seed(trainer.args.seed, device_specific=True)  # as TRL's __init__ seeds, last
     if trainer._own_optimizer:
         trainer.optimizer = None  # transformers makes a new one as training starts
+    if trainer.use_vllm:
+        trainer._last_loaded_step = -1  # the weights go to vLLM before the first generation, whatever it holds
     return []
 
 
