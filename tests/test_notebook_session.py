@@ -1,7 +1,8 @@
 """A notebook session: one long-lived process that trains, interrupts, trains again and resumes with the same
 trainer. Each `train()` without a checkpoint is a run of its own: it generates its first batch itself, never
-trains on what an interrupted run left buffered, and logs none of that run's metrics; an interrupted run resumes
-exactly. Compared with `trl.GRPOTrainer` where TRL behaves otherwise (it keeps the buffer).
+trains on what an interrupted run left buffered, logs none of that run's metrics, and trains as a new trainer would
+from the same weights (adaptive entropy coefficient, random state, optimizer); an interrupted run resumes exactly.
+Compared with `trl.GRPOTrainer` where TRL behaves otherwise (it keeps the buffer and the entropy coefficient).
 
 DHPO-E on the tiny Qwen3, a generation batch every two optimizer steps, each run about a second.
 """
