@@ -326,6 +326,13 @@ BUGS = {
         ["tests/test_resume_vllm.py::test_a_second_train_sends_the_weights_before_its_first_generation"],
         "train() again generates from the weights vLLM got at the last run's step 0, not the model's",
     ),
+    "rerun-logs-the-interrupted-evaluation": (
+        "dhpo_trl/training/resume.py",
+        'trainer._metrics = {mode: defaultdict(list) for mode in trainer._metrics}  # "train", "eval"',
+        'trainer._metrics["train"] = defaultdict(list)',
+        ["tests/test_notebook_session.py::test_a_second_train_logs_none_of_the_metrics_an_interrupted_evaluation_left"],
+        "train() again logs an interrupted evaluation's metrics with its first evaluation's",
+    ),
     "rerun-logs-the-interrupted-reward-metrics": (
         "dhpo_trl/training/resume.py",
         "trainer._pending_metrics.clear()",

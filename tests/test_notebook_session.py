@@ -324,3 +324,39 @@ def test_a_second_train_logs_none_of_the_metrics_an_interrupted_reward_call_left
     new.train()
     assert "completion_codes" in logged(trainer)[0] and len(logged(trainer)) == 5
     assert logged(trainer) == logged(new)
+
+
+def test_a_second_train_logs_none_of_the_metrics_an_interrupted_evaluation_left(tok, tmp_path):
+    """A KeyboardInterrupt in the middle of an evaluation inside `train()` (its second batch): the first batch's
+    `eval` metrics wait to be logged with the next evaluation's. The next `train()` logs what a new trainer's run
+    from the same weights logs, its evaluations included."""
+    settings = {**SETTINGS, "save_strategy": "no", "max_steps": 4, "eval_strategy": "steps", "eval_steps": 2,
+                "per_device_eval_batch_size": 4}  # fmt: skip
+    data = Dataset.from_dict({"prompt": [f"{a}+{a}=" for a in range(24)]})
+    heldout = Dataset.from_dict({"prompt": ["7*7=", "8*8="]})  # two evaluation batches of one prompt each
+
+    def interrupting(completions, prompts, **kwargs):
+        if prompts[0] == "8*8=" and not interrupting.done:
+            interrupting.done = True
+            raise KeyboardInterrupt
+        return digit_share(completions)
+
+    interrupting.done = False
+
+    def trainer_with(out):
+        args = config_for("DHPO-E", output_dir=str(tmp_path / out), **settings)
+        return DHPOTrainer(model=build_tiny_qwen3(tok), reward_funcs=interrupting, args=args, processing_class=tok,
+                           train_dataset=data, eval_dataset=heldout)  # fmt: skip
+
+    trainer = trainer_with("again")
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    assert trainer.state.global_step == 2 and interrupting.done
+    start = weights(trainer)
+    trainer.train()
+    new = trainer_with("new")
+    new.model.load_state_dict(start)
+    new.train()
+    evaluations = [entry for entry in logged(trainer) if "eval_reward" in entry]
+    assert [entry["step"] for entry in evaluations] == [2, 4]
+    assert logged(trainer) == logged(new)
