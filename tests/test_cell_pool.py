@@ -44,6 +44,7 @@ from dhpo_trl.demo.cell_pool import (
     report_worker,
     reported,
     start_message,
+    worker_end,
 )
 from dhpo_trl.demo.stops import TrainingStopped
 
@@ -643,6 +644,20 @@ def test_a_death_names_the_worker_and_how_it_ended():
     assert "traceback above" in death_message("SpawnPoolWorker-3", 4321, 1, False)
 
 
+def test_a_worker_that_a_stop_signal_ended_stops_the_block_with_its_status():
+    """`worker_end`: a worker that SIGTERM or SIGUSR1 ended, in a cell's warm start or evaluation (no graceful stop
+    there) or as it started, ends the block as a stop (128 + the signal's number), naming the signal and the worker;
+    any other end (SIGKILL, SIGINT, an exit status) is a death (`reported`: status 1)."""
+    for signum in (signal.SIGTERM, signal.SIGUSR1):
+        for ready in (True, False):
+            end = worker_end("SpawnPoolWorker-3", 4321, -signum, ready)
+            assert isinstance(end, TrainingStopped) and end.exit_status == 128 + signum, end
+            assert signum.name in str(end) and "SpawnPoolWorker-3 (pid 4321)" in str(end) and "\n" not in str(end)
+    for exitcode in (-signal.SIGKILL, -signal.SIGINT, 0, 1, signal.SIGTERM):
+        end = worker_end("SpawnPoolWorker-3", 4321, exitcode)
+        assert type(end) is WorkerDied and str(end) == death_message("SpawnPoolWorker-3", 4321, exitcode), end
+
+
 def _raise(error: BaseException):
     def cell(*args, **kwargs):
         raise error
@@ -740,7 +755,7 @@ def test_the_watchdog_thread_has_the_main_thread_take_a_death_once(monkeypatch):
         watchdog.join(20)  # the main thread waits on a lock, as `Pool.map` does: the signal reaches it there
         died = [death for death in taken if death is not None]  # the child's own SIGCHLD takes nothing
         assert not watchdog.is_alive() and len(died) == 1, taken
-        assert died == [death_message(child.name, child.pid, 0)], died
+        assert [str(death) for death in died] == [death_message(child.name, child.pid, 0)], died
         assert watchdog.take_death() is None  # once
 
         # A worker that ended, unreported, before the first poll: a death at the first.

@@ -1,7 +1,8 @@
 """A notebook session: one long-lived process that trains, interrupts, trains again and resumes with the same
 trainer. Each `train()` without a checkpoint is a run of its own: it generates its first batch itself, never
-trains on what an interrupted run left buffered, and logs none of that run's metrics; an interrupted run resumes
-exactly. Compared with `trl.GRPOTrainer` where TRL behaves otherwise (it keeps the buffer).
+trains on what an interrupted run left buffered, logs none of that run's metrics, and trains as a new trainer would
+from the same weights (adaptive entropy coefficient, random state, optimizer); an interrupted run resumes exactly.
+Compared with `trl.GRPOTrainer` where TRL behaves otherwise (it keeps the buffer and the entropy coefficient).
 
 DHPO-E on the tiny Qwen3, a generation batch every two optimizer steps, each run about a second.
 """
@@ -208,3 +209,154 @@ def test_an_interrupted_epoch_based_run_resumes_to_its_end(tok, tmp_path):
     resumed = trainer.train(resume_from_checkpoint=True).global_step
     whole = build(DHPOTrainer, config_for("DHPO-E", output_dir=str(tmp_path / "whole"), **settings), tok)
     assert resumed == whole.train().global_step > 3
+
+
+# The adaptive entropy controller moves its coefficient at every step (the window's entropy is always under the target)
+ADAPTIVE = dict(use_adaptive_entropy=True, entropy_coef=0.05, entropy_coef_delta=0.05, entropy_target=10.0)
+
+
+def logged(trainer) -> list[dict]:
+    """The run's log entries without the wall-clock figures (`step_time`, `train_runtime`, the rates)."""
+    timed = ("time", "runtime", "per_second")
+    return [{key: value for key, value in entry.items() if not any(part in key for part in timed)}
+            for entry in trainer.state.log_history]  # fmt: skip
+
+
+def weights(trainer) -> dict:
+    return {name: tensor.detach().clone() for name, tensor in trainer.model.state_dict().items()}
+
+
+class SubstepInterrupt(TrainerCallback):
+    """A KeyboardInterrupt after the first micro-step of the window of optimizer step `at` + 1, once."""
+
+    def __init__(self, at):
+        self.at = at
+
+    def on_substep_end(self, args, state, control, **kwargs):
+        if self.at is not None and state.global_step == self.at:
+            self.at = None
+            raise KeyboardInterrupt
+
+
+# A finished first run, one interrupted after step 3 (in the middle of a generation batch), and one interrupted in the
+# middle of an accumulation window (two micro-steps a step), its entropy window half summed.
+CUTS = {"finished": {}, "after step 3": {}, "mid-window": dict(gradient_accumulation_steps=2, steps_per_generation=4)}
+
+
+@pytest.mark.parametrize("cut", list(CUTS))
+def test_a_second_train_is_the_run_a_new_trainer_does_from_the_same_weights(tok, tmp_path, cut):
+    """`train()` again without a checkpoint, adaptive entropy on: every logged value (losses, `entropy_coef`,
+    rewards, gradient norms) and the final weights equal a new trainer's single run with the same seed from the
+    weights the second run starts from. The coefficient starts again at the configured `entropy_coef`."""
+    settings = {**SETTINGS, "save_strategy": "no", **ADAPTIVE, **CUTS[cut]}
+    trainer = build(DHPOTrainer, config_for("DHPO-E", output_dir=str(tmp_path / "again"), **settings), tok)
+    if cut == "finished":
+        trainer.train()
+    elif cut == "after step 3":
+        interrupted(trainer, 3)
+    else:
+        trainer.add_callback(SubstepInterrupt(2))
+        with pytest.raises(KeyboardInterrupt):
+            trainer.train()
+        assert trainer.state.global_step == 2
+    start = weights(trainer)
+    trainer.train()
+    new = build(DHPOTrainer, config_for("DHPO-E", output_dir=str(tmp_path / "new"), **settings), tok)
+    new.model.load_state_dict(start)
+    new.train()
+    coefficients = [entry["entropy_coef"] for entry in trainer.state.log_history if "entropy_coef" in entry]
+    assert coefficients == pytest.approx([0.05 + 0.05 * step for step in range(1, 7)], rel=1e-9)
+    assert len(logged(trainer)) == 7 and logged(trainer) == logged(new)
+    for name, tensor in weights(trainer).items():
+        torch.testing.assert_close(tensor, new.model.state_dict()[name], rtol=0, atol=0)
+
+
+def test_trl_carries_the_entropy_coefficient_into_a_second_train(tok, tmp_path):
+    """What the test above guards against, in `trl.GRPOTrainer` itself: its second run starts from the first run's
+    coefficient, not the configured one."""
+    settings = {**SETTINGS, "save_strategy": "no", **ADAPTIVE}
+    trainer = build(GRPOTrainer, GRPOConfig(output_dir=str(tmp_path), **settings), tok)
+    trainer.train()
+    trainer.train()
+    coefficients = [entry["entropy_coef"] for entry in trainer.state.log_history if "entropy_coef" in entry]
+    assert coefficients == pytest.approx([0.05 + 0.05 * step for step in range(7, 13)], rel=1e-9)
+
+
+def completion_codes(completions, log_metric, **kwargs):
+    """Scores nothing; logs a figure of the batch's text (`log_metric`), different for any other batch."""
+    log_metric("completion_codes", float(sum(ord(ch) for text in completions for ch in text)))
+    return [0.0] * len(completions)
+
+
+def interrupting_at(step):
+    """A reward function after `completion_codes` that raises KeyboardInterrupt in the generation batch of `step`."""
+    at = [step]
+
+    def stop_at(completions, trainer_state, **kwargs):
+        if trainer_state.global_step == at[0]:
+            at[0] = None
+            raise KeyboardInterrupt
+        return digit_share(completions)
+
+    return stop_at
+
+
+def test_a_second_train_logs_none_of_the_metrics_an_interrupted_reward_call_left(tok, tmp_path):
+    """A KeyboardInterrupt in a reward function after another logged a metric for the batch (`log_metric`): TRL keeps
+    that value to log it with the next batch's. The next `train()` logs what a new trainer's run from the same weights
+    logs, that metric included."""
+    settings = {**SETTINGS, "save_strategy": "no", "max_steps": 4}
+    data = Dataset.from_dict({"prompt": [f"{a}+{a}=" for a in range(24)]})
+
+    def trainer_with(rewards, out):
+        args = config_for("DHPO-E", output_dir=str(tmp_path / out), **settings)
+        return DHPOTrainer(model=build_tiny_qwen3(tok), reward_funcs=rewards, args=args, processing_class=tok,
+                           train_dataset=data)  # fmt: skip
+
+    trainer = trainer_with([completion_codes, interrupting_at(2)], "again")
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    assert trainer.state.global_step == 2
+    start = weights(trainer)
+    trainer.train()
+    new = trainer_with([completion_codes, interrupting_at(None)], "new")
+    new.model.load_state_dict(start)
+    new.train()
+    assert "completion_codes" in logged(trainer)[0] and len(logged(trainer)) == 5
+    assert logged(trainer) == logged(new)
+
+
+def test_a_second_train_logs_none_of_the_metrics_an_interrupted_evaluation_left(tok, tmp_path):
+    """A KeyboardInterrupt in the middle of an evaluation inside `train()` (its second batch): the first batch's
+    `eval` metrics wait to be logged with the next evaluation's. The next `train()` logs what a new trainer's run
+    from the same weights logs, its evaluations included."""
+    settings = {**SETTINGS, "save_strategy": "no", "max_steps": 4, "eval_strategy": "steps", "eval_steps": 2,
+                "per_device_eval_batch_size": 4}  # fmt: skip
+    data = Dataset.from_dict({"prompt": [f"{a}+{a}=" for a in range(24)]})
+    heldout = Dataset.from_dict({"prompt": ["7*7=", "8*8="]})  # two evaluation batches of one prompt each
+
+    def interrupting(completions, prompts, **kwargs):
+        if prompts[0] == "8*8=" and not interrupting.done:
+            interrupting.done = True
+            raise KeyboardInterrupt
+        return digit_share(completions)
+
+    interrupting.done = False
+
+    def trainer_with(out):
+        args = config_for("DHPO-E", output_dir=str(tmp_path / out), **settings)
+        return DHPOTrainer(model=build_tiny_qwen3(tok), reward_funcs=interrupting, args=args, processing_class=tok,
+                           train_dataset=data, eval_dataset=heldout)  # fmt: skip
+
+    trainer = trainer_with("again")
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    assert trainer.state.global_step == 2 and interrupting.done
+    start = weights(trainer)
+    trainer.train()
+    new = trainer_with("new")
+    new.model.load_state_dict(start)
+    new.train()
+    evaluations = [entry for entry in logged(trainer) if "eval_reward" in entry]
+    assert [entry["step"] for entry in evaluations] == [2, 4]
+    assert logged(trainer) == logged(new)

@@ -83,6 +83,12 @@ def digit_share(completions, **kwargs):
 
 
 def train(port, output_dir, resume_from=None):
+    trainer = built(port, output_dir, digit_share)
+    trainer.train(resume_from_checkpoint=resume_from)
+    return trainer, list(StandInVLLM.events)
+
+
+def built(port, output_dir, reward):
     tok = build_char_tokenizer()
     StandInVLLM.events = []
     args = config_for(
@@ -92,11 +98,10 @@ def train(port, output_dir, resume_from=None):
         vllm_server_port=port, vllm_importance_sampling_correction=False, **CPU,
     )  # fmt: skip
     dataset = Dataset.from_dict({"prompt": [f"{a}+{2 * a + 1}=" for a in range(16)]})
-    trainer = DHPOTrainer(model=build_tiny_qwen3(tok, hidden_size=32, seed=0), reward_funcs=digit_share, args=args,
+    trainer = DHPOTrainer(model=build_tiny_qwen3(tok, hidden_size=32, seed=0), reward_funcs=reward, args=args,
                           train_dataset=dataset, processing_class=tok)  # fmt: skip
     trainer.vllm_generation.trainer = trainer
-    trainer.train(resume_from_checkpoint=resume_from)
-    return trainer, list(StandInVLLM.events)
+    return trainer
 
 
 @pytest.fixture(scope="module")
@@ -125,3 +130,32 @@ def test_first_generation_after_resume_uses_the_resumed_weights(full_run, fake_s
     assert max((synced[name] - initial[name]).abs().max().item() for name in synced) > 1e-3  # not the base model
     final = dict(resumed.model.named_parameters())
     assert max((param - final[name]).abs().max().item() for name, param in full.model.named_parameters()) <= 1e-6
+
+
+def test_a_second_train_sends_the_weights_before_its_first_generation(fake_server, tmp_path, monkeypatch):
+    """A run interrupted in its first generation batch (the server got the weights of step 0), then the model's
+    weights changed in the session: the next `train()` sends them before it generates, as a new trainer does (TRL
+    sends them when `global_step != _last_loaded_step`, which the interrupted run left at 0)."""
+    monkeypatch.setattr(vllm_utils, "is_vllm_available", lambda *a, **k: True)
+    monkeypatch.setattr("trl.trainer.grpo_trainer.VLLMGeneration", StandInVLLM)
+    calls = []
+
+    def interrupting(completions, **kwargs):
+        calls.append(len(completions))
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return digit_share(completions)
+
+    trainer = built(fake_server, tmp_path, interrupting)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    assert [(kind, step) for kind, step, _ in StandInVLLM.events] == [("sync", 0), ("generate", 0)]
+    with torch.no_grad():  # other weights, as a cell that loads a checkpoint's
+        for param in trainer.model.parameters():
+            param.add_(0.01)
+    changed = {name: param.detach().clone() for name, param in trainer.model.named_parameters()}
+    StandInVLLM.events = []
+    trainer.train()
+    assert [(kind, step) for kind, step, _ in StandInVLLM.events][:2] == [("sync", 0), ("generate", 0)]
+    for name, value in StandInVLLM.events[0][2].items():
+        torch.testing.assert_close(value, changed[name], atol=0, rtol=0)

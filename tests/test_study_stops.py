@@ -35,6 +35,7 @@ def cell(objective, seed, output_dir, disable_tqdm, settings, max_steps, eval_ev
     out.mkdir(parents=True, exist_ok=True)
     with open(os.environ["CELL_LOG"], "a") as log:
         log.write(f"{{os.getpid()}} {{os.getppid()}}\\n")
+    time.sleep(float(os.environ["WARM_SECONDS"]))  # the warm start: no graceful stop there, as in run_embedded
     with resume.stop_on_signals() as request:
         for step in range(1, max_steps + 1):
             time.sleep(0.2)
@@ -57,15 +58,22 @@ def _alive(pid: int) -> bool:
     return stat is not None and stat[2] != "Z"
 
 
-@pytest.mark.parametrize("target", ["group", "main", "one worker", "a worker killed"])
+WARM = ("one worker in its warm start", "SIGUSR1 to one worker in its warm start")
+
+
+@pytest.mark.parametrize("target", ["group", "main", "one worker", *WARM, "a worker killed"])
 def test_a_stop_signal_ends_a_two_worker_study_with_nothing_saved_and_no_worker_left(tmp_path, target):
     """"a worker killed": SIGKILL, which no cell can take as a stop, to one worker (an OOM kill): the study ends with
-    one line naming it and exit status 1, as the other worker and the pool's replacement for the killed one end."""
+    one line naming it and exit status 1, as the other worker and the pool's replacement for the killed one end.
+    A stop signal to one worker in its warm start (outside training, where a cell has no graceful stop and the signal
+    ends it) is a stop all the same: 128 + the signal's number, on one line naming the signal and the worker."""
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER.format(benchmarks=str(REPO / "benchmarks"), repo=str(REPO)))
     log = tmp_path / "cells.log"
     # One OpenMP thread, which a fork server needs (the stand-in cells compute nothing).
-    python, env = processes.served_python(processes._rank_variables(False, {"CELL_LOG": str(log)}), timeout=240)
+    warm = "120" if target in WARM else "0"  # the signal reaches the worker in its warm start, or in training
+    variables = processes._rank_variables(False, {"CELL_LOG": str(log), "WARM_SECONDS": warm})
+    python, env = processes.served_python(variables, timeout=240)
     command = [*python, str(driver), "--objectives", "GRPO", "--ks", "2", "--seeds", "0", "1", "2",
                "--generation-batches", "500", "--workers", "2", "--out-dir", str(tmp_path / "out"),
                "--docs-dir", str(tmp_path / "docs")]  # fmt: skip
@@ -83,6 +91,8 @@ def test_a_stop_signal_ends_a_two_worker_study_with_nothing_saved_and_no_worker_
             os.killpg(main, signal.SIGTERM)  # a session of its own, as the study started by itself
         elif target == "a worker killed":
             os.kill(workers[0], signal.SIGKILL)
+        elif target in WARM:
+            os.kill(workers[0], signal.SIGUSR1 if target.startswith("SIGUSR1") else signal.SIGTERM)
         else:
             os.kill(main if target == "main" else workers[0], signal.SIGTERM)
         _, stderr = study.communicate(timeout=60)  # a pool that waits for its stopped workers never returns
@@ -90,6 +100,11 @@ def test_a_stop_signal_ends_a_two_worker_study_with_nothing_saved_and_no_worker_
             (line,) = [line for line in stderr.splitlines() if line.startswith("[staleness] ")]
             assert study.returncode == 1 and f"(pid {workers[0]})" in line, stderr
             assert "WorkerDied" not in stderr, stderr
+        elif target in WARM:  # cell_pool.worker_end: the worker's death by the signal is the study's stop
+            signum = signal.SIGUSR1 if target.startswith("SIGUSR1") else signal.SIGTERM
+            (line,) = [line for line in stderr.splitlines() if line.startswith("[staleness] ")]
+            assert study.returncode == 128 + signum, stderr
+            assert signum.name in line and f"(pid {workers[0]})" in line, line
         else:
             assert study.returncode == 128 + signal.SIGTERM, stderr
         left = time.monotonic() + 10

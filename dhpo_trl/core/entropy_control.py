@@ -30,6 +30,11 @@ class Control(NamedTuple):
     high: float
 
 
+def initial(args) -> State:
+    """The state a new trainer starts from: the configured coefficient, no step measured, an empty window."""
+    return State(args.entropy_coef)
+
+
 def control_of(args) -> Control:
     """The controller's settings from a `DHPOConfig` / `GRPOConfig`."""
     return Control(bool(args.use_adaptive_entropy), args.entropy_target, args.entropy_coef_delta,

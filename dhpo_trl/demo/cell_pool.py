@@ -43,8 +43,12 @@ runs; that covers a worker that dies before it can run any code of ours, which n
 without counting unreported starts against a bound: the first end is the death. A watchdog thread polls those workers
 every `POLL_SECONDS`; the first one it finds ended has `WorkerDied` raised in the main thread, wherever it waits, and
 the block ends as on an error above, naming whether the worker had reported (a cell lost: rerun) or died while it
-started (no cell ran: its traceback above, or a kill, says what to fix before the rerun). The finished cells are saved
-by their workers, so the same command resumes. The watchdog is stopped before the pool is terminated, so the pool's own
+started (no cell ran: its traceback above, or a kill, says what to fix before the rerun). A worker that a stop
+signal (SIGTERM, SIGUSR1) ended is a stop, not a death: a cell stops gracefully only in training, and the same signal
+outside it (the warm start, an evaluation) or to a worker still starting ends the worker at once; the main thread
+raises `TrainingStopped` naming the signal and the worker, and the study exits with 128 + the signal's number, as a
+cluster that sent it expects of a stop the same command resumes. The finished cells are saved by their workers, so
+the same command resumes. The watchdog is stopped before the pool is terminated, so the pool's own
 SIGTERMs and sentinels are no death. To reach the main thread where it waits on a lock, the watchdog sends it SIGCHLD
 (`signal.pthread_kill`): a real signal interrupts the wait, which `_thread.interrupt_main` does not, and SIGCHLD's
 default action is to ignore it, so one that arrives after the block leaves its handler is harmless.
@@ -90,7 +94,7 @@ NAME_CHARACTERS = 300  # of a cell's arguments in `CellExited`'s, `CellFailed`'s
 
 class WorkerDied(RuntimeError):
     """A pool's worker died while the block ran: the cell it ran is lost (not saved), the finished ones are kept.
-    Not a `TrainingStopped`: no stop was asked for."""
+    Not a `TrainingStopped`: no stop was asked for (a worker that a stop signal ended is one: `worker_end`)."""
 
 
 class WorkerNotStarted(WorkerDied):
@@ -240,6 +244,18 @@ def death_message(name: str, pid: int, exitcode: int, ready: bool = True) -> str
     )
 
 
+def worker_end(name: str, pid: int, exitcode: int, ready: bool = True) -> WorkerDied | TrainingStopped:
+    """What ends the block for a worker that ended with `exitcode`: a stop where a stop signal (`STOP_SIGNALS`) ended
+    it, as one that reached it in training stops it (a cell runs a graceful stop only around training: the warm start
+    or an evaluation, or a worker still starting, takes the signal's default action and dies); else `WorkerDied`."""
+    stopped = [signum.name for signum in STOP_SIGNALS if exitcode == -signum]
+    if not stopped:
+        return WorkerDied(death_message(name, pid, exitcode, ready))
+    where = "outside a graceful stop (a cell's warm start or evaluation)" if ready else "as it started"
+    return TrainingStopped(f"stopped by {stopped[0]} to worker {name} (pid {pid}), which ended it {where}: the cells "
+                           "in progress are not saved", {"signal": stopped[0]})  # fmt: skip
+
+
 def starting_cause(exitcode: int) -> str:
     """What ended a worker with `exitcode` before it reported: a kill, an exec that failed (`EXEC_FAILED`), or its
     Python code, whose traceback the worker printed."""
@@ -299,8 +315,8 @@ def cell_pool(workers: int) -> Iterator[CellPool]:
     def on_child(signum, frame) -> None:
         if callable(previous[signal.SIGCHLD]):
             previous[signal.SIGCHLD](signum, frame)
-        if (message := watchdog.take_death()) is not None:
-            raise WorkerDied(message)
+        if (end := watchdog.take_death()) is not None:
+            raise end
 
     for signum in STOP_SIGNALS:
         signal.signal(signum, handle)
@@ -355,8 +371,8 @@ class SpawnProcess(multiprocessing.context.SpawnProcess):
 class Watchdog(threading.Thread):
     """Reads the workers' reports from `started` into `reported` and, every `POLL_SECONDS`, has the thread `main`
     raise `WorkerDied` (through SIGCHLD; see the module docstring) for the first of `workers` (`WorkerContext`'s) that
-    ended, whatever its exit status and whether it reported or not (no worker ends while the block runs), until
-    `stop`."""
+    ended, whatever its exit status and whether it reported or not (no worker ends while the block runs), or
+    `TrainingStopped` where a stop signal ended it (`worker_end`), until `stop`."""
 
     def __init__(
         self,
@@ -371,11 +387,11 @@ class Watchdog(threading.Thread):
         # an earlier SIGCHLD) runs `take_death` in that thread.
         self.lock = threading.RLock()
         self.stopping = threading.Event()
-        self.death: str | None = None  # the report to raise, until the main thread takes it
+        self.death: BaseException | None = None  # the error to raise, until the main thread takes it
 
     def run(self) -> None:
         while not self.stopping.wait(POLL_SECONDS):
-            death = self.check()
+            death = self.first_end()
             with self.lock:  # no signal once `stop` began: the pool's own SIGTERMs end its workers then
                 if death is not None and not self.stopping.is_set():
                     self.death = death
@@ -383,11 +399,16 @@ class Watchdog(threading.Thread):
                     return  # one death ends the block
 
     def check(self) -> str | None:
-        """The report of the first worker the system refused to start, else of the first that died, or None. Its
+        """The one-line report of `first_end`, or None."""
+        end = self.first_end()
+        return None if end is None else str(end)
+
+    def first_end(self) -> WorkerDied | TrainingStopped | None:
+        """The error for the first worker the system refused to start, else for the first that ended, or None. Its
         `Process` keeps its exit status whichever thread reaped it (the pool's does); one not started yet has none."""
         refused = [process for process in list(self.workers) if getattr(process, "start_error", None) is not None]
         if refused:
-            return start_message(refused[0].name, refused[0].start_error)
+            return WorkerNotStarted(start_message(refused[0].name, refused[0].start_error))
         ended = [(process, process.exitcode) for process in list(self.workers)]
         ended = [(process, exitcode) for process, exitcode in ended if exitcode is not None]
         # After the ends: a worker that reported had its report in the queue's pipe before it ended.
@@ -395,10 +416,10 @@ class Watchdog(threading.Thread):
         if not ended:
             return None
         process, exitcode = ended[0]
-        return death_message(process.name, process.pid, exitcode, (process.pid, process.name) in self.reported)
+        return worker_end(process.name, process.pid, exitcode, (process.pid, process.name) in self.reported)
 
-    def take_death(self) -> str | None:
-        """The death to raise in the main thread, once; None after `stop` (the block is ending already)."""
+    def take_death(self) -> BaseException | None:
+        """The error to raise in the main thread for a death, once; None after `stop` (the block is ending already)."""
         with self.lock:
             death, self.death = (None if self.stopping.is_set() else self.death), None
             if death is not None:

@@ -48,9 +48,10 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
+from accelerate.utils import set_seed
 from transformers import TrainerCallback
 
-from ..core import aggregation
+from ..core import aggregation, entropy_control
 from ..core.objectives import OBJECTIVE_SETTINGS, get_objective
 from . import batching
 
@@ -848,13 +849,27 @@ def stop_on_signals(signals=STOP_SIGNALS) -> Iterator[StopRequest | None]:
 
 
 def start_fresh(trainer) -> list:
-    """A `train()` without a checkpoint is a run of its own: TRL keeps its micro-step counter, buffered micro-batches
-    and unlogged train metrics across `train()` calls (a notebook cell run again, or after an interrupt), so the new
-    run would train first on the rest of the previous run's generation batch, out of phase. Cleared here, as a new
-    trainer has them. Returns no callbacks (as `restore`, which puts them back from a checkpoint)."""
+    """A `train()` without a checkpoint is a run of its own, the one a new trainer with the same arguments would train
+    from the model's current weights. TRL and transformers keep per-run state across `train()` calls (a notebook cell
+    run again, or after an interrupt): the micro-step counter and buffered micro-batches (the new run would train
+    first on the rest of the previous run's generation batch, out of phase), the metrics that a step or an evaluation
+    cut short left unlogged and those its reward functions logged (`log_metric`), the adaptive entropy controller
+    (its coefficient would start where the last run left it), the random state (the generations would follow the
+    last run's), the optimizer transformers made (Adam's moments and step count) and the step whose weights vLLM
+    holds (the weights would not be sent at a step the last run sent them at). Each is set as a new trainer sets it;
+    an optimizer passed to the trainer (`optimizers`) is the caller's and kept. Returns no callbacks (as `restore`,
+    which puts the state back from a checkpoint)."""
     trainer._step = 0
     trainer._buffered_inputs = None
-    trainer._metrics["train"] = defaultdict(list)
+    trainer._metrics = {mode: defaultdict(list) for mode in trainer._metrics}  # "train", "eval"
+    trainer._pending_metrics.clear()
+    trainer.entropy_coef, trainer._last_world_entropy, trainer._entropy_window_stats = entropy_control.initial(
+        trainer.args)
+    set_seed(trainer.args.seed, device_specific=True)  # as TRL's __init__ seeds, last
+    if trainer._own_optimizer:
+        trainer.optimizer = None  # transformers makes a new one as training starts
+    if trainer.use_vllm:
+        trainer._last_loaded_step = -1  # the weights go to vLLM before the first generation, whatever it holds
     return []
 
 

@@ -111,6 +111,8 @@ PRIVATE: tuple[Private, ...] = (
             "DHPOTrainer._update_entropy_coefficient (core/entropy_control.State); resume"),
     Private(_GRPO, "_entropy_window_stats", "writes", TRL_FILE, (857, 857),
             "DHPOTrainer._update_entropy_coefficient (core/entropy_control.State); resume"),
+    Private(_GRPO, "_pending_metrics", "writes", TRL_FILE, (1098, 1098), "resume.start_fresh (cleared: a new run's)"),
+    Private(_GRPO, "_last_loaded_step", "writes", TRL_FILE, (1140, 1140), "resume.start_fresh (-1: a new run's)"),
     Private(_GRPO, "_tag_names", "overrides", TRL_FILE, (287, 287), "DHPOTrainer._tag_names (model card tags)"),
     Private(_GRPO, "_name", "overrides", TRL_FILE, (288, 288), "DHPOTrainer._name (model card)"),
     Private(_GRPO, "_paper", "overrides", TRL_FILE, (289, 289), "DHPOTrainer._paper (model card citation)"),
