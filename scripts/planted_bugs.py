@@ -668,6 +668,36 @@ BUGS = {
         "give_up(index)  # the second pass, with the full deadline",
         ["tests/test_rewards.py"], "an answer that overran the first pass's deadline scores 0 without a second pass",
     ),
+    "grader-first-pass-planned-on-the-budget": (
+        "dhpo_trl/scoring/rewards.py",
+        "FIRST_PASS_SHARE * window * len(workers)",
+        "FIRST_PASS_SHARE * budget_s * len(workers)",
+        ["tests/test_rewards.py"], "with budget_s <= 1 s the first pass fills the answers' time: no slack, no second pass",
+    ),
+    "grader-budget-without-the-kill-margin": (
+        "dhpo_trl/scoring/rewards.py",
+        "window = max(budget_s - _KILL_MARGIN_S, budget_s / 2)",
+        "window = budget_s",
+        ["tests/test_rewards.py"], "a call whose last answer is stuck in C code returns the kill margin past its budget",
+    ),
+    "grader-overrun-counted-over-budget": (
+        "dhpo_trl/scoring/rewards.py",
+        "            results[pairs[index]] = False\n            overran.add(pairs[index])",
+        "            overran.add(pairs[index])",
+        ["tests/test_rewards.py"], "an answer over its full deadline is counted over the budget as well",
+    ),
+    "grader-stuck-answer-retried-past-the-budget": (
+        "dhpo_trl/scoring/rewards.py",
+        "if time.monotonic() < end:  # stuck past its deadline, not cut by the budget",
+        "if True:  # stuck past its deadline, not cut by the budget",
+        ["tests/test_rewards.py"], "an answer whose worker the budget's end killed is counted over its deadline",
+    ),
+    "grader-warm-up-after-ready": (
+        "dhpo_trl/scoring/_math_verify_core.py",
+        '    _warm_up()\n    print("ready", flush=True)',
+        '    print("ready", flush=True)\n    _warm_up()',
+        ["tests/test_rewards.py"], "the worker warms up after it says it is ready: the first call's answers pay for it",
+    ),
     "shared-prompt-metric-forgets-repeated-tokens": (
         "dhpo_trl/training/shared_prompts.py",
         "shared += prompt - 1 + len(group) if shares(prompt, len(group)) else prompt * len(group)",

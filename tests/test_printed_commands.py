@@ -12,7 +12,8 @@ arguments of their recipe, for their process count, and the environment variable
 the script reads. Fenced `bash` blocks, indented code blocks and inline commands are read. Text with placeholders
 (`<model>`, `...`) is a template, not a command, and is skipped; each command of a benchmark's docstring is a block
 of its own (none needs a server beside it), so a template there leaves the others checked, and an optional part
-of its synopsis is checked given (`[--budget 30]`) or left out (`[DATA_DIR]`).
+of its synopsis is checked given (`[--budget 30]`) or left out (`[DATA_DIR]`), and the options before a trailing
+`...` are checked.
 """
 
 import argparse
@@ -146,7 +147,9 @@ def all_blocks():
 
 
 def _synopsis_as_command(command):
-    """A usage line's optional options given (`[--budget 30]`) and its optional positionals left out (`[DATA_DIR]`)."""
+    """A usage line's optional options given (`[--budget 30]`), its optional positionals left out (`[DATA_DIR]`), and
+    a trailing `...` (more options may follow) dropped: what it does write is checked."""
+    command = re.sub(r" \.\.\.(?=\s|$)", "", command)
     return re.sub(r" ?\[[A-Z_]+\]", "", re.sub(r"\[(--\w[^\[\]]*)\]", r"\1", command))
 
 
@@ -173,6 +176,7 @@ def test_the_extraction_finds_the_commands_that_matter():
 def test_a_benchmark_synopsis_is_checked_with_its_options_given_and_its_optional_positionals_left_out():
     assert _synopsis_as_command("python b.py [--answers 256] [--budget 30]") == "python b.py --answers 256 --budget 30"
     assert _synopsis_as_command("python b.py [DATA_DIR]   # a comment") == "python b.py   # a comment"
+    assert _synopsis_as_command("python b.py --task long ...   # more") == "python b.py --task long   # more"
 
 
 # ------------------------------------------------------------------ parsers

@@ -723,12 +723,13 @@ def test_off_policy_mask_bnpo_global_scope(feature_runs):
 
 
 # One math reward call per generation batch, 8 answers, all right (12 written as a fraction), graded by a stand-in
-# worker on its own clock (tests/grader_stand_in.py). Budget 10 s: the answers get 9.5 s (the kill margin is kept
-# back); first-pass deadline 0.625 s (half the budget over 8 answers); a slow answer takes 3 s, a quick one 0.01 s.
+# worker on its own clock (tests/grader_stand_in.py) that takes 30 s to start (a start is no answer's cost: the budget
+# counts from the first comparison). Budget 10 s: the answers get 9.5 s (the kill margin is kept back); first-pass
+# deadline 0.59 s (half of 9.5 s over 8 answers); a slow answer takes 3 s, a quick one 0.01 s.
 BUDGET_CALLS = (  # (positions of the slow answers, seconds the worker loses before the first answer)
-    ({0, 1, 2, 4, 5, 6}, 0.0),  # first pass 3.77 s; second pass: answer 0 ends at 6.77 s, answer 1 is cut at 9.5 s
-    ({0, 2, 4, 6}, 0.0),  # first pass 2.54 s; answers 0 and 2 end at 5.54 s and 8.54 s, answer 4 is cut
-    ({0, 1, 2, 3, 4, 5, 6}, 8.0),  # 8 s lost: answers 0 and 1 overrun 0.625 s, answer 2 is cut at 9.5 s, and the
+    ({0, 1, 2, 4, 5, 6}, 0.0),  # first pass 3.58 s; second pass: answer 0 ends at 6.58 s, answer 1 is cut at 9.5 s
+    ({0, 2, 4, 6}, 0.0),  # first pass 2.42 s; answers 0 and 2 end at 5.42 s and 8.42 s, answer 4 is cut
+    ({0, 1, 2, 3, 4, 5, 6}, 8.0),  # 8 s lost: answers 0 and 1 overrun 0.59 s, answer 2 is cut at 9.5 s, and the
 )  # quick answer 7 is never started: answers after the budget ran out score 0 however quick they are
 BUDGET_SCORES = ([1, 0, 0, 1, 0, 0, 0, 1], [1, 1, 1, 1, 0, 1, 0, 1], [0] * 8)  # worked out by hand from the above
 
@@ -755,7 +756,7 @@ def test_answers_the_reward_budget_cut_are_logged_per_generation_batch(tok, tmp_
 
     pop_grading_counts()
     args = DHPOConfig(output_dir=str(tmp_path), **{**SMALL_RUN, "max_steps": 6}, **CPU)  # 3 generation batches
-    with installed(monkeypatch, clock, StandInWorker(clock, costs, late)):
+    with installed(monkeypatch, clock, StandInWorker(clock, costs, late, start_s=30.0)):
         trainer = run(DHPOTrainer, args, tok, reward=slow_math)
     assert calls == [[float(score) for score in scores] for scores in BUDGET_SCORES]
     cut = [(entry["step"], entry["reward/over_budget"]) for entry in trainer.state.log_history

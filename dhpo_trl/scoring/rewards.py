@@ -150,7 +150,8 @@ class GraderUnavailableError(RuntimeError):
 
 DEFAULT_BUDGET_S = 30.0  # seconds for one call of up to BUDGET_ANSWERS answers; a larger call gets more in proportion
 BUDGET_ANSWERS = 256
-FIRST_PASS_SHARE = 0.5  # the first pass (every answer, a short deadline) may use at most this share of the budget
+FIRST_PASS_SHARE = 0.5  # the first pass (every answer, a short deadline) may use at most this share of the answers'
+# time (the budget less the kill margin, at least half the budget)
 CACHE_SIZE = 16_384  # (answer, gold) results kept: an answer and a gold are at most MAX_ANSWER_CHARS each
 
 _COUNTS_LOCK = threading.Lock()
@@ -371,9 +372,12 @@ class _Pool:
         for worker in workers:
             worker.ensure_ready()  # from the calling thread, before the budget starts: a start is not an answer's cost
         # The budget counts from the first comparison (a worker's start is no answer's cost), less the margin a stuck
-        # worker is given before it is killed, so that the call returns within `budget_s` in every case.
-        end = time.monotonic() + max(budget_s - _KILL_MARGIN_S, budget_s / 2)
-        first = min(timeout_s, max(_MIN_FIRST_DEADLINE_S, FIRST_PASS_SHARE * budget_s * len(workers) / len(pairs)))
+        # worker is given before it is killed, so that the call returns within `budget_s` in every case. The first
+        # pass is a share of that window, not of the budget: under 1 s the margin takes half the budget, and a first
+        # pass planned on the budget would fill the window, leaving a quick answer behind slow ones no time to spare.
+        window = max(budget_s - _KILL_MARGIN_S, budget_s / 2)
+        end = time.monotonic() + window
+        first = min(timeout_s, max(_MIN_FIRST_DEADLINE_S, FIRST_PASS_SHARE * window * len(workers) / len(pairs)))
         known_slow = [self._slow.get(pair, 0.0) >= first for pair in pairs]
         queue = collections.deque((index, first) for index in range(len(pairs)) if not known_slow[index])
         queue.extend((index, timeout_s) for index in range(len(pairs)) if known_slow[index])
