@@ -340,6 +340,14 @@ BUGS = {
         ["tests/test_notebook_session.py::test_a_second_train_logs_none_of_the_metrics_an_interrupted_reward_call_left"],
         "train() again logs a reward function's metric from the batch an interrupt cut short with its first batch's",
     ),
+    "over-budget-counts-left-from-before": (
+        "dhpo_trl/training/trainer.py",
+        "pop_grading_counts()  # process-wide: those graded before (an evaluation, a reward call cut short) are not its",
+        "pass",
+        ["tests/test_trainer.py::test_over_budget_is_the_training_batch_own_count_not_a_held_out_evaluations",
+         "tests/test_trainer.py::test_over_budget_after_an_interrupted_reward_call_is_the_next_batch_own_count"],
+        "reward/over_budget adds a held-out evaluation's cut answers, or an interrupted batch's, to the next batch's",
+    ),
     "config-after-trainer-unguarded": (
         "dhpo_trl/training/trainer.py",
         "main, processes = session.check_accelerate_state(self.accelerator)",

@@ -67,7 +67,8 @@ class DHPOTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         """TRL's generation batch (one input-embedding hook kept: `input_grad_hooks`); with `routing_replay` on, the
-        routing to replay added as rows. Logs `reward/over_budget`: math answers scored 0 out of time, all ranks."""
+        routing to replay added as rows. Logs `reward/over_budget`: its math answers the budget cut, all ranks."""
+        pop_grading_counts()  # process-wide: those graded before (an evaluation, a reward call cut short) are not its
         with self._routing.generation_batch(self) as recorded, input_grad_hooks.replaced_hooks_removed(self.model):
             batch = super()._generate_and_score_completions(inputs)
         counts, _ = self._reduce({key: float(count) for key, count in pop_grading_counts().items()}, {})
@@ -190,8 +191,7 @@ class DHPOTrainer(GRPOTrainer):
         global_scope = self.args.entropy_norm_scope == "global"
         entropy_range = self._global_entropy_range(entropies, mask) if global_scope else None
         per_token_loss, kl_weight, info = get_objective(self.args.algorithm).compute(
-            per_token_logps, old_per_token_logps, advantages, mask, entropies, self.args, entropy_range
-        )
+            per_token_logps, old_per_token_logps, advantages, mask, entropies, self.args, entropy_range)  # fmt: skip
         log_ratio = masked_log_ratio(per_token_logps.detach(), old_per_token_logps, mask)  # drift from pi_old, any row
         info = {**info, "abs_log_ratio": log_ratio.abs(), "log_ratio": log_ratio}
         per_token_loss, entropy_mask, kl = trl_mirror.tail_corrections(
