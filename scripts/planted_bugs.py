@@ -319,6 +319,20 @@ BUGS = {
         ["tests/test_notebook_session.py::test_a_second_train_is_the_run_a_new_trainer_does_from_the_same_weights"],
         "train() again steps with the last run's Adam moments and step count",
     ),
+    "first-train-reseeds": (
+        "dhpo_trl/training/resume.py",
+        "if (last := trainer._last_run) is not None:",
+        "set_seed(trainer.args.seed, device_specific=True)\n    if (last := trainer._last_run) is not None:",
+        ["tests/test_notebook_session.py::test_a_seed_set_after_building_the_trainer_acts_on_its_first_train"],
+        "the first train() seeds again from `seed`: a seed the caller set after building the trainer does not act",
+    ),
+    "rerun-drops-the-callers-optimizer": (
+        "dhpo_trl/training/resume.py",
+        "if trainer.optimizer is not None and trainer.optimizer is last.optimizer:",
+        "if trainer.optimizer is not None:",
+        ["tests/test_notebook_session.py::test_an_optimizer_the_caller_set_or_passed_steps_every_train"],
+        "train() again replaces the optimizer the caller set or passed with the AdamW transformers makes",
+    ),
     "rerun-keeps-the-vllm-step": (
         "dhpo_trl/training/resume.py",
         "trainer._last_loaded_step = -1  # the weights go to vLLM before the first generation, whatever it holds",
