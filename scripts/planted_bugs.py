@@ -319,6 +319,20 @@ BUGS = {
         ["tests/test_notebook_session.py::test_a_second_train_is_the_run_a_new_trainer_does_from_the_same_weights"],
         "train() again steps with the last run's Adam moments and step count",
     ),
+    "first-train-reseeds": (
+        "dhpo_trl/training/resume.py",
+        "if (last := trainer._last_run) is not None:",
+        "set_seed(trainer.args.seed, device_specific=True)\n    if (last := trainer._last_run) is not None:",
+        ["tests/test_notebook_session.py::test_a_seed_set_after_building_the_trainer_acts_on_its_first_train"],
+        "the first train() seeds again from `seed`: a seed the caller set after building the trainer does not act",
+    ),
+    "rerun-drops-the-callers-optimizer": (
+        "dhpo_trl/training/resume.py",
+        "if trainer.optimizer is not None and trainer.optimizer is last.optimizer:",
+        "if trainer.optimizer is not None:",
+        ["tests/test_notebook_session.py::test_an_optimizer_the_caller_set_or_passed_steps_every_train"],
+        "train() again replaces the optimizer the caller set or passed with the AdamW transformers makes",
+    ),
     "rerun-keeps-the-vllm-step": (
         "dhpo_trl/training/resume.py",
         "trainer._last_loaded_step = -1  # the weights go to vLLM before the first generation, whatever it holds",
@@ -339,6 +353,14 @@ BUGS = {
         "pass",
         ["tests/test_notebook_session.py::test_a_second_train_logs_none_of_the_metrics_an_interrupted_reward_call_left"],
         "train() again logs a reward function's metric from the batch an interrupt cut short with its first batch's",
+    ),
+    "over-budget-counts-left-from-before": (
+        "dhpo_trl/training/trainer.py",
+        "pop_grading_counts()  # process-wide: those graded before (an evaluation, a reward call cut short) are not its",
+        "pass",
+        ["tests/test_trainer.py::test_over_budget_is_the_training_batch_own_count_not_a_held_out_evaluations",
+         "tests/test_trainer.py::test_over_budget_after_an_interrupted_reward_call_is_the_next_batch_own_count"],
+        "reward/over_budget adds a held-out evaluation's cut answers, or an interrupted batch's, to the next batch's",
     ),
     "config-after-trainer-unguarded": (
         "dhpo_trl/training/trainer.py",

@@ -360,3 +360,70 @@ def test_a_second_train_logs_none_of_the_metrics_an_interrupted_evaluation_left(
     evaluations = [entry for entry in logged(trainer) if "eval_reward" in entry]
     assert [entry["step"] for entry in evaluations] == [2, 4]
     assert logged(trainer) == logged(new)
+
+
+def unwrapped(optimizer):
+    """The optimizer accelerate's wrappers hold."""
+    while hasattr(optimizer, "optimizer"):
+        optimizer = optimizer.optimizer
+    return optimizer
+
+
+def test_an_optimizer_the_caller_set_or_passed_steps_every_train(tok, tmp_path):
+    """An optimizer set on the trainer after it was built (`trainer.optimizer = ...`, as TRL's trainer takes it) or
+    passed in `optimizers` is the one every `train()` steps with, first and second, whatever start_fresh makes again:
+    the run with one set equals the run with the same one passed (SGD with momentum, not the AdamW transformers
+    would make), and the second run goes on with its momentum."""
+    settings = {**SETTINGS, "save_strategy": "no", "max_steps": 2}
+
+    def sgd(trainer):
+        return torch.optim.SGD(trainer.model.parameters(), lr=0.05, momentum=0.9)
+
+    set_after = build(DHPOTrainer, config_for("DHPO-E", output_dir=str(tmp_path / "set"), **settings), tok)
+    chosen = set_after.optimizer = sgd(set_after)
+    set_after.train()
+    args = config_for("DHPO-E", output_dir=str(tmp_path / "passed"), **settings)
+    model = build_tiny_qwen3(tok)
+    passed = DHPOTrainer(model=model, reward_funcs=digit_share, args=args, processing_class=tok,
+                         train_dataset=Dataset.from_dict({"prompt": [f"{a}+{a}=" for a in range(24)]}),
+                         optimizers=(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), None))  # fmt: skip
+    given = passed.optimizer
+    passed.train()
+    assert unwrapped(set_after.optimizer) is chosen and unwrapped(passed.optimizer) is given
+    for name, tensor in weights(set_after).items():
+        torch.testing.assert_close(tensor, passed.model.state_dict()[name], rtol=0, atol=0)
+    for trainer, optimizer in ((set_after, chosen), (passed, given)):
+        trainer.train()
+        assert unwrapped(trainer.optimizer) is optimizer and len(optimizer.state) > 0  # momentum buffers
+    for name, tensor in weights(set_after).items():
+        torch.testing.assert_close(tensor, passed.model.state_dict()[name], rtol=0, atol=0)
+
+
+def test_a_seed_set_after_building_the_trainer_acts_on_its_first_train(tok, tmp_path):
+    """The caller seeds after building the trainer (`set_seed(1)`): the first `train()` generates from that seed, as
+    `trl.GRPOTrainer` does, not from the configured `seed=0` again."""
+    from transformers import set_seed
+
+    settings = {**SETTINGS, "save_strategy": "no", "max_steps": 1}
+
+    def first_completions(trainer_class, reseed=None):
+        texts = []
+
+        def recording(completions, **kwargs):
+            texts.append(list(completions))
+            return digit_share(completions)
+
+        out = str(tmp_path / f"{trainer_class.__name__}-{reseed}")
+        args = config_for("DHPO-E", output_dir=out, **settings) if trainer_class is DHPOTrainer else GRPOConfig(
+            output_dir=out, **settings)  # fmt: skip
+        data = Dataset.from_dict({"prompt": [f"{a}+{a}=" for a in range(24)]})
+        trainer = trainer_class(model=build_tiny_qwen3(tok), reward_funcs=recording, args=args, processing_class=tok,
+                                train_dataset=data)  # fmt: skip
+        if reseed is not None:
+            set_seed(reseed)
+        trainer.train()
+        return texts[0]
+
+    reseeded = first_completions(DHPOTrainer, reseed=1)
+    assert reseeded == first_completions(GRPOTrainer, reseed=1) != first_completions(DHPOTrainer)
+    assert first_completions(DHPOTrainer) == first_completions(GRPOTrainer)  # the same generation, seeded alike

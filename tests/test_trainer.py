@@ -765,3 +765,88 @@ def test_answers_the_reward_budget_cut_are_logged_per_generation_batch(tok, tmp_
     assert [value for _, value in cut] == [scores.count(0.0) for scores in calls]  # every 0 is a right answer cut
     plain = run(DHPOTrainer, DHPOConfig(output_dir=str(tmp_path / "plain"), **{**SMALL_RUN, "max_steps": 2}, **CPU), tok)
     assert not logged(plain, "reward/over_budget")
+
+
+def fractions(first: int) -> list[str]:
+    """Eight right answers to "12" (12 written as a fraction), distinct for each `first`: no cached verdict."""
+    return [rf"\frac{{{12 * m}}}{{{m}}}" for m in range(first, first + 8)]
+
+
+def cut_at(trainer) -> list[tuple[int, float]]:
+    return [(entry["step"], entry["reward/over_budget"]) for entry in trainer.state.log_history
+            if "reward/over_budget" in entry]  # fmt: skip
+
+
+def graded_math(graded, texts: list[list[str]], calls: list):
+    """A reward function grading `texts[call]` (all right) by the math reward, the call's scores kept in `calls`."""
+
+    def math_reward(completions, **kwargs):
+        calls.append(graded([rf"\boxed{{{text}}}" for text in texts[len(calls)]], answer=["12"] * 8))
+        return calls[-1]
+
+    return math_reward
+
+
+def test_over_budget_is_the_training_batch_own_count_not_a_held_out_evaluations(tok, tmp_path, monkeypatch):
+    """The embedded demo's held-out evaluation (`HeldoutAccuracyCallback`: greedy completions scored by the math
+    reward, before training and after every step) grades in the same process as the training batches: the answers
+    its budget cuts are not theirs. `reward/over_budget` at each generation batch is that batch's count (5, 0, 2),
+    however many the evaluations cut (every answer is right, so each 0 is a cut)."""
+    from grader_stand_in import StandInClock, StandInWorker, installed
+
+    from dhpo_trl.demo.arithmetic import Problem
+    from dhpo_trl.demo.embedded import HeldoutAccuracyCallback, greedy_accuracy
+    from dhpo_trl.scoring.rewards import make_math_verify_reward
+
+    train_texts = [fractions(2 + 8 * call) for call in range(3)]
+    slow = ({0, 1, 2, 4, 5, 6}, set(), {0, 2, 4, 6})  # BUDGET_CALLS' first two, a quick batch between them
+    eval_texts = [fractions(100 + 8 * call) for call in range(7)]  # before training, then after each of 6 steps
+    costs = {texts[k]: 3.0 for texts, positions in zip(train_texts, slow) for k in positions}
+    costs.update({text: 3.0 for texts in eval_texts for text in texts[:7]})
+    clock, graded = StandInClock(), make_math_verify_reward(budget_s=10.0, timeout_s=4.0, workers=1)
+    calls, evaluations = [], []
+    evaluated = graded_math(graded, eval_texts, evaluations)
+
+    def evaluation(texts, answers):  # the demo's reward(texts, answers), grading slow right answers instead
+        return evaluated(texts)
+
+    problems = [Problem(left, 1) for left in range(8)]
+    args = DHPOConfig(output_dir=str(tmp_path), **{**SMALL_RUN, "max_steps": 6}, **CPU)  # 3 generation batches
+    model = build_tiny_qwen3(tok, hidden_size=32, seed=0)
+    with installed(monkeypatch, clock, StandInWorker(clock, costs)):
+        before = greedy_accuracy(model, tok, problems, max_new_tokens=4, reward=evaluation)  # as run_embedded does
+        callback = HeldoutAccuracyCallback(tok, problems, every=1, max_new_tokens=4, initial=before, reward=evaluation)
+        trainer = run(DHPOTrainer, args, tok, reward=graded_math(graded, train_texts, calls), model=model,
+                      callbacks=[callback])  # fmt: skip
+    assert len(evaluations) == 7 and min(scores.count(0.0) for scores in evaluations) > 0  # each evaluation cut some
+    assert cut_at(trainer) == [(1, 5), (3, 0), (5, 2)]
+    assert [value for _, value in cut_at(trainer)] == [scores.count(0.0) for scores in calls]
+
+
+def test_over_budget_after_an_interrupted_reward_call_is_the_next_batch_own_count(tok, tmp_path, monkeypatch):
+    """A KeyboardInterrupt in a reward function after the math reward graded its batch (5 answers cut): the next
+    `train()`'s generation batches log their own counts (0, then 2), not the interrupted batch's added to the first."""
+    from grader_stand_in import StandInClock, StandInWorker, installed
+
+    from dhpo_trl.scoring.rewards import make_math_verify_reward
+
+    texts = [fractions(2 + 8 * call) for call in range(3)]
+    slow = ({0, 1, 2, 4, 5, 6}, set(), {0, 2, 4, 6})
+    costs = {batch[k]: 3.0 for batch, positions in zip(texts, slow) for k in positions}
+    clock, graded, calls = StandInClock(), make_math_verify_reward(budget_s=10.0, timeout_s=4.0, workers=1), []
+
+    def interrupting(completions, **kwargs):  # after the math reward, in its first batch only
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return [0.0] * len(completions)
+
+    args = DHPOConfig(output_dir=str(tmp_path), **{**SMALL_RUN, "max_steps": 4}, **CPU)  # 2 generation batches
+    trainer = DHPOTrainer(model=build_tiny_qwen3(tok, hidden_size=32, seed=0), args=args, train_dataset=prompts(),
+                          reward_funcs=[graded_math(graded, texts, calls), interrupting], processing_class=tok)
+    with installed(monkeypatch, clock, StandInWorker(clock, costs)):
+        with pytest.raises(KeyboardInterrupt):
+            trainer.train()
+        assert trainer.state.global_step == 0 and calls[0].count(0.0) == 5
+        trainer.train()
+    assert cut_at(trainer) == [(1, 0), (3, 2)]
+    assert [value for _, value in cut_at(trainer)] == [scores.count(0.0) for scores in calls[1:]]

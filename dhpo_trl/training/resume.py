@@ -855,28 +855,44 @@ def start_fresh(trainer) -> list:
     first on the rest of the previous run's generation batch, out of phase), the metrics that a step or an evaluation
     cut short left unlogged and those its reward functions logged (`log_metric`), the adaptive entropy controller
     (its coefficient would start where the last run left it), the random state (the generations would follow the
-    last run's), the optimizer transformers made (Adam's moments and step count) and the step whose weights vLLM
-    holds (the weights would not be sent at a step the last run sent them at). Each is set as a new trainer sets it;
-    an optimizer passed to the trainer (`optimizers`) is the caller's and kept. Returns no callbacks (as `restore`,
-    which puts the state back from a checkpoint)."""
+    last run's), the optimizer transformers made for the last run (Adam's moments and step count) and the step whose
+    weights vLLM holds (the weights would not be sent at a step the last run sent them at). Each is set as a new
+    trainer sets it. Before the trainer's first run the random state and the optimizer are the caller's (seeded or
+    set since the trainer was built, or passed in `optimizers`), as with TRL's trainer; so is an optimizer the caller
+    set or passed at any time. Returns the callback that records the run (`LastRun`), as `restore` does."""
     trainer._step = 0
     trainer._buffered_inputs = None
     trainer._metrics = {mode: defaultdict(list) for mode in trainer._metrics}  # "train", "eval"
     trainer._pending_metrics.clear()
     trainer.entropy_coef, trainer._last_world_entropy, trainer._entropy_window_stats = entropy_control.initial(
         trainer.args)
-    set_seed(trainer.args.seed, device_specific=True)  # as TRL's __init__ seeds, last
-    if trainer._own_optimizer:
-        trainer.optimizer = None  # transformers makes a new one as training starts
     if trainer.use_vllm:
         trainer._last_loaded_step = -1  # the weights go to vLLM before the first generation, whatever it holds
-    return []
+    if (last := trainer._last_run) is not None:  # a run began: it drew from the random state, made its optimizer
+        set_seed(trainer.args.seed, device_specific=True)  # as TRL's __init__ seeds, last
+        if trainer.optimizer is not None and trainer.optimizer is last.optimizer:
+            trainer.optimizer = None  # transformers makes a new one as training starts
+    return [LastRun(trainer)]
+
+
+class LastRun(TrainerCallback):
+    """Records on the trainer (`_last_run`), as its run begins, what the next `start_fresh` sets as a new trainer has
+    it: that the run began, and the optimizer transformers made and prepared for it (`optimizer`; None where it was
+    the caller's, which stays the caller's)."""
+
+    def __init__(self, trainer):
+        self.trainer, self.made, self.optimizer = trainer, trainer.optimizer is None, None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        trainer, self.trainer = self.trainer, None  # the record the trainer keeps does not keep the trainer
+        self.optimizer = trainer.optimizer if self.made else None
+        trainer._last_run = self
 
 
 def restore(trainer, checkpoint: str) -> list:
     """What transformers does not restore of a checkpoint: each process's generation state and, with
     `sync_ref_model`, the synced reference model. Returns the callbacks that finish the restore once training begins
-    (transformers resets its loss accumulators then)."""
+    (transformers resets its loss accumulators then) and record the run (`LastRun`)."""
     check_epochs_unfinished(trainer, checkpoint)
     accelerator = trainer.accelerator
     main = accelerator.is_main_process
@@ -885,7 +901,7 @@ def restore(trainer, checkpoint: str) -> list:
     if trainer.args.sync_ref_model and trainer.ref_model is not None:
         restore_reference_model(accelerator.unwrap_model(trainer.ref_model), checkpoint, main, main)
     trainer._routing.check_resumed(trainer._buffered_inputs)  # MoE routing replay needs the batch's routing
-    return [RestoreAtTrainBegin(trainer, accumulators or {})]
+    return [RestoreAtTrainBegin(trainer, accumulators or {}), LastRun(trainer)]
 
 
 class GracefulStopCallback(TrainerCallback):

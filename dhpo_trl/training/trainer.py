@@ -55,7 +55,7 @@ class DHPOTrainer(GRPOTrainer):
             super().__init__(model, reward_funcs, args, *pos, **kwargs)
         self.zero3_leaf_modules = maybe_set_zero3_leaf_modules(self.model, self.accelerator)  # ZeRO-3 + MoE: moe.py
         self._tag_names = ["trl", "dhpo", args.algorithm]
-        self.graceful_stop, self._own_optimizer = None, self.optimizer is None  # resume.py: a stop; a run's optimizer
+        self.graceful_stop, self._last_run = None, None  # resume.py: how a stop ended a run; the last run began
         update_path.refuse_multimodal_planning(args, self.processing_class, self.train_dataset)  # one TRL loaded
         models, device = {"model": self.model, "ref_model": self.ref_model}, self.accelerator.device.type
         self._update = update_path.choose(args.padding_free, args.share_prompts, args.dynamic_batching, models, device,
@@ -67,7 +67,8 @@ class DHPOTrainer(GRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         """TRL's generation batch (one input-embedding hook kept: `input_grad_hooks`); with `routing_replay` on, the
-        routing to replay added as rows. Logs `reward/over_budget`: math answers scored 0 out of time, all ranks."""
+        routing to replay added as rows. Logs `reward/over_budget`: its math answers the budget cut, all ranks."""
+        pop_grading_counts()  # process-wide: those graded before (an evaluation, a reward call cut short) are not its
         with self._routing.generation_batch(self) as recorded, input_grad_hooks.replaced_hooks_removed(self.model):
             batch = super()._generate_and_score_completions(inputs)
         counts, _ = self._reduce({key: float(count) for key, count in pop_grading_counts().items()}, {})
@@ -190,8 +191,7 @@ class DHPOTrainer(GRPOTrainer):
         global_scope = self.args.entropy_norm_scope == "global"
         entropy_range = self._global_entropy_range(entropies, mask) if global_scope else None
         per_token_loss, kl_weight, info = get_objective(self.args.algorithm).compute(
-            per_token_logps, old_per_token_logps, advantages, mask, entropies, self.args, entropy_range
-        )
+            per_token_logps, old_per_token_logps, advantages, mask, entropies, self.args, entropy_range)  # fmt: skip
         log_ratio = masked_log_ratio(per_token_logps.detach(), old_per_token_logps, mask)  # drift from pi_old, any row
         info = {**info, "abs_log_ratio": log_ratio.abs(), "log_ratio": log_ratio}
         per_token_loss, entropy_mask, kl = trl_mirror.tail_corrections(
