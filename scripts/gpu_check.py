@@ -269,7 +269,13 @@ def main(argv=None) -> int:
         if unknown:
             parser.error(f"--parts: unknown {sorted(unknown)}; the parts are {[p.name for p in parts]}")
         parts = [p for p in parts if p.name in wanted or p.name == "wheels"]  # later parts import what it installs
-    deadline = time.monotonic() + (options.total_seconds or (1800 if options.cpu else GPU_SECONDS))
+    total, needed = options.total_seconds or (1800 if options.cpu else GPU_SECONDS), sum(p.minimum for p in parts)
+    if total < needed:  # the wheels part would get no time and every part after it fail on a missing import
+        shutil.rmtree(work, ignore_errors=True)
+        parser.error(f"--total-seconds {total:g} is less than the {needed:g} s the parts asked are planned to take "
+                     f"({', '.join(f'{p.name} {p.minimum:g} s' for p in parts)}): give at least {needed:g}, or fewer "
+                     "--parts")  # fmt: skip
+    deadline = time.monotonic() + total
     env = part_environment(os.environ, work / "site")
     report = {"mode": "cpu" if options.cpu else "gpu", "commit": git_commit(),
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "parts": {}}  # fmt: skip

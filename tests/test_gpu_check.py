@@ -9,6 +9,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -649,3 +650,18 @@ def test_the_targets_are_judged_at_every_shape_both_arms_were_asked_for():
     assert judged == {"packed/dynamic": {"value": 0.9, "target": 1.3, "met": False},
                       "packed/trl": {"value": None, "target": 2.5, "met": False},
                       "packed@16x2/trl@16x2": {"value": 2.5, "target": 2.5, "met": True}}  # a target reached is met
+
+
+def test_a_total_below_the_parts_planned_time_is_refused_before_any_part_runs(tmp_path, capsys):
+    """`--total-seconds` under the planned minimums of the parts asked would skip the wheels part for lack of time and
+    fail every part after it on a missing import (a lent GPU's minutes spent on nothing): refused in one line naming
+    the option and the seconds needed, nothing run, no temporary folder left."""
+    before = set(Path(tempfile.gettempdir()).glob("dhpo_gpu_check_*"))
+    needed = sum(p.minimum for p in check.plan(False, "python3", Path("/nonexistent"), ".gpu_wheels")
+                 if p.name in ("wheels", "bench-qwen3-1.7b"))  # fmt: skip
+    with pytest.raises(SystemExit) as stop:
+        check.main([str(tmp_path / "out"), "--parts", "bench-qwen3-1.7b", "--total-seconds", str(needed - 1)])
+    error = capsys.readouterr().err
+    assert stop.value.code == 2 and "--total-seconds" in error and f"give at least {needed:g}" in error
+    assert not (tmp_path / "out" / "gpu_check.json").exists()
+    assert set(Path(tempfile.gettempdir()).glob("dhpo_gpu_check_*")) == before
