@@ -441,6 +441,17 @@ def test_the_pools_context_keeps_the_error_of_a_start_the_system_refused(monkeyp
     assert other.start_error is None
 
 
+def test_the_pools_context_starts_the_process_the_pool_asks_for():
+    """`WorkerContext.Process` as the pool calls it (`Pool.Process`: keywords only): the spawned process runs its
+    target with its arguments under its name, as the spawn context's would."""
+    context = WorkerContext()
+    process = context.Process(target=sys.exit, args=(3,), name="SpawnPoolWorker-7")
+    assert context.workers == [process] and process.name == "SpawnPoolWorker-7"
+    process.start()
+    process.join(60)
+    assert process.exitcode == 3  # sys.exit(3) ran in the worker
+
+
 def test_under_debug_a_cells_system_exit_shows_where_the_cell_raised_it(tmp_path):
     """`--debug` on the command line: `reported` prints the traceback of `CellExited` instead of the line, with the
     same status 1, and the pool's remote traceback in it shows the frame in the worker that raised `SystemExit`."""

@@ -122,9 +122,12 @@ def test_a_config_built_after_the_trainer_is_refused_at_train_and_a_rebuilt_trai
     first = build(DHPOTrainer, config_for("DHPO-E", output_dir=str(tmp_path / "a"), **settings), tok)
     first.train()
     config_for("GRPO", output_dir=str(tmp_path / "b"), **{**settings, **second})  # the next cell's config
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError) as refused:
         first.train()
     assert first.state.global_step == 2  # refused before any step
+    # One line naming the configs whose construction resets the state.
+    named = [name for name in ("DHPOConfig", "GRPOConfig", "TrainingArguments") if name in str(refused.value)]
+    assert named == ["DHPOConfig", "GRPOConfig", "TrainingArguments"] and "\n" not in str(refused.value)
     again = build(DHPOTrainer, first.args, tok)
     again.train()
     assert again.state.global_step == 2 and again.accelerator.mixed_precision == "no"

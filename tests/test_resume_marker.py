@@ -1,10 +1,14 @@
-"""The completeness marker's file record and an older marker's format (`dhpo_trl.training.resume`)."""
+"""The completeness marker's file record, an older marker's format and the finished-run check
+(`dhpo_trl.training.resume`)."""
 
 import json
 import re
+from types import SimpleNamespace
 
 import pytest
+from transformers import PretrainedConfig
 
+from dhpo_trl.core.config import compiled_packing_reason
 from dhpo_trl.training import resume
 
 
@@ -229,6 +233,11 @@ def test_the_aux_loss_default_is_the_moe_models_own_coefficient():
     assert moe.config.router_aux_loss_coef == 0.01 and resume.aux_loss_default(moe) == 0.01
     moe.config.router_aux_loss_coef = 0.003
     assert resume.aux_loss_default(moe) == 0.003
+    # No auxiliary loss where the MoE config declares 0.0, or no coefficient at all (TRL's `getattr` default).
+    moe.config.router_aux_loss_coef = 0.0
+    assert resume.aux_loss_default(moe) == 0.0
+    undeclared = SimpleNamespace(config=PretrainedConfig(output_router_logits=True))
+    assert not hasattr(undeclared.config, "router_aux_loss_coef") and resume.aux_loss_default(undeclared) == 0.0
 
 
 # --------------------------------------------------------------- the settings that decide the automatic padding_free
@@ -266,6 +275,8 @@ def test_a_path_changed_by_torch_compile_is_refused_naming_the_setting_that_chan
     # Each changed setting with its checkpoint value: the one to resume with.
     assert named(message) == ["padding_free", *changed], message
     assert advised(message) == {name: str(recorded[name]) for name in changed}, message
+    # How they decide the path: the reason of the side where both are on (the checkpoint's or this run's).
+    assert compiled_packing_reason(SimpleNamespace(torch_compile=True, gradient_checkpointing=True)) in message
     # padding_free passed explicitly now: the value passed decided the path, named alone.
     with pytest.raises(ValueError) as refused:
         resume.check_resumable(path, current, current["padding_free"])
@@ -293,3 +304,35 @@ def test_a_path_that_torch_compile_did_not_decide_is_not_blamed_on_it(tmp_path, 
     current = path_settings(tmp_path, False, torch_compile=compiled[1], gradient_checkpointing=False)
     message = refusal(marked(tmp_path, {"format": 4, "global_step": 3, "settings": recorded}), current)
     assert named(message) == ["padding_free"] and advised(message) == {}, message
+
+
+# ------------------------------------------------------------------------------------------------- a finished run
+def saved_at(tmp_path, global_step):
+    """A checkpoint whose trainer state says `global_step`, in a folder whose name says another (a renamed folder)."""
+    path = tmp_path / "checkpoint-9"
+    path.mkdir()
+    (path / resume.TRAINER_STATE).write_text(json.dumps({"global_step": global_step, "max_steps": 9}))
+    return str(path)
+
+
+def raised_setting(error):
+    """The setting a finished-run refusal says to raise."""
+    return re.search(r"raise (\S+)", str(error))[1]
+
+
+@pytest.mark.parametrize("step", [1, 4])
+def test_a_checkpoint_at_or_past_the_last_step_its_trainer_state_records_is_finished(tmp_path, step):
+    """`check_unfinished`: the step is the trainer state's `global_step`, not the folder's name; a `max_steps` at or
+    below it is refused, naming max_steps, or the setting given that set the steps; one above it, or `max_steps <= 0`
+    (the epochs decide, checked once the data loader exists), resumes."""
+    checkpoint = saved_at(tmp_path, step)
+    assert resume.saved_global_step(checkpoint) == step
+    for max_steps in range(1, step + 1):
+        with pytest.raises(ValueError) as refused:
+            resume.check_unfinished(checkpoint, max_steps)
+        assert raised_setting(refused.value) == "max_steps" and f"max_steps={max_steps} " in str(refused.value)
+        with pytest.raises(ValueError) as refused:
+            resume.check_unfinished(checkpoint, max_steps, "num_train_epochs=0.5")
+        assert raised_setting(refused.value) == "num_train_epochs" and "num_train_epochs=0.5 " in str(refused.value)
+    for max_steps in (step + 1, 0, -1):
+        resume.check_unfinished(checkpoint, max_steps)

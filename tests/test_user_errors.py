@@ -198,6 +198,9 @@ def test_repeated_values_names_the_first_option_with_a_repeat_and_its_repeated_v
     assert message.startswith("--seeds:") and message.split(":")[1].split()[:2] == ["3", "1"]  # in order, each once
     assert "\n" not in message and "2" not in message.split(":")[1].split()
     assert repeated_values(args, "objectives").startswith("--objectives: GRPO ")
+    # Named as the flag is typed: argparse's dest reference_seeds is --reference-seeds.
+    named = repeated_values(argparse.Namespace(reference_seeds=[5, 5]), "reference_seeds")
+    assert named.startswith("--reference-seeds:"), named
 
 
 def test_make_folder_creates_parents_or_names_the_flag_and_the_folder(tmp_path, monkeypatch):
