@@ -187,6 +187,17 @@ def test_trl_trains_one_step_past_max_steps_when_resuming_a_finished_run(tok, tm
 
 
 
+def test_max_steps_0_is_refused_where_trl_trains_one_step(tok, tmp_path):
+    """transformers counts `max_steps=0` as steps and checks its stop after each step: TRL trains one. Refused in
+    one line naming the setting; -1 (epochs) and 1 are accepted."""
+    trl = build(GRPOTrainer, GRPOConfig(output_dir=str(tmp_path / "trl"), **{**SETTINGS, "max_steps": 0}), tok)
+    assert trl.train().global_step == 1
+    with pytest.raises(ValueError, match=r"DHPOConfig\.max_steps=0 "):
+        config_for("GRPO", output_dir=str(tmp_path / "dhpo"), **{**SETTINGS, "max_steps": 0})
+    assert [config_for("GRPO", output_dir=str(tmp_path), **{**SETTINGS, "max_steps": n}).max_steps
+            for n in (-1, 1)] == [-1, 1]  # fmt: skip
+
+
 @pytest.mark.parametrize("mine, later", [(False, True), (True, False)])  # bf16 for this trainer or the later one
 def test_a_trainer_built_since_with_another_mixed_precision_leaves_this_ones_run_unchanged(tok, tmp_path, mine, later):
     """A config and a trainer built after this trainer refill accelerate's process-wide state with their own mixed

@@ -586,6 +586,9 @@ def check_trl_run_fields(config) -> None:
     for name, value in counts.items():
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise ValueError(f"DHPOConfig.{name}={value!r} must be a positive whole number.")
+    if config.max_steps == 0:  # transformers counts 0 as steps, not epochs, and checks its stop after a step
+        raise ValueError("DHPOConfig.max_steps=0 trains one optimizer step: set the steps to train (1 or more), or -1 "
+                         "to train num_train_epochs.")  # fmt: skip
     if not is_number(config.temperature, finite=True) or config.temperature <= 0:
         raise ValueError(f"DHPOConfig.temperature={config.temperature!r} must be a number > 0: TRL divides the "
                          "logits by it.")  # fmt: skip
