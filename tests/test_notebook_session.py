@@ -427,3 +427,23 @@ def test_a_seed_set_after_building_the_trainer_acts_on_its_first_train(tok, tmp_
     reseeded = first_completions(DHPOTrainer, reseed=1)
     assert reseeded == first_completions(GRPOTrainer, reseed=1) != first_completions(DHPOTrainer)
     assert first_completions(DHPOTrainer) == first_completions(GRPOTrainer)  # the same generation, seeded alike
+
+
+def test_a_train_after_a_resumed_run_is_the_run_a_new_trainer_does_from_the_same_weights(tok, tmp_path):
+    """Interrupted at step 3, resumed to its end on the same trainer (`resume_from_checkpoint=True`), then `train()`
+    again: that run steps from a new optimizer (Adam's step count is its own 6 steps, not 12), as a new trainer's run
+    from the same weights does (same logs, same weights)."""
+    trainer = build(DHPOTrainer, config_for("DHPO-E", output_dir=str(tmp_path / "again"), **SETTINGS), tok)
+    interrupted(trainer, 3)
+    trainer.train(resume_from_checkpoint=True)
+    resumed = unwrapped(trainer.optimizer)
+    start = weights(trainer)
+    trainer.train()
+    new = build(DHPOTrainer, config_for("DHPO-E", output_dir=str(tmp_path / "new"), **SETTINGS), tok)
+    new.model.load_state_dict(start)
+    new.train()
+    assert unwrapped(trainer.optimizer) is not resumed
+    assert {float(state["step"]) for state in unwrapped(trainer.optimizer).state.values()} == {6.0}
+    assert logged(trainer)[-7:] == logged(new)
+    for name, tensor in weights(trainer).items():
+        torch.testing.assert_close(tensor, new.model.state_dict()[name], rtol=0, atol=0)

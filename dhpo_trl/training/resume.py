@@ -868,11 +868,18 @@ def start_fresh(trainer) -> list:
         trainer.args)
     if trainer.use_vllm:
         trainer._last_loaded_step = -1  # the weights go to vLLM before the first generation, whatever it holds
-    if (last := trainer._last_run) is not None:  # a run began: it drew from the random state, made its optimizer
+    if trainer._last_run is not None:  # a run began: it drew from the random state, made its optimizer
         set_seed(trainer.args.seed, device_specific=True)  # as TRL's __init__ seeds, last
-        if trainer.optimizer is not None and trainer.optimizer is last.optimizer:
-            trainer.optimizer = None  # transformers makes a new one as training starts
+    drop_made_optimizer(trainer)
     return [LastRun(trainer)]
+
+
+def drop_made_optimizer(trainer) -> None:
+    """Drops the optimizer transformers made for the last run, so that it makes a new one as training starts (a new
+    trainer's); a caller's stays. Kept, it would be the caller's to every later run (`LastRun`), its moments with it."""
+    last = trainer._last_run
+    if last is not None and trainer.optimizer is not None and trainer.optimizer is last.optimizer:
+        trainer.optimizer = None
 
 
 class LastRun(TrainerCallback):
@@ -901,6 +908,7 @@ def restore(trainer, checkpoint: str) -> list:
     if trainer.args.sync_ref_model and trainer.ref_model is not None:
         restore_reference_model(accelerator.unwrap_model(trainer.ref_model), checkpoint, main, main)
     trainer._routing.check_resumed(trainer._buffered_inputs)  # MoE routing replay needs the batch's routing
+    drop_made_optimizer(trainer)  # transformers loads the checkpoint's optimizer state into a new one, as it starts
     return [RestoreAtTrainBegin(trainer, accumulators or {}), LastRun(trainer)]
 
 
