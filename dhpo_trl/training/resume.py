@@ -876,24 +876,29 @@ def start_fresh(trainer) -> list:
 
 def drop_made_optimizer(trainer) -> None:
     """Drops the optimizer transformers made for the last run, so that it makes a new one as training starts (a new
-    trainer's); a caller's stays. Kept, it would be the caller's to every later run (`LastRun`), its moments with it."""
-    last = trainer._last_run
-    if last is not None and trainer.optimizer is not None and trainer.optimizer is last.optimizer:
-        trainer.optimizer = None
+    trainer's); a caller's stays. Kept, it would be the caller's to every later run (`LastRun`), its moments with it.
+    A `train()` that failed before its run began (another callback's `on_train_begin`) made and prepared one too: the
+    one transformers last prepared (`callback_handler.optimizer`), unless the caller set another since."""
+    made = [trainer._last_run.optimizer if trainer._last_run is not None else None]
+    if trainer._making_optimizer:
+        made.append(trainer.callback_handler.optimizer)
+    if trainer.optimizer is not None and any(trainer.optimizer is optimizer for optimizer in made):
+        trainer.optimizer = None  # transformers makes a new one as training starts
 
 
 class LastRun(TrainerCallback):
     """Records on the trainer (`_last_run`), as its run begins, what the next `start_fresh` sets as a new trainer has
     it: that the run began, and the optimizer transformers made and prepared for it (`optimizer`; None where it was
-    the caller's, which stays the caller's)."""
+    the caller's, which stays the caller's). Until then `_making_optimizer` says whether transformers makes one."""
 
     def __init__(self, trainer):
         self.trainer, self.made, self.optimizer = trainer, trainer.optimizer is None, None
+        trainer._making_optimizer = self.made
 
     def on_train_begin(self, args, state, control, **kwargs):
         trainer, self.trainer = self.trainer, None  # the record the trainer keeps does not keep the trainer
         self.optimizer = trainer.optimizer if self.made else None
-        trainer._last_run = self
+        trainer._last_run, trainer._making_optimizer = self, False
 
 
 def restore(trainer, checkpoint: str) -> list:
