@@ -441,3 +441,75 @@ def test_a_seed_set_after_building_the_trainer_acts_on_its_first_train(tok, tmp_
     reseeded = first_completions(DHPOTrainer, reseed=1)
     assert reseeded == first_completions(GRPOTrainer, reseed=1) != first_completions(DHPOTrainer)
     assert first_completions(DHPOTrainer) == first_completions(GRPOTrainer)  # the same generation, seeded alike
+
+
+def test_a_train_after_a_resumed_run_is_the_run_a_new_trainer_does_from_the_same_weights(tok, tmp_path):
+    """Interrupted at step 3, resumed to its end on the same trainer (`resume_from_checkpoint=True`), then `train()`
+    again: that run steps from a new optimizer (Adam's step count is its own 6 steps, not 12), as a new trainer's run
+    from the same weights does (same logs, same weights)."""
+    trainer = build(DHPOTrainer, config_for("DHPO-E", output_dir=str(tmp_path / "again"), **SETTINGS), tok)
+    interrupted(trainer, 3)
+    trainer.train(resume_from_checkpoint=True)
+    resumed = unwrapped(trainer.optimizer)
+    start = weights(trainer)
+    trainer.train()
+    new = build(DHPOTrainer, config_for("DHPO-E", output_dir=str(tmp_path / "new"), **SETTINGS), tok)
+    new.model.load_state_dict(start)
+    new.train()
+    assert unwrapped(trainer.optimizer) is not resumed
+    assert {float(state["step"]) for state in unwrapped(trainer.optimizer).state.values()} == {6.0}
+    assert logged(trainer)[-7:] == logged(new)
+    for name, tensor in weights(trainer).items():
+        torch.testing.assert_close(tensor, new.model.state_dict()[name], rtol=0, atol=0)
+
+
+class FailsAsTrainingBegins(TrainerCallback):
+    """A reporting integration whose setup raises as training begins, once (a tracker not logged in): after
+    transformers made and prepared the optimizer, before the trainer's own callbacks see the run begin."""
+
+    def __init__(self):
+        self.raised = False
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not self.raised:
+            self.raised = True
+            raise RuntimeError("the tracker's setup failed")
+
+
+@pytest.mark.parametrize("attempt", ["fresh", "resumed"])  # the failed train(): a new run, or a resume (Adam loaded)
+def test_a_train_after_one_that_failed_as_it_began_is_the_run_a_new_trainer_does(tok, tmp_path, attempt):
+    """The first `train()` fails in another callback's `on_train_begin`; the trainer is used again twice. Each run
+    steps from a new optimizer (Adam's step count is its own 2 steps, not the checkpoint's or the last run's added)
+    and the last equals a new trainer's run from the same weights (same logs, same weights)."""
+    settings = {**SETTINGS, "max_steps": 2}
+    if attempt == "resumed":
+        build(DHPOTrainer, config_for("DHPO-E", output_dir=str(tmp_path / "saved"), **settings), tok).train()
+    trainer = build(DHPOTrainer, config_for("DHPO-E", output_dir=str(tmp_path / "again"), **settings), tok)
+    trainer.add_callback(FailsAsTrainingBegins())
+    with pytest.raises(RuntimeError):
+        trainer.train(resume_from_checkpoint=str(tmp_path / "saved/checkpoint-1") if attempt == "resumed" else None)
+    assert trainer.optimizer is not None  # made and prepared before the failure
+    for _ in range(2):
+        start = weights(trainer)
+        trainer.train()
+        assert {float(state["step"]) for state in unwrapped(trainer.optimizer).state.values()} == {2.0}
+    new = build(DHPOTrainer, config_for("DHPO-E", output_dir=str(tmp_path / "new"), **settings), tok)
+    new.model.load_state_dict(start)
+    new.train()
+    assert logged(trainer)[-3:] == logged(new)
+    for name, tensor in weights(trainer).items():
+        torch.testing.assert_close(tensor, new.model.state_dict()[name], rtol=0, atol=0)
+
+
+def test_an_optimizer_the_caller_sets_after_a_train_that_failed_as_it_began_steps_every_train(tok, tmp_path):
+    """The first `train()` fails in another callback's `on_train_begin` (transformers made its optimizer); the caller
+    then sets one (SGD with momentum): the next two runs step with it, the second going on with its momentum."""
+    settings = {**SETTINGS, "save_strategy": "no", "max_steps": 2}
+    trainer = build(DHPOTrainer, config_for("DHPO-E", output_dir=str(tmp_path), **settings), tok)
+    trainer.add_callback(FailsAsTrainingBegins())
+    with pytest.raises(RuntimeError):
+        trainer.train()
+    chosen = trainer.optimizer = torch.optim.SGD(trainer.model.parameters(), lr=0.05, momentum=0.9)
+    for _ in range(2):
+        trainer.train()
+        assert unwrapped(trainer.optimizer) is chosen and len(chosen.state) > 0  # momentum buffers

@@ -68,7 +68,7 @@ def test_every_private_name_still_exists_where_the_list_says(private):
 
 # Our own private attributes and methods on the trainer (not TRL's).
 OURS = {"_update", "_routing", "_stop_callback", "_warned_on_policy", "_epoch_sampler", "_gradient_check",
-        "_last_run"}
+        "_last_run", "_making_optimizer"}
 
 
 @pytest.mark.parametrize("module", ["trainer", "resume"])

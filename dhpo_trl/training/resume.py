@@ -868,25 +868,37 @@ def start_fresh(trainer) -> list:
         trainer.args)
     if trainer.use_vllm:
         trainer._last_loaded_step = -1  # the weights go to vLLM before the first generation, whatever it holds
-    if (last := trainer._last_run) is not None:  # a run began: it drew from the random state, made its optimizer
+    if trainer._last_run is not None:  # a run began: it drew from the random state, made its optimizer
         set_seed(trainer.args.seed, device_specific=True)  # as TRL's __init__ seeds, last
-        if trainer.optimizer is not None and trainer.optimizer is last.optimizer:
-            trainer.optimizer = None  # transformers makes a new one as training starts
+    drop_made_optimizer(trainer)
     return [LastRun(trainer)]
+
+
+def drop_made_optimizer(trainer) -> None:
+    """Drops the optimizer transformers made for the last run, so that it makes a new one as training starts (a new
+    trainer's); a caller's stays. Kept, it would be the caller's to every later run (`LastRun`), its moments with it.
+    A `train()` that failed before its run began (another callback's `on_train_begin`) made and prepared one too: the
+    one transformers last prepared (`callback_handler.optimizer`), unless the caller set another since."""
+    made = [trainer._last_run.optimizer if trainer._last_run is not None else None]
+    if trainer._making_optimizer:
+        made.append(trainer.callback_handler.optimizer)
+    if trainer.optimizer is not None and any(trainer.optimizer is optimizer for optimizer in made):
+        trainer.optimizer = None  # transformers makes a new one as training starts
 
 
 class LastRun(TrainerCallback):
     """Records on the trainer (`_last_run`), as its run begins, what the next `start_fresh` sets as a new trainer has
     it: that the run began, and the optimizer transformers made and prepared for it (`optimizer`; None where it was
-    the caller's, which stays the caller's)."""
+    the caller's, which stays the caller's). Until then `_making_optimizer` says whether transformers makes one."""
 
     def __init__(self, trainer):
         self.trainer, self.made, self.optimizer = trainer, trainer.optimizer is None, None
+        trainer._making_optimizer = self.made
 
     def on_train_begin(self, args, state, control, **kwargs):
         trainer, self.trainer = self.trainer, None  # the record the trainer keeps does not keep the trainer
         self.optimizer = trainer.optimizer if self.made else None
-        trainer._last_run = self
+        trainer._last_run, trainer._making_optimizer = self, False
 
 
 def restore(trainer, checkpoint: str) -> list:
@@ -901,6 +913,7 @@ def restore(trainer, checkpoint: str) -> list:
     if trainer.args.sync_ref_model and trainer.ref_model is not None:
         restore_reference_model(accelerator.unwrap_model(trainer.ref_model), checkpoint, main, main)
     trainer._routing.check_resumed(trainer._buffered_inputs)  # MoE routing replay needs the batch's routing
+    drop_made_optimizer(trainer)  # transformers loads the checkpoint's optimizer state into a new one, as it starts
     return [RestoreAtTrainBegin(trainer, accumulators or {}), LastRun(trainer)]
 
 

@@ -55,7 +55,7 @@ class DHPOTrainer(GRPOTrainer):
             super().__init__(model, reward_funcs, args, *pos, **kwargs)
         self.zero3_leaf_modules = maybe_set_zero3_leaf_modules(self.model, self.accelerator)  # ZeRO-3 + MoE: moe.py
         self._tag_names = ["trl", "dhpo", args.algorithm]
-        self.graceful_stop, self._last_run = None, None  # resume.py: how a stop ended a run; the last run began
+        self.graceful_stop, self._last_run, self._making_optimizer = None, None, False  # resume.py: stop; LastRun
         update_path.refuse_multimodal_planning(args, self.processing_class, self.train_dataset)  # one TRL loaded
         models, device = {"model": self.model, "ref_model": self.ref_model}, self.accelerator.device.type
         self._update = update_path.choose(args.padding_free, args.share_prompts, args.dynamic_batching, models, device,
