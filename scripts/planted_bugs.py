@@ -892,15 +892,15 @@ BUGS = {
     ),
     "cell-pool-start-death-said-a-lost-cell": (
         "dhpo_trl/demo/cell_pool.py",
-        "return death_message(process.name, process.pid, exitcode, (process.pid, process.name) in self.reported)",
-        "return death_message(process.name, process.pid, exitcode)",
+        "return worker_end(process.name, process.pid, exitcode, (process.pid, process.name) in self.reported)",
+        "return worker_end(process.name, process.pid, exitcode)",
         ["tests/test_cell_pool.py"],
         "a worker that died as it started is reported as a lost cell: the line hides what to fix before the rerun",
     ),
     "cell-pool-start-death-cause-swapped": (
         "dhpo_trl/demo/cell_pool.py",
-        "        if exitcode < 0\n        else",
-        "        if exitcode > 0\n        else",
+        '    if exitcode < 0:\n        return "it was killed as it started',
+        '    if exitcode > 0:\n        return "it was killed as it started',
         ["tests/test_cell_pool.py"], "a kill as a worker starts is blamed on its import, a failed import on memory",
     ),
     "cell-pool-watchdog-during-terminate": (
@@ -910,10 +910,10 @@ BUGS = {
         finally:
             # Also when a death found as the block ended is raised in `stop` (at most once: `take_death`).
             watchdog.join()  # the one reader of `started` until then
-            restore()
             if close(pool, context.workers):  # kills what a graceful stop or a cell would leave waiting
                 pool.join()
-            started.close()""",
+            started.close()
+            restore()""",
         """        try:
             close(pool, context.workers)  # kills what a graceful stop or a cell would leave waiting
             pool.join()
@@ -1141,8 +1141,8 @@ BUGS = {
     ),
     "cell-pool-refused-replacement-unseen": (
         "dhpo_trl/demo/cell_pool.py",
-        "        if refused:\n            return start_message(refused[0].name, refused[0].start_error)",
-        "        if False:\n            return start_message(refused[0].name, refused[0].start_error)",
+        "        if refused:\n            return WorkerNotStarted(start_message(refused[0].name, refused[0].start_error))",
+        "        if False:\n            return WorkerNotStarted(start_message(refused[0].name, refused[0].start_error))",
         ["tests/test_cell_pool.py"],
         "a replacement worker the system refuses to start is not reported: the line blames the death, not the system",
     ),
@@ -1155,8 +1155,8 @@ BUGS = {
     ),
     "study-waits-for-every-cell": (
         "benchmarks/study.py",
-        'finished = {(s["algorithm"], s["seed"]): s for s in pool.imap_unordered(_run_one, jobs)}',
-        'finished = {(s["algorithm"], s["seed"]): s for s in pool.map(_run_one, jobs, chunksize=1)}',
+        "summaries = in_plan_order(jobs, pool.imap_unordered(_run_one, jobs))",
+        "summaries = in_plan_order(jobs, pool.map(_run_one, jobs, chunksize=1))",
         ["tests/test_study_stops.py"],
         "a cell that raises is reported only once every other cell finished (hours into a study)",
     ),

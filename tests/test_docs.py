@@ -222,13 +222,25 @@ def planted_bug_ids(testing):
     return {name for row in cells for name in re.findall(r"`([a-z0-9]+(?:-[a-z0-9]+)+)`", row[1])}
 
 
-def script_bugs():
+def planted_bugs_script():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("planted_bugs_under_test", ROOT / "scripts/planted_bugs.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.BUGS
+    return module
+
+
+def script_bugs():
+    return planted_bugs_script().BUGS
+
+
+def test_every_planted_bug_finds_the_code_it_changes():
+    """Each bug's anchor is found exactly once where the script plants it (`locate`): a refactor that rewrites the
+    anchored code leaves a bug the script cannot plant, and `--only ID` would report it, not run it."""
+    script = planted_bugs_script()
+    lost = [bug for bug, (path, anchor, *_) in script.BUGS.items() if script.locate(ROOT, path, anchor) is None]
+    assert not lost, f"scripts/planted_bugs.py: anchors not found once in their files: {lost}"
 
 
 def test_every_bug_of_the_testing_table_is_one_the_script_plants():
