@@ -454,8 +454,8 @@ def check_unfinished(checkpoint: str, max_steps: int, setting: str | None = None
     """Refuse to resume a checkpoint at or past `max_steps`: transformers would train one optimizer step more
     (its loop skips the checkpoint's batches, then takes the next step before it checks `max_steps`), changing the
     finished model, as a notebook cell run again after the run ended would. `max_steps < 0` (epochs; 0 is refused
-    by the config): nothing to check before the data loader exists; `restore` checks the steps the epochs make (`setting`: the setting that
-    set them, named in the refusal; default `max_steps=N`)."""
+    by the config): nothing to check before the data loader exists; `restore` checks the steps the epochs make
+    (`setting`: the setting that set them, named in the refusal; default `max_steps=N`)."""
     step = saved_global_step(checkpoint)
     if 0 < max_steps <= step:
         setting = setting or f"max_steps={max_steps}"
