@@ -8,7 +8,7 @@ writes OUTPUT_DIR/gpu_check.json (every part's status, seconds, figures or error
 Parts, in order: `wheels` (install the carried wheels), `environment` (versions against the pins, the GPU, the
 varlen kernels), `tests` (tests/test_gpu.py, marker `gpu`), `train` (DHPO-E off-policy steps with generation on a
 random Qwen3-0.6B), `bench-qwen3-1.7b` (benchmarks/bench_dynamic_batching.py, bf16, the long-tailed workload, the
-arms of BENCH_PLAN interleaved, some at their own batch shape, profiled arms), `routing-overhead` (the
+arms of BENCH_PLAN interleaved, some at their own batch shape, and any profiled arms), `routing-overhead` (the
 cost of recording and replaying MoE routing, Qwen3-30B-A3B's layers) and `routing-rollout` (R3 against vLLM's
 offline engine: routing returned, flip fraction before replay, replayed exactly). A part that fails or runs
 out of time leaves its status, its error (the last lines of its output) and whatever figures it wrote, and the next

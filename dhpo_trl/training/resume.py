@@ -472,7 +472,7 @@ def saved_global_step(checkpoint: str) -> int:
 
 
 def check_epochs_unfinished(trainer, checkpoint: str) -> None:
-    """`check_unfinished` for a run that `num_train_epochs` bounds (`max_steps <= 0`), with the step count
+    """`check_unfinished` for a run that `num_train_epochs` bounds (`max_steps < 0`), with the step count
     transformers derives from the data loader (a fractional number of epochs ends inside an epoch)."""
     args = trainer.args
     if args.max_steps > 0:  # checked with the settings, before the models load
