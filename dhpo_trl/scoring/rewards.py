@@ -161,7 +161,7 @@ _COUNTS = {"answers": 0, "over_budget": 0, "over_deadline": 0, "cached": 0}
 def pop_grading_counts() -> dict[str, int]:
     """Counts since the last call, then reset: `answers` compared, `over_budget` (scored 0 because the call's budget
     ran out before their comparison ended), `over_deadline` (scored 0 at their own deadline) and `cached` (answered
-    from the cache). A trainer logs `over_budget` once per step; it is 0 unless answers were slow."""
+    from the cache). `DHPOTrainer` logs `over_budget` once per generation batch; it is 0 unless answers were slow."""
     with _COUNTS_LOCK:
         counts = dict(_COUNTS)
         for key in _COUNTS:
