@@ -267,9 +267,11 @@ def main(argv=None) -> int:
         wanted = options.parts.split(",")
         unknown = set(wanted) - {p.name for p in parts}
         if unknown:
+            shutil.rmtree(work, ignore_errors=True)
             parser.error(f"--parts: unknown {sorted(unknown)}; the parts are {[p.name for p in parts]}")
         parts = [p for p in parts if p.name in wanted or p.name == "wheels"]  # later parts import what it installs
-    total, needed = options.total_seconds or (1800 if options.cpu else GPU_SECONDS), sum(p.minimum for p in parts)
+    total = options.total_seconds if options.total_seconds is not None else 1800 if options.cpu else GPU_SECONDS
+    needed = sum(p.minimum for p in parts)
     if total < needed:  # the wheels part would get no time and every part after it fail on a missing import
         shutil.rmtree(work, ignore_errors=True)
         parser.error(f"--total-seconds {total:g} is less than the {needed:g} s the parts asked are planned to take "

@@ -356,15 +356,15 @@ BUGS = {
     ),
     "failed-train-keeps-its-optimizer": (
         "dhpo_trl/training/resume.py",
-        "        made.append(trainer.callback_handler.optimizer)",
-        "        pass",
+        "    if trainer._making_optimizer and isinstance(trainer.optimizer, AcceleratedOptimizer):",
+        "    if False:",
         ["tests/test_notebook_session.py::test_a_train_after_one_that_failed_as_it_began_is_the_run_a_new_trainer_does"],
         "the optimizer a train() that failed before its run began made is the caller's to every later run, moments too",
     ),
     "failed-train-drops-the-callers-optimizer": (
         "dhpo_trl/training/resume.py",
-        "        made.append(trainer.callback_handler.optimizer)",
-        "        made.append(trainer.optimizer)",
+        "    if trainer._making_optimizer and isinstance(trainer.optimizer, AcceleratedOptimizer):",
+        "    if trainer._making_optimizer:",
         ["tests/test_notebook_session.py::test_an_optimizer_the_caller_sets_after_a_train_that_failed_as_it_began_steps_every_train"],
         "after a train() that failed before its run began, an optimizer the caller set since is replaced by AdamW",
     ),
@@ -374,6 +374,14 @@ BUGS = {
         "pass",
         ["tests/test_resume_vllm.py::test_a_second_train_sends_the_weights_before_its_first_generation"],
         "train() again generates from the weights vLLM got at the last run's step 0, not the model's",
+    ),
+    "resume-keeps-the-vllm-step": (
+        "dhpo_trl/training/resume.py",
+        "the checkpoint's weights go to vLLM before its first generation, at whatever step it left\n"
+        "        trainer._last_loaded_step = -1",
+        "the checkpoint's weights go to vLLM before its first generation, at whatever step it left\n        pass",
+        ["tests/test_resume_vllm.py::test_a_resume_in_the_same_trainer_sends_the_checkpoints_weights_before_its_first_generation"],
+        "a resume in the same trainer at the step vLLM last loaded generates from the last run's weights",
     ),
     "rerun-logs-the-interrupted-evaluation": (
         "dhpo_trl/training/resume.py",

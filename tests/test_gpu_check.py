@@ -652,7 +652,8 @@ def test_the_targets_are_judged_at_every_shape_both_arms_were_asked_for():
                       "packed@16x2/trl@16x2": {"value": 2.5, "target": 2.5, "met": True}}  # a target reached is met
 
 
-def test_a_total_below_the_parts_planned_time_is_refused_before_any_part_runs(tmp_path, capsys):
+@pytest.mark.parametrize("short", [1, "all"])  # one second short, or none at all (`--total-seconds 0`)
+def test_a_total_below_the_parts_planned_time_is_refused_before_any_part_runs(tmp_path, capsys, short):
     """`--total-seconds` under the planned minimums of the parts asked would skip the wheels part for lack of time and
     fail every part after it on a missing import (a lent GPU's minutes spent on nothing): refused in one line naming
     the option and the seconds needed, nothing run, no temporary folder left."""
@@ -660,8 +661,17 @@ def test_a_total_below_the_parts_planned_time_is_refused_before_any_part_runs(tm
     needed = sum(p.minimum for p in check.plan(False, "python3", Path("/nonexistent"), ".gpu_wheels")
                  if p.name in ("wheels", "bench-qwen3-1.7b"))  # fmt: skip
     with pytest.raises(SystemExit) as stop:
-        check.main([str(tmp_path / "out"), "--parts", "bench-qwen3-1.7b", "--total-seconds", str(needed - 1)])
+        total = needed - 1 if short == 1 else 0
+        check.main([str(tmp_path / "out"), "--parts", "bench-qwen3-1.7b", "--total-seconds", str(total)])
     error = capsys.readouterr().err
     assert stop.value.code == 2 and "--total-seconds" in error and f"give at least {needed:g}" in error
     assert not (tmp_path / "out" / "gpu_check.json").exists()
+    assert set(Path(tempfile.gettempdir()).glob("dhpo_gpu_check_*")) == before
+
+
+def test_an_unknown_part_is_refused_and_leaves_no_temporary_folder(tmp_path, capsys):
+    before = set(Path(tempfile.gettempdir()).glob("dhpo_gpu_check_*"))
+    with pytest.raises(SystemExit) as stop:
+        check.main([str(tmp_path / "out"), "--parts", "bench-qwen3-9b"])
+    assert stop.value.code == 2 and "--parts" in capsys.readouterr().err
     assert set(Path(tempfile.gettempdir()).glob("dhpo_gpu_check_*")) == before

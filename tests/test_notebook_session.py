@@ -476,18 +476,37 @@ class FailsAsTrainingBegins(TrainerCallback):
             raise RuntimeError("the tracker's setup failed")
 
 
-@pytest.mark.parametrize("attempt", ["fresh", "resumed"])  # the failed train(): a new run, or a resume (Adam loaded)
+def failing_once(method):
+    """`method` raising once, as a checkpoint's unreadable scaler state would, then itself."""
+    calls = []
+
+    def failing(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("the checkpoint's scaler state could not be read")
+        return method(*args, **kwargs)
+
+    return failing
+
+
+# the failed train(): a new run or a resume (Adam loaded) failing in another callback's on_train_begin, or a resume
+# failing as transformers loads the checkpoint, after it made, prepared and loaded the optimizer (before the callbacks
+# are handed it)
+@pytest.mark.parametrize("attempt", ["fresh", "resumed", "resumed, failing as it loads"])
 def test_a_train_after_one_that_failed_as_it_began_is_the_run_a_new_trainer_does(tok, tmp_path, attempt):
-    """The first `train()` fails in another callback's `on_train_begin`; the trainer is used again twice. Each run
-    steps from a new optimizer (Adam's step count is its own 2 steps, not the checkpoint's or the last run's added)
-    and the last equals a new trainer's run from the same weights (same logs, same weights)."""
+    """The first `train()` fails before its run begins; the trainer is used again twice. Each run steps from a new
+    optimizer (Adam's step count is its own 2 steps, not the checkpoint's or the last run's added) and the last
+    equals a new trainer's run from the same weights (same logs, same weights)."""
     settings = {**SETTINGS, "max_steps": 2}
-    if attempt == "resumed":
+    if attempt != "fresh":
         build(DHPOTrainer, config_for("DHPO-E", output_dir=str(tmp_path / "saved"), **settings), tok).train()
     trainer = build(DHPOTrainer, config_for("DHPO-E", output_dir=str(tmp_path / "again"), **settings), tok)
-    trainer.add_callback(FailsAsTrainingBegins())
+    if attempt.endswith("loads"):
+        trainer._load_scaler = failing_once(trainer._load_scaler)
+    else:
+        trainer.add_callback(FailsAsTrainingBegins())
     with pytest.raises(RuntimeError):
-        trainer.train(resume_from_checkpoint=str(tmp_path / "saved/checkpoint-1") if attempt == "resumed" else None)
+        trainer.train(resume_from_checkpoint=str(tmp_path / "saved/checkpoint-1") if attempt != "fresh" else None)
     assert trainer.optimizer is not None  # made and prepared before the failure
     for _ in range(2):
         start = weights(trainer)

@@ -159,3 +159,29 @@ def test_a_second_train_sends_the_weights_before_its_first_generation(fake_serve
     assert [(kind, step) for kind, step, _ in StandInVLLM.events][:2] == [("sync", 0), ("generate", 0)]
     for name, value in StandInVLLM.events[0][2].items():
         torch.testing.assert_close(value, changed[name], atol=0, rtol=0)
+
+
+def test_a_resume_in_the_same_trainer_sends_the_checkpoints_weights_before_its_first_generation(
+        fake_server, tmp_path, monkeypatch):  # fmt: skip
+    """The trainer's last run left the server holding its weights of step 2 (its last generation batch); resuming
+    another run's checkpoint at step 2 in the same trainer sends the checkpoint's weights before it generates at step
+    2, as a new trainer resuming it does (TRL sends them only when `global_step != _last_loaded_step`)."""
+    from safetensors.torch import load_file
+
+    monkeypatch.setattr(vllm_utils, "is_vllm_available", lambda *a, **k: True)
+    monkeypatch.setattr("trl.trainer.grpo_trainer.VLLMGeneration", StandInVLLM)
+    other = built(fake_server, tmp_path / "other", digit_share)
+    with torch.no_grad():  # another run: other weights from the start
+        for param in other.model.parameters():
+            param.add_(0.01)
+    other.train()
+    trainer = built(fake_server, tmp_path / "mine", digit_share)
+    trainer.args.max_steps = 3  # generation batches at steps 0 and 2
+    trainer.train()
+    assert [(kind, step) for kind, step, _ in StandInVLLM.events][-2:] == [("sync", 2), ("generate", 2)]
+    StandInVLLM.events = []
+    trainer.train(resume_from_checkpoint=str(tmp_path / "other" / "checkpoint-2"))
+    assert [(kind, step) for kind, step, _ in StandInVLLM.events][:2] == [("sync", 2), ("generate", 2)]
+    saved = load_file(str(tmp_path / "other" / "checkpoint-2" / "model.safetensors"))
+    sent = StandInVLLM.events[0][2]
+    assert set(sent) <= set(saved) and max((sent[name] - saved[name]).abs().max().item() for name in sent) == 0

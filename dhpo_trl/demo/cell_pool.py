@@ -251,7 +251,7 @@ def worker_end(name: str, pid: int, exitcode: int, ready: bool = True) -> Worker
     stopped = [signum.name for signum in STOP_SIGNALS if exitcode == -signum]
     if not stopped:
         return WorkerDied(death_message(name, pid, exitcode, ready))
-    where = "outside a graceful stop (a cell's warm start or evaluation)" if ready else "as it started"
+    where = "outside training (between cells, a warm start or an evaluation)" if ready else "as it started"
     return TrainingStopped(f"stopped by {stopped[0]} to worker {name} (pid {pid}), which ended it {where}: the cells "
                            "in progress are not saved", {"signal": stopped[0]})  # fmt: skip
 

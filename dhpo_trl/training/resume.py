@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
+from accelerate.optimizer import AcceleratedOptimizer
 from accelerate.utils import set_seed
 from transformers import TrainerCallback
 
@@ -877,11 +878,12 @@ def start_fresh(trainer) -> list:
 def drop_made_optimizer(trainer) -> None:
     """Drops the optimizer transformers made for the last run, so that it makes a new one as training starts (a new
     trainer's); a caller's stays. Kept, it would be the caller's to every later run (`LastRun`), its moments with it.
-    A `train()` that failed before its run began (another callback's `on_train_begin`) made and prepared one too: the
-    one transformers last prepared (`callback_handler.optimizer`), unless the caller set another since."""
+    A `train()` that failed before its run began, where transformers was to make one (another callback's
+    `on_train_begin`, or loading a checkpoint's optimizer or scaler), made and prepared one too: the one accelerate
+    prepared (`AcceleratedOptimizer`, DeepSpeed's wrapper included), where the caller sets a plain one."""
     made = [trainer._last_run.optimizer if trainer._last_run is not None else None]
-    if trainer._making_optimizer:
-        made.append(trainer.callback_handler.optimizer)
+    if trainer._making_optimizer and isinstance(trainer.optimizer, AcceleratedOptimizer):
+        made.append(trainer.optimizer)
     if trainer.optimizer is not None and any(trainer.optimizer is optimizer for optimizer in made):
         trainer.optimizer = None  # transformers makes a new one as training starts
 
@@ -913,6 +915,8 @@ def restore(trainer, checkpoint: str) -> list:
     if trainer.args.sync_ref_model and trainer.ref_model is not None:
         restore_reference_model(accelerator.unwrap_model(trainer.ref_model), checkpoint, main, main)
     trainer._routing.check_resumed(trainer._buffered_inputs)  # MoE routing replay needs the batch's routing
+    if trainer.use_vllm:  # the checkpoint's weights go to vLLM before its first generation, at whatever step it left
+        trainer._last_loaded_step = -1
     drop_made_optimizer(trainer)  # transformers loads the checkpoint's optimizer state into a new one, as it starts
     return [RestoreAtTrainBegin(trainer, accumulators or {}), LastRun(trainer)]
 
