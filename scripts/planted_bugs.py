@@ -316,8 +316,9 @@ BUGS = {
         "dhpo_trl/training/resume.py",
         "trainer.optimizer = None  # transformers makes a new one as training starts",
         "pass",
-        ["tests/test_notebook_session.py::test_a_second_train_is_the_run_a_new_trainer_does_from_the_same_weights"],
-        "train() again steps with the last run's Adam moments and step count",
+        ["tests/test_notebook_session.py::test_a_second_train_is_the_run_a_new_trainer_does_from_the_same_weights",
+         "tests/test_notebook_session.py::test_a_train_after_a_resumed_run_is_the_run_a_new_trainer_does_from_the_same_weights"],
+        "train() again, or a resume on the same trainer, steps with the last run's Adam moments and step count",
     ),
     "first-train-reseeds": (
         "dhpo_trl/training/resume.py",
@@ -332,13 +333,6 @@ BUGS = {
         "if trainer.optimizer is not None:",
         ["tests/test_notebook_session.py::test_an_optimizer_the_caller_set_or_passed_steps_every_train"],
         "train() again replaces the optimizer the caller set or passed with the AdamW transformers makes",
-    ),
-    "resume-keeps-the-made-optimizer": (
-        "dhpo_trl/training/resume.py",
-        "    drop_made_optimizer(trainer)  # transformers loads the checkpoint's optimizer state into a new one",
-        "    pass  # transformers loads the checkpoint's optimizer state into a new one",
-        ["tests/test_notebook_session.py::test_a_train_after_a_resumed_run_is_the_run_a_new_trainer_does_from_the_same_weights"],
-        "a resume on the same trainer reuses the last run's optimizer, which later train() calls keep as the caller's",
     ),
     "last-run-recorded-at-train-end": (
         "dhpo_trl/training/resume.py",
@@ -368,20 +362,14 @@ BUGS = {
         ["tests/test_notebook_session.py::test_an_optimizer_the_caller_sets_after_a_train_that_failed_as_it_began_steps_every_train"],
         "after a train() that failed before its run began, an optimizer the caller set since is replaced by AdamW",
     ),
-    "rerun-keeps-the-vllm-step": (
+    "new-run-keeps-the-vllm-step": (
         "dhpo_trl/training/resume.py",
-        "trainer._last_loaded_step = -1  # the weights go to vLLM before the first generation, whatever it holds",
-        "pass",
-        ["tests/test_resume_vllm.py::test_a_second_train_sends_the_weights_before_its_first_generation"],
-        "train() again generates from the weights vLLM got at the last run's step 0, not the model's",
-    ),
-    "resume-keeps-the-vllm-step": (
-        "dhpo_trl/training/resume.py",
-        "the checkpoint's weights go to vLLM before its first generation, at whatever step it left\n"
-        "        trainer._last_loaded_step = -1",
-        "the checkpoint's weights go to vLLM before its first generation, at whatever step it left\n        pass",
-        ["tests/test_resume_vllm.py::test_a_resume_in_the_same_trainer_sends_the_checkpoints_weights_before_its_first_generation"],
-        "a resume in the same trainer at the step vLLM last loaded generates from the last run's weights",
+        "    if trainer.use_vllm:\n        trainer._last_loaded_step = -1\n    drop_made_optimizer(trainer)",
+        "    drop_made_optimizer(trainer)",
+        ["tests/test_resume_vllm.py::test_a_second_train_sends_the_weights_before_its_first_generation",
+         "tests/test_resume_vllm.py::test_a_resume_in_the_same_trainer_sends_the_checkpoints_weights_before_its_first_generation"],
+        "train() again, or a resume in the same trainer, generates from the weights vLLM got in the last run, not the "
+        "model's",
     ),
     "rerun-logs-the-interrupted-evaluation": (
         "dhpo_trl/training/resume.py",

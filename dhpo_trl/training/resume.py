@@ -860,19 +860,27 @@ def start_fresh(trainer) -> list:
     weights vLLM holds (the weights would not be sent at a step the last run sent them at). Each is set as a new
     trainer sets it. Before the trainer's first run the random state and the optimizer are the caller's (seeded or
     set since the trainer was built, or passed in `optimizers`), as with TRL's trainer; so is an optimizer the caller
-    set or passed at any time. Returns the callback that records the run (`LastRun`), as `restore` does."""
+    set or passed at any time. Returns the callback that records the run (`new_run`), as `restore` does."""
     trainer._step = 0
     trainer._buffered_inputs = None
     trainer._metrics = {mode: defaultdict(list) for mode in trainer._metrics}  # "train", "eval"
     trainer._pending_metrics.clear()
     trainer.entropy_coef, trainer._last_world_entropy, trainer._entropy_window_stats = entropy_control.initial(
         trainer.args)
-    if trainer.use_vllm:
-        trainer._last_loaded_step = -1  # the weights go to vLLM before the first generation, whatever it holds
     if trainer._last_run is not None:  # a run began: it drew from the random state, made its optimizer
         set_seed(trainer.args.seed, device_specific=True)  # as TRL's __init__ seeds, last
+    return [new_run(trainer)]
+
+
+def new_run(trainer) -> LastRun:
+    """What every `train()` sets before transformers starts its run, from a checkpoint or not: the weights go to vLLM
+    before the first generation, whatever step's weights it holds (TRL sends them only at a step it has not sent);
+    transformers makes a new optimizer where it made the last run's (`drop_made_optimizer`), and loads a checkpoint's
+    state into that; the run is recorded (`LastRun`)."""
+    if trainer.use_vllm:
+        trainer._last_loaded_step = -1
     drop_made_optimizer(trainer)
-    return [LastRun(trainer)]
+    return LastRun(trainer)
 
 
 def drop_made_optimizer(trainer) -> None:
@@ -906,7 +914,7 @@ class LastRun(TrainerCallback):
 def restore(trainer, checkpoint: str) -> list:
     """What transformers does not restore of a checkpoint: each process's generation state and, with
     `sync_ref_model`, the synced reference model. Returns the callbacks that finish the restore once training begins
-    (transformers resets its loss accumulators then) and record the run (`LastRun`)."""
+    (transformers resets its loss accumulators then) and record the run (`new_run`)."""
     check_epochs_unfinished(trainer, checkpoint)
     accelerator = trainer.accelerator
     main = accelerator.is_main_process
@@ -915,10 +923,7 @@ def restore(trainer, checkpoint: str) -> list:
     if trainer.args.sync_ref_model and trainer.ref_model is not None:
         restore_reference_model(accelerator.unwrap_model(trainer.ref_model), checkpoint, main, main)
     trainer._routing.check_resumed(trainer._buffered_inputs)  # MoE routing replay needs the batch's routing
-    if trainer.use_vllm:  # the checkpoint's weights go to vLLM before its first generation, at whatever step it left
-        trainer._last_loaded_step = -1
-    drop_made_optimizer(trainer)  # transformers loads the checkpoint's optimizer state into a new one, as it starts
-    return [RestoreAtTrainBegin(trainer, accumulators or {}), LastRun(trainer)]
+    return [RestoreAtTrainBegin(trainer, accumulators or {}), new_run(trainer)]
 
 
 class GracefulStopCallback(TrainerCallback):
