@@ -38,6 +38,7 @@ from dhpo_trl.demo.cell_pool import (
     Watchdog,
     WorkerContext,
     WorkerDied,
+    WorkerNotStarted,
     close,
     death_message,
     drain,
@@ -409,16 +410,18 @@ def test_a_refused_start_names_the_worker_and_the_error_on_one_line():
 
 
 def test_the_watchdog_reports_a_refused_start_before_any_death():
-    """`Watchdog.check`: a worker whose start raised (`start_error`, set by the pool's context) is reported as such,
+    """`Watchdog.first_end`: a worker whose start raised (`start_error`, set by the pool's context) is reported as such,
     before a worker that died (the death that asked for its replacement), which it is reported as without one."""
     started = multiprocessing.get_context("fork").SimpleQueue()
     try:
         refused = _Ended(9, None)
         refused.start_error = OSError(errno.EAGAIN, os.strerror(errno.EAGAIN))
         watchdog = Watchdog(started, [_Ended(7, 0), refused], threading.main_thread().ident)
-        assert watchdog.check() == start_message("SpawnPoolWorker-9", refused.start_error)
+        end = watchdog.first_end()
+        assert isinstance(end, WorkerNotStarted) and str(end) == start_message("SpawnPoolWorker-9", refused.start_error)
         watchdog.workers.pop()
-        assert watchdog.check() == death_message("SpawnPoolWorker-7", 7, 0, False)
+        end = watchdog.first_end()
+        assert type(end) is WorkerDied and str(end) == death_message("SpawnPoolWorker-7", 7, 0, False)
     finally:
         started.close()
 
@@ -587,7 +590,7 @@ def test_the_watchdog_reports_the_first_worker_that_died_reported_or_not_and_not
             workers.append(child)  # after the one not started: the first worker that ended is reported
             children += [child, bystander]
             if seen_first:
-                assert watchdog.check() is None
+                assert watchdog.first_end() is None
             if kill:
                 child.kill()
             if expected is not None:  # a living child is left to the `finally`
@@ -595,7 +598,8 @@ def test_the_watchdog_reports_the_first_worker_that_died_reported_or_not_and_not
             bystander.join(10)
             if not seen_first:
                 multiprocessing.active_children()  # reaps the child, as the pool's own thread does
-            death = watchdog.check()
+            end = watchdog.first_end()
+            death = None if end is None else str(end)
             wanted = None if expected is None else death_message(child.name, child.pid, expected, reports)
             assert death == wanted, death
             assert watchdog.reported == ({(child.pid, child.name)} if reports else set())
@@ -629,7 +633,8 @@ def test_the_watchdog_names_the_first_worker_that_ended_and_reads_the_reports_af
     try:
         workers = [_Ended(7, -signal.SIGKILL, started), _Ended(8, 1), _Ended(9, 1)]
         watchdog = Watchdog(started, workers, threading.main_thread().ident)
-        assert watchdog.check() == death_message("SpawnPoolWorker-7", 7, -signal.SIGKILL, True)
+        end = watchdog.first_end()
+        assert type(end) is WorkerDied and str(end) == death_message("SpawnPoolWorker-7", 7, -signal.SIGKILL, True)
     finally:
         started.close()
 

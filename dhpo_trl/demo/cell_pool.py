@@ -398,11 +398,6 @@ class Watchdog(threading.Thread):
                     signal.pthread_kill(self.main, signal.SIGCHLD)
                     return  # one death ends the block
 
-    def check(self) -> str | None:
-        """The one-line report of `first_end`, or None."""
-        end = self.first_end()
-        return None if end is None else str(end)
-
     def first_end(self) -> WorkerDied | TrainingStopped | None:
         """The error for the first worker the system refused to start, else for the first that ended, or None. Its
         `Process` keeps its exit status whichever thread reaped it (the pool's does); one not started yet has none."""
