@@ -259,24 +259,14 @@ def main(argv=None) -> int:
     parser.add_argument("--python", default=shlex.quote(sys.executable), help="the command line each part's Python "
                         "runs with, words as a shell splits them (default: this interpreter)")  # fmt: skip
     options = parser.parse_args(argv)
+    work = Path(tempfile.mkdtemp(prefix="dhpo_gpu_check_"))
+    try:  # a refused command leaves no temporary folder
+        parts, total = chosen_parts(parser, options, plan(options.cpu, options.python, work, options.wheels))
+    except SystemExit:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
     output = Path(options.output_dir).resolve()
     output.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="dhpo_gpu_check_"))
-    parts = plan(options.cpu, options.python, work, options.wheels)
-    if options.parts:
-        wanted = options.parts.split(",")
-        unknown = set(wanted) - {p.name for p in parts}
-        if unknown:
-            shutil.rmtree(work, ignore_errors=True)
-            parser.error(f"--parts: unknown {sorted(unknown)}; the parts are {[p.name for p in parts]}")
-        parts = [p for p in parts if p.name in wanted or p.name == "wheels"]  # later parts import what it installs
-    total = options.total_seconds if options.total_seconds is not None else 1800 if options.cpu else GPU_SECONDS
-    needed = sum(p.minimum for p in parts)
-    if total < needed:  # the wheels part would get no time and every part after it fail on a missing import
-        shutil.rmtree(work, ignore_errors=True)
-        parser.error(f"--total-seconds {total:g} is less than the {needed:g} s the parts asked are planned to take "
-                     f"({', '.join(f'{p.name} {p.minimum:g} s' for p in parts)}): give at least {needed:g}, or fewer "
-                     "--parts")  # fmt: skip
     deadline = time.monotonic() + total
     env = part_environment(os.environ, work / "site")
     report = {"mode": "cpu" if options.cpu else "gpu", "commit": git_commit(),
@@ -288,6 +278,25 @@ def main(argv=None) -> int:
     failed = [name for name, entry in report["parts"].items() if entry["status"] != "ok"]
     print(f"gpu_check: {len(parts) - len(failed)}/{len(parts)} parts ok; figures in {output / 'gpu_check.json'}")
     return 1 if failed else 0
+
+
+def chosen_parts(parser, options, parts: list[Part]) -> tuple[list[Part], float]:
+    """The parts `--parts` asks for (with `wheels`: the later parts import what it installs) and the whole run's
+    seconds, refused (`parser.error`) where a part is unknown or the seconds are less than the parts' planned time:
+    the wheels part would get none and every part after it fail on a missing import."""
+    if options.parts:
+        wanted = options.parts.split(",")
+        unknown = set(wanted) - {p.name for p in parts}
+        if unknown:
+            parser.error(f"--parts: unknown {sorted(unknown)}; the parts are {[p.name for p in parts]}")
+        parts = [p for p in parts if p.name in wanted or p.name == "wheels"]
+    total = options.total_seconds if options.total_seconds is not None else 1800 if options.cpu else GPU_SECONDS
+    needed = sum(p.minimum for p in parts)
+    if total < needed:
+        parser.error(f"--total-seconds {total:g} is less than the {needed:g} s the parts asked are planned to take "
+                     f"({', '.join(f'{p.name} {p.minimum:g} s' for p in parts)}): give at least {needed:g}, or fewer "
+                     "--parts")  # fmt: skip
+    return parts, total
 
 
 def part_environment(base, site: Path) -> dict:
