@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", nargs="+", type=seed_int, default=[0, 1, 2])
     parser.add_argument("--max-steps", type=int, default=None, help="optimizer steps per run (default: the embedded default)")
     parser.add_argument("--workers", type=int, default=2, help="runs in parallel (one torch thread each)")
-    # The warm start now begins near 50% held-out accuracy and runs end near 85-90%: 80% separates fast from slow.
+    # The warm start begins near 50% held-out accuracy and runs end near 85-90%: 80% separates fast from slow.
     parser.add_argument("--target", type=float, default=0.80, help="held-out accuracy for 'steps to target'")
     parser.add_argument("--out-dir", type=Path, default=Path("outputs/study"))
     parser.add_argument("--docs-dir", type=Path, default=Path("docs/study"))

@@ -373,8 +373,8 @@ class _Pool:
             worker.ensure_ready()  # from the calling thread, before the budget starts: a start is not an answer's cost
         # The budget counts from the first comparison (a worker's start is no answer's cost), less the margin a stuck
         # worker is given before it is killed, so that the call returns within `budget_s` in every case. The first
-        # pass is a share of that window, not of the budget: at 1 s or less the margin takes half the budget, and a first
-        # pass planned on the budget would fill the window, leaving a quick answer behind slow ones no time to spare.
+        # pass is a share of that window, not of the budget: at 1 s or less the margin takes half the budget, and a
+        # first pass planned on the budget would fill the window, leaving a quick answer behind slow ones no time.
         window = max(budget_s - _KILL_MARGIN_S, budget_s / 2)
         end = time.monotonic() + window
         first = min(timeout_s, max(_MIN_FIRST_DEADLINE_S, FIRST_PASS_SHARE * window * len(workers) / len(pairs)))
